@@ -98,6 +98,7 @@ class Report:
     hotspots: list[Hotspot] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # things the user should know (no steps found, ...)
     ranks: list[dict[str, Any]] = field(default_factory=list)  # per-rank summaries, distributed traces
+    facts: dict[str, Fact] = field(default_factory=dict)  # the global facts behind the findings
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -109,4 +110,5 @@ class Report:
             "hotspots": [h.as_dict() for h in self.hotspots],
             "notes": list(self.notes),
             "ranks": list(self.ranks),
+            "facts": {n: f.as_dict() for n, f in sorted(self.facts.items())},
         }

@@ -1,0 +1,157 @@
+"""The human report: one screen, most costly problem first. Renders only; never measures."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from rich.console import Console, Group
+from rich.padding import Padding
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from perfdoctor.report.model import Finding, Report
+
+SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
+BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]
+BAR_WIDTH = 50
+
+
+def _ms(v: Any) -> str:
+    if not isinstance(v, (int, float)):
+        return "n/a"
+    return f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms" if v >= 1 else f"{v * 1000:.0f} µs"
+
+
+def _short(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+        return rel if not rel.startswith("..") else path
+    except ValueError:
+        return path
+
+
+def breakdown_bar(breakdown: list[dict[str, Any]]) -> Text:
+    text = Text()
+    total = sum(max(0.0, b.get("ms") or 0.0) for b in breakdown)
+    if total <= 0:
+        return text
+    used = 0
+    for i, b in enumerate(breakdown):
+        share = max(0.0, b.get("ms") or 0.0) / total
+        width = round(share * BAR_WIDTH) if i < len(breakdown) - 1 else BAR_WIDTH - used
+        width = max(0, min(width, BAR_WIDTH - used))
+        used += width
+        text.append("█" * width, style=BAR_COLORS[i % len(BAR_COLORS)])
+    text.append("\n")
+    for i, b in enumerate(breakdown):
+        frac = (b.get("ms") or 0.0) / total
+        text.append("■ ", style=BAR_COLORS[i % len(BAR_COLORS)])
+        text.append(f"{b['category']} {_ms(b.get('ms'))} ({frac:.0%})")
+        text.append("   " if i < len(breakdown) - 1 else "")
+    return text
+
+
+def _summary(report: Report) -> Panel:
+    run, s = report.run, report.summary
+    rows = Table.grid(padding=(0, 2))
+    rows.add_column(style="bold")
+    rows.add_column()
+    target = run.get("script") or run.get("module") or run.get("trace") or ""
+    rows.add_row("analysed", _short(str(target)) + (f"  ({run.get('device')})" if run.get("device") else ""))
+    steps = s.get("steps_observed")
+    if steps is not None:
+        clock = run.get("step_clock") or s.get("step_clock") or ""
+        rows.add_row("steps", f"{steps} seen, {s.get('steps_profiled') or 0} profiled"
+                     + (f"  (counted by {clock})" if clock else ""))
+    st = s.get("step_time_ms") or {}
+    if st.get("median") is not None:
+        rows.add_row("step time", f"median {_ms(st.get('median'))}, p90 {_ms(st.get('p90'))}"
+                     + (f" over {st.get('n')} steps" if st.get("n") else ""))
+    exit_info = run.get("exit") or {}
+    if exit_info.get("reason") and exit_info.get("reason") not in ("completed", "steps-reached"):
+        rows.add_row("script", Text(f"{exit_info['reason']} (exit code {exit_info.get('code')})", style="bold red"))
+    parts: list[Any] = [rows]
+    for key, label in (("breakdown", "where a step goes"), ("gpu_breakdown", "GPU timeline per step")):
+        if s.get(key):
+            parts += [Text(""), Text(label, style="bold"), breakdown_bar(s[key])]
+    return Panel(Group(*parts), title="perfdoctor", title_align="left", border_style="blue")
+
+
+def _cost(f: Finding) -> Text:
+    if f.ms_per_step is None:
+        return Text("cost not measured here", style="dim")
+    t = Text(f"saves ~{_ms(f.ms_per_step)}/step", style="bold green")
+    if f.fraction_of_step is not None:
+        t.append(f" ({f.fraction_of_step:.0%} of the step)", style="green")
+    return t
+
+
+def _indent(r: Any) -> Padding:
+    return Padding(r, (0, 0, 0, 3))
+
+
+def _finding(i: int, f: Finding) -> Group:
+    head = Text(f"{i}. ", style="bold")
+    head.append(f"{f.rule} {f.name}", style="bold")
+    head.append("  ")
+    head.append(f.severity.upper(), style=SEVERITY_STYLE.get(f.severity, ""))
+    head.append("  ")
+    head.append_text(_cost(f))
+    parts: list[Any] = [head, _indent(Text(f.title, style="bold"))]
+    for loc in f.locations[:2]:
+        where = Text(f"{_short(loc.file)}:{loc.line}", style="cyan")
+        if loc.code:
+            where.append(f"   {loc.code}", style="dim")
+        parts.append(_indent(where))
+    parts.append(_indent(Text(f.message)))
+    if f.ms_per_step is None and f.saving_basis:
+        parts.append(_indent(Text(f"({f.saving_basis})", style="dim")))
+    if f.fix and (f.fix.before or f.fix.after):
+        diff = Text("fix:\n", style="bold")
+        for line in (f.fix.before or "").splitlines():
+            diff.append(f"- {line}\n", style="red")
+        for line in (f.fix.after or "").splitlines() or ([""] if f.fix.before else []):
+            diff.append(f"+ {line}\n", style="green")
+        if f.fix.note:
+            diff.append(f"{f.fix.note}", style="dim")
+        parts.append(_indent(diff))
+    parts.append(_indent(Text(f"confidence {f.confidence} · `perfdoctor explain {f.rule}` for why and references\n",
+                              style="dim")))
+    return Group(*parts)
+
+
+def render(report: Report, console: Console) -> None:
+    console.print(_summary(report))
+    if report.ranks:
+        t = Table(title="ranks", title_justify="left")
+        keys = [k for k in ("rank", "step_ms", "compute_ms", "comm_ms", "idle_ms", "idle_fraction") if
+                any(k in r for r in report.ranks)]
+        for k in keys:
+            t.add_column(k, justify="right")
+        for r in report.ranks:
+            t.add_row(*[(f"{r[k]:.1f}" if isinstance(r.get(k), float) else str(r.get(k, ""))) for k in keys])
+        console.print(t)
+    if report.findings:
+        console.print(Text(f"{len(report.findings)} finding(s), most costly first", style="bold"))
+        for i, f in enumerate(report.findings, 1):
+            console.print(_finding(i, f))
+    else:
+        console.print(Text("No problems found by the rules.", style="bold green"))
+    if report.hotspots:
+        t = Table(title="hot spots in your code (profiled steps)", title_justify="left", show_edge=False)
+        t.add_column("function")
+        t.add_column("where")
+        t.add_column("ms/step", justify="right")
+        t.add_column("hot lines")
+        for h in report.hotspots[:8]:
+            lines = ", ".join(f"{l['line']} ({l.get('share', 0):.0%})" for l in h.lines[:3]) if h.lines else ""
+            t.add_row(h.function, f"{_short(h.file)}:{h.line}", f"{h.ms_per_step:.2f}", lines)
+        console.print(t)
+    for n in report.notes:
+        console.print(Text(f"note: {n}", style="dim"))
+    run_dir = report.run.get("run_dir")
+    if run_dir:
+        console.print(Text(f"run folder: {_short(run_dir)} (trace.json.gz opens in https://ui.perfetto.dev)",
+                           style="dim"))

@@ -1,0 +1,181 @@
+"""The rule catalog: one TOML file per rule, in the top-level `rules/` folder (shipped in the
+wheel as `perfdoctor/_rules`). Rules are data: conditions and estimates are safe expressions
+(`perfdoctor.rules.expr`), fixes name one of perfdoctor's fixers with parameters.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+from perfdoctor.errors import RuleError
+from perfdoctor.rules.expr import compile_expr
+
+SEVERITIES = ("high", "medium", "low")
+FIX_KINDS = ("call-kwargs", "dataparallel-to-ddp", "factory-device", "remove-call", "detach-loss",
+             "wrap-autocast", "non-blocking", "text")
+ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
+TEMPLATE_RE = re.compile(r"\{([^{}]+)\}")
+FORMAT_SPEC_RE = re.compile(r"^[<>^]?[+\- ]?,?\d{0,3}(\.\d{1,2})?[dfeg%s]?$")
+
+
+@dataclass
+class Doc:
+    what: str
+    why: str
+    example: str = ""
+    use_instead: str = ""
+    fix_safety: str = ""
+    references: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Rule:
+    id: str
+    name: str
+    severity: str
+    summary: str  # one line, for tables
+    title: str  # template
+    message: str  # template
+    when: str  # expression
+    subject: str | None  # judged once per subject of this kind, else once
+    subject_optional: bool  # with no subject of that kind, judge once on the global facts
+    saving_ms: str | None  # expression; None = never estimated
+    unmeasured: str  # why there is no number, when saving_ms cannot be evaluated
+    thresholds: dict[str, Any]
+    fix_kind: str | None
+    fix_params: dict[str, Any]
+    fix_text: dict[str, str]  # for kind "text" and as the fallback: before / after / note templates
+    evidence: list[str]  # fact names shown as evidence (beyond those the condition reads)
+    doc: Doc
+    path: Path | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "severity": self.severity, "summary": self.summary,
+                "subject": self.subject, "when": self.when, "saving_ms": self.saving_ms,
+                "thresholds": dict(self.thresholds),
+                "doc": {"what": self.doc.what, "why": self.doc.why, "example": self.doc.example,
+                        "use_instead": self.doc.use_instead, "fix_safety": self.doc.fix_safety,
+                        "references": list(self.doc.references)}}
+
+
+def builtin_rules_dir() -> Path:
+    """`perfdoctor/_rules` in an installed wheel; the repository's `rules/` in a checkout."""
+    here = Path(__file__).resolve().parent.parent
+    for cand in (here / "_rules", here.parent / "rules"):
+        if cand.is_dir():
+            return cand
+    raise RuleError("perfdoctor's rule files are missing from this installation; reinstall perfdoctor")
+
+
+def _req(d: dict, key: str, where: str, typ: type = str) -> Any:
+    v = d.get(key)
+    if not isinstance(v, typ) or (typ is str and not v.strip()):
+        raise RuleError(f"{where}: '{key}' must be a non-empty {typ.__name__}")
+    return v
+
+
+def check_template(text: str, where: str) -> None:
+    for m in TEMPLATE_RE.finditer(text):
+        expr, _, spec = m.group(1).partition(":")
+        if spec and not FORMAT_SPEC_RE.match(spec):
+            raise RuleError(f"{where}: bad format spec {spec!r}")
+        compile_expr(expr)
+
+
+def parse_rule(data: dict[str, Any], where: str) -> Rule:
+    rid = _req(data, "id", where)
+    if not ID_RE.match(rid):
+        raise RuleError(f"{where}: rule id {rid!r} must look like PD001")
+    severity = _req(data, "severity", where)
+    if severity not in SEVERITIES:
+        raise RuleError(f"{where}: severity must be one of {', '.join(SEVERITIES)}")
+    when = _req(data, "when", where)
+    try:
+        compile_expr(when)
+        saving = data.get("saving_ms")
+        if saving is not None:
+            compile_expr(_req(data, "saving_ms", where))
+        for key in ("title", "message"):
+            check_template(_req(data, key, where), f"{where} {key}")
+    except RuleError as e:
+        raise RuleError(f"{where}: {e.message}") from None
+    thresholds = data.get("thresholds", {})
+    if not isinstance(thresholds, dict) or not all(
+            isinstance(v, (int, float, str, bool)) for v in thresholds.values()):
+        raise RuleError(f"{where}: [thresholds] must map names to numbers, strings or booleans")
+    fix = data.get("fix", {})
+    if not isinstance(fix, dict):
+        raise RuleError(f"{where}: [fix] must be a table")
+    fix_kind = fix.get("kind")
+    if fix_kind is not None and fix_kind not in FIX_KINDS:
+        raise RuleError(f"{where}: fix kind {fix_kind!r} is not one of {', '.join(FIX_KINDS)}")
+    fix_text = {k: str(fix[k]) for k in ("before", "after", "note") if k in fix}
+    for k, v in fix_text.items():
+        check_template(v, f"{where} fix.{k}")
+    params = fix.get("params", {})
+    if not isinstance(params, dict):
+        raise RuleError(f"{where}: [fix.params] must be a table")
+    doc = data.get("doc", {})
+    if not isinstance(doc, dict):
+        raise RuleError(f"{where}: [doc] must be a table")
+    refs = doc.get("references", [])
+    if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+        raise RuleError(f"{where}: doc.references must be a list of strings")
+    evidence = data.get("evidence", [])
+    if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
+        raise RuleError(f"{where}: evidence must be a list of fact names")
+    subject = data.get("subject")
+    if subject is not None and not isinstance(subject, str):
+        raise RuleError(f"{where}: subject must be a string")
+    return Rule(
+        id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
+        title=data["title"], message=data["message"], when=when, subject=subject,
+        subject_optional=bool(data.get("subject_optional", False)),
+        saving_ms=data.get("saving_ms"), unmeasured=str(data.get("unmeasured", "")),
+        thresholds=dict(thresholds), fix_kind=fix_kind, fix_params=params, fix_text=fix_text,
+        evidence=list(evidence),
+        doc=Doc(what=_req(doc, "what", f"{where} [doc]"), why=_req(doc, "why", f"{where} [doc]"),
+                example=str(doc.get("example", "")), use_instead=str(doc.get("use_instead", "")),
+                fix_safety=str(doc.get("fix_safety", "")), references=list(refs)),
+    )
+
+
+def load_rule_file(path: Path) -> Rule:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as e:
+        raise RuleError(f"cannot read rule file {path}: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise RuleError(f"rule file {path} is not valid TOML: {e}") from None
+    rule = parse_rule(data, str(path))
+    rule.path = path
+    return rule
+
+
+def load_rules(extra_dirs: list[Path] | None = None) -> list[Rule]:
+    """The built-in rules plus the user's own rule folders; a user rule with a built-in id replaces it."""
+    rules: dict[str, Rule] = {}
+    for d in [builtin_rules_dir(), *(extra_dirs or [])]:
+        if not d.is_dir():
+            raise RuleError(f"rules folder {d} does not exist")
+        for p in sorted(d.glob("*.toml")):
+            r = load_rule_file(p)
+            rules[r.id] = r
+    return sorted(rules.values(), key=lambda r: r.id)
+
+
+def find_rule(rules: list[Rule], key: str) -> Rule | None:
+    key = key.strip()
+    for r in rules:
+        if r.id.lower() == key.lower() or r.name == key:
+            return r
+    return None

@@ -1,0 +1,318 @@
+"""A small, safe expression language for rule conditions and saving estimates.
+
+Expressions are parsed with `ast` and walked node by node over a whitelist; nothing is ever
+passed to `eval`. Names are fact names (`dataloader.wait_ms` parses as an attribute chain and
+is looked up as the dotted name) or rule thresholds (`threshold.min_wait_ms`). A name whose fact
+was not measured raises `Missing`, so a rule over an unmeasured fact does not fire.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+from functools import lru_cache
+from typing import Any, Callable, Mapping
+
+from perfdoctor.errors import RuleError
+
+MAX_SOURCE = 2000
+MAX_DEPTH = 40
+MAX_POW = 64
+
+
+class Missing(Exception):
+    """A name in the expression has no value (the fact was not measured)."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_CMPOPS: dict[type, Callable[[Any, Any], bool]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
+
+
+def _num(*xs: Any) -> None:
+    for x in xs:
+        if isinstance(x, bool) or not isinstance(x, (int, float)):
+            raise TypeError(f"expected a number, got {type(x).__name__}")
+
+
+def _fn_min(*a: Any) -> Any:
+    _num(*a)
+    return min(a)
+
+
+def _fn_max(*a: Any) -> Any:
+    _num(*a)
+    return max(a)
+
+
+def _fn_clamp(x: Any, lo: Any, hi: Any) -> Any:
+    _num(x, lo, hi)
+    return max(lo, min(hi, x))
+
+
+def _fn_round(x: Any, n: Any = 0) -> Any:
+    _num(x, n)
+    return round(x, int(n))
+
+
+def _fn_ceil(x: Any) -> int:
+    _num(x)
+    return math.ceil(x)
+
+
+def _fn_floor(x: Any) -> int:
+    _num(x)
+    return math.floor(x)
+
+
+def _fn_abs(x: Any) -> Any:
+    _num(x)
+    return abs(x)
+
+
+def _fn_human_bytes(x: Any) -> str:
+    _num(x)
+    v = float(x)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(v) < 1024 or unit == "TB":
+            return f"{v:.0f} {unit}" if unit == "B" else f"{v:.1f} {unit}"
+        v /= 1024
+    return f"{v:.1f} TB"  # pragma: no cover
+
+
+def _fn_pct(x: Any) -> str:
+    _num(x)
+    return f"{100 * x:.0f}%"
+
+
+def _fn_str(x: Any) -> str:
+    if not isinstance(x, (int, float, str, bool)):
+        raise TypeError("str() takes a plain value")
+    if isinstance(x, float) and x == int(x) and abs(x) < 1e15:
+        return str(int(x))
+    return str(x)
+
+
+FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "human_bytes": _fn_human_bytes,
+    "pct": _fn_pct,
+    "str": _fn_str,
+    "min": _fn_min,
+    "max": _fn_max,
+    "clamp": _fn_clamp,
+    "round": _fn_round,
+    "ceil": _fn_ceil,
+    "floor": _fn_floor,
+    "abs": _fn_abs,
+}
+# `has(x)` is special: it tests whether a fact was measured, without raising Missing.
+SPECIAL = {"has"}
+CONSTANTS = {"true": True, "false": False, "True": True, "False": False}
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+def _check(node: ast.AST, depth: int = 0) -> None:
+    """Reject anything outside the whitelist, before any evaluation."""
+    if depth > MAX_DEPTH:
+        raise RuleError("expression nests too deeply")
+    if isinstance(node, ast.Expression):
+        return _check(node.body, depth + 1)
+    if isinstance(node, ast.Constant):
+        if not isinstance(node.value, (int, float, str, bool)) or node.value is None:
+            raise RuleError(f"constant {node.value!r} is not allowed")
+        if isinstance(node.value, str) and len(node.value) > 200:
+            raise RuleError("string constant too long")
+        return
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        name = _dotted(node)
+        if name is None or "__" in name:
+            raise RuleError("only fact names (a.b.c) may be referenced")
+        return
+    if isinstance(node, ast.BoolOp):
+        for v in node.values:
+            _check(v, depth + 1)
+        return
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub, ast.UAdd)):
+        return _check(node.operand, depth + 1)
+    if isinstance(node, ast.BinOp) and (type(node.op) in _BINOPS or isinstance(node.op, ast.Pow)):
+        _check(node.left, depth + 1)
+        _check(node.right, depth + 1)
+        return
+    if isinstance(node, ast.Compare) and all(type(o) in _CMPOPS for o in node.ops):
+        _check(node.left, depth + 1)
+        for c in node.comparators:
+            _check(c, depth + 1)
+        return
+    if isinstance(node, ast.IfExp):
+        for n in (node.test, node.body, node.orelse):
+            _check(n, depth + 1)
+        return
+    if isinstance(node, (ast.Tuple, ast.List)):
+        if len(node.elts) > 50:
+            raise RuleError("literal list too long")
+        for e in node.elts:
+            _check(e, depth + 1)
+        return
+    if isinstance(node, ast.Call):
+        if not isinstance(node.func, ast.Name) or node.func.id not in FUNCTIONS.keys() | SPECIAL:
+            raise RuleError(f"only the functions {', '.join(sorted(FUNCTIONS.keys() | SPECIAL))} may be called")
+        if node.keywords:
+            raise RuleError("keyword arguments are not allowed")
+        if node.func.id == "has":
+            if len(node.args) != 1 or _dotted(node.args[0]) is None:
+                raise RuleError("has() takes one fact name")
+            return
+        for a in node.args:
+            _check(a, depth + 1)
+        return
+    raise RuleError(f"{type(node).__name__} is not allowed in a rule expression")
+
+
+@lru_cache(maxsize=512)
+def compile_expr(source: str) -> ast.Expression:
+    """Parse and vet an expression; raises RuleError for anything not allowed."""
+    if not isinstance(source, str):
+        raise RuleError("an expression must be a string")
+    if len(source) > MAX_SOURCE:
+        raise RuleError("expression too long")
+    try:
+        # parenthesised so that rule files may break long expressions over several lines
+        tree = ast.parse("(" + source.strip() + "\n)", mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
+        raise RuleError(f"cannot parse expression {source!r}: {e}") from None
+    _check(tree)
+    return tree
+
+
+def evaluate(source: str, lookup: Callable[[str], Any] | Mapping[str, Any]) -> Any:
+    """Evaluate an expression. `lookup(name)` returns a value or raises Missing (a Mapping works too).
+
+    Raises Missing when a needed fact is absent, RuleError when the expression is not allowed or
+    fails (division by zero, wrong types)."""
+    tree = compile_expr(source)
+    if isinstance(lookup, Mapping):
+        mapping = lookup
+
+        def lookup(name: str) -> Any:  # noqa: F811 - wraps the mapping
+            if name in mapping:
+                return mapping[name]
+            raise Missing(name)
+
+    try:
+        return _eval(tree.body, lookup)
+    except Missing:
+        raise
+    except RuleError:
+        raise
+    except (ArithmeticError, TypeError, ValueError, RecursionError) as e:
+        raise RuleError(f"expression {source!r} failed: {e}") from None
+
+
+def _eval(node: ast.AST, lookup: Callable[[str], Any]) -> Any:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        name = _dotted(node)
+        assert name is not None
+        if name in CONSTANTS:
+            return CONSTANTS[name]
+        return lookup(name)
+    if isinstance(node, ast.BoolOp):
+        if isinstance(node.op, ast.And):
+            result: Any = True
+            for v in node.values:
+                result = _eval(v, lookup)
+                if not result:
+                    return result
+            return result
+        result = False
+        for v in node.values:
+            result = _eval(v, lookup)
+            if result:
+                return result
+        return result
+    if isinstance(node, ast.UnaryOp):
+        v = _eval(node.operand, lookup)
+        if isinstance(node.op, ast.Not):
+            return not v
+        _num(v)
+        return -v if isinstance(node.op, ast.USub) else +v
+    if isinstance(node, ast.BinOp):
+        a, b = _eval(node.left, lookup), _eval(node.right, lookup)
+        if isinstance(node.op, ast.Pow):
+            _num(a, b)
+            if abs(b) > MAX_POW:
+                raise RuleError("exponent too large")
+            return a**b
+        if isinstance(a, str) or isinstance(b, str):
+            if isinstance(node.op, ast.Add) and isinstance(a, str) and isinstance(b, str):
+                return a + b
+            raise TypeError("arithmetic on strings")
+        _num(a, b)
+        return _BINOPS[type(node.op)](a, b)
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left, lookup)
+        for op, comp in zip(node.ops, node.comparators):
+            right = _eval(comp, lookup)
+            if not _CMPOPS[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body, lookup) if _eval(node.test, lookup) else _eval(node.orelse, lookup)
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_eval(e, lookup) for e in node.elts)
+    if isinstance(node, ast.Call):
+        fname = node.func.id  # type: ignore[attr-defined]
+        if fname == "has":
+            try:
+                lookup(_dotted(node.args[0]))  # type: ignore[arg-type]
+                return True
+            except Missing:
+                return False
+        return FUNCTIONS[fname](*(_eval(a, lookup) for a in node.args))
+    raise RuleError(f"{type(node).__name__} is not allowed")  # unreachable after _check
+
+
+def names_in(source: str) -> set[str]:
+    """The fact names an expression reads (for evidence and docs)."""
+    tree = compile_expr(source)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)):
+            n = _dotted(node)
+            if n and n not in CONSTANTS and n not in FUNCTIONS and n not in SPECIAL:
+                # only the outermost chain counts: skip the inner parts of a.b.c
+                out.add(n)
+    # drop prefixes of longer names (a.b from a.b.c)
+    return {n for n in out if not any(o != n and o.startswith(n + ".") for o in out)}
