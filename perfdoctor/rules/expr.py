@@ -205,6 +205,8 @@ def compile_expr(source: str) -> ast.Expression:
         raise RuleError("an expression must be a string")
     if len(source) > MAX_SOURCE:
         raise RuleError("expression too long")
+    if not source.strip():
+        raise RuleError("empty expression")
     try:
         # parenthesised so that rule files may break long expressions over several lines
         tree = ast.parse("(" + source.strip() + "\n)", mode="eval")
