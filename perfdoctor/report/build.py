@@ -103,16 +103,17 @@ def analyse_trace(path: Path) -> Report:
             if len(rank_list) < len(traces):
                 finding.message += f" (ranks {', '.join(map(str, sorted(rank_list)))})"
             findings.append(finding)
-        findings += judge(facts, rules, settings)
-        findings.sort(key=Finding.sort_key)
-        # the summary is the slowest rank's: it sets the pace of a synchronous step
+        # the summary and step facts are the slowest rank's: it sets the pace of a synchronous step
         slowest = max(range(len(traces)), key=lambda i: per_rank[i][1].get("step_time_ms", {}).get("median") or 0)
         summary = dict(per_rank[slowest][1])
         summary["rank"] = traces[slowest].rank
-        for f, _ in per_rank[slowest:slowest + 1]:
-            for fact in f:
-                if fact.name not in facts:
-                    facts.add(fact.name, fact.value, fact.unit, fact.source, fact.detail)
+        for fact in per_rank[slowest][0]:
+            if fact.name not in facts:
+                facts.add(fact.name, fact.value, fact.unit, fact.source, fact.detail)
+        # cross-rank rules only: per-rank rules were judged on each rank above
+        seen = {f.fingerprint() for f in findings}
+        findings += [f for f in judge(facts, rules, settings) if f.fingerprint() not in seen]
+        findings.sort(key=Finding.sort_key)
     run = {
         "kind": "trace",
         "trace": str(path),

@@ -20,9 +20,10 @@ class Fix:
     before: str
     after: str
     note: str = ""  # one line: what else to change (e.g. "launch with torchrun")
+    example: bool = False  # True: an illustration of the fix, not a rewrite of the user's own line
 
     def as_dict(self) -> dict[str, Any]:
-        return {"before": self.before, "after": self.after, "note": self.note}
+        return {"before": self.before, "after": self.after, "note": self.note, "example": self.example}
 
 
 @dataclass

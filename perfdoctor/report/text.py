@@ -108,8 +108,8 @@ def _finding(i: int, f: Finding) -> Group:
     parts.append(_indent(Text(f.message)))
     if f.ms_per_step is None and f.saving_basis:
         parts.append(_indent(Text(f"({f.saving_basis})", style="dim")))
-    if f.fix and (f.fix.before or f.fix.after):
-        diff = Text("fix:\n", style="bold")
+    if f.fix and (f.fix.before or f.fix.after or f.fix.note):
+        diff = Text("fix, for example:\n" if f.fix.example else "fix:\n", style="bold")
         for line in (f.fix.before or "").splitlines():
             diff.append(f"- {line}\n", style="red")
         for line in (f.fix.after or "").splitlines() or ([""] if f.fix.before else []):
@@ -131,7 +131,8 @@ def render(report: Report, console: Console) -> None:
         for k in keys:
             t.add_column(k, justify="right")
         for r in report.ranks:
-            t.add_row(*[(f"{r[k]:.1f}" if isinstance(r.get(k), float) else str(r.get(k, ""))) for k in keys])
+            t.add_row(*[(f"{r[k]:.0%}" if k.endswith("fraction") else f"{r[k]:.1f}")
+                        if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys])
         console.print(t)
     if report.findings:
         console.print(Text(f"{len(report.findings)} finding(s), most costly first", style="bold"))

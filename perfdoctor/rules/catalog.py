@@ -50,6 +50,7 @@ class Rule:
     subject_optional: bool  # with no subject of that kind, judge once on the global facts
     saving_ms: str | None  # expression; None = never estimated
     unmeasured: str  # why there is no number, when saving_ms cannot be evaluated
+    saving_note: str  # how the number is estimated from the measured one, added to the saving basis
     thresholds: dict[str, Any]
     fix_kind: str | None
     fix_params: dict[str, Any]
@@ -83,12 +84,17 @@ def _req(d: dict, key: str, where: str, typ: type = str) -> Any:
     return v
 
 
+def split_placeholder(body: str) -> tuple[str, str]:
+    """`expr` or `expr:spec` (a colon inside the expression's strings is not a spec)."""
+    expr, sep, spec = body.rpartition(":")
+    if sep and expr.strip() and FORMAT_SPEC_RE.match(spec):
+        return expr, spec
+    return body, ""
+
+
 def check_template(text: str, where: str) -> None:
     for m in TEMPLATE_RE.finditer(text):
-        expr, _, spec = m.group(1).partition(":")
-        if spec and not FORMAT_SPEC_RE.match(spec):
-            raise RuleError(f"{where}: bad format spec {spec!r}")
-        compile_expr(expr)
+        compile_expr(split_placeholder(m.group(1))[0])
 
 
 def parse_rule(data: dict[str, Any], where: str) -> Rule:
@@ -141,6 +147,7 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         title=data["title"], message=data["message"], when=when, subject=subject,
         subject_optional=bool(data.get("subject_optional", False)),
         saving_ms=data.get("saving_ms"), unmeasured=str(data.get("unmeasured", "")),
+        saving_note=str(data.get("saving_note", "")),
         thresholds=dict(thresholds), fix_kind=fix_kind, fix_params=params, fix_text=fix_text,
         evidence=list(evidence),
         doc=Doc(what=_req(doc, "what", f"{where} [doc]"), why=_req(doc, "why", f"{where} [doc]"),

@@ -9,7 +9,7 @@ from typing import Any, Callable
 from perfdoctor.errors import RuleError
 from perfdoctor.facts.model import Fact, Facts, Subject
 from perfdoctor.report.model import Finding, Fix
-from perfdoctor.rules.catalog import TEMPLATE_RE, Rule
+from perfdoctor.rules.catalog import TEMPLATE_RE, Rule, split_placeholder
 from perfdoctor.rules.config import Settings
 from perfdoctor.rules.expr import Missing, evaluate, names_in
 
@@ -61,7 +61,7 @@ def render_template(text: str, lookup: Callable[[str], Any]) -> str:
     """Fill `{expr}` / `{expr:.1f}` placeholders; an unmeasured fact renders as `n/a`."""
 
     def sub(m: re.Match) -> str:
-        expr, _, spec = m.group(1).partition(":")
+        expr, spec = split_placeholder(m.group(1))
         try:
             return _fmt(evaluate(expr, lookup), spec)
         except Missing:
@@ -117,11 +117,12 @@ def _fix(rule: Rule, subject: Subject | None, lookup: Callable[[str], Any]) -> F
                 fix.note = render_template(rule.fix_text["note"], lookup)
             return fix
     if "after" in rule.fix_text:
-        before = rule.fix_text.get("before", "")
-        if not before and subject is not None and subject.locations:
-            before = subject.locations[0].code
-        return Fix(before=render_template(before, lookup), after=render_template(rule.fix_text["after"], lookup),
-                   note=render_template(rule.fix_text.get("note", ""), lookup))
+        # a fix written in the rule file illustrates the change; it is not the user's own line
+        return Fix(before=render_template(rule.fix_text.get("before", ""), lookup),
+                   after=render_template(rule.fix_text["after"], lookup),
+                   note=render_template(rule.fix_text.get("note", ""), lookup), example=True)
+    if rule.fix_text.get("note"):
+        return Fix(before="", after="", note=render_template(rule.fix_text["note"], lookup), example=True)
     return None
 
 
@@ -154,6 +155,8 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
         srcs = {f.source for n in saving_names if (f := _fact(facts, subject, n)) is not None}
         words = [SOURCE_WORDS[s] for s in ("run", "trace") if s in srcs]
         basis = " and ".join(words) if words else "estimated from machine facts"
+        if rule.saving_note:
+            basis += f": {rule.saving_note}"
 
     used = names_in(rule.when) | saving_names | set(rule.evidence)
     evidence = [f for n in sorted(used) if not n.startswith("threshold.") and (f := _fact(facts, subject, n))]

@@ -1,0 +1,100 @@
+"""GitHub Actions workflow commands: annotations on the user's lines and a failed-gate error.
+
+Pure: takes a Report or a Comparison (objects or dicts) and returns the command lines.
+Escaping follows the runner's rules: in the message, % CR LF become %25 %0D %0A; in a property
+value, also : and , become %3A and %2C.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from perfdoctor.report.markdown import append_step_summary  # noqa: F401  (re-exported for the CLI)
+
+COMMAND = {"high": "error", "medium": "warning", "low": "notice"}
+MAX_ANNOTATIONS = 10  # GitHub shows at most 10 errors and 10 warnings per step
+
+
+def escape_data(s: str) -> str:
+    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def escape_property(s: str) -> str:
+    return escape_data(s).replace(":", "%3A").replace(",", "%2C")
+
+
+def command(kind: str, message: str, **props: Any) -> str:
+    parts = ",".join(f"{k}={escape_property(str(v))}" for k, v in props.items() if v not in (None, ""))
+    return f"::{kind}{' ' + parts if parts else ''}::{escape_data(message)}"
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return obj.as_dict() if hasattr(obj, "as_dict") else dict(obj)
+
+
+def _rel(file: str, root: Path | None) -> str:
+    p = Path(file)
+    if root is not None and p.is_absolute():
+        try:
+            return p.resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            pass
+    return p.as_posix()
+
+
+def _root(root: Path | str | None) -> Path:
+    return Path(root) if root is not None else Path(os.environ.get("GITHUB_WORKSPACE") or os.getcwd())
+
+
+def render_report(report: Any, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
+    r, base = _as_dict(report), _root(root)
+    lines = []
+    for f in (r.get("findings") or [])[:limit]:
+        saving = f.get("estimated_saving")
+        msg = f.get("message") or f.get("title") or ""
+        if saving:
+            msg += f" (saves ~{saving['ms_per_step']:.1f} ms/step)"
+        fix = f.get("fix")
+        if fix and fix.get("after"):
+            msg += f"\nFix: {fix['after']}"
+        loc = (f.get("locations") or [{}])[0]
+        lines.append(command(COMMAND.get(f.get("severity"), "warning"), msg,
+                             file=_rel(loc["file"], base) if loc.get("file") else None,
+                             line=loc.get("line") or None, title=f"{f.get('rule')} {f.get('title', '')}".strip()))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render_comparison(comparison: Any, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
+    c, base = _as_dict(comparison), _root(root)
+    lines = []
+    if not c.get("comparable", True):
+        diffs = "; ".join(f"{d['key']} {d['baseline']} -> {d['current']}" for d in c.get("env_differences") or [])
+        lines.append(command("warning", f"The baseline is not comparable with this run ({diffs}); timings were not judged. "
+                                        "Record a new baseline in this environment.", title="perfdoctor gate: not comparable"))
+    for r in c.get("rows") or []:
+        if r["verdict"] == "regression":
+            ci = f" (95% CI {r['ci_pct'][0]:+.1f}%..{r['ci_pct'][1]:+.1f}%)" if r.get("ci_pct") else ""
+            lines.append(command("error", f"{r['metric']} regressed {r['change_pct']:+.1f}%{ci}: "
+                                          f"{r['baseline']:.4g} -> {r['current']:.4g} {r['unit']}",
+                                 title=f"perfdoctor gate: {r['metric']} regression"))
+        elif r["verdict"] in ("unstable", "inconclusive"):
+            lines.append(command("warning", f"{r['metric']}: {r['verdict']} ({r['change_pct']:+.1f}%)" if r.get("change_pct") is not None
+                                 else f"{r['metric']}: {r['verdict']}", title="perfdoctor gate"))
+    for f in (c.get("failing_findings") or [])[:limit]:
+        lines.append(command("error", f"New {f.get('severity')} finding: {f.get('title', '')}",
+                             file=_rel(f["file"], base) if f.get("file") else None, line=f.get("line") or None,
+                             title=f"{f.get('rule')} (new since baseline)"))
+    if c.get("failed"):
+        why = [f"{r['metric']} {r['change_pct']:+.1f}%" for r in c.get("rows") or [] if r["verdict"] == "regression"]
+        n = len(c.get("failing_findings") or [])
+        if n:
+            why.append(f"{n} new finding(s) at or above {c.get('fail_on')}")
+        lines.append(command("error", "perfdoctor gate failed: " + "; ".join(why)))
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def render(obj: Any, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
+    d = _as_dict(obj)
+    return render_comparison(d, root, limit) if "rows" in d and "verdict" in d else render_report(d, root, limit)

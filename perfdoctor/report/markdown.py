@@ -1,0 +1,163 @@
+"""Markdown: a readable summary for a pull request comment or $GITHUB_STEP_SUMMARY.
+
+Pure: takes a Report (or its dict) or a gate Comparison (or its dict) and returns text.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
+                "inconclusive": "❔ inconclusive", "unstable": "〰️ unstable", "not-comparable": "⚠️ not comparable"}
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return obj.as_dict() if hasattr(obj, "as_dict") else dict(obj)
+
+
+def cell(text: Any) -> str:
+    """One table cell: no line breaks, pipes escaped."""
+    return str(text if text is not None else "").replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+
+
+def _ms(v: Any) -> str:
+    return "–" if v is None else f"{v:,.2f} ms"
+
+
+def _loc(f: Mapping[str, Any]) -> str:
+    locs = f.get("locations") or []
+    if not locs:
+        return ""
+    loc = locs[0]
+    return f"`{Path(loc.get('file', '')).name}:{loc.get('line', '')}`"
+
+
+def _fence(text: str, lang: str = "") -> str:
+    ticks = "```"
+    while ticks in text:
+        ticks += "`"
+    return f"{ticks}{lang}\n{text}\n{ticks}"
+
+
+def _diff(before: str, after: str) -> str:
+    lines = [f"- {l}" for l in before.splitlines()] + [f"+ {l}" for l in after.splitlines()]
+    return _fence("\n".join(lines), "diff")
+
+
+def render_report(report: Any) -> str:
+    r = _as_dict(report)
+    run, summary = r.get("run") or {}, r.get("summary") or {}
+    st = summary.get("step_time_ms") or {}
+    script = Path(run.get("script") or "").name or "trace"
+    out = [f"## perfdoctor: {script}", ""]
+    facts = [f"**Step time** {_ms(st.get('median'))} median"]
+    if st.get("p90") is not None:
+        facts.append(f"p90 {_ms(st.get('p90'))}")
+    if st.get("n") is not None:
+        facts.append(f"{st['n']} steps")
+    for key, label in (("device", "device"), ("torch", "torch")):
+        if run.get(key):
+            facts.append(f"{label} {run[key]}")
+    out += [" · ".join(facts), ""]
+    breakdown = summary.get("breakdown") or []
+    if breakdown:
+        out += ["| Phase | ms/step | Share |", "|---|---:|---:|"]
+        for b in breakdown:
+            frac = b.get("fraction")
+            out.append(f"| {cell(b.get('category'))} | {b.get('ms', 0):,.2f} | {'' if frac is None else f'{frac:.0%}'} |")
+        out.append("")
+    findings = r.get("findings") or []
+    if not findings:
+        out += ["No findings. ✅", ""]
+    else:
+        out += [f"### Findings ({len(findings)})", "",
+                "| # | Rule | Severity | Saves | Location | Finding |", "|---:|---|---|---:|---|---|"]
+        for i, f in enumerate(findings, 1):
+            saving = f.get("estimated_saving") or {}
+            cost = "–" if not saving else f"{saving['ms_per_step']:,.1f} ms/step" + (
+                f" ({saving['fraction_of_step']:.0%})" if saving.get("fraction_of_step") is not None else "")
+            out.append(f"| {i} | {cell(f.get('rule'))} {cell(f.get('name'))} | {cell(f.get('severity'))} | {cost} "
+                       f"| {_loc(f)} | {cell(f.get('title'))} |")
+        out.append("")
+        for f in findings:
+            out += [f"<details><summary><b>{f.get('rule')}</b> {cell(f.get('title'))} ({_loc(f) or 'no location'})</summary>", ""]
+            if f.get("message"):
+                out += [str(f["message"]), ""]
+            if f.get("why"):
+                out += [f"**Why:** {f['why']}", ""]
+            locs = f.get("locations") or []
+            if locs and locs[0].get("code"):
+                out += [f"`{locs[0].get('file')}:{locs[0].get('line')}`", "", _fence(locs[0]["code"], "python"), ""]
+            fix = f.get("fix")
+            if fix:
+                out += ["**Fix:**", "", _diff(fix.get("before", ""), fix.get("after", "")), ""]
+                if fix.get("note"):
+                    out += [fix["note"], ""]
+            refs = f.get("references") or []
+            if refs:
+                out += ["References: " + ", ".join(refs), ""]
+            out += ["</details>", ""]
+    for n in r.get("notes") or []:
+        out.append(f"> {n}")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _num(v: Any, unit: str) -> str:
+    if v is None:
+        return "–"
+    if unit == "bytes":
+        return f"{v / 2**20:,.1f} MiB"
+    if unit == "ms":
+        return f"{v:,.2f} ms"
+    return f"{v:,.2f} {unit}"
+
+
+def render_comparison(comparison: Any) -> str:
+    c = _as_dict(comparison)
+    head = {"failed": "❌ perfdoctor gate: failed", "passed": "✅ perfdoctor gate: passed",
+            "not-comparable": "⚠️ perfdoctor gate: baseline not comparable"}[c["verdict"]]
+    out = [f"## {head}", "",
+           f"Threshold {c['max_regression']:.0%} · baseline {c['baseline_runs']} run(s) · current {c['current_runs']} run(s)"
+           + (f" · fail on new findings at or above {c['fail_on']}" if c.get("fail_on") else ""), ""]
+    for n in c.get("notes") or []:
+        if n.startswith("NOT COMPARABLE"):
+            out += [f"> **{n}**", ""]
+    out += ["| Metric | Baseline | Current | Change | 95% CI | Verdict |", "|---|---:|---:|---:|---:|---|"]
+    for r in c.get("rows") or []:
+        change = "–" if r.get("change_pct") is None else f"{r['change_pct']:+.1f}%"
+        ci = "–" if not r.get("ci_pct") else f"{r['ci_pct'][0]:+.1f}% … {r['ci_pct'][1]:+.1f}%"
+        out.append(f"| {cell(r['metric'])} | {_num(r.get('baseline'), r['unit'])} | {_num(r.get('current'), r['unit'])} "
+                   f"| {change} | {ci} | {VERDICT_MARK.get(r['verdict'], r['verdict'])} |")
+    out.append("")
+    failing = {f["fingerprint"] for f in c.get("failing_findings") or []}
+    if c.get("new_findings"):
+        out += ["### New findings", ""]
+        for f in c["new_findings"]:
+            mark = "❌ " if f["fingerprint"] in failing else ""
+            where = f" at `{Path(f.get('file') or '').name}:{f.get('line')}`" if f.get("file") else ""
+            out.append(f"- {mark}**{f.get('rule')}** ({f.get('severity')}) {cell(f.get('title'))}{where}")
+        out.append("")
+    if c.get("resolved_findings"):
+        out += ["### Resolved findings", ""] + [f"- ✅ **{f.get('rule')}** {cell(f.get('title'))}" for f in c["resolved_findings"]] + [""]
+    rest = [n for n in c.get("notes") or [] if not n.startswith("NOT COMPARABLE")]
+    if rest:
+        out += [f"> {n}" for n in rest] + [""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def render(obj: Any) -> str:
+    """Markdown for a Report or a Comparison (objects or their dicts)."""
+    d = _as_dict(obj)
+    return render_comparison(d) if "rows" in d and "verdict" in d else render_report(d)
+
+
+def append_step_summary(markdown: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Append to the file named by $GITHUB_STEP_SUMMARY when it is set; True when written."""
+    path = (environ if environ is not None else os.environ).get("GITHUB_STEP_SUMMARY")
+    if not path:
+        return False
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    return True

@@ -1,0 +1,143 @@
+"""SARIF 2.1.0 for GitHub code scanning (and any other SARIF viewer).
+
+Pure: takes a Report (or its dict) and the rule metadata, returns the JSON text. Locations are
+made relative to the repository root (`root`, else $GITHUB_WORKSPACE, else the current folder)
+so code scanning can place them on the file. partialFingerprints are computed from the rule, the
+file and the code line's text, never the line number, so a finding keeps its identity when lines
+move above it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path, PurePosixPath
+from typing import Any, Iterable
+from urllib.parse import quote
+
+from perfdoctor import __version__
+
+SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+LEVEL = {"high": "error", "medium": "warning", "low": "note"}
+PRECISION = {"high": "high", "medium": "medium", "low": "low"}
+INFO_URI = "https://pypi.org/project/perfdoctor/"
+
+
+def _as_dict(obj: Any) -> dict[str, Any]:
+    return obj.as_dict() if hasattr(obj, "as_dict") else dict(obj)
+
+
+def artifact_uri(file: str, root: Path | None) -> str:
+    """A URI relative to the repository root where the file lies under it, else a file:// URI."""
+    p = Path(file)
+    if root is not None and p.is_absolute():
+        try:
+            return quote(PurePosixPath(*p.resolve().relative_to(root.resolve()).parts).as_posix())
+        except ValueError:
+            return p.resolve().as_uri()
+    if p.is_absolute():
+        return p.as_uri()
+    return quote(PurePosixPath(*p.parts).as_posix()) if p.parts else ""
+
+
+def fingerprint(rule: str, uri: str, code: str) -> str:
+    norm = " ".join(code.split())
+    return hashlib.sha256(f"{rule}\0{uri}\0{norm}".encode()).hexdigest()[:32]
+
+
+def _rule_help(rule: dict[str, Any]) -> tuple[str, str]:
+    doc = rule.get("doc") or {}
+    text, md = [], []
+    for key, head in (("what", "What it does"), ("why", "Why is this bad?"), ("example", "Example"),
+                      ("use_instead", "Use instead"), ("fix_safety", "Fix safety")):
+        val = (doc.get(key) or "").strip()
+        if not val:
+            continue
+        text += [f"{head}: {val}" if key not in ("example", "use_instead") else f"{head}:\n{val}", ""]
+        md += [f"## {head}", "", f"```python\n{val}\n```" if key in ("example", "use_instead") else val, ""]
+    refs = doc.get("references") or []
+    if refs:
+        text += ["References: " + ", ".join(refs)]
+        md += ["## References", ""] + [f"- <{r}>" for r in refs]
+    return "\n".join(text).strip() or rule.get("summary", rule["id"]), "\n".join(md).strip() or rule.get("summary", rule["id"])
+
+
+def _descriptor(rule: dict[str, Any]) -> dict[str, Any]:
+    doc = rule.get("doc") or {}
+    short = rule.get("summary") or rule.get("title") or rule["id"]
+    help_text, help_md = _rule_help(rule)
+    d = {"id": rule["id"], "name": rule.get("name") or rule["id"],
+         "shortDescription": {"text": short},
+         "fullDescription": {"text": (doc.get("what") or short).strip()},
+         "help": {"text": help_text, "markdown": help_md},
+         "defaultConfiguration": {"level": LEVEL.get(rule.get("severity", "medium"), "warning")},
+         "properties": {"tags": ["performance", "pytorch"]}}
+    if rule.get("help_uri"):
+        d["helpUri"] = rule["help_uri"]
+    return d
+
+
+def _rule_dicts(rules: Iterable[Any] | None) -> list[dict[str, Any]]:
+    if rules is None:
+        try:
+            from perfdoctor.rules.catalog import load_rules
+            rules = load_rules()
+        except Exception:  # the catalog is optional here: fall back to what the findings say
+            rules = []
+    return [_as_dict(r) for r in rules]
+
+
+def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> dict[str, Any]:
+    r = _as_dict(report)
+    root_path = Path(root) if root is not None else Path(os.environ.get("GITHUB_WORKSPACE") or os.getcwd())
+    by_id = {d["id"]: d for d in _rule_dicts(rules)}
+    findings = r.get("findings") or []
+    for f in findings:  # a finding whose rule the catalog does not know still gets a descriptor
+        by_id.setdefault(f["rule"], {"id": f["rule"], "name": f.get("name"), "summary": f.get("title"),
+                                     "severity": f.get("severity"), "doc": {"what": f.get("why") or f.get("title")}})
+    used = sorted({f["rule"] for f in findings})
+    ids = sorted(by_id) if rules is not None else used
+    descriptors = [_descriptor(by_id[i]) for i in ids]
+    index = {i: n for n, i in enumerate(ids)}
+    results = []
+    for f in findings:
+        saving = f.get("estimated_saving")
+        msg = (f.get("message") or f.get("title") or f["rule"]).strip()
+        if saving:
+            frac = saving.get("fraction_of_step")
+            msg += f" Estimated saving: {saving['ms_per_step']:.1f} ms per step" + (f" ({frac:.0%} of the step)." if frac is not None else ".")
+        fix = f.get("fix")
+        if fix and fix.get("after"):
+            msg += f" Fix: {' '.join(fix['after'].split())}"
+        res: dict[str, Any] = {"ruleId": f["rule"], "ruleIndex": index[f["rule"]],
+                               "level": LEVEL.get(f.get("severity", "medium"), "warning"), "message": {"text": msg},
+                               "properties": {"confidence": f.get("confidence"),
+                                              "precision": PRECISION.get(f.get("confidence", "medium"), "medium"),
+                                              "estimatedSavingMsPerStep": saving["ms_per_step"] if saving else None}}
+        locs = [l for l in f.get("locations") or [] if l.get("file")]
+        if locs:
+            res["locations"] = []
+            for l in locs:
+                uri = artifact_uri(l["file"], root_path)
+                phys: dict[str, Any] = {"artifactLocation": {"uri": uri}}
+                if int(l.get("line") or 0) >= 1:
+                    phys["region"] = {"startLine": int(l["line"])}
+                    if l.get("code"):
+                        phys["region"]["snippet"] = {"text": l["code"]}
+                res["locations"].append({"physicalLocation": phys})
+            first = locs[0]
+            res["partialFingerprints"] = {"perfdoctorFinding/v1": fingerprint(f["rule"], artifact_uri(first["file"], root_path), first.get("code") or "")}
+        else:
+            res["partialFingerprints"] = {"perfdoctorFinding/v1": fingerprint(f["rule"], "", f.get("fingerprint") or f.get("title", ""))}
+        results.append(res)
+    run: dict[str, Any] = {"tool": {"driver": {"name": "perfdoctor", "version": __version__, "semanticVersion": __version__,
+                                               "informationUri": INFO_URI, "rules": descriptors}},
+                           "results": results, "columnKind": "unicodeCodePoints"}
+    return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
+
+
+def render(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> str:
+    """SARIF 2.1.0 text. `rules`: rule objects or dicts (id, name, severity, summary, doc{what,
+    why, example, use_instead, fix_safety, references}); None loads perfdoctor's rule catalog."""
+    return json.dumps(to_sarif(report, rules, root), indent=2, ensure_ascii=False) + "\n"
