@@ -1,0 +1,112 @@
+"""The compact in-memory model of one torch.profiler trace.
+
+Events are stored column-wise in `array.array`s (one entry per kept event) with an interned
+string table for names, so that a 500 MB trace costs tens of MB of RAM, not GBs. Only complete
+("X") events of the categories analysis uses, plus memory instant events, are kept; flow events,
+metadata and everything in `args` that no fact needs are dropped while decoding.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Event kinds (the `kind` column). Both the torch 2.x and the legacy PyTorch 1.9 category
+# names map onto these.
+CPU_OP, USER_ANN, GPU_ANN, PYFUNC, RUNTIME, DRIVER, KERNEL, MEMCPY, MEMSET, MEMORY = range(10)
+KIND_NAMES = ("cpu_op", "user_annotation", "gpu_user_annotation", "python_function", "cuda_runtime",
+              "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset", "memory")
+GPU_KINDS = (KERNEL, MEMCPY, MEMSET)
+
+CATEGORY_KIND = {
+    "cpu_op": CPU_OP, "operator": CPU_OP,
+    "user_annotation": USER_ANN,
+    "gpu_user_annotation": GPU_ANN,
+    "python_function": PYFUNC,
+    "cuda_runtime": RUNTIME, "runtime": RUNTIME,
+    "cuda_driver": DRIVER, "driver": DRIVER,
+    "kernel": KERNEL,
+    "gpu_memcpy": MEMCPY, "memcpy": MEMCPY,
+    "gpu_memset": MEMSET, "memset": MEMSET,
+    "cpu_instant_event": MEMORY,
+}
+
+
+@dataclass
+class Trace:
+    """One trace file (one rank). Per-event columns are parallel arrays indexed by event number."""
+
+    path: Path
+    rank: int = 0
+    rank_source: str = "order"  # "distributedInfo", "file name" or "order"
+    device_properties: list[dict[str, Any]] = field(default_factory=list)
+    distributed_info: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # small top-level scalars (schemaVersion, ...)
+    strings: list[str] = field(default_factory=list)  # interned names (event names, tracks)
+
+    kind: array = field(default_factory=lambda: array("b"))
+    name: array = field(default_factory=lambda: array("i"))  # index into `strings`
+    ts: array = field(default_factory=lambda: array("d"))  # microseconds
+    dur: array = field(default_factory=lambda: array("d"))  # microseconds
+    track: array = field(default_factory=lambda: array("i"))  # index into `strings`: "pid/tid"
+    ext: array = field(default_factory=lambda: array("q"))  # External id; Python id for PYFUNC; -1
+    corr: array = field(default_factory=lambda: array("q"))  # correlation; Python parent id for PYFUNC; -1
+    stream: array = field(default_factory=lambda: array("i"))  # GPU stream, -1 for CPU events
+    device: array = field(default_factory=lambda: array("i"))  # GPU device, -1 for CPU events
+    nbytes: array = field(default_factory=lambda: array("q"))  # memcpy/memset bytes, memory event bytes
+
+    # Sparse per-event args, keyed by event index (only the events that carry them).
+    shapes: dict[int, tuple[list, list]] = field(default_factory=dict)  # (Input type, Input Dims)
+    call_stack: dict[int, int] = field(default_factory=dict)  # legacy "Call stack" (string index)
+    comm: dict[int, dict[str, Any]] = field(default_factory=dict)  # record_param_comms sizes
+
+    # Steps, filled by `trace.steps.find_steps` when the trace is loaded.
+    steps: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end) µs
+    cpu_steps: list[tuple[float, float]] = field(default_factory=list)  # the steps' CPU-side spans µs
+    step_source: str = "whole-run"  # "profiler-step", "annotation" or "whole-run"
+    dropped_last_step: bool = False
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def name_of(self, i: int) -> str:
+        return self.strings[self.name[i]]
+
+    def track_of(self, i: int) -> str:
+        return self.strings[self.track[i]]
+
+    def indices(self, *kinds: int) -> list[int]:
+        ks = set(kinds)
+        kind = self.kind
+        return [i for i in range(len(kind)) if kind[i] in ks]
+
+    @property
+    def device_type(self) -> str:
+        """"cuda", "rocm" or "cpu", from the device properties and the runtime calls."""
+        if any("hip" in self.strings[self.name[i]][:4] for i in self._first_of(RUNTIME, 200)):
+            return "rocm"
+        props = " ".join(str(p.get("name", "")) for p in self.device_properties)
+        if "AMD" in props or "Instinct" in props or "roctracer_version" in self.meta:
+            return "rocm"
+        if self.device_properties or any(k in GPU_KINDS for k in set(self.kind)):
+            return "cuda"
+        return "cpu"
+
+    def _first_of(self, kind: int, n: int) -> list[int]:
+        out = []
+        for i, k in enumerate(self.kind):
+            if k == kind:
+                out.append(i)
+                if len(out) >= n:
+                    break
+        return out
+
+    @property
+    def start(self) -> float:
+        return min(self.ts) if len(self.ts) else 0.0
+
+    @property
+    def end(self) -> float:
+        return max(t + d for t, d in zip(self.ts, self.dur)) if len(self.ts) else 0.0

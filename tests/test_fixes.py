@@ -1,0 +1,226 @@
+"""Fixes rendered against the user's own line (perfdoctor/rules/fixes.py)."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from perfdoctor.facts.model import Location
+from perfdoctor.rules.fixes import DDP_NOTE, render_fix
+
+SCRIPT = '''\
+import torch
+import torch.nn as nn
+from torch.nn import DataParallel as DP
+from torch.utils.data import DataLoader
+
+model = nn.DataParallel(model, device_ids=[0, 1])
+loader = DataLoader(ds, batch_size=32)
+loader = DataLoader(
+    ds,
+    batch_size=32,
+    shuffle=True,
+)
+loader = DataLoader(ds, **cfg)
+loader = DataLoader(ds, num_workers=1, **cfg)
+noise = torch.randn(4, 4).cuda()
+z = torch.zeros(n).to(device, torch.float16)
+x = torch.randn(3, 3)
+y = 2
+x = x.to(device)
+for xb, yb in loader:
+    xb, yb = xb.to(device), yb.cuda()
+    out = model(xb,
+                yb)  # forward
+    loss = crit(out, yb)
+    history.append(loss)
+    running += loss * 2
+    meter.update(loss, n)
+    torch.cuda.empty_cache()
+    if i % 10 == 0:
+        torch.cuda.empty_cache()
+m2 = DP(model)
+for a, b in DataLoader(ds, batch_size=4):
+    pass
+half = torch.randn(3).to(torch.float16)
+'''
+
+
+@pytest.fixture()
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def fix(path: Path, kind: str, line: int, params: dict | None = None, code: str = ""):
+    f = render_fix(kind, Location(str(path), line, code), params or {})
+    if f is not None:  # every rendered fix is valid Python
+        after = textwrap.dedent(f.after)
+        ast.parse(after + ("\n    pass" if after.rstrip().endswith(":") else ""))
+        if path.read_text() == SCRIPT:  # `before` is the user's statement, whole lines, as written
+            assert ("\n" + f.before + "\n") in ("\n" + SCRIPT)
+    return f
+
+
+DL_SET = {"callee": "DataLoader", "set": {"num_workers": "4", "pin_memory": "True", "persistent_workers": "True"}}
+
+
+def test_call_kwargs_one_line(script):
+    f = fix(script, "call-kwargs", 7, DL_SET)
+    assert f.before == "loader = DataLoader(ds, batch_size=32)"
+    assert f.after == "loader = DataLoader(ds, batch_size=32, num_workers=4, pin_memory=True, persistent_workers=True)"
+    assert f.note == ""
+
+
+def test_call_kwargs_multi_line_keeps_style(script):
+    for line in (8, 10, 12):  # any line of the statement finds it
+        f = fix(script, "call-kwargs", line, {"callee": "DataLoader", "set": {"num_workers": "4"}})
+        assert f.before == "loader = DataLoader(\n    ds,\n    batch_size=32,\n    shuffle=True,\n)"
+        assert f.after == "loader = DataLoader(\n    ds,\n    batch_size=32,\n    shuffle=True,\n    num_workers=4,\n)"
+
+
+def test_call_kwargs_star_star_cfg(script):
+    f = fix(script, "call-kwargs", 13, DL_SET)
+    assert f.after == ('loader = DataLoader(ds, **{**cfg, "num_workers": 4, "pin_memory": True, '
+                       '"persistent_workers": True})')
+    assert "`cfg`" in f.note and "config" in f.note
+    f = fix(script, "call-kwargs", 14, DL_SET)
+    assert f.after == ('loader = DataLoader(ds, num_workers=4, **{**cfg, "pin_memory": True, '
+                       '"persistent_workers": True})')
+    # one `**` left, and no key both explicit and in the merged dict: no "multiple values" error
+    call = ast.parse(f.after).body[0].value
+    stars = [k for k in call.keywords if k.arg is None]
+    explicit = {k.arg for k in call.keywords if k.arg}
+    assert len(stars) == 1 and explicit == {"num_workers"}
+    assert {k.value for k in stars[0].value.keys if k is not None} == {"pin_memory", "persistent_workers"}
+
+
+def test_call_kwargs_replaces_and_in_for_header(script):
+    f = fix(script, "call-kwargs", 32, {"callee": "DataLoader", "set": {"batch_size": "64", "num_workers": "2"}})
+    assert f.before == "for a, b in DataLoader(ds, batch_size=4):"
+    assert f.after == "for a, b in DataLoader(ds, batch_size=64, num_workers=2):"
+
+
+def test_call_kwargs_no_match(script):
+    assert fix(script, "call-kwargs", 18, DL_SET) is None  # `y = 2`
+    assert fix(script, "call-kwargs", 7, DL_SET, code="loader = DataLoader(other)") is None  # file changed
+    assert fix(script, "call-kwargs", 999, DL_SET) is None
+    assert render_fix("call-kwargs", Location("/nonexistent/x.py", 3), DL_SET) is None
+
+
+def test_dataparallel_to_ddp(script):
+    f = fix(script, "dataparallel-to-ddp", 6)
+    assert f.before == "model = nn.DataParallel(model, device_ids=[0, 1])"
+    assert f.after == "model = nn.parallel.DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])"
+    assert f.note.startswith(DDP_NOTE)
+    assert "LOCAL_RANK" in f.note
+    f = fix(script, "dataparallel-to-ddp", 31)
+    assert f.after == "m2 = DistributedDataParallel(model.to(local_rank), device_ids=[local_rank])"
+    assert "from torch.nn.parallel import DistributedDataParallel" in f.note
+    assert fix(script, "dataparallel-to-ddp", 7) is None
+
+
+def test_dataparallel_torch_nn_prefix(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("import torch\nnet = torch.nn.DataParallel(Net(), device_ids=[0, 1]).cuda()\n")
+    f = render_fix("dataparallel-to-ddp", Location(str(p), 2), {})
+    assert f.after == ("net = torch.nn.parallel.DistributedDataParallel(Net().to(local_rank), "
+                       "device_ids=[local_rank]).cuda()")
+
+
+def test_factory_device_chained(script):
+    f = fix(script, "factory-device", 15)
+    assert (f.before, f.after) == ("noise = torch.randn(4, 4).cuda()", 'noise = torch.randn(4, 4, device="cuda")')
+    f = fix(script, "factory-device", 16)
+    assert f.after == "z = torch.zeros(n, device=device, dtype=torch.float16)"
+    assert fix(script, "factory-device", 34) is None  # .to(dtype) only
+
+
+def test_factory_device_two_statements(script):
+    f = fix(script, "factory-device", 17)
+    assert (f.before, f.after) == ("x = torch.randn(3, 3)", "x = torch.randn(3, 3, device=device)")
+    assert "line 19" in f.note and "x = x.to(device)" in f.note
+    assert fix(script, "factory-device", 18) is None
+
+
+def test_factory_device_two_statements_negatives(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("import torch\n"
+                 "a = torch.randn(3)\na.normal_()\na = a.to(device)\n"       # used in between
+                 "b = torch.randn(3)\ndev = pick()\nb = b.to(dev)\n"         # device defined in between
+                 "c = torch.randn(3)\nc = c.to(torch.float16)\n")            # a dtype cast
+    for line in (2, 5, 8):
+        assert render_fix("factory-device", Location(str(p), line), {}) is None
+
+
+def test_remove_call(script):
+    f = fix(script, "remove-call", 28)
+    assert (f.before, f.after) == ("    torch.cuda.empty_cache()", "")
+    assert "empty_cache" in f.note
+    f = fix(script, "remove-call", 30)  # the only statement of its block
+    assert (f.before, f.after) == ("        torch.cuda.empty_cache()", "        pass")
+    assert fix(script, "remove-call", 27) is None
+
+
+def test_remove_call_keeps_other_statements(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("import torch\nfor i in r:\n    step(); torch.cuda.empty_cache()\n")
+    f = render_fix("remove-call", Location(str(p), 3), {})
+    assert (f.before, f.after) == ("    step(); torch.cuda.empty_cache()", "    step()")
+
+
+def test_detach_loss(script):
+    f = fix(script, "detach-loss", 25, {"name": "loss", "method": "item"})
+    assert (f.before, f.after) == ("    history.append(loss)", "    history.append(loss.item())")
+    f = fix(script, "detach-loss", 26, {"name": "loss", "method": "item"})
+    assert f.after == "    running += loss.item() * 2"
+    f = fix(script, "detach-loss", 27, {"name": "loss", "method": "detach"})
+    assert f.after == "    meter.update(loss.detach(), n)"
+    assert fix(script, "detach-loss", 24, {"name": "loss"}) is None  # `loss = crit(...)` holds nothing
+    assert fix(script, "detach-loss", 25, {"name": "out"}) is None
+
+
+def test_detach_loss_running_sum_assign(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("total = total + loss\nlosses.append(loss.item())\n")
+    f = render_fix("detach-loss", Location(str(p), 1), {"name": "loss", "method": "item"})
+    assert f.after == "total = total + loss.item()"
+    assert render_fix("detach-loss", Location(str(p), 2), {"name": "loss", "method": "item"}) is None
+
+
+def test_wrap_autocast_multi_line(script):
+    f = fix(script, "wrap-autocast", 23, {"device_type": "cuda", "dtype": "torch.bfloat16"})
+    assert f.before == "    out = model(xb,\n                yb)  # forward"
+    assert f.after == ('    with torch.autocast(device_type="cuda", dtype=torch.bfloat16):\n'
+                       "        out = model(xb,\n                    yb)  # forward")
+    assert "GradScaler" in f.note
+    f = fix(script, "wrap-autocast", 22, {"device_type": "cuda", "dtype": "torch.float16"})
+    assert "dtype=torch.float16" in f.after and "GradScaler(" in f.note
+    assert fix(script, "wrap-autocast", 20, {}) is None  # a `for` header is not a simple statement
+
+
+def test_wrap_autocast_alias_and_multiline_string(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text('import torch as th\n\ndef f():\n    out = model(x, tag="""a\nb""")\n')
+    f = render_fix("wrap-autocast", Location(str(p), 4), {"device_type": "cuda", "dtype": "torch.bfloat16"})
+    assert f.after == ('    with th.autocast(device_type="cuda", dtype=th.bfloat16):\n'
+                       '        out = model(x, tag="""a\nb""")')
+
+
+def test_non_blocking(script):
+    f = fix(script, "non-blocking", 21)
+    assert f.before == "    xb, yb = xb.to(device), yb.cuda()"
+    assert f.after == "    xb, yb = xb.to(device, non_blocking=True), yb.cuda(non_blocking=True)"
+    assert fix(script, "non-blocking", 34) is None  # .to(torch.float16)
+    assert fix(script, "non-blocking", 18) is None
+
+
+def test_unknown_kind_and_syntax_error(tmp_path, script):
+    assert render_fix("no-such-kind", Location(str(script), 7), {}) is None
+    bad = tmp_path / "bad.py"
+    bad.write_text("loader = DataLoader(ds\n")
+    assert render_fix("call-kwargs", Location(str(bad), 1), DL_SET) is None

@@ -1,0 +1,351 @@
+"""Static evidence: an ast read of the user's files (perfdoctor/facts/static.py)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.static import analyse_files
+
+
+def analyse(tmp_path: Path, source: str, name: str = "train.py") -> tuple[Facts, Path]:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    facts = Facts()
+    analyse_files([path], facts)
+    return facts, path
+
+
+def by_line(facts: Facts, kind: str) -> dict[int, dict]:
+    """{line: {short fact name: value}} for the subjects of a kind."""
+    out = {}
+    for s in facts.of_kind(kind):
+        out[int(s.key.rsplit(":", 1)[1])] = {n.split(".", 1)[1]: f.value for n, f in s.facts.items()}
+    return out
+
+
+# -- dataparallel ----------------------------------------------------------------------------
+def test_dataparallel_aliases(tmp_path):
+    facts, path = analyse(tmp_path, """\
+        import torch
+        import torch.nn as nn
+        from torch.nn import DataParallel as DP
+        from torch import nn as tnn
+
+        a = nn.DataParallel(model)
+        b = torch.nn.DataParallel(model, device_ids=[0, 1])
+        c = DP(model)
+        d = tnn.DataParallel(model)
+        e = torch.nn.parallel.DistributedDataParallel(model)
+        f = DataParallel(model)  # not imported from torch: not ours
+        """)
+    subjects = facts.of_kind("dataparallel")
+    assert sorted(by_line(facts, "dataparallel")) == [6, 7, 8, 9]
+    s = next(s for s in subjects if s.key.endswith(":8"))
+    assert s.key == f"{path.resolve()}:8"
+    loc = s.locations[0]
+    assert (loc.file, loc.line, loc.code, loc.function) == (str(path.resolve()), 8, "c = DP(model)", "<module>")
+    assert s.facts["dataparallel.callee"].value == "DP"
+    assert s.facts["dataparallel.callee"].source == "static"
+
+
+# -- empty_cache -----------------------------------------------------------------------------
+def test_empty_cache_in_loop_and_called_from_loop(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.cuda import empty_cache as free
+
+        def cleanup():
+            torch.cuda.empty_cache()
+
+        def setup():
+            torch.cuda.empty_cache()
+
+        setup()
+        for step in range(10):
+            train_step()
+            if step % 100 == 0:
+                free()
+            cleanup()
+        torch.cuda.empty_cache()
+        while True:
+            torch.cuda.empty_cache()
+        """)
+    got = by_line(facts, "empty_cache")
+    assert got == {5: {"in_loop": True}, 8: {"in_loop": False}, 14: {"in_loop": True},
+                   16: {"in_loop": False}, 18: {"in_loop": True}}
+    s = next(s for s in facts.of_kind("empty_cache") if s.key.endswith(":5"))
+    assert s.locations[0].function == "cleanup"
+
+
+def test_empty_cache_needs_torch(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import mylib
+        for i in range(3):
+            mylib.cuda.empty_cache()
+        """)
+    assert facts.of_kind("empty_cache") == []
+
+
+# -- cpu_to_device ---------------------------------------------------------------------------
+def test_cpu_to_device_positive(tmp_path):
+    facts, path = analyse(tmp_path, """\
+        import torch as th
+        from torch import zeros
+
+        device = th.device("cuda" if th.cuda.is_available() else "cpu")
+        a = th.randn(4, 4).cuda()
+        b = zeros(3).to(device)
+        c = th.ones(2).to("cuda:0", non_blocking=True)
+        for i in range(5):
+            noise = th.rand(
+                8, 8,
+            ).to(device)
+            m = th.arange(10).to(device=device, dtype=th.float16)
+        x = th.empty(3)
+        y = 5
+        x = x.to(device)
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert got[5] == {"factory": "randn", "target": "cuda", "in_loop": False}
+    assert got[6] == {"factory": "zeros", "target": "device", "in_loop": False}
+    assert got[7] == {"factory": "ones", "target": '"cuda:0"', "in_loop": False}
+    assert got[9] == {"factory": "rand", "target": "device", "in_loop": True}  # a multi-line statement
+    assert got[12] == {"factory": "arange", "target": "device", "in_loop": True}
+    assert got[13] == {"factory": "empty", "target": "device", "in_loop": False}
+    assert len(got) == 6
+    s = next(s for s in facts.of_kind("cpu_to_device") if s.key.endswith(":13"))
+    assert [l.line for l in s.locations] == [13, 15]  # the factory line, then the move to delete
+    assert s.locations[0].code == "x = th.empty(3)"
+
+
+def test_cpu_to_device_negatives(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader
+
+        dtype = torch.float16
+        a = torch.randn(4).to(torch.float16)
+        b = torch.randn(4).to(dtype)
+        c = torch.randn(4, device=device).to(device)
+        d = torch.randn(4).to("cpu")
+        e = make_tensor().to(device)
+        f = torch.from_numpy(arr).to(device)
+        g = torch.zeros_like(t).cuda()
+        h = torch.randn(4, **kw).cuda()
+        for x, y in DataLoader(ds):
+            x = x.to(device)
+        k = torch.randn(4)
+        k.normal_()
+        k = k.to(device)
+        m = torch.randn(4)
+        other = m.to(device)
+        n = torch.randn(4)
+        dev = pick()
+        n = n.to(dev)
+        """)
+    assert by_line(facts, "cpu_to_device") == {}
+
+
+def test_cpu_to_device_in_function_called_from_loop(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+
+        class Trainer:
+            def make_noise(self):
+                return torch.randn(16).to(self.device)
+
+            def fit(self):
+                for batch in self.loader:
+                    self.make_noise()
+        """)
+    assert by_line(facts, "cpu_to_device") == {5: {"factory": "randn", "target": "self.device", "in_loop": True}}
+    s = facts.of_kind("cpu_to_device")[0]
+    assert s.locations[0].function == "make_noise"
+
+
+# -- dataloader ------------------------------------------------------------------------------
+def test_dataloader_literal_kwargs_and_feeds_cuda(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader
+
+        def main(args):
+            device = torch.device("cuda")
+            loader = DataLoader(ds, batch_size=64, shuffle=True,
+                                num_workers=2, pin_memory=True, persistent_workers=True)
+            for epoch in range(3):
+                for i, (x, y) in enumerate(loader):
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        """)
+    assert by_line(facts, "dataloader") == {6: {
+        "batch_size": 64, "num_workers": 2, "pin_memory": True, "persistent_workers": True,
+        "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": True}}
+
+
+def test_dataloader_defaults_positional_and_blocking(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch.utils.data as tud
+
+        loader = tud.DataLoader(ds, 32, True)
+        for batch in loader:
+            inputs = batch["x"]
+            inputs = inputs.cuda()
+            labels = {k: v.to(device) for k, v in batch.items()}
+        """)
+    assert by_line(facts, "dataloader") == {3: {
+        "batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
+        "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": False}}
+
+
+def test_dataloader_dict_and_mixed_kwargs_leave_unknowns_absent(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        from torch.utils.data import DataLoader
+
+        a = DataLoader(ds, **cfg)
+        b = DataLoader(ds, batch_size=8, num_workers=args.workers, **cfg)
+        c = DataLoader(ds, num_workers=args.workers)
+        """)
+    got = by_line(facts, "dataloader")
+    assert got[3] == {"kwargs_style": "dict"}
+    assert got[4] == {"kwargs_style": "mixed", "batch_size": 8}
+    # a non-literal value is absent; the others take the documented defaults
+    assert got[5] == {"kwargs_style": "literal", "pin_memory": False, "persistent_workers": False}
+
+
+def test_dataloader_no_feeds_cuda_without_a_device_move(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader
+
+        loader = DataLoader(ds)
+        other = DataLoader(ds2)
+        for x, y in loader:
+            x = x.to(torch.float16)
+            y = y.to("cpu")
+            out = model(x).cuda()
+        for x, y in other:
+            step(x, y)
+        """)
+    got = by_line(facts, "dataloader")
+    assert "feeds_cuda" not in got[4] and "non_blocking" not in got[4]
+    assert "feeds_cuda" not in got[5]
+
+
+def test_dataloader_local_name_matches_only_its_function(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        from torch.utils.data import DataLoader
+
+        def make():
+            loader = DataLoader(ds)
+            return loader
+
+        def train(loader):
+            for x in loader:
+                x.cuda()
+        """)
+    assert "feeds_cuda" not in by_line(facts, "dataloader")[4]
+
+
+# -- loss_holder -----------------------------------------------------------------------------
+def test_loss_holders(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        history, running = [], 0.0
+        for step, (x, y) in enumerate(loader):
+            out = model(x)
+            loss = criterion(out, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            history.append(loss)
+            running += loss * x.size(0)
+            total = total + loss
+            meter.update(loss, x.size(0))
+            self.losses.append(loss)
+        """)
+    assert by_line(facts, "loss_holder") == {
+        8: {"kind": "list", "holder": "history", "tensor_name": "loss"},
+        9: {"kind": "running-sum", "holder": "running", "tensor_name": "loss"},
+        10: {"kind": "running-sum", "holder": "total", "tensor_name": "loss"},
+        11: {"kind": "attribute", "holder": "meter", "tensor_name": "loss"},
+        12: {"kind": "list", "holder": "self.losses", "tensor_name": "loss"},
+    }
+
+
+def test_loss_holder_negatives(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        for x, y in loader:
+            loss = criterion(model(x), y)
+            loss.backward()
+            history.append(loss.item())
+            running += loss.detach()
+            total += float(loss)
+            writer.add_scalar("loss", loss, step)
+            print(loss)
+            loss = loss.item()
+            later.append(loss)
+        for x, y in val_loader:  # no backward: not a training loop
+            val_loss = criterion(model(x), y)
+            val_history.append(val_loss)
+        for chunk in chunks:
+            part = criterion(model(chunk))
+            acc += part  # the sum is what is backward-ed
+        acc.backward()
+        """)
+    assert by_line(facts, "loss_holder") == {}
+
+
+def test_loss_holder_scaled_backward(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        for x, y in loader:
+            with torch.autocast("cuda"):
+                loss = criterion(model(x), y)
+            scaler.scale(loss).backward()
+            losses.append(loss)
+        """)
+    assert by_line(facts, "loss_holder") == {5: {"kind": "list", "holder": "losses", "tensor_name": "loss"}}
+
+
+# -- global facts, robustness ----------------------------------------------------------------
+def test_targets_cuda(tmp_path):
+    facts, _ = analyse(tmp_path, "import torch\ndevice = 'cuda' if torch.cuda.is_available() else 'cpu'\n")
+    assert facts.value("script.targets_cuda") is True
+    assert facts.get("script.targets_cuda").source == "static"
+    facts, _ = analyse(tmp_path, "import torch\nmodel = Net().cuda()\n", "b.py")
+    assert facts.value("script.targets_cuda") is True
+    facts, _ = analyse(tmp_path, "import torch\ndevice = torch.device('cpu')\nprint('no cuda here')\n", "c.py")
+    assert facts.value("script.targets_cuda") is False
+
+
+def test_bad_files_are_skipped(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(:\n    torch.cuda.empty_cache()\n")
+    latin = tmp_path / "latin.py"
+    latin.write_bytes(b"import torch\nname = '\xe9t\xe9'\ntorch.cuda.empty_cache()\n")
+    declared = tmp_path / "declared.py"
+    declared.write_bytes(b"# -*- coding: latin-1 -*-\nimport torch\nname = '\xe9t\xe9'\n"
+                         b"for i in r:\n    torch.cuda.empty_cache()\n")
+    facts = Facts()
+    analyse_files([bad, latin, tmp_path / "missing.py", tmp_path, declared], facts)
+    subjects = facts.of_kind("empty_cache")
+    assert [s.key for s in subjects] == [f"{declared.resolve()}:5"]
+    assert subjects[0].facts["empty_cache.in_loop"].value is True
+    facts = Facts()
+    analyse_files([bad], facts)
+    assert "script.targets_cuda" not in facts  # nothing read: not measured
+
+
+def test_static_never_overwrites_other_sources(tmp_path):
+    path = tmp_path / "t.py"
+    path.write_text("from torch.utils.data import DataLoader\nloader = DataLoader(ds, num_workers=0)\n")
+    facts = Facts()
+    s = facts.subject("dataloader", f"{path.resolve()}:2")
+    s.add("num_workers", 8, source="run")
+    facts.add("script.targets_cuda", True, source="run")
+    analyse_files([path], facts)
+    assert s.facts["dataloader.num_workers"].value == 8
+    assert s.facts["dataloader.num_workers"].source == "run"
+    assert s.facts["dataloader.pin_memory"].source == "static"
+    assert facts.value("script.targets_cuda") is True
+    assert len(facts.of_kind("dataloader")) == 1
