@@ -11,6 +11,11 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+try:  # typer >= 0.2x vendors click; older typer uses click itself
+    from typer import TyperException as _UsageError
+except ImportError:  # pragma: no cover
+    from click import ClickException as _UsageError
+
 from perfdoctor import __version__
 from perfdoctor.errors import EXIT_GATE_FAILED, EXIT_SCRIPT_FAILED, EXIT_USAGE, PerfdoctorError
 
@@ -190,32 +195,38 @@ def explain(rule: str = typer.Argument(..., help="A rule id (PD002) or name (dat
     Console().print(Markdown("\n\n".join(parts)))
 
 
+def _err(msg: str) -> None:
+    """One line on stderr, never wrapped."""
+    sys.stderr.write(f"perfdoctor: {msg}\n")
+    sys.stderr.flush()
+
+
 def main() -> None:
+    if len(sys.argv) == 1:
+        sys.argv.append("--help")
     try:
         app(standalone_mode=False)
     except PerfdoctorError as e:
         if _state["debug"]:
             raise
-        Console(stderr=True).print(f"perfdoctor: error: {e.message}", markup=False, highlight=False)
+        _err(f"error: {e.message}")
         sys.exit(e.exit_code)
     except typer.Exit as e:
         sys.exit(e.exit_code)
     except typer.Abort:
-        Console(stderr=True).print("perfdoctor: aborted", markup=False)
+        _err("aborted")
         sys.exit(130)
-    except Exception as e:  # click usage errors and anything unexpected
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            Console(stderr=True).print(f"perfdoctor: error: {e.format_message()}", markup=False, highlight=False)
-            sys.exit(EXIT_USAGE)
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
+    except _UsageError as e:  # bad options or arguments
+        code = getattr(e, "exit_code", EXIT_USAGE)
+        msg = e.format_message() if hasattr(e, "format_message") else str(e)
+        if type(e).__name__ == "NoArgsIsHelpError":
+            sys.exit(0)
+        _err(f"error: {msg}")
+        sys.exit(code if code else EXIT_USAGE)
+    except Exception as e:  # anything unexpected: one line, unless --debug
         if _state["debug"]:
             raise
-        Console(stderr=True).print(
-            f"perfdoctor: internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback, "
-            "and please report it)", markup=False, highlight=False)
+        _err(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback, and please report it)")
         sys.exit(EXIT_USAGE)
 
 
