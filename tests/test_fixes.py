@@ -224,3 +224,50 @@ def test_unknown_kind_and_syntax_error(tmp_path, script):
     bad = tmp_path / "bad.py"
     bad.write_text("loader = DataLoader(ds\n")
     assert render_fix("call-kwargs", Location(str(bad), 1), DL_SET) is None
+
+
+def test_static_locations_feed_fixes(tmp_path):
+    """The static read's subjects carry locations that the fixes render against."""
+    from perfdoctor.facts.model import Facts
+    from perfdoctor.facts.static import analyse_files
+
+    p = tmp_path / "train.py"
+    p.write_text(textwrap.dedent("""\
+        import torch
+        from torch import nn
+        from torch.utils.data import DataLoader
+
+        model = nn.DataParallel(Net())
+        loader = DataLoader(ds, batch_size=64)
+        history = []
+        for x, y in loader:
+            x, y = x.cuda(), y.cuda()
+            noise = torch.randn(64, 10).cuda()
+            loss = nn.functional.mse_loss(model(x) + noise, y)
+            loss.backward()
+            history.append(loss)
+            torch.cuda.empty_cache()
+        """))
+    facts = Facts()
+    analyse_files([p], facts)
+    loc = {k: facts.of_kind(k)[0].locations[0] for k in
+           ("dataparallel", "dataloader", "cpu_to_device", "loss_holder", "empty_cache")}
+    assert render_fix("dataparallel-to-ddp", loc["dataparallel"], {}).after == \
+        "model = nn.parallel.DistributedDataParallel(Net().to(local_rank), device_ids=[local_rank])"
+    assert render_fix("call-kwargs", loc["dataloader"], {"callee": "DataLoader", "set": {
+        "num_workers": "4", "pin_memory": "True"}}).after == \
+        "loader = DataLoader(ds, batch_size=64, num_workers=4, pin_memory=True)"
+    assert render_fix("factory-device", loc["cpu_to_device"], {}).after == \
+        '    noise = torch.randn(64, 10, device="cuda")'
+    holder = facts.of_kind("loss_holder")[0]
+    assert render_fix("detach-loss", loc["loss_holder"], {
+        "name": holder.facts["loss_holder.tensor_name"].value, "method": "item"}).after == \
+        "    history.append(loss.item())"
+    assert render_fix("remove-call", loc["empty_cache"], {}).after == ""
+    assert render_fix("non-blocking", Location(str(p), 9), {}).after == \
+        "    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)"
+
+
+def test_wrap_autocast_only_wraps_computation(script):
+    assert fix(script, "wrap-autocast", 1, {}) is None  # an import
+    assert fix(script, "wrap-autocast", 18, {}) is None  # `y = 2`: nothing to compute

@@ -349,3 +349,29 @@ def test_static_never_overwrites_other_sources(tmp_path):
     assert s.facts["dataloader.pin_memory"].source == "static"
     assert facts.value("script.targets_cuda") is True
     assert len(facts.of_kind("dataloader")) == 1
+
+
+def test_dataloader_passed_to_a_train_function(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+
+        def train(args, model, device, train_loader, optimizer):
+            for batch_idx, (data, target) in enumerate(train_loader):
+                data, target = data.to(device), target.to(device)
+
+        def evaluate(model, loader):
+            for data, target in loader:
+                data = data.float()
+
+        def main():
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+            kwargs = {"batch_size": 64}
+            train_loader = torch.utils.data.DataLoader(ds, **kwargs)
+            test_loader = torch.utils.data.DataLoader(ds, batch_size=1000)
+            for epoch in range(3):
+                train(args, model, device, train_loader, optimizer)
+                evaluate(model, loader=test_loader)
+        """)
+    got = by_line(facts, "dataloader")
+    assert got[14] == {"kwargs_style": "dict", "feeds_cuda": True, "non_blocking": False}
+    assert "feeds_cuda" not in got[15]

@@ -149,18 +149,29 @@ class FileAnalysis:
     def __init__(self, file: Path, tree_source: list[str], tree: ast.Module, facts: Facts):
         self.file = str(file)
         self.lines = tree_source
-        self.source = "\n".join(tree_source)
         self.tree = tree
         self.facts = facts
         self.targets_cuda = False
         self.parents: dict[ast.AST, ast.AST] = {}
-        for node in ast.walk(tree):
+        # node -> (enclosing function or None, directly in a for/while body of that function)
+        self.ctx: dict[ast.AST, tuple[ast.AST | None, bool]] = {tree: (None, False)}
+        stack: list[ast.AST] = [tree]
+        self.nodes: list[ast.AST] = []  # every node, parents before children
+        while stack:
+            node = stack.pop()
+            self.nodes.append(node)
+            scope, in_loop = self.ctx[node]
+            if isinstance(node, _SCOPES):
+                scope, in_loop = node, False
+            body = {id(b) for b in node.body} if isinstance(node, _LOOPS) else ()
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
+                self.ctx[child] = (scope, in_loop or id(child) in body)
+                stack.append(child)
         self.aliases = self._aliases()
         # simple `name = value` assignments, for telling devices from dtypes
         self.assigned: dict[str, list[ast.expr]] = {}
-        for node in ast.walk(tree):
+        for node in self.nodes:
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     if isinstance(t, ast.Name):
@@ -170,7 +181,7 @@ class FileAnalysis:
     # -- helpers -------------------------------------------------------------------------
     def _aliases(self) -> dict[str, str]:
         aliases: dict[str, str] = {}
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Import):
                 for a in node.names:
                     if a.asname:
@@ -196,14 +207,7 @@ class FileAnalysis:
 
     def context(self, node: ast.AST) -> tuple[ast.AST | None, bool]:
         """(enclosing function or None, directly inside a for/while body of that function)."""
-        in_loop, child, p = False, node, self.parents.get(node)
-        while p is not None:
-            if isinstance(p, _LOOPS) and any(child is s for s in p.body):
-                in_loop = True
-            if isinstance(p, _SCOPES):
-                return p, in_loop
-            child, p = p, self.parents.get(p)
-        return None, in_loop
+        return self.ctx.get(node, (None, False))
 
     def in_loop(self, node: ast.AST) -> bool:
         """In a loop body, or in a function of this file that a loop body calls (one level)."""
@@ -212,7 +216,7 @@ class FileAnalysis:
                           and scope.name in self.called_in_loop)
 
     def _calls_in_loops(self) -> Iterator[str]:
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Call) and self.context(node)[1]:
                 f = node.func
                 if isinstance(f, ast.Name):
@@ -227,8 +231,16 @@ class FileAnalysis:
         return "<lambda>" if isinstance(scope, ast.Lambda) else scope.name
 
     def text(self, node: ast.AST) -> str:
-        seg = ast.get_source_segment(self.source, node)
-        return " ".join(seg.split()) if seg else ""
+        """The node's source text on one line (whitespace runs collapsed)."""
+        end_line, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+        if end_line is None or end_col is None or end_line > len(self.lines):
+            return ""
+        rows = [r.encode() for r in self.lines[node.lineno - 1:end_line]]
+        if len(rows) == 1:
+            rows[0] = rows[0][node.col_offset:end_col]
+        else:
+            rows[0], rows[-1] = rows[0][node.col_offset:], rows[-1][:end_col]
+        return " ".join(b"\n".join(rows).decode(errors="replace").split())
 
     def subject(self, kind: str, node: ast.AST) -> Subject:
         line = node.lineno
@@ -312,13 +324,13 @@ class FileAnalysis:
         q = self.qual(node.func)
         if not q or not q.startswith("torch.") or q[6:] not in FACTORIES:
             return None
-        if _kwarg(node, "device") is not None or _has_star_kwargs(node):
-            return None
+        if any(_kwarg(node, k) is not None for k in ("device", "generator")) or _has_star_kwargs(node):
+            return None  # a CPU generator cannot make a tensor on another device
         return q[6:]
 
     # -- the patterns --------------------------------------------------------------------
     def run(self) -> None:
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.match(node.value):
                 self.targets_cuda = True
             if not isinstance(node, ast.Call):
@@ -334,7 +346,7 @@ class FileAnalysis:
                 self.dataloader(node)
             self.cpu_to_device_chained(node)
         self.cpu_to_device_two_statements()
-        for node in ast.walk(self.tree):
+        for node in self.nodes:
             if isinstance(node, _LOOPS):
                 self.loss_holders(node)
 
@@ -353,7 +365,7 @@ class FileAnalysis:
 
     def cpu_to_device_two_statements(self) -> None:
         """`x = torch.randn(...)` then, a few statements later, `x = x.to(device)` / `x = x.cuda()`."""
-        for block in _blocks(self.tree):
+        for block in _blocks(self.nodes):
             for i, stmt in enumerate(block):
                 if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
                         and isinstance(stmt.targets[0], ast.Name)):
@@ -419,19 +431,28 @@ class FileAnalysis:
                 isinstance(v := _kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m in moves))
 
     def batch_moves(self, dl_call: ast.Call) -> list[ast.Call]:
-        """`.cuda()` / `.to(device)` calls on the batches of `for ... in <this loader>` loops."""
+        """`.cuda()` / `.to(device)` calls on the batches of `for ... in <this loader>` loops: in the
+        scope that names the loader, and in a function of this file it is passed to (one level)."""
         parent = self.parents.get(dl_call)
-        bound: str | None = None
+        names: list[tuple[str, ast.AST | None, bool]] = []  # (name, scope, any scope)
         if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(
                 parent.targets[0], (ast.Name, ast.Attribute)):
             bound = dotted(parent.targets[0])
-        scope = self.context(dl_call)[0]
+            scope = self.context(dl_call)[0]
+            if bound:
+                names.append((bound, scope, "." in bound or scope is None))
+                if "." not in bound:
+                    names += self._passed_to(bound, scope)
         moves: list[ast.Call] = []
-        for loop in ast.walk(self.tree):
-            if not isinstance(loop, (ast.For, ast.AsyncFor)) or not self._iterates(loop.iter, dl_call, bound):
+        for loop in self.nodes:
+            if not isinstance(loop, (ast.For, ast.AsyncFor)):
                 continue
-            if bound and "." not in bound and scope is not None and self.context(loop)[0] is not scope:
-                continue  # a local loader name: only loops in the same function
+            it = loop.iter  # `loader`, `enumerate(loader)`, `tqdm(loader)`, `zip(...)` or the call itself
+            candidates = [it] + (list(it.args) if isinstance(it, ast.Call) and it is not dl_call else [])
+            loop_scope = self.context(loop)[0]
+            if not any(c is dl_call or any(dotted(c) == name and (anywhere or loop_scope is scope)
+                                           for name, scope, anywhere in names) for c in candidates):
+                continue
             tracked = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
             body = list(_walk_scope(loop.body))
             for _ in range(3):  # names derived from the batch: `x, y = batch`, `v` in `for k, v in batch.items()`
@@ -447,15 +468,31 @@ class FileAnalysis:
                     moves.append(n)
         return moves
 
-    def _iterates(self, it: ast.expr, dl_call: ast.Call, bound: str | None) -> bool:
-        """`loader`, `enumerate(loader)`, `tqdm(loader, ...)`, `zip(loader, ...)` or the call itself."""
-        candidates = [it]
-        if isinstance(it, ast.Call) and not (it is dl_call):
-            candidates += list(it.args)
-        for c in candidates:
-            if c is dl_call or (bound is not None and dotted(c) == bound):
-                return True
-        return False
+    def _passed_to(self, name: str, scope: ast.AST | None) -> list[tuple[str, ast.AST, bool]]:
+        """(parameter, function, False) for each call in `scope` that passes `name` to a function of
+        this file: `train(model, loader)` with `def train(model, train_loader)` -> "train_loader"."""
+        out: list[tuple[str, ast.AST, bool]] = []
+        defs: dict[str, list[ast.AST]] = {}
+        for n in self.nodes:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                defs.setdefault(n.name, []).append(n)
+        for call in self.nodes:
+            if not isinstance(call, ast.Call) or self.context(call)[0] is not scope:
+                continue
+            f = call.func
+            fname = f.id if isinstance(f, ast.Name) else (f.attr if isinstance(f, ast.Attribute) else None)
+            for fn in defs.get(fname, []) if fname else []:
+                params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+                if isinstance(f, ast.Attribute) and params[:1] in (["self"], ["cls"]):
+                    params = params[1:]
+                for i, a in enumerate(call.args):
+                    if isinstance(a, ast.Starred):
+                        break
+                    if isinstance(a, ast.Name) and a.id == name and i < len(params):
+                        out.append((params[i], fn, False))
+                out += [(k.arg, fn, False) for k in call.keywords
+                        if k.arg and isinstance(k.value, ast.Name) and k.value.id == name]
+        return out
 
     def loss_holders(self, loop: ast.AST) -> None:
         body = list(_walk_scope(loop.body))
@@ -488,17 +525,18 @@ class FileAnalysis:
             found = self._holder(n)
             if found is None:
                 continue
-            kind, holder, refs = found
+            kind, holder_node, refs = found
             for ref in refs:
-                if (ref.id, last_bind(ref.id, n.lineno)) in losses and holder.split(".")[0].split("[")[0] != ref.id:
+                if (ref.id, last_bind(ref.id, n.lineno)) in losses and _root_name(holder_node) != ref.id:
+                    holder = self.text(holder_node)
                     s = self.subject("loss_holder", n)
                     self.put(s, "kind", kind)
                     self.put(s, "holder", holder)
                     self.put(s, "tensor_name", ref.id)
                     break
 
-    def _holder(self, n: ast.AST) -> tuple[str, str, list[ast.Name]] | None:
-        """(kind, holder text, bare names it takes) for `X.append(a)`, `X += a`, `X = X + a`, `m.update(a)`."""
+    def _holder(self, n: ast.AST) -> tuple[str, ast.expr, list[ast.Name]] | None:
+        """(kind, holder node, bare names it takes) for `X.append(a)`, `X += a`, `X = X + a`, `m.update(a)`."""
         if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute):
             call = n.value
             attr = call.func.attr
@@ -511,15 +549,15 @@ class FileAnalysis:
             else:
                 return None
             refs = [m for a in call.args for m in _bare_names(a)]
-            return kind, self.text(call.func.value), refs
+            return kind, call.func.value, refs
         if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add):
-            return "running-sum", self.text(n.target), list(_bare_names(n.value))
+            return "running-sum", n.target, list(_bare_names(n.value))
         if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.value, ast.BinOp)
                 and isinstance(n.value.op, ast.Add)):
             target = dotted(n.targets[0])
             leaves = list(_bare_names(n.value))
             if target and "." not in target and any(m.id == target for m in leaves):
-                return "running-sum", target, [m for m in leaves if m.id != target]
+                return "running-sum", n.targets[0], [m for m in leaves if m.id != target]
         return None
 
 
@@ -533,8 +571,8 @@ def _derived(value: ast.expr, tracked: set[str]) -> bool:
     return isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)) and _root_name(value) in tracked
 
 
-def _blocks(tree: ast.AST) -> Iterator[list[ast.stmt]]:
-    for node in ast.walk(tree):
+def _blocks(nodes: list[ast.AST]) -> Iterator[list[ast.stmt]]:
+    for node in nodes:
         for field in ("body", "orelse", "finalbody"):
             block = getattr(node, field, None)
             if isinstance(block, list) and block and isinstance(block[0], ast.stmt):

@@ -387,8 +387,10 @@ def _detach_loss(ctx: _Ctx, params: dict):
 
 
 def _wrap_autocast(ctx: _Ctx, params: dict):
-    if not isinstance(ctx.stmt, cst.SimpleStatementLine):
-        return None
+    if not isinstance(ctx.stmt, cst.SimpleStatementLine) or not all(
+            isinstance(s, (cst.Assign, cst.AnnAssign, cst.AugAssign, cst.Expr, cst.Return)) for s in ctx.stmt.body) \
+            or not m.findall(ctx.stmt, m.Call()):
+        return None  # only statements that compute something (a forward, a loss)
     device_type = str(params.get("device_type", "cuda"))
     dtype = str(params.get("dtype", "torch.bfloat16"))
     torch_names = [k for k, v in ctx.fa.aliases.items() if v == "torch"]
