@@ -91,12 +91,71 @@ def render_machine(report, fmt: Format) -> str:
         return markdown.render(report)
     if fmt is Format.sarif:
         from perfdoctor.report import sarif
-        from perfdoctor.rules.catalog import load_rules
 
-        return sarif.render(report, [r.as_dict() for r in load_rules()])
+        return sarif.render(report)
     from perfdoctor.report import github
 
     return github.render(report)
+
+
+def parse_fraction(text: str) -> float:
+    """`10%`, `10` or `0.1` -> 0.1."""
+    t = text.strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise PerfdoctorError(f"--max-regression {text!r}: give a percentage such as 10%") from None
+    if not t.endswith("%") and v >= 1:
+        v /= 100
+    if not 0 < v < 10:
+        raise PerfdoctorError(f"--max-regression {text!r}: must be between 0% and 1000%")
+    return v
+
+
+def _gate_output(report, comparison, fmt: Format, output: Optional[Path]) -> None:
+    """The report, then the gate's verdict, in the chosen format (one document for machine formats)."""
+    from perfdoctor.report import markdown
+
+    if comparison is not None and os.environ.get("GITHUB_STEP_SUMMARY"):
+        markdown.append_step_summary(markdown.render(comparison))
+    if comparison is None:
+        _emit(report, fmt, output)
+        return
+    if fmt is Format.text:
+        from perfdoctor.report import text
+
+        console = Console(file=output.open("w", encoding="utf-8"), width=100, no_color=True) if output else Console()
+        text.render(report, console)
+        text.render_comparison(comparison.as_dict(), console)
+        if output:
+            console.file.close()
+        return
+    if fmt is Format.json:
+        import orjson
+
+        doc = report.as_dict()
+        doc["gate"] = comparison.as_dict()
+        body = orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+    elif fmt is Format.markdown:
+        body = markdown.render(report) + "\n" + markdown.render(comparison)
+    elif fmt is Format.github:
+        from perfdoctor.report import github
+
+        body = github.render(report) + github.render(comparison)
+    else:  # sarif describes findings; the gate's verdict is in the exit code
+        body = render_machine(report, fmt)
+    if output is not None:
+        output.write_text(body, encoding="utf-8")
+    else:
+        sys.stdout.write(body)
+        sys.stdout.flush()
+
+
+def _fails_on(report, fail_on: Optional[Severity]) -> bool:
+    if fail_on is None:
+        return False
+    order = {"high": 0, "medium": 1, "low": 2}
+    return any(order.get(f.severity, 3) <= order[fail_on.value] for f in report.findings)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -108,9 +167,15 @@ def run(
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Report format."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
     out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="The run folder (default .perfdoctor/runs/...)."),
+    save_baseline: Optional[Path] = typer.Option(None, "--save-baseline", help="Record a baseline to this file."),
+    baseline: Optional[Path] = typer.Option(None, "--baseline", help="Compare with this baseline (CI gate)."),
+    max_regression: str = typer.Option("10%", "--max-regression", help="Slowdown that fails the gate."),
+    repeats: int = typer.Option(1, "--repeats", min=1, max=50, help="Run the script this many times."),
+    fail_on: Optional[Severity] = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
     from perfdoctor.capture.runner import run_script
+    from perfdoctor.report import jsonfmt
     from perfdoctor.report.build import analyse_run
 
     if (script is None) == (module is None):
@@ -118,20 +183,96 @@ def run(
     target = module if module is not None else script
     if module is None and not Path(script).is_file():
         raise PerfdoctorError(f"{script}: no such script")
-    result = run_script(
-        target, module=module is not None, script_args=list(ctx.args), out_dir=out_dir, steps=steps,
-        script_stdout_to_stderr=fmt is not Format.text and output is None,
-        show_status=fmt is Format.text or output is not None,
-    )
-    report = analyse_run(result.run_dir)
-    from perfdoctor.report import jsonfmt
+    threshold = parse_fraction(max_regression)
+    base = None
+    if baseline is not None:
+        from perfdoctor.gate.baseline import load_baseline
 
-    (result.run_dir / "report.json").write_text(jsonfmt.render(report), encoding="utf-8")
-    _emit(report, fmt, output)
+        base = load_baseline(baseline)  # fail early on a bad baseline, before minutes of running
+    results, report = [], None
+    for i in range(repeats):
+        run_out = out_dir / f"repeat-{i + 1}" if out_dir is not None and repeats > 1 else out_dir
+        result = run_script(
+            target, module=module is not None, script_args=list(ctx.args), out_dir=run_out, steps=steps,
+            script_stdout_to_stderr=fmt is not Format.text and output is None,
+            show_status=fmt is Format.text or output is not None,
+        )
+        results.append(result)
+        report = analyse_run(result.run_dir)
+        (result.run_dir / "report.json").write_text(jsonfmt.render(report), encoding="utf-8")
+        if result.exit_code != 0 or result.reason == "interrupted":
+            break  # a failed or interrupted run is not repeated
+    result = results[-1]
+    comparison = None
+    if result.reason not in ("exception", "sys-exit", "killed", "interrupted") or result.exit_code == 0:
+        if save_baseline is not None or base is not None:
+            from perfdoctor.gate.baseline import record_from_run_dir, save_baseline as save
+
+            records = [record_from_run_dir(r.run_dir) for r in results]
+            if save_baseline is not None:
+                save(records, save_baseline)
+                sys.stderr.write(f"perfdoctor: baseline of {len(records)} run(s) saved to {save_baseline}\n")
+            if base is not None:
+                from perfdoctor.gate.compare import compare
+
+                comparison = compare(base, records, threshold, fail_on.value if fail_on else None)
+    _gate_output(report, comparison, fmt, output)
     if result.exit_code != 0 and result.reason in ("exception", "sys-exit", "killed"):
         raise typer.Exit(EXIT_SCRIPT_FAILED)
     if result.reason == "interrupted":
         raise typer.Exit(130)
+    if comparison is not None and comparison.failed:
+        raise typer.Exit(EXIT_GATE_FAILED)
+    if comparison is None and _fails_on(report, fail_on):
+        raise typer.Exit(EXIT_GATE_FAILED)
+
+
+@app.command()
+def compare(
+    base: Path = typer.Argument(..., help="The baseline: a baseline file, a run folder or a report.json."),
+    current: Path = typer.Argument(..., help="The current run: a baseline file, a run folder or a report.json."),
+    max_regression: str = typer.Option("10%", "--max-regression", help="Slowdown that fails the gate."),
+    fail_on: Optional[Severity] = typer.Option(None, "--fail-on", help="Fail on new findings of this severity or worse."),
+    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the comparison to this file."),
+) -> None:
+    """Compare two baselines or run reports; exit 1 on a regression."""
+    from perfdoctor.gate.compare import compare_files
+
+    for p in (base, current):
+        if not p.exists():
+            raise PerfdoctorError(f"{p}: no such file or folder")
+    c = compare_files(base, current, parse_fraction(max_regression), fail_on.value if fail_on else None)
+    if fmt is Format.text:
+        from perfdoctor.report import text
+
+        console = Console(file=output.open("w", encoding="utf-8"), width=100, no_color=True) if output else Console()
+        text.render_comparison(c.as_dict(), console)
+    else:
+        if fmt is Format.json:
+            import orjson
+
+            body = orjson.dumps(c.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n"
+        elif fmt is Format.markdown:
+            from perfdoctor.report import markdown
+
+            body = markdown.render(c)
+        elif fmt is Format.github:
+            from perfdoctor.report import github
+
+            body = github.render(c)
+        else:
+            raise PerfdoctorError("compare writes text, json, markdown or github, not sarif")
+        if output is not None:
+            output.write_text(body, encoding="utf-8")
+        else:
+            sys.stdout.write(body)
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
+        from perfdoctor.report import markdown
+
+        markdown.append_step_summary(markdown.render(c))
+    if c.failed:
+        raise typer.Exit(EXIT_GATE_FAILED)
 
 
 @app.command()

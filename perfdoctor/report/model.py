@@ -6,6 +6,7 @@ Renderers never measure; the analysis never formats.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from perfdoctor import __version__
@@ -49,8 +50,9 @@ class Finding:
         return (0 if measured else 1, -(self.ms_per_step or 0.0), SEVERITY_ORDER.get(self.severity, 3), self.rule)
 
     def fingerprint(self) -> str:
+        """Stable across checkouts and line moves: the rule, the file's name and the code line's text."""
         loc = self.locations[0] if self.locations else None
-        where = f"{loc.file}:{loc.code}" if loc else self.subject
+        where = f"{Path(loc.file).name}:{' '.join(loc.code.split())}" if loc else self.subject
         return f"{self.rule}:{where}"
 
     def as_dict(self) -> dict[str, Any]:

@@ -96,8 +96,7 @@ def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str |
     for f in findings:  # a finding whose rule the catalog does not know still gets a descriptor
         by_id.setdefault(f["rule"], {"id": f["rule"], "name": f.get("name"), "summary": f.get("title"),
                                      "severity": f.get("severity"), "doc": {"what": f.get("why") or f.get("title")}})
-    used = sorted({f["rule"] for f in findings})
-    ids = sorted(by_id) if rules is not None else used
+    ids = sorted(by_id)
     descriptors = [_descriptor(by_id[i]) for i in ids]
     index = {i: n for n, i in enumerate(ids)}
     results = []

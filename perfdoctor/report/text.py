@@ -156,3 +156,41 @@ def render(report: Report, console: Console) -> None:
     if run_dir:
         console.print(Text(f"run folder: {_short(run_dir)} (trace.json.gz opens in https://ui.perfetto.dev)",
                            style="dim"))
+
+
+VERDICT_STYLE = {"regression": "bold red", "improvement": "green", "no-change": "", "inconclusive": "yellow",
+                 "unstable": "yellow", "not-comparable": "magenta"}
+
+
+def _num(v: Any, unit: str) -> str:
+    if not isinstance(v, (int, float)):
+        return "n/a"
+    if unit == "bytes":
+        return f"{v / 2**20:.1f} MiB"
+    return f"{v:.4g} {unit}".strip()
+
+
+def render_comparison(c: dict[str, Any], console: Console) -> None:
+    """The CI gate's verdict: one row per metric, new findings, and why it failed or passed."""
+    verdict = c.get("verdict", "")
+    style = {"failed": "bold red", "passed": "bold green"}.get(verdict, "bold magenta")
+    t = Table(title=f"gate: {verdict.upper()} (threshold {100 * c.get('max_regression', 0):.0f}%, "
+                    f"{c.get('baseline_runs')} baseline run(s) vs {c.get('current_runs')})",
+              title_justify="left", title_style=style, show_edge=False)
+    for col, just in (("metric", "left"), ("baseline", "right"), ("current", "right"), ("change", "right"),
+                      ("95% CI", "right"), ("verdict", "left")):
+        t.add_column(col, justify=just)
+    for r in c.get("rows", []):
+        ci = r.get("ci_pct")
+        t.add_row(r["metric"], _num(r.get("baseline"), r.get("unit", "")), _num(r.get("current"), r.get("unit", "")),
+                  "" if r.get("change_pct") is None else f"{r['change_pct']:+.1f}%",
+                  "" if not ci else f"{ci[0]:+.1f}%..{ci[1]:+.1f}%",
+                  Text(r["verdict"], style=VERDICT_STYLE.get(r["verdict"], "")))
+    console.print(t)
+    for f in c.get("failing_findings", []):
+        console.print(Text(f"new finding fails the gate: {f.get('rule')} {f.get('title', '')}", style="bold red"))
+    for f in c.get("new_findings", []):
+        if f not in c.get("failing_findings", []):
+            console.print(Text(f"new finding: {f.get('rule')} {f.get('title', '')}", style="yellow"))
+    for n in c.get("notes", []):
+        console.print(Text(f"note: {n}", style="dim"))

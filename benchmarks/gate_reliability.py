@@ -1,0 +1,174 @@
+"""How reliable is the CI gate? False failures on identical code, detections of a 15% slowdown.
+
+    python benchmarks/gate_reliability.py [--mode cli|library|simulate|all] [--trials 10]
+
+- cli: the real CLI. Records a baseline of benchmarks/steady_train.py
+  (`perfdoctor run SCRIPT --steps N --save-baseline B --repeats R0`), then `--trials` runs of the
+  same code (`--baseline B --repeats R`; exit 1 is a false failure) and `--trials` runs with
+  PERFDOCTOR_BENCH_DELAY_FRACTION=0.15 (exit 1 is a detection).
+- library: the same scenario without the CLI: the script runs bare and writes its own per-step
+  times; the gate library builds the records and compares them.
+- simulate: synthetic autocorrelated series (log-normal AR(1) within a run, plus a run offset)
+  whose parameters are measured from bare runs of the steady script on this machine; many trials.
+Prints the counts and the time taken. Target: 0 false failures, >= 9 of 10 detections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from perfdoctor.gate import RunRecord, compare, warmup_steps  # noqa: E402
+
+SCRIPT = ROOT / "benchmarks" / "steady_train.py"
+ENV_ID = {"torch": "bench", "device": "cpu", "cpu_count": os.cpu_count(), "script": "steady_train.py", "args": []}
+
+
+def bare_run(steps: int, delay: float) -> list[float]:
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "steps.json"
+        env = dict(os.environ, PERFDOCTOR_BENCH_STEPS=str(steps), PERFDOCTOR_BENCH_DELAY_FRACTION=str(delay),
+                   PERFDOCTOR_BENCH_OUT=str(out))
+        subprocess.run([sys.executable, str(SCRIPT)], env=env, check=True)
+        return json.loads(out.read_text())["step_ms"]
+
+
+def record(series: list[float]) -> RunRecord:
+    steady = series[warmup_steps(len(series)):]
+    return RunRecord("bare", dict(ENV_ID), steady, statistics.median(steady))
+
+
+def tally(name: str, same: list[str], slow: list[str], t0: float) -> None:
+    ff = sum(v == "FAIL" for v in same)
+    det = sum(v == "FAIL" for v in slow)
+    print(f"[{name}] identical code: {ff}/{len(same)} false failures   verdicts: {same}")
+    print(f"[{name}] 15% slower:     {det}/{len(slow)} detections       verdicts: {slow}")
+    print(f"[{name}] time: {time.time() - t0:.0f} s")
+
+
+def verdict(c) -> str:
+    return "FAIL" if c.failed else c.rows[0].verdict
+
+
+def mode_library(a) -> list[list[float]]:
+    t0 = time.time()
+    base_series = [bare_run(a.steps, 0.0) for _ in range(a.baseline_repeats)]
+    base = [record(s) for s in base_series]
+    same, slow, all_series = [], [], list(base_series)
+    for i in range(a.trials):
+        cs = [bare_run(a.steps, 0.0) for _ in range(a.repeats)]
+        ss = [bare_run(a.steps, 0.15) for _ in range(a.repeats)]
+        all_series += cs
+        same.append(verdict(compare(base, [record(s) for s in cs], a.threshold, seed=i)))
+        slow.append(verdict(compare(base, [record(s) for s in ss], a.threshold, seed=i)))
+    tally("library, real runs", same, slow, t0)
+    return all_series
+
+
+def fit_noise(series: list[list[float]]) -> tuple[float, float, float, float]:
+    """Per run: AR(1) coefficient and sd of log step times; between runs: sd of log medians
+    beyond the within-run part. Returns (phi, rel_sd, run_sd, mean_ms)."""
+    phis, sds, meds = [], [], []
+    for s in series:
+        x = [math.log(v) for v in s[warmup_steps(len(s)):]]
+        m = statistics.fmean(x)
+        d = [v - m for v in x]
+        var = sum(v * v for v in d)
+        phis.append(sum(d[i] * d[i + 1] for i in range(len(d) - 1)) / var if var else 0.0)
+        sds.append(statistics.pstdev(x))
+        meds.append(statistics.median(x))
+    phi, sd = statistics.fmean(phis), statistics.fmean(sds)
+    n = len(series[0]) - warmup_steps(len(series[0]))
+    within = (1.2533 * sd) ** 2 / n * (1 + phi) / (1 - phi) if phi < 1 else sd ** 2  # var of a median of AR(1)
+    run_sd = math.sqrt(max(0.0, statistics.variance(meds) - within)) if len(meds) > 1 else 0.0
+    return phi, sd, run_sd, math.exp(statistics.fmean(meds))
+
+
+def mode_simulate(a, series: list[list[float]] | None) -> None:
+    t0 = time.time()
+    if not series:
+        series = [bare_run(a.steps, 0.0) for _ in range(max(4, a.baseline_repeats + 1))]
+    phi, sd, run_sd, mean = fit_noise(series)
+    print(f"[simulate] measured noise from {len(series)} bare runs: AR(1) phi={phi:.2f}, within-run sd={sd:.1%}, "
+          f"run-to-run sd={run_sd:.1%}, median step {mean:.1f} ms")
+    rng = random.Random(0)
+
+    def synth(m: float) -> RunRecord:
+        off, e, out = rng.gauss(0, run_sd), 0.0, []
+        innov = sd * math.sqrt(max(0.0, 1 - phi * phi))
+        for _ in range(a.steps):
+            e = phi * e + rng.gauss(0, innov)
+            out.append(m * math.exp(off + e))
+        return record(out)
+
+    same, slow = [], []
+    for i in range(a.sim_trials):
+        base = [synth(mean) for _ in range(a.baseline_repeats)]
+        same.append(verdict(compare(base, [synth(mean) for _ in range(a.repeats)], a.threshold, seed=i)))
+        slow.append(verdict(compare(base, [synth(mean * 1.15) for _ in range(a.repeats)], a.threshold, seed=i)))
+    count = lambda v: {k: v.count(k) for k in sorted(set(v))}  # noqa: E731
+    print(f"[simulate] {a.sim_trials} trials each: identical {count(same)}; 15% slower {count(slow)}")
+    print(f"[simulate] false failures {same.count('FAIL')}/{a.sim_trials}, detections {slow.count('FAIL')}/{a.sim_trials}; "
+          f"time {time.time() - t0:.0f} s")
+
+
+def mode_cli(a) -> bool:
+    cli = [sys.executable, "-m", "perfdoctor"]
+    help_text = subprocess.run(cli + ["run", "--help"], capture_output=True, text=True, cwd=ROOT)
+    if "--save-baseline" not in help_text.stdout:
+        print("[cli] `perfdoctor run --save-baseline` is not available yet: skipped")
+        return False
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as d:
+        base = Path(d) / "baseline.json"
+        env0 = dict(os.environ, PERFDOCTOR_BENCH_DELAY_FRACTION="0", PERFDOCTOR_BENCH_STEPS="100000")
+        common = ["run", str(SCRIPT), "--steps", str(a.steps), "--out-dir", str(Path(d) / "runs"), "--format", "json"]
+        rc = subprocess.run(cli + common + ["--save-baseline", str(base), "--repeats", str(a.baseline_repeats)],
+                            env=env0, cwd=ROOT, capture_output=True).returncode
+        if rc != 0 or not base.exists():
+            print(f"[cli] recording the baseline failed (exit {rc})")
+            return False
+        same, slow = [], []
+        for delay, out in ((0.0, same), (0.15, slow)):
+            env = dict(env0, PERFDOCTOR_BENCH_DELAY_FRACTION=str(delay))
+            for _ in range(a.trials):
+                rc = subprocess.run(cli + common + ["--baseline", str(base), "--repeats", str(a.repeats),
+                                                    "--max-regression", f"{a.threshold:.0%}"],
+                                    env=env, cwd=ROOT, capture_output=True).returncode
+                out.append({0: "pass", 1: "FAIL"}.get(rc, f"exit {rc}"))
+        tally("cli", same, slow, t0)
+    return True
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("cli", "library", "simulate", "all"), default="all")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--baseline-repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=1, help="runs per comparison on the current side")
+    p.add_argument("--trials", type=int, default=10)
+    p.add_argument("--sim-trials", type=int, default=100)
+    p.add_argument("--threshold", type=float, default=0.10)
+    a = p.parse_args()
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
+    if a.mode in ("cli", "all"):
+        mode_cli(a)
+    series = mode_library(a) if a.mode in ("library", "all") else None
+    if a.mode in ("simulate", "all"):
+        mode_simulate(a, series)
+
+
+if __name__ == "__main__":
+    main()

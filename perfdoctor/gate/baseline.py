@@ -1,0 +1,295 @@
+"""Run records and baseline files.
+
+A run record is what the gate keeps of one run: its steady-state step times, derived throughput,
+peak memory, the noise-free counters, its findings and the environment identity. A baseline file
+(`perfdoctor/baseline/v1`) is one or more records of repeated runs plus the noise floor measured
+when it was recorded; it is JSON with sorted keys and one number per line, so it reads in a diff.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfdoctor import __version__
+from perfdoctor.errors import InputError
+from perfdoctor.gate import stats
+
+BASELINE_SCHEMA = "perfdoctor/baseline/v1"
+# Counters from the trace that do not depend on machine noise; the gate compares them tightly.
+COUNTERS = ("sync.count_per_step", "copies.h2d_per_step", "copies.h2d_pageable_per_step",
+            "ops.calls_per_step", "kernels.launches_per_step")
+# Environment keys that must match for timings to be comparable at all.
+IDENTITY_KEYS = ("torch", "device", "device_name", "device_count", "cpu_count", "cpu_model", "script", "args")
+
+
+def warmup_steps(n_total: int) -> int:
+    """Steps dropped at the start of a run: the first max(2, 10%) (allocator, autotuning, caches,
+    lazy imports and the first DataLoader batches all land there)."""
+    return max(2, math.ceil(0.10 * n_total))
+
+
+@dataclass
+class RunRecord:
+    source: str  # the run folder or file it came from
+    env: dict[str, Any]  # identity: torch, device, device_name, cpu_count, python, script, script_sha256, args
+    step_ms: list[float]  # steady-state step times, in order (empty when only a summary was available)
+    median_ms: float | None
+    batch_size: float | None = None
+    peak_memory_bytes: int | None = None
+    counters: dict[str, float] = field(default_factory=dict)
+    findings: list[dict[str, Any]] = field(default_factory=list)  # rule, fingerprint, severity, title, location
+    notes: list[str] = field(default_factory=list)
+    warmup_dropped: int = 0
+
+    @property
+    def steps_per_s(self) -> float | None:
+        return 1000.0 / self.median_ms if self.median_ms else None
+
+    @property
+    def samples_per_s(self) -> float | None:
+        sps = self.steps_per_s
+        return sps * self.batch_size if sps and self.batch_size else None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"source": self.source, "env": self.env, "median_ms": _r(self.median_ms),
+                "steps_per_s": _r(self.steps_per_s), "samples_per_s": _r(self.samples_per_s),
+                "batch_size": self.batch_size, "peak_memory_bytes": self.peak_memory_bytes,
+                "counters": self.counters, "findings": self.findings, "notes": self.notes,
+                "warmup_dropped": self.warmup_dropped, "step_ms": [round(v, 4) for v in self.step_ms]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
+        return cls(source=str(d.get("source", "")), env=dict(d.get("env") or {}),
+                   step_ms=[float(v) for v in d.get("step_ms") or []], median_ms=d.get("median_ms"),
+                   batch_size=d.get("batch_size"), peak_memory_bytes=d.get("peak_memory_bytes"),
+                   counters={k: float(v) for k, v in (d.get("counters") or {}).items()},
+                   findings=list(d.get("findings") or []), notes=list(d.get("notes") or []),
+                   warmup_dropped=int(d.get("warmup_dropped") or 0))
+
+
+def _r(v: float | None, nd: int = 4) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: not readable JSON ({e})") from None
+
+
+def _sha256(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _script_args(argv: list[str], script: str | None) -> list[str]:
+    """The script's own arguments: argv without its first element when that is the script."""
+    if argv and script and Path(argv[0]).name == Path(script).name:
+        return list(argv[1:])
+    return list(argv)
+
+
+def _fact(facts: dict[str, Any], name: str) -> Any:
+    f = facts.get(name)
+    return f.get("value") if isinstance(f, dict) else f
+
+
+def _batch_size(report: dict[str, Any]) -> float | None:
+    facts = report.get("facts") or {}
+    for name in ("run.batch_size", "dataloader.batch_size"):
+        v = _fact(facts, name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            return float(v)
+    # the facts' subjects, when the report carries them: one DataLoader with a known batch size
+    loaders = ((report.get("subjects") or {}).get("dataloader")) or []
+    sizes = {_fact(s.get("facts") or {}, "dataloader.batch_size") for s in loaders}
+    sizes.discard(None)
+    return float(sizes.pop()) if len(sizes) == 1 else None
+
+
+def _findings(report: dict[str, Any]) -> list[dict[str, Any]]:
+    out = []
+    for f in report.get("findings") or []:
+        loc = (f.get("locations") or [{}])[0]
+        # identity across checkouts: the file's name and the code line's text, not the absolute
+        # path (CI workspaces differ between machines) nor the line number (lines move)
+        fp = (f"{f.get('rule')}:{Path(loc['file']).name}:{' '.join(str(loc.get('code', '')).split())}"
+              if loc.get("file") else f.get("fingerprint") or f"{f.get('rule')}:")
+        out.append({"rule": f.get("rule"), "fingerprint": fp, "severity": f.get("severity"),
+                    "title": f.get("title", ""), "file": loc.get("file", ""), "line": loc.get("line", 0)})
+    return out
+
+
+def _counters(report: dict[str, Any]) -> dict[str, float]:
+    facts = report.get("facts") or {}
+    out = {}
+    for name in COUNTERS:
+        v = _fact(facts, name)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            out[name] = float(v)
+    return out
+
+
+def _identity(env: dict[str, Any], script: str | None, argv: list[str] | None, sha: str | None) -> dict[str, Any]:
+    return {"torch": env.get("torch"), "device": env.get("device"), "device_name": env.get("device_name"),
+            "device_count": env.get("device_count"), "cpu_count": env.get("cpu_count"),
+            "cpu_model": env.get("cpu_model"), "python": env.get("python"), "platform": env.get("platform"),
+            "script": Path(script).name if script else None, "script_sha256": sha,
+            "args": None if argv is None else _script_args(argv, script)}  # None: unknown, not checked
+
+
+def record_from_run_dir(run_dir: Path | str) -> RunRecord:
+    """A run record from a run folder (meta.json, steps.json, report.json)."""
+    run_dir = Path(run_dir)
+    meta = _read_json(run_dir / "meta.json")
+    steps = (_read_json(run_dir / "steps.json") or {}).get("steps") or []
+    report = _read_json(run_dir / "report.json") if (run_dir / "report.json").exists() else {}
+    notes: list[str] = []
+    window = meta.get("window") or {}
+    first, last = window.get("first_step"), window.get("last_step")
+    n_total = len(steps)
+    drop = warmup_steps(n_total)
+
+    def in_window(i: int) -> bool:
+        # the step after the window carries the profiler's stop and trace export
+        return first is not None and last is not None and first <= i <= last + 1
+
+    times = [(int(s["i"]), float(s["wall_ms"])) for s in steps if s.get("wall_ms") is not None]
+    steady = [ms for i, ms in times if i > drop and not in_window(i)]
+    if len(steady) < 6 and times:
+        notes.append(f"{run_dir.name}: only {len(steady)} steady-state steps outside the profiler window "
+                     f"and warm-up; using all steps after warm-up (profiler overhead included). "
+                     f"Run more steps (--steps) for a cleaner gate.")
+        steady = [ms for i, ms in times if i > min(drop, n_total // 2)]
+    median = statistics.median(steady) if steady else None
+    if median is None:
+        med = ((report.get("summary") or {}).get("step_time_ms") or {}).get("median")
+        median = float(med) if med else None
+        notes.append(f"{run_dir.name}: no per-step timings; only the report's median step time is known")
+    mems = [int(s["mem_bytes"]) for s in steps if s.get("mem_bytes") is not None]
+    peak = _fact(report.get("facts") or {}, "memory.peak_bytes")
+    peak = int(peak) if isinstance(peak, (int, float)) else (max(mems) if mems else None)
+    script = meta.get("script") or meta.get("module")
+    sha = meta.get("script_sha256") or _sha256(meta.get("script"))
+    return RunRecord(source=str(run_dir), env=_identity(meta.get("env") or {}, script, list(meta.get("argv") or []), sha),
+                     step_ms=steady, median_ms=median, batch_size=_batch_size(report), peak_memory_bytes=peak,
+                     counters=_counters(report), findings=_findings(report), notes=notes, warmup_dropped=drop)
+
+
+def record_from_report(report: dict[str, Any], source: str = "") -> RunRecord:
+    """A summary-only record from a report.json with no run folder around it: the median step
+    time, counters, findings and environment, but no per-step series (so no confidence interval)."""
+    run = report.get("run") or {}
+    med = ((report.get("summary") or {}).get("step_time_ms") or {}).get("median")
+    env = {"torch": run.get("torch"), "device": run.get("device"), "device_name": run.get("device_name"),
+           "cpu_count": run.get("cpu_count"), "python": run.get("python")}
+    peak = _fact(report.get("facts") or {}, "memory.peak_bytes")
+    return RunRecord(source=source, env=_identity(env, run.get("script"), run.get("argv"), None),
+                     step_ms=[], median_ms=float(med) if med else None, batch_size=_batch_size(report),
+                     peak_memory_bytes=int(peak) if isinstance(peak, (int, float)) else None,
+                     counters=_counters(report), findings=_findings(report),
+                     notes=[f"{source or 'report'}: summary only (no per-step timings)"])
+
+
+def noise_floor(records: list[RunRecord], seed: int = 0) -> dict[str, Any]:
+    """The noise measured at record time (relative, as log-scale standard deviations ~ fractions).
+
+    - within_run_rel_se: standard error of one run's median step time, from a circular block
+      bootstrap of its steady-state steps (block length from the autocorrelation; steps within a
+      run are correlated, so an i.i.d. bootstrap would understate it). Mean over runs.
+    - between_run_rel_sd: run-to-run standard deviation of the run medians beyond the within-run
+      error (needs two or more runs; null with one).
+    - spread: (max - min) / median of the run medians.
+    - single_run_halfwidth: 95% half-width, as a fraction, of one future run's median around the
+      truth; a change smaller than about this cannot be told from noise with one run per side.
+    """
+    rng = random.Random(seed)
+    meds = [r.median_ms for r in records if r.median_ms]
+    within = [stats.within_run_log_var(r.step_ms, rng) for r in records]
+    known = [v for v in within if v is not None]
+    w = sum(known) / len(known) if known else None
+    b = stats.between_run_log_var(meds, within)
+    total = (w or 0.0) + (b or 0.0)
+    return {
+        "runs": len(records),
+        "run_medians_ms": [round(m, 4) for m in meds],
+        "within_run_rel_se": None if w is None else round(math.sqrt(w), 6),
+        "between_run_rel_sd": None if b is None else round(math.sqrt(b), 6),
+        "spread": round((max(meds) - min(meds)) / statistics.median(meds), 6) if len(meds) > 1 else None,
+        "single_run_halfwidth": round(math.exp(stats.Z95 * math.sqrt(total)) - 1, 6) if (w is not None or b is not None) else None,
+        "block_lengths": [stats.block_length(r.step_ms) if len(r.step_ms) >= 6 else None for r in records],
+        "method": "median per run; circular block bootstrap within runs (block length from autocorrelation); "
+                  "between-run variance of log run medians less the within-run part",
+    }
+
+
+@dataclass
+class Baseline:
+    records: list[RunRecord]
+    noise: dict[str, Any]
+    created: str = ""
+    source: str = ""
+
+    @property
+    def env(self) -> dict[str, Any]:
+        return self.records[0].env if self.records else {}
+
+
+def baseline_dict(records: list[RunRecord], seed: int = 0) -> dict[str, Any]:
+    if not records:
+        raise InputError("no runs to make a baseline from")
+    meds = [r.median_ms for r in records if r.median_ms]
+    fps: dict[str, dict[str, Any]] = {}
+    for r in records:
+        for f in r.findings:
+            fps.setdefault(f["fingerprint"], f)
+    peaks = [r.peak_memory_bytes for r in records if r.peak_memory_bytes is not None]
+    return {
+        "schema": BASELINE_SCHEMA,
+        "tool": {"name": "perfdoctor", "version": __version__},
+        "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        "environment": records[0].env,
+        "summary": {"step_time_ms": round(statistics.median(meds), 4) if meds else None,
+                    "steps_per_s": round(1000 / statistics.median(meds), 4) if meds else None,
+                    "peak_memory_bytes": max(peaks) if peaks else None,
+                    "counters": records[0].counters},
+        "noise": noise_floor(records, seed),
+        "findings": sorted(fps.values(), key=lambda f: f["fingerprint"]),
+        "runs": [r.as_dict() for r in records],
+    }
+
+
+def save_baseline(records: list[RunRecord], path: Path | str, seed: int = 0) -> dict[str, Any]:
+    """Write a baseline file (sorted keys, indent 2: one number per line, readable in a diff)."""
+    data = baseline_dict(records, seed)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, sort_keys=True, indent=2) + "\n", encoding="utf-8")
+    return data
+
+
+def load_baseline(path: Path | str) -> Baseline:
+    path = Path(path)
+    data = _read_json(path)
+    if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA:
+        raise InputError(f"{path}: not a perfdoctor baseline (expected schema {BASELINE_SCHEMA!r}); "
+                         f"record one with `perfdoctor run SCRIPT --save-baseline {path.name}`")
+    records = [RunRecord.from_dict(r) for r in data.get("runs") or []]
+    if not records:
+        raise InputError(f"{path}: the baseline holds no runs")
+    return Baseline(records=records, noise=data.get("noise") or {}, created=str(data.get("created", "")), source=str(path))

@@ -1,0 +1,257 @@
+"""Compare current runs against a baseline: a verdict per metric and whether the gate fails.
+
+Verdicts: `regression`, `improvement`, `no-change`, `inconclusive` (the point estimate crosses
+the threshold but the 95% interval does not clear it), `unstable` (the interval is wider than the
+threshold, so a change of that size cannot be told from noise), and `not-comparable` (a different
+environment: the numbers are shown, never judged). Only a regression, or a new finding at or
+above `fail_on`, fails the gate.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfdoctor.errors import InputError
+from perfdoctor.gate import stats
+from perfdoctor.gate.baseline import (BASELINE_SCHEMA, IDENTITY_KEYS, Baseline, RunRecord, load_baseline,
+                                      record_from_report, record_from_run_dir)
+
+SCHEMA = "perfdoctor/compare/v1"
+SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
+COUNTER_SLACK = 0.5  # counts per step: counters are averages over the profiled steps
+MEMORY_SLACK_BYTES = 32 * 2**20  # allocator and RSS granularity
+
+
+@dataclass
+class Row:
+    metric: str
+    unit: str
+    baseline: float | None
+    current: float | None
+    change_pct: float | None
+    ci_pct: tuple[float, float] | None  # 95% interval of the change, in percent
+    verdict: str
+    kind: str  # timing | throughput (derived from timing) | memory | counter
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"metric": self.metric, "unit": self.unit, "baseline": _r(self.baseline), "current": _r(self.current),
+                "change_pct": _r(self.change_pct, 2), "ci_pct": None if self.ci_pct is None else [round(v, 2) for v in self.ci_pct],
+                "verdict": self.verdict, "kind": self.kind}
+
+
+@dataclass
+class Comparison:
+    failed: bool
+    comparable: bool
+    rows: list[Row]
+    new_findings: list[dict[str, Any]]
+    resolved_findings: list[dict[str, Any]]
+    notes: list[str]
+    env_differences: list[dict[str, Any]] = field(default_factory=list)
+    max_regression: float = 0.10
+    fail_on: str | None = None
+    baseline_runs: int = 0
+    current_runs: int = 0
+    failing_findings: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return "failed" if self.failed else ("passed" if self.comparable else "not-comparable")
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "verdict": self.verdict, "failed": self.failed, "comparable": self.comparable,
+                "max_regression": self.max_regression, "fail_on": self.fail_on,
+                "baseline_runs": self.baseline_runs, "current_runs": self.current_runs,
+                "rows": [r.as_dict() for r in self.rows], "new_findings": self.new_findings,
+                "failing_findings": self.failing_findings, "resolved_findings": self.resolved_findings,
+                "env_differences": self.env_differences, "notes": self.notes}
+
+
+def _r(v: float | None, nd: int = 4) -> float | None:
+    return None if v is None else round(v, nd)
+
+
+def env_differences(base: dict[str, Any], cur: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+    """Identity keys that differ (these make timings not comparable) and softer notes."""
+    diffs = []
+    for k in IDENTITY_KEYS:
+        b, c = base.get(k), cur.get(k)
+        if b is not None and c is not None and b != c:
+            diffs.append({"key": k, "baseline": b, "current": c})
+    notes = []
+    for k in ("python", "platform"):
+        if base.get(k) and cur.get(k) and base[k] != cur[k]:
+            notes.append(f"{k} differs: {base[k]} (baseline) vs {cur[k]} (current)")
+    if base.get("script_sha256") and cur.get("script_sha256") and base["script_sha256"] != cur["script_sha256"]:
+        notes.append("the script changed since the baseline was recorded (that change is what is being measured)")
+    return diffs, notes
+
+
+def _timing_row(base: list[RunRecord], cur: list[RunRecord], t: float, between: tuple[float, int] | None,
+                seed: int, notes: list[str]) -> Row:
+    bm = [r.median_ms for r in base if r.median_ms]
+    cm = [r.median_ms for r in cur if r.median_ms]
+    if not bm or not cm:
+        return Row("step time (median)", "ms", statistics.median(bm) if bm else None,
+                   statistics.median(cm) if cm else None, None, None, "inconclusive", "timing")
+    b0, c0 = stats.side_center(bm), stats.side_center(cm)
+    point = c0 / b0
+    up, down = 1 + t, 1 / (1 + t)
+    series_ok = all(len(r.step_ms) >= 6 for r in base + cur)
+    if not series_ok:
+        notes.append("no per-step timings on one side: the step time is compared by its point estimate "
+                     "only, with no confidence interval (compare run folders or baselines for a verdict)")
+        verdict = "inconclusive" if (point > up or point < down) else "no-change"
+        return Row("step time (median)", "ms", b0, c0, (point - 1) * 100, None, verdict, "timing")
+    if between is None:
+        notes.append("run-to-run noise is unknown (one run on each side): the interval covers the noise "
+                     "within a run only; record the baseline with --repeats 3 for an honest interval")
+    sigma_b2, df = between or (0.0, 0)
+    point, lo, hi = stats.ratio_interval([r.step_ms for r in base], [r.step_ms for r in cur], sigma_b2, df, seed=seed)
+    halfwidth = math.sqrt(hi / lo) - 1
+    if lo > up:
+        verdict = "regression"
+    elif hi < down:
+        verdict = "improvement"
+    elif halfwidth > t:
+        verdict = "unstable"
+    elif point > up or point < down:
+        verdict = "inconclusive"
+    else:
+        verdict = "no-change"
+    if verdict == "unstable":
+        notes.append(f"the step time is too noisy to judge a {t:.0%} change: its 95% interval spans "
+                     f"{(lo - 1) * 100:+.1f}%..{(hi - 1) * 100:+.1f}%; use more steps or --repeats, or a quieter machine")
+    return Row("step time (median)", "ms", b0, c0, (point - 1) * 100, ((lo - 1) * 100, (hi - 1) * 100), verdict, "timing")
+
+
+def _simple_row(metric: str, unit: str, kind: str, b: float | None, c: float | None, t: float, slack: float) -> Row | None:
+    if b is None or c is None:
+        return None
+    change = None if b == 0 else (c / b - 1) * 100
+    if c - b > max(slack, t * b):
+        verdict = "regression"
+    elif b - c > max(slack, t * b / (1 + t)):
+        verdict = "improvement"
+    else:
+        verdict = "no-change"
+    return Row(metric, unit, b, c, change, None, verdict, kind)
+
+
+def _sigma_b2(base: list[RunRecord], cur: list[RunRecord], seed: int) -> tuple[float, int] | None:
+    """Between-run variance pooled over the sides that have repeats, and its degrees of freedom."""
+    rng = random.Random(seed)
+    parts = []
+    for side in (base, cur):
+        meds = [r.median_ms for r in side if r.median_ms]
+        if len(meds) >= 2 and all(len(r.step_ms) >= 6 for r in side):
+            v = stats.between_run_log_var(meds, [stats.within_run_log_var(r.step_ms, rng, 500) for r in side])
+            if v is not None:
+                parts.append((len(meds) - 1, v))
+    if not parts:
+        return None
+    dof = sum(df for df, _ in parts)
+    return sum(df * v for df, v in parts) / dof, dof
+
+
+def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecord], max_regression: float = 0.10,
+            fail_on: str | None = None, seed: int = 0) -> Comparison:
+    """Judge `current_records` (one or more runs of the same command) against a baseline."""
+    if fail_on is not None and fail_on not in SEVERITY_RANK:
+        raise InputError(f"--fail-on must be one of high, medium, low (got {fail_on!r})")
+    if not 0 < max_regression < 10:
+        raise InputError(f"--max-regression must be a fraction like 0.10 (10%), got {max_regression!r}")
+    base = baseline.records if isinstance(baseline, Baseline) else list(baseline)
+    cur = list(current_records)
+    if not base or not cur:
+        raise InputError("nothing to compare: the baseline or the current side holds no runs")
+    t = max_regression
+    notes: list[str] = [n for r in base + cur for n in r.notes]
+    diffs, env_notes = env_differences(base[0].env, cur[0].env)
+    notes += env_notes
+    comparable = not diffs
+    rows: list[Row] = []
+    timing = _timing_row(base, cur, t, _sigma_b2(base, cur, seed), seed, notes)
+    rows.append(timing)
+    # throughput is the step time seen the other way up: same evidence, same verdict
+    if timing.baseline and timing.current:
+        ci = None if timing.ci_pct is None else (100 / (1 + timing.ci_pct[1] / 100) - 100, 100 / (1 + timing.ci_pct[0] / 100) - 100)
+        bt, ct = 1000 / timing.baseline, 1000 / timing.current
+        rows.append(Row("throughput", "steps/s", bt, ct, (ct / bt - 1) * 100, ci, timing.verdict, "throughput"))
+        bs = [r.batch_size for r in base if r.batch_size]
+        cs = [r.batch_size for r in cur if r.batch_size]
+        if bs and cs:
+            rows.append(Row("throughput", "samples/s", bt * bs[0], ct * cs[0], (ct * cs[0] / (bt * bs[0]) - 1) * 100,
+                            None, timing.verdict, "throughput"))
+    bp = [r.peak_memory_bytes for r in base if r.peak_memory_bytes is not None]
+    cp = [r.peak_memory_bytes for r in cur if r.peak_memory_bytes is not None]
+    row = _simple_row("peak memory", "bytes", "memory", max(bp) if bp else None, max(cp) if cp else None, t, MEMORY_SLACK_BYTES)
+    if row:
+        rows.append(row)
+    for name in sorted(set(base[0].counters) & set(cur[0].counters)):
+        row = _simple_row(name, "count/step", "counter", base[0].counters[name], cur[0].counters[name], t, COUNTER_SLACK)
+        if row:
+            rows.append(row)
+    only = sorted(set(base[0].counters) ^ set(cur[0].counters))
+    if only:
+        notes.append("counters measured on one side only (not compared): " + ", ".join(only))
+
+    base_fps = {f["fingerprint"] for r in base for f in r.findings}
+    cur_f: dict[str, dict[str, Any]] = {}
+    for r in cur:
+        for f in r.findings:
+            cur_f.setdefault(f["fingerprint"], f)
+    new = [f for fp, f in sorted(cur_f.items()) if fp not in base_fps]
+    resolved = sorted({f["fingerprint"]: f for r in base for f in r.findings if f["fingerprint"] not in cur_f}.values(),
+                      key=lambda f: f["fingerprint"])
+    failing = [f for f in new if fail_on is not None and SEVERITY_RANK.get(f.get("severity"), 3) <= SEVERITY_RANK[fail_on]]
+
+    if not comparable:
+        for r in rows:
+            r.verdict = "not-comparable"
+        notes.insert(0, "NOT COMPARABLE: the baseline was recorded in a different environment ("
+                     + "; ".join(f"{d['key']}: {d['baseline']} vs {d['current']}" for d in diffs)
+                     + "). Timings are shown but not judged; record a new baseline in this environment.")
+    regressed = [r for r in rows if r.verdict == "regression" and r.kind != "throughput"]
+    failed = bool(regressed) or bool(failing)
+    return Comparison(failed=failed, comparable=comparable, rows=rows, new_findings=new, resolved_findings=resolved,
+                      notes=notes, env_differences=diffs, max_regression=t, fail_on=fail_on,
+                      baseline_runs=len(base), current_runs=len(cur), failing_findings=failing)
+
+
+def load_side(path: Path | str) -> Baseline | list[RunRecord]:
+    """A baseline file, a run folder, or a report.json (inside a run folder: the whole run; alone:
+    a summary-only record)."""
+    path = Path(path)
+    if path.is_dir():
+        if (path / "meta.json").exists():
+            return [record_from_run_dir(path)]
+        raise InputError(f"{path}: not a run folder (no meta.json); pass a baseline file, a run folder or its report.json")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path}: not readable JSON ({e})") from None
+    if isinstance(data, dict) and data.get("schema") == BASELINE_SCHEMA:
+        return load_baseline(path)
+    if isinstance(data, dict) and "findings" in data and "summary" in data:
+        if (path.parent / "meta.json").exists() and (path.parent / "steps.json").exists():
+            return [record_from_run_dir(path.parent)]
+        return [record_from_report(data, str(path))]
+    raise InputError(f"{path}: neither a perfdoctor baseline nor a perfdoctor report.json")
+
+
+def compare_files(base_path: Path | str, current_path: Path | str, max_regression: float = 0.10,
+                  fail_on: str | None = None, seed: int = 0) -> Comparison:
+    """`perfdoctor compare BASE CURRENT`: each side a baseline file, a run folder or a report.json."""
+    base = load_side(base_path)
+    cur = load_side(current_path)
+    cur_records = cur.records if isinstance(cur, Baseline) else cur
+    return compare(base, cur_records, max_regression=max_regression, fail_on=fail_on, seed=seed)

@@ -1,0 +1,270 @@
+"""The CI gate: run records, baseline files, verdicts on synthetic step series."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfdoctor.errors import InputError
+from perfdoctor.gate import (BASELINE_SCHEMA, RunRecord, compare, compare_files, load_baseline, noise_floor,
+                             record_from_run_dir, save_baseline, warmup_steps)
+from perfdoctor.gate import stats
+
+ENV = {"python": "3.11.7", "torch": "2.13.0", "platform": "Linux", "cpu_count": 2, "cpu_model": "Xeon",
+       "device": "cpu", "device_name": "cpu", "device_count": 0}
+
+
+def ar1(n: int, mean: float, rel_sd: float, phi: float, rng: random.Random, run_sd: float = 0.0) -> list[float]:
+    """Autocorrelated step times: log-normal AR(1) noise around mean, plus a per-run offset."""
+    offset = rng.gauss(0, run_sd)
+    e, out = 0.0, []
+    innov = rel_sd * math.sqrt(1 - phi * phi)
+    for _ in range(n):
+        e = phi * e + rng.gauss(0, innov)
+        out.append(mean * math.exp(offset + e))
+    return out
+
+
+def rec(series: list[float], env: dict | None = None, findings=None, counters=None, source="run") -> RunRecord:
+    import statistics
+    return RunRecord(source=source, env=dict(env or ENV, script="train.py", script_sha256="ab", args=["--lr", "0.1"]),
+                     step_ms=series, median_ms=statistics.median(series), counters=dict(counters or {}),
+                     findings=list(findings or []), peak_memory_bytes=500 * 2**20)
+
+
+def runs(n_runs, n_steps, mean, rng, rel_sd=0.03, phi=0.5, run_sd=0.01, **kw):
+    return [rec(ar1(n_steps, mean, rel_sd, phi, rng, run_sd), **kw) for _ in range(n_runs)]
+
+
+def write_run(folder: Path, wall_ms: list[float], window=(3, 6), findings=(), facts=None, script="train.py") -> Path:
+    folder.mkdir(parents=True)
+    (folder / script).write_text("print('hi')\n")
+    meta = {"schema": "perfdoctor/run/v1", "script": str(folder / script), "module": None,
+            "argv": [script, "--lr", "0.1"], "exit": {"code": 0, "reason": "steps-reached", "traceback": None},
+            "window": {"skip": 2, "warmup": 1, "active": 3, "first_step": window[0], "last_step": window[1], "completed": True},
+            "env": ENV}
+    steps = [{"i": i + 1, "end_s": i * 0.1, "wall_ms": w, "mem_bytes": 1000 + i} for i, w in enumerate(wall_ms)]
+    report = {"schema": "perfdoctor/report/v1", "run": {"script": str(folder / script)},
+              "summary": {"step_time_ms": {"median": 10.0}}, "findings": list(findings),
+              "facts": {k: {"fact": k, "value": v, "unit": "count", "source": "trace", "detail": ""}
+                        for k, v in (facts or {}).items()}}
+    for name, obj in (("meta.json", meta), ("steps.json", {"steps": steps}), ("report.json", report)):
+        (folder / name).write_text(json.dumps(obj))
+    return folder
+
+
+def test_steady_state_drops_warmup_and_profiler_window(tmp_path):
+    wall = [100.0, 90.0, 50, 50, 50, 50, 50] + [10.0 + 0.01 * i for i in range(33)]  # 40 steps
+    d = write_run(tmp_path / "r", wall, window=(3, 6), facts={"sync.count_per_step": 2, "memory.peak_bytes": 7},
+                  findings=[{"rule": "PD002", "severity": "high", "title": "t", "fingerprint": "PD002:x",
+                             "locations": [{"file": "/a/train.py", "line": 3, "code": "x"}]}])
+    r = record_from_run_dir(d)
+    assert warmup_steps(40) == 4 and r.warmup_dropped == 4
+    # steps 1-4 warm-up, 3-7 window (+1 guard step): the first kept step is step 8
+    assert len(r.step_ms) == 33 and r.step_ms[0] == 10.0
+    assert r.median_ms == pytest.approx(10.16)
+    assert r.steps_per_s == pytest.approx(1000 / 10.16)
+    assert r.counters == {"sync.count_per_step": 2.0}
+    assert r.peak_memory_bytes == 7
+    assert r.findings[0]["fingerprint"] == "PD002:train.py:x" and r.findings[0]["severity"] == "high"
+    assert r.env["script"] == "train.py" and r.env["args"] == ["--lr", "0.1"] and len(r.env["script_sha256"]) == 64
+    assert r.env["torch"] == "2.13.0" and r.env["cpu_count"] == 2
+
+
+def test_block_length_grows_with_autocorrelation():
+    rng = random.Random(1)
+    iid = ar1(400, 10, 0.05, 0.0, rng)
+    sticky = ar1(400, 10, 0.05, 0.9, rng)
+    assert stats.block_length(iid) <= 8
+    assert stats.block_length(sticky) > 2 * stats.block_length(iid)
+
+
+def test_block_bootstrap_sees_autocorrelated_noise():
+    """An i.i.d. bootstrap (block 1) understates the error of the median of a correlated series."""
+    rng = random.Random(2)
+    x = ar1(300, 10, 0.05, 0.9, rng)
+    blocked = stats.block_bootstrap_medians(x, 500, random.Random(0))
+    iid = stats.block_bootstrap_medians(x, 500, random.Random(0), block=1)
+    sd = lambda v: (sum((a - sum(v) / len(v)) ** 2 for a in v) / len(v)) ** 0.5  # noqa: E731
+    assert sd(blocked) > 1.8 * sd(iid)
+
+
+def test_identical_runs_give_no_change_across_seeds():
+    verdicts = []
+    for seed in range(12):
+        rng = random.Random(seed)
+        base, cur = runs(3, 80, 20.0, rng), runs(1, 80, 20.0, rng)
+        c = compare(base, cur, seed=seed)
+        verdicts.append(c.rows[0].verdict)
+        assert not c.failed
+    assert verdicts.count("no-change") >= 10 and "regression" not in verdicts, verdicts
+
+
+def test_fifteen_percent_slower_is_a_regression():
+    hits = 0
+    for seed in range(6):
+        rng = random.Random(100 + seed)
+        c = compare(runs(3, 80, 20.0, rng), runs(1, 80, 23.0, rng), max_regression=0.10, seed=seed)
+        row = c.rows[0]
+        assert row.metric.startswith("step time") and row.change_pct == pytest.approx(15, abs=4)
+        hits += row.verdict == "regression" and c.failed
+    assert hits >= 5
+
+
+def test_faster_is_an_improvement_and_never_fails():
+    rng = random.Random(7)
+    c = compare(runs(3, 80, 20.0, rng), runs(2, 80, 15.0, rng))
+    assert c.rows[0].verdict == "improvement" and not c.failed
+    assert c.rows[1].metric == "throughput" and c.rows[1].change_pct > 20
+
+
+def test_noisy_runs_are_unstable_not_failures():
+    rng = random.Random(3)
+    base = runs(3, 60, 20.0, rng, rel_sd=0.25, phi=0.8, run_sd=0.15)
+    cur = runs(1, 60, 23.0, rng, rel_sd=0.25, phi=0.8, run_sd=0.15)
+    c = compare(base, cur)
+    assert c.rows[0].verdict in ("unstable", "inconclusive")
+    assert not c.failed
+    assert any("too noisy" in n for n in c.notes)
+
+
+def test_inconclusive_when_point_crosses_but_interval_does_not():
+    rng = random.Random(5)
+    hits = 0
+    for seed in range(4):
+        base = runs(3, 60, 20.0, rng, rel_sd=0.04, phi=0.6, run_sd=0.025)
+        cur = runs(1, 60, 22.6, rng, rel_sd=0.04, phi=0.6, run_sd=0.025)
+        c = compare(base, cur, seed=seed)
+        r = c.rows[0]
+        if r.change_pct > 10 and r.ci_pct[0] < 10 and r.verdict == "inconclusive":
+            hits += 1
+        assert r.verdict != "regression" or r.ci_pct[0] > 10
+    assert hits >= 1
+
+
+def test_different_environment_is_not_comparable_and_passes():
+    rng = random.Random(4)
+    base = runs(2, 50, 20.0, rng)
+    cur = runs(1, 50, 40.0, rng, env=dict(ENV, torch="2.12.0"))
+    c = compare(base, cur)
+    assert not c.comparable and not c.failed and c.verdict == "not-comparable"
+    assert all(r.verdict == "not-comparable" for r in c.rows)
+    assert c.env_differences == [{"key": "torch", "baseline": "2.13.0", "current": "2.12.0"}]
+    assert c.notes[0].startswith("NOT COMPARABLE")
+
+
+def test_changed_script_content_is_noted_not_blocking():
+    rng = random.Random(6)
+    base = runs(2, 50, 20.0, rng)
+    cur = runs(1, 50, 20.0, rng)
+    cur[0].env["script_sha256"] = "cd"
+    c = compare(base, cur)
+    assert c.comparable and any("script changed" in n for n in c.notes)
+
+
+def test_new_findings_fail_at_or_above_fail_on():
+    rng = random.Random(8)
+    old = {"rule": "PD002", "fingerprint": "PD002:train.py:DataLoader(ds)", "severity": "high", "title": "workers"}
+    new_med = {"rule": "PD005", "fingerprint": "PD005:train.py:empty_cache()", "severity": "medium", "title": "cache",
+               "file": "/w/train.py", "line": 9}
+    base = runs(2, 50, 20.0, rng, findings=[old])
+    cur = runs(1, 50, 20.0, rng, findings=[old, new_med])
+    assert [f["rule"] for f in compare(base, cur).new_findings] == ["PD005"]
+    assert not compare(base, cur).failed  # no --fail-on: reported, not failing
+    assert not compare(base, cur, fail_on="high").failed
+    c = compare(base, cur, fail_on="medium")
+    assert c.failed and [f["rule"] for f in c.failing_findings] == ["PD005"]
+    assert compare(base, cur, fail_on="low").failed
+    fixed = compare(base, runs(1, 50, 20.0, rng), fail_on="low")
+    assert not fixed.failed and [f["rule"] for f in fixed.resolved_findings] == ["PD002"]
+
+
+def test_counters_are_compared_tightly():
+    rng = random.Random(9)
+    base = runs(2, 50, 20.0, rng, counters={"sync.count_per_step": 0, "ops.calls_per_step": 400})
+    same = compare(base, runs(1, 50, 20.0, rng, counters={"sync.count_per_step": 0, "ops.calls_per_step": 404}))
+    rows = {r.metric: r for r in same.rows}
+    assert rows["sync.count_per_step"].verdict == "no-change" and rows["ops.calls_per_step"].verdict == "no-change"
+    worse = compare(base, runs(1, 50, 20.0, rng, counters={"sync.count_per_step": 2, "ops.calls_per_step": 400}))
+    assert {r.metric: r for r in worse.rows}["sync.count_per_step"].verdict == "regression" and worse.failed
+
+
+def test_compare_is_deterministic():
+    rng = random.Random(10)
+    base, cur = runs(3, 60, 20.0, rng), runs(1, 60, 21.0, rng)
+    a, b = compare(base, cur, seed=3).as_dict(), compare(base, cur, seed=3).as_dict()
+    assert a == b and a["rows"][0]["ci_pct"] is not None
+
+
+def test_noise_floor_measures_both_parts():
+    rng = random.Random(11)
+    quiet = noise_floor(runs(4, 100, 20.0, rng, rel_sd=0.02, phi=0.5, run_sd=0.0))
+    loud = noise_floor(runs(4, 100, 20.0, rng, rel_sd=0.02, phi=0.5, run_sd=0.10))
+    assert quiet["within_run_rel_se"] < 0.02 and loud["between_run_rel_sd"] > 0.04
+    assert loud["single_run_halfwidth"] > quiet["single_run_halfwidth"]
+    one = noise_floor(runs(1, 100, 20.0, rng))
+    assert one["between_run_rel_sd"] is None and one["within_run_rel_se"] is not None
+
+
+def test_baseline_round_trip_and_readable_diff(tmp_path):
+    rng = random.Random(12)
+    records = runs(3, 40, 20.0, rng, counters={"sync.count_per_step": 1},
+                   findings=[{"rule": "PD002", "fingerprint": "PD002:a", "severity": "high", "title": "t"}])
+    path = tmp_path / "base.json"
+    save_baseline(records, path)
+    text = path.read_text()
+    data = json.loads(text)
+    assert data["schema"] == BASELINE_SCHEMA
+    assert text == json.dumps(data, sort_keys=True, indent=2) + "\n"  # sorted keys, indent 2
+    assert len(data["noise"]["run_medians_ms"]) == 3 and data["noise"]["between_run_rel_sd"] is not None
+    assert data["summary"]["counters"] == {"sync.count_per_step": 1.0}
+    # one number per line in the step series
+    assert any(line.strip().rstrip(",").replace(".", "", 1).isdigit() for line in text.splitlines())
+    loaded = load_baseline(path)
+    assert len(loaded.records) == 3
+    for a, b in zip(records, loaded.records):
+        assert b.step_ms == pytest.approx(a.step_ms, abs=1e-4) and b.env == a.env and b.findings == a.findings
+    assert not compare(loaded, records[:1]).failed
+
+
+def test_load_baseline_rejects_other_files(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"schema": "something/else"}')
+    with pytest.raises(InputError):
+        load_baseline(p)
+    with pytest.raises(InputError):
+        compare_files(tmp_path / "missing.json", p)
+
+
+def test_compare_files_with_baseline_run_folder_and_bare_report(tmp_path):
+    rng = random.Random(13)
+    base_path = tmp_path / "base.json"
+    save_baseline([record_from_run_dir(write_run(tmp_path / f"b{i}", ar1(60, 10.0, 0.02, 0.3, rng))) for i in range(3)], base_path)
+    slow = write_run(tmp_path / "slow", ar1(60, 13.0, 0.02, 0.3, rng))
+    c = compare_files(base_path, slow / "report.json")  # a report.json inside a run folder: the whole run
+    assert c.rows[0].verdict == "regression" and c.failed
+    c2 = compare_files(base_path, slow)
+    assert c2.as_dict()["rows"][0]["verdict"] == "regression"
+    bare = tmp_path / "bare" / "report.json"
+    bare.parent.mkdir()
+    bare.write_text(json.dumps({"schema": "perfdoctor/report/v1", "run": {"script": "/x/train.py"},
+                                "summary": {"step_time_ms": {"median": 10.1}}, "findings": []}))
+    c3 = compare_files(base_path, bare)
+    assert c3.rows[0].ci_pct is None and c3.rows[0].verdict == "no-change" and not c3.failed
+    assert any("no confidence interval" in n for n in c3.notes)
+    d = c3.as_dict()
+    assert d["schema"] == "perfdoctor/compare/v1" and d["verdict"] == "passed"
+
+
+def test_gate_imports_neither_torch_nor_numpy():
+    code = ("import sys, perfdoctor.gate, perfdoctor.report.sarif, perfdoctor.report.github, perfdoctor.report.markdown;"
+            "print('torch' in sys.modules, 'numpy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out == ["False", "False"]
