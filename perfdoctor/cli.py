@@ -178,7 +178,11 @@ def run(
     from perfdoctor.report import jsonfmt
     from perfdoctor.report.build import analyse_run
 
-    if (script is None) == (module is None):
+    script_args = list(ctx.args)
+    if module is not None and script is not None:
+        script_args.insert(0, script)  # `run -m pkg -- args`: the first argument belongs to the module
+        script = None
+    if script is None and module is None:
         raise PerfdoctorError("give a script (`perfdoctor run train.py`) or a module (`perfdoctor run -m pkg.train`)")
     target = module if module is not None else script
     if module is None and not Path(script).is_file():
@@ -193,7 +197,7 @@ def run(
     for i in range(repeats):
         run_out = out_dir / f"repeat-{i + 1}" if out_dir is not None and repeats > 1 else out_dir
         result = run_script(
-            target, module=module is not None, script_args=list(ctx.args), out_dir=run_out, steps=steps,
+            target, module=module is not None, script_args=script_args, out_dir=run_out, steps=steps,
             script_stdout_to_stderr=fmt is not Format.text and output is None,
             show_status=fmt is Format.text or output is not None,
         )

@@ -1,0 +1,129 @@
+"""End to end: `perfdoctor run SAMPLE --format json` finds exactly the planted problem, at its line.
+
+Each sample script in sample_scripts/ marks its one problem line with `# expect: PD00N`; a
+`_fixed` twin and clean.py must get none of PD001-PD007.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLES, expected_findings, run_cli
+
+PD_RULES = {f"PD00{i}" for i in range(1, 8)}
+STEPS = 25
+
+PROBLEMS = [
+    "pd001_dataparallel.py",
+    "pd002_dataloader_workers.py",
+    "pd002_config_dict.py",
+    "pd003_pin_memory.py",
+    "pd004_cpu_tensor_to_device.py",
+    "pd005_empty_cache.py",
+    "pd006_loss_graph_retained.py",
+    "pd006_running_sum.py",
+    "pd007_fp32_without_amp.py",
+]
+FIXED = sorted(p.name for p in SAMPLES.glob("pd00*_fixed.py")) + ["clean.py"]
+USES_AUTOCAST = {"pd007_fp32_without_amp_fixed.py", "clean.py"}
+
+
+def _amp_available() -> bool:
+    """PD007's hardware condition, computed from this machine: CUDA capability >= 7.0 or a CPU with AMX."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists() and "amx_tile" in cpuinfo.read_text():
+        return True
+    if shutil.which("nvidia-smi"):
+        q = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                           capture_output=True, text=True)
+        caps = [float(x) for x in q.stdout.split() if x.replace(".", "", 1).isdigit()]
+        return bool(caps) and max(caps) >= 7.0
+    return False
+
+
+AMP = _amp_available()
+
+
+def _run(script: Path, out_dir: Path) -> dict:
+    p = run_cli("run", str(script), "--steps", str(STEPS), "--format", "json", "--out-dir", str(out_dir),
+                cwd=script.parent)
+    assert p.returncode == 0, f"exit {p.returncode}\n--- stderr tail ---\n{p.stderr[-4000:]}"
+    try:
+        doc = json.loads(p.stdout)  # stdout carries the JSON document alone
+    except json.JSONDecodeError as e:
+        pytest.fail(f"stdout is not one JSON document ({e}); first 500 chars:\n{p.stdout[:500]}")
+    assert doc["schema"] == "perfdoctor/report/v1"
+    assert (out_dir / "report.json").is_file() and (out_dir / "trace.json.gz").is_file()
+    with gzip.open(out_dir / "trace.json.gz", "rb") as f:
+        assert "traceEvents" in json.loads(f.read())
+    saved = json.loads((out_dir / "report.json").read_text())
+    assert [f["rule"] for f in saved["findings"]] == [f["rule"] for f in doc["findings"]]
+    return doc
+
+
+def _pd_findings(doc: dict) -> list[dict]:
+    return [f for f in doc["findings"] if f["rule"] in PD_RULES]
+
+
+def _describe(findings: list[dict]) -> str:
+    return "; ".join(f"{f['rule']} at " + ", ".join(f"{Path(l['file']).name}:{l['line']}" for l in f["locations"])
+                     for f in findings) or "none"
+
+
+def _check_shape(f: dict) -> None:
+    assert f["severity"] in ("high", "medium", "low")
+    assert f["confidence"] in ("high", "medium", "low")
+    saving = f["estimated_saving"]
+    if saving is not None:
+        assert saving["ms_per_step"] >= 0
+        assert saving["fraction_of_step"] is None or 0 <= saving["fraction_of_step"] <= 1
+    assert f["saving_basis"]
+    assert f["fix"] and f["fix"]["after"], f"{f['rule']} has no fix"
+    assert f["evidence"], f"{f['rule']} cites no evidence"
+
+
+@pytest.mark.parametrize("name", PROBLEMS)
+def test_problem_sample_gets_its_finding(name: str, tmp_path: Path) -> None:
+    script = SAMPLES / name
+    expected = expected_findings(script)
+    assert expected, f"{name} has no '# expect:' line"
+    doc = _run(script, tmp_path / "run")
+    found = _pd_findings(doc)
+    want_rules = {r for r, _ in expected} | ({"PD007"} if AMP and name not in USES_AUTOCAST else set())
+    assert {f["rule"] for f in found} == want_rules, f"found: {_describe(found)}; expected {sorted(expected)}"
+    for f in found:
+        _check_shape(f)
+        lines = {(Path(l["file"]).name, l["line"]) for l in f["locations"]}
+        want = {(name, line) for rule, line in expected if rule == f["rule"]}
+        if want:  # the expected line is among the finding's locations (PD007 on AMP hardware may have none)
+            assert want & lines, f"{f['rule']} at {sorted(lines)}, expected {sorted(want)}"
+            code = next(l["code"] for l in f["locations"] if (Path(l["file"]).name, l["line"]) in want)
+            assert code.strip(), f"{f['rule']} location has no code line"
+
+
+@pytest.mark.parametrize("name", FIXED)
+def test_fixed_sample_is_clean(name: str, tmp_path: Path) -> None:
+    doc = _run(SAMPLES / name, tmp_path / "run")
+    found = _pd_findings(doc)
+    want = {"PD007"} if AMP and name not in USES_AUTOCAST else set()
+    assert {f["rule"] for f in found} == want, f"{name}: unexpected findings: {_describe(found)}"
+    assert doc["run"], "report has no run section"
+    assert doc["summary"]["step_time_ms"]["median"] > 0
+
+
+def test_samples_follow_the_conventions() -> None:
+    """Every PD sample has a twin, one problem line (problems) or none (twins), and the device idiom."""
+    for name in PROBLEMS:
+        assert len(expected_findings(SAMPLES / name)) == 1, name
+    for name in FIXED:
+        assert not expected_findings(SAMPLES / name), name
+    for i in range(1, 8):
+        assert list(SAMPLES.glob(f"pd00{i}_*_fixed.py")), f"PD00{i} has no _fixed twin"
+    for script in SAMPLES.glob("*.py"):
+        assert 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")' in script.read_text(), script
