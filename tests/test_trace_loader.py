@@ -84,7 +84,12 @@ def test_small_chunks_give_same_result(monkeypatch, tmp_path):
     monkeypatch.setattr(loader, "CHUNK", 4096)
     monkeypatch.setattr(loader, "READ_SIZE", 1000)
     t = load_trace(plain)
-    assert len(t) == len(ref) and list(t.ts) == list(ref.ts) and t.strings == ref.strings
+    assert len(t) == len(ref) and list(t.ts) == list(ref.ts)
+    assert [t.name_of(i) for i in range(len(t))] == [ref.name_of(i) for i in range(len(ref))]
+    assert [t.track_of(i) for i in range(len(t))] == [ref.track_of(i) for i in range(len(ref))]
+    for col in ("kind", "dur", "ext", "corr", "stream", "device", "nbytes"):
+        assert getattr(t, col) == getattr(ref, col), col
+    assert t.shapes == ref.shapes and t.comm == ref.comm and t.steps == ref.steps
 
 
 def test_split_inside_string(monkeypatch, tmp_path):
@@ -133,3 +138,35 @@ def test_truncated_gzip(tmp_path):
 def test_empty_folder(tmp_path):
     with pytest.raises(InputError, match="no trace files"):
         load_traces(tmp_path)
+
+
+def test_gzip_members_and_bounded_pieces(monkeypatch, tmp_path):
+    """Concatenated gzip members, decompressed in small bounded pieces, give the plain file's trace."""
+    text = gzip.open(HTA).read()
+    cut = len(text) // 3
+    p = tmp_path / "two_members.json.gz"
+    p.write_bytes(gzip.compress(text[:cut]) + gzip.compress(text[cut:]))
+    ref = load_trace(HTA)
+    monkeypatch.setattr(loader, "READ_SIZE", 50_000)
+    monkeypatch.setattr(loader, "GZ_READ_SIZE", 7_000)
+    pieces = list(loader._pieces(p))
+    assert b"".join(pieces) == text and max(map(len, pieces)) <= 50_000
+    t = load_trace(p)
+    assert len(t) == len(ref) and t.ts == ref.ts and t.steps == ref.steps
+
+
+def test_indices_shapes_and_gc_state():
+    import gc
+
+    t = load_trace(CPU)
+    assert gc.isenabled()  # the loader pauses the collector and turns it back on
+    for k in (CPU_OP, PYFUNC, MEMORY):
+        assert t.indices(k) == [i for i in range(len(t)) if t.kind[i] == k]
+    both = t.indices(CPU_OP, PYFUNC)
+    assert both == sorted(both) and len(both) == len(t.indices(CPU_OP)) + len(t.indices(PYFUNC))
+    ev = [e for e in raw(CPU)["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "cpu_op"]
+    addmm = [e for e in ev if e["name"] == "aten::addmm"]
+    mine = [i for i in t.shapes if t.name_of(i) == "aten::addmm"]
+    assert addmm and len(mine) == len(addmm)
+    assert t.shape(mine[0]) == (addmm[0]["args"]["Input type"], addmm[0]["args"]["Input Dims"])
+    assert t.shape(t.indices(MEMORY)[0]) == ([], [])

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_left, bisect_right
-from collections import defaultdict
+from collections import Counter, defaultdict
 from statistics import median
 from typing import Any
 
 from perfdoctor.facts.model import Facts, Location
-from perfdoctor.trace.model import (CPU_OP, GPU_ANN, GPU_KINDS, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME,
-                                    DRIVER, USER_ANN, Trace)
+from perfdoctor.trace.model import (CPU_OP, GPU_KINDS, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME,
+                                    DRIVER, USER_ANN, Trace, gc_paused)
 from perfdoctor.trace.steps import launch_map
 
 SRC = "trace"
@@ -103,13 +103,22 @@ class _Stacks:
         self.t = t
         self.by_track: dict[int, list[int]] = defaultdict(list)
         self.by_id: dict[int, int] = {}
-        for i in range(len(t.kind)):
-            if t.kind[i] == PYFUNC:
-                self.by_track[t.track[i]].append(i)
-                self.by_id[t.ext[i]] = i
+        track, ext = t.track, t.ext
+        for i in t.indices(PYFUNC):
+            self.by_track[track[i]].append(i)
+            self.by_id[ext[i]] = i
         for lst in self.by_track.values():
-            lst.sort(key=lambda i: t.ts[i])
+            lst.sort(key=t.ts.__getitem__)
         self.starts = {k: [t.ts[i] for i in v] for k, v in self.by_track.items()}
+        self._named: dict[int, tuple[str, int, str] | None] = {}  # string index -> user_frame
+        self._legacy: dict[int, tuple[tuple[str, int, str], int] | None] = {}  # call stack index -> frame
+
+    def named_frame(self, si: int) -> tuple[str, int, str] | None:
+        """user_frame of t.strings[si], cached (the same frames and stacks repeat every step)."""
+        u = self._named.get(si, 0)
+        if u == 0:
+            u = self._named[si] = self.user_frame(self.t.strings[si])
+        return u
 
     @staticmethod
     def user_frame(frame: str) -> tuple[str, int, str] | None:
@@ -128,11 +137,10 @@ class _Stacks:
         t = self.t
         cs = t.call_stack.get(i)
         if cs is not None:
-            for fr in t.strings[cs].split(";"):
-                u = self.user_frame(fr)
-                if u:
-                    return u, -1
-            return None
+            if cs not in self._legacy:
+                self._legacy[cs] = next(((u, -1) for fr in t.strings[cs].split(";") if (u := self.user_frame(fr))),
+                                        None)
+            return self._legacy[cs]
         lst = self.by_track.get(t.track[i])
         if not lst:
             return None
@@ -148,7 +156,7 @@ class _Stacks:
         else:
             return None
         while p is not None:
-            u = self.user_frame(t.strings[t.name[p]])
+            u = self.named_frame(t.name[p])
             if u:
                 return u, p
             p = self.by_id.get(t.corr[p])
@@ -162,19 +170,22 @@ def _loc(u: tuple[str, int, str]) -> tuple[str, Location]:
 # ---------------------------------------------------------------------- main entry
 def add_trace_facts(trace: Trace, facts: Facts) -> dict[str, Any]:
     """Measure the trace, add facts (source "trace", never overwriting), return the summary dict."""
-    t = trace
+    with gc_paused():
+        return _add_trace_facts(trace, facts)
+
+
+def _add_trace_facts(t: Trace, facts: Facts) -> dict[str, Any]:
 
     def put(name: str, value: Any, unit: str = "", detail: str = "") -> None:
         if value is not None and name not in facts:
             facts.add(name, round(value, 4) if isinstance(value, float) else value, unit, SRC, detail)
 
-    kind, name, ts, dur, strings = t.kind, t.name, t.ts, t.dur, t.strings
-    n = len(kind)
+    name, ts, dur, strings = t.name, t.ts, t.dur, t.strings
     windows = [(s, e) for _, s, e in t.steps]
     nsteps = len(windows)
     step_ms = [(e - s) / 1000 for s, e in windows]
     dev_type = t.device_type
-    gpu = dev_type != "cpu" and any(k in GPU_KINDS for k in set(kind))
+    gpu = dev_type != "cpu" and t.has_gpu_events
     launches = launch_map(t) if gpu else {}
     stacks = _Stacks(t)
     comm_name = {}
@@ -185,38 +196,30 @@ def add_trace_facts(trace: Trace, facts: Facts) -> dict[str, Any]:
             v = comm_name[ni] = bool(_COMM.search(strings[ni]))
         return v
 
-    # -- collect intervals per category -------------------------------------------------
+    # -- collect intervals per category (kind by kind; names classified once each) --------
     cats: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    gpu_ev: list[int] = []
+    gpu_ev = t.indices(*GPU_KINDS)
     main_track = _main_track(t)
-    for i in range(n):
-        k, s, e = kind[i], ts[i], ts[i] + dur[i]
-        if k == KERNEL:
-            gpu_ev.append(i)
-            cats["communication" if is_comm(name[i]) else "gpu kernel"].append((s, e))
-        elif k == MEMCPY:
-            gpu_ev.append(i)
-            cats["memcpy"].append((s, e))
-        elif k == MEMSET:
-            gpu_ev.append(i)
-            cats["memset"].append((s, e))
-        elif k == RUNTIME or k == DRIVER:
-            cats["runtime"].append((s, e))
-        elif k == USER_ANN or k == CPU_OP or k == PYFUNC:
-            nm = strings[name[i]]
-            if nm.startswith("ProfilerStep#"):
-                continue
-            if nm.startswith("enumerate(DataLoader)"):
-                cats["data loading"].append((s, e))
-            elif nm.startswith(("Optimizer.step#", "Optimizer.zero_grad#")) or nm == "## optimizer ##":
-                cats["optimizer"].append((s, e))
-            elif nm.startswith("autograd::engine::evaluate_function") or nm == "## backward ##" or (
-                    k == CPU_OP and t.track[i] != main_track and nm.startswith("autograd::")):
-                cats["backward"].append((s, e))
-            elif nm == "## forward ##" or (k == PYFUNC and nm.startswith("nn.Module:") and t.track[i] == main_track):
-                cats["forward"].append((s, e))
-            elif k == CPU_OP:
-                cats["cpu ops"].append((s, e))
+    track = t.track
+
+    def spans(idx: list[int]) -> list[tuple[float, float]]:
+        return [(ts[i], ts[i] + dur[i]) for i in idx]
+
+    kernels = t.indices(KERNEL)
+    cats["communication"] = spans([i for i in kernels if is_comm(name[i])])
+    cats["gpu kernel"] = spans([i for i in kernels if not is_comm(name[i])])
+    cats["memcpy"] = spans(t.indices(MEMCPY))
+    cats["memset"] = spans(t.indices(MEMSET))
+    cats["runtime"] = spans(t.indices(RUNTIME, DRIVER))
+    for k in (USER_ANN, CPU_OP, PYFUNC):
+        cat_of: dict[int, str | None] = {}  # name index * 2 + (on the main track) -> category
+        for i in t.indices(k):
+            key = name[i] * 2 + (track[i] == main_track)
+            c = cat_of.get(key, 0)
+            if c == 0:
+                c = cat_of[key] = _cpu_category(k, strings[name[i]], track[i] == main_track)
+            if c is not None:
+                cats[c].append((ts[i], ts[i] + dur[i]))
     order = GPU_ORDER if gpu else CPU_ORDER
     covered: list[list[float]] = []
     per_cat: dict[str, list[float]] = {}
@@ -225,7 +228,7 @@ def add_trace_facts(trace: Trace, facts: Facts) -> dict[str, Any]:
             continue
         own = _subtract(_merge(cats.get(c, [])), covered)
         per_cat[c] = _per_window(own, windows)
-        covered = _merge([tuple(x) for x in covered] + [tuple(x) for x in own])
+        covered = _merge(covered + own)  # two sorted runs: timsort merges them in linear time
     in_cats = [sum(v[j] for v in per_cat.values()) / 1000 for j in range(nsteps)]
     per_cat["other"] = [max(0.0, step_ms[j] * 1000 - in_cats[j] * 1000) for j in range(nsteps)]
     # medians per category, rescaled so that they add up to the median step
@@ -291,6 +294,22 @@ def add_trace_facts(trace: Trace, facts: Facts) -> dict[str, Any]:
     }
 
 
+def _cpu_category(k: int, nm: str, on_main: bool) -> str | None:
+    """The breakdown category of a CPU-side event (annotation, op, python function), or None."""
+    if nm.startswith("ProfilerStep#"):
+        return None
+    if nm.startswith("enumerate(DataLoader)"):
+        return "data loading"
+    if nm.startswith(("Optimizer.step#", "Optimizer.zero_grad#")) or nm == "## optimizer ##":
+        return "optimizer"
+    if nm.startswith("autograd::engine::evaluate_function") or nm == "## backward ##" or (
+            k == CPU_OP and not on_main and nm.startswith("autograd::")):
+        return "backward"
+    if nm == "## forward ##" or (k == PYFUNC and nm.startswith("nn.Module:") and on_main):
+        return "forward"
+    return "cpu ops" if k == CPU_OP else None
+
+
 def _pctl(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
@@ -298,12 +317,13 @@ def _pctl(xs: list[float], q: float) -> float:
 
 def _main_track(t: Trace) -> int:
     """The CPU track with the ProfilerStep (else the most CPU ops)."""
-    counts: dict[int, int] = defaultdict(int)
-    for i in range(len(t.kind)):
-        if t.kind[i] in (CPU_OP, USER_ANN):
-            if t.strings[t.name[i]].startswith("ProfilerStep#"):
-                return t.track[i]
-            counts[t.track[i]] += 1
+    ops = t.indices(CPU_OP, USER_ANN)
+    steps = t.names_where(lambda s: s.startswith("ProfilerStep#"))
+    name, track = t.name, t.track
+    first = next((i for i in ops if name[i] in steps), None)
+    if first is not None:
+        return track[first]
+    counts = Counter(track[i] for i in ops)  # ties: the track seen first, as max() keeps the first
     return max(counts, key=counts.get) if counts else -1
 
 
@@ -358,39 +378,40 @@ def _gpu_facts(t, put, windows, step_ms, gpu_ev, launches, is_comm) -> dict[str,
 def _sync_facts(t, facts, put, windows, stacks, gpu, launches) -> None:
     if not gpu:
         return
-    kind, name, strings, ts, dur = t.kind, t.name, t.strings, t.ts, t.dur
+    name, strings, ts, dur = t.name, t.strings, t.ts, t.dur
     sync_ts, sync_ms, free_ts, h2d, h2d_pageable, h2d_ms, h2d_pg_ms = [], 0.0, [], [], [], 0.0, 0.0
     sites: dict[str, list] = {}
-    lsd = []
-    for i in range(len(kind)):
-        k = kind[i]
-        if k == RUNTIME or k == DRIVER:
+    sync_names = t.names_where(_SYNC_CALLS.__contains__)
+    free_names = t.names_where(_FREE_CALLS.__contains__)
+    starts = [a for a, _ in windows]
+    for i in t.indices(RUNTIME, DRIVER):
+        if name[i] in sync_names:
+            j = bisect_right(starts, ts[i]) - 1
+            if j < 0 or ts[i] >= windows[j][1]:  # not inside a step
+                continue
+            sync_ts.append(ts[i])
+            sync_ms += dur[i]
+            u = stacks.frame(i)
+            if u:
+                key, loc = _loc(u[0])
+                sites.setdefault(key, [loc, 0, 0.0])
+                sites[key][1] += 1
+                sites[key][2] += dur[i]
+        elif name[i] in free_names:
+            free_ts.append(ts[i])
+    htod = t.names_where(lambda s: "HtoD" in s)
+    for i in t.indices(MEMCPY):
+        if name[i] in htod:
             nm = strings[name[i]]
-            if nm in _SYNC_CALLS:
-                if not any(a <= ts[i] < b for a, b in windows):
-                    continue
-                sync_ts.append(ts[i])
-                sync_ms += dur[i]
-                u = stacks.frame(i)
-                if u:
-                    key, loc = _loc(u[0])
-                    sites.setdefault(key, [loc, 0, 0.0])
-                    sites[key][1] += 1
-                    sites[key][2] += dur[i]
-            elif nm in _FREE_CALLS:
-                free_ts.append(ts[i])
-        elif k == MEMCPY:
-            nm = strings[name[i]]
-            if "HtoD" in nm:
-                r = launches.get(t.corr[i])
-                when = ts[r] if r is not None else ts[i]
-                h2d.append(when)
-                h2d_ms += dur[i]
-                if "Pageable" in nm:
-                    h2d_pageable.append(when)
-                    h2d_pg_ms += dur[i]
-        elif k == CPU_OP and strings[name[i]] == "aten::_local_scalar_dense":
-            lsd.append(i)
+            r = launches.get(t.corr[i])
+            when = ts[r] if r is not None else ts[i]
+            h2d.append(when)
+            h2d_ms += dur[i]
+            if "Pageable" in nm:
+                h2d_pageable.append(when)
+                h2d_pg_ms += dur[i]
+    lsd_names = t.names_where("aten::_local_scalar_dense".__eq__)
+    lsd = [i for i in t.indices(CPU_OP) if name[i] in lsd_names]
     # an .item() whose sync call the trace did not record (blocklisted runtime) still syncs
     st = sorted(sync_ts)
     for i in lsd:
@@ -415,21 +436,24 @@ def _sync_facts(t, facts, put, windows, stacks, gpu, launches) -> None:
 
 def _cpu_to_device(t, facts, windows, stacks, launches, ns) -> None:
     """A tensor made by a CPU factory op, then copied HtoD from the same python frame."""
-    kind, name, strings = t.kind, t.name, t.strings
+    name, strings = t.name, t.strings
     factory_frames: dict[Any, str] = {}
-    cpu_ops_by_track: dict[int, list[int]] = defaultdict(list)
-    for i in range(len(kind)):
-        if kind[i] == CPU_OP:
-            cpu_ops_by_track[t.track[i]].append(i)
-            if strings[name[i]] in _FACTORIES:
-                u = stacks.frame(i)
-                if u:
-                    factory_frames[(u[1], u[0][:2]) if u[1] >= 0 else u[0][:2]] = strings[name[i]]
+    factories = t.names_where(_FACTORIES.__contains__)
+    cpu_ops = t.indices(CPU_OP)
+    for i in cpu_ops:
+        if name[i] in factories:
+            u = stacks.frame(i)
+            if u:
+                factory_frames[(u[1], u[0][:2]) if u[1] >= 0 else u[0][:2]] = strings[name[i]]
     if not factory_frames:
         return
+    cpu_ops_by_track: dict[int, list[int]] = defaultdict(list)
+    for i in cpu_ops:
+        cpu_ops_by_track[t.track[i]].append(i)
     op_starts = {k: [t.ts[i] for i in v] for k, v in cpu_ops_by_track.items()}  # already in ts order
-    for i in range(len(kind)):
-        if kind[i] != MEMCPY or "HtoD" not in strings[name[i]]:
+    htod = t.names_where(lambda s: "HtoD" in s)
+    for i in t.indices(MEMCPY):
+        if name[i] not in htod:
             continue
         r = launches.get(t.corr[i])
         if r is None:
@@ -461,8 +485,9 @@ def _cpu_to_device(t, facts, windows, stacks, launches, ns) -> None:
 
 
 def _empty_cache(t, facts, windows, stacks, ns, frees) -> None:
-    for i in range(len(t.kind)):
-        if t.kind[i] == PYFUNC and t.strings[t.name[i]].endswith(": empty_cache"):
+    calls = t.names_where(lambda s: s.endswith(": empty_cache"))
+    for i in t.indices(PYFUNC):
+        if t.name[i] in calls:
             p = stacks.by_id.get(t.corr[i])
             u = stacks.user_frame(t.strings[t.name[p]]) if p is not None else None
             key, loc = _loc(u) if u else ("trace:empty_cache", None)
@@ -494,8 +519,9 @@ def _matmul_facts(t, put, windows, gpu, gpu_ev) -> None:
                 if c[1]:
                     fp32 += dur[i]
     else:  # CPU trace: the ops' recorded input types
-        for i, (types, _) in t.shapes.items():
+        for i in t.shapes:
             if strings[name[i]] in _CPU_MM and t.kind[i] == CPU_OP:
+                types = t.shape(i)[0]
                 mm += dur[i]
                 if types and types[0] == "float":
                     fp32 += dur[i]
@@ -512,21 +538,22 @@ def _comm_facts(t, put, windows, gpu, gpu_ev, is_comm) -> None:
             (comm if is_comm(t.name[i]) else compute).append((t.ts[i], t.ts[i] + t.dur[i], t.stream[i]))
     ar_ts: dict[str, list[float]] = defaultdict(list)
     sizes = []
-    for i in range(len(t.kind)):
-        if t.kind[i] in (CPU_OP, USER_ANN):
-            nm = t.strings[t.name[i]].lower()
-            c = t.comm.get(i)
-            if ("all_reduce" in nm or "allreduce" in nm) or (c and "all_reduce" in str(c.get("collective"))):
-                group = nm.split(":")[0]
-                ar_ts[group].append(t.ts[i])
-                sh = t.shapes.get(i)
-                if c and c.get("in_nelems"):
-                    sizes.append(c["in_nelems"] * _DTYPE_BYTES.get(str(c.get("dtype")), 4))
-                elif sh and sh[1] and isinstance(sh[1][0], list) and all(isinstance(d, int) for d in sh[1][0]):
-                    nel = 1
-                    for d in sh[1][0]:
-                        nel *= d
-                    sizes.append(nel * _DTYPE_BYTES.get(str(sh[0][0]) if sh[0] else "float", 4))
+    ar_names = t.names_where(lambda s: "all_reduce" in s.lower() or "allreduce" in s.lower())
+    ops = [i for i in t.indices(CPU_OP, USER_ANN) if t.name[i] in ar_names]
+    ops += [i for i, c in t.comm.items() if t.name[i] not in ar_names and "all_reduce" in str(c.get("collective"))]
+    for i in ops:  # all-reduce ops (t.comm holds cpu ops and annotations only)
+        nm = t.strings[t.name[i]].lower()
+        c = t.comm.get(i)
+        group = nm.split(":")[0]
+        ar_ts[group].append(t.ts[i])
+        sh = t.shape(i)
+        if c and c.get("in_nelems"):
+            sizes.append(c["in_nelems"] * _DTYPE_BYTES.get(str(c.get("dtype")), 4))
+        elif sh[1] and isinstance(sh[1][0], list) and all(isinstance(d, int) for d in sh[1][0]):
+            nel = 1
+            for d in sh[1][0]:
+                nel *= d
+            sizes.append(nel * _DTYPE_BYTES.get(str(sh[0][0]) if sh[0] else "float", 4))
     if ar_ts:
         put("comm.allreduce_per_step", max(_med(_count_in(v, windows)) for v in ar_ts.values()), "count")
     if sizes:
@@ -560,15 +587,15 @@ def _dataparallel(t, facts) -> None:
 def _dataloader(t, facts, put, windows, step_ms, data_us, stacks) -> None:
     single = multi = False
     site = None
-    for i in range(len(t.kind)):
-        if t.kind[i] in (USER_ANN, CPU_OP):
+    loaders = t.names_where(lambda s: s.startswith("enumerate(DataLoader)"))
+    for i in t.indices(USER_ANN, CPU_OP):
+        if t.name[i] in loaders:
             nm = t.strings[t.name[i]]
-            if nm.startswith("enumerate(DataLoader)"):
-                single |= "_SingleProcessDataLoaderIter" in nm
-                multi |= "_MultiProcessingDataLoaderIter" in nm
-                if site is None:
-                    u = stacks.frame(i)
-                    site = u[0] if u else None
+            single |= "_SingleProcessDataLoaderIter" in nm
+            multi |= "_MultiProcessingDataLoaderIter" in nm
+            if site is None:
+                u = stacks.frame(i)
+                site = u[0] if u else None
     if not (single or multi) or not windows:
         return
     key, loc = _loc(site) if site else ("trace:dataloader", None)
@@ -589,23 +616,21 @@ def _dataloader(t, facts, put, windows, step_ms, data_us, stacks) -> None:
 
 def _counters(t, put, windows, launches) -> None:
     """Top-level aten ops and kernel launches per step: independent of machine noise."""
+    ts, dur, name, corr = t.ts, t.dur, t.name, t.corr
     by_track: dict[int, list[int]] = defaultdict(list)
-    kernels = []
-    for i in range(len(t.kind)):
-        if t.kind[i] == CPU_OP:
-            by_track[t.track[i]].append(i)
-        elif t.kind[i] == KERNEL:
-            r = launches.get(t.corr[i])
-            kernels.append(t.ts[r] if r is not None else t.ts[i])
+    for i in t.indices(CPU_OP):
+        by_track[t.track[i]].append(i)
+    kernels = [ts[r] if (r := launches.get(corr[i])) is not None else ts[i] for i in t.indices(KERNEL)]
+    aten = t.names_where(lambda s: s.startswith("aten::"))
     top = []
     for lst in by_track.values():
-        lst.sort(key=lambda i: (t.ts[i], -t.dur[i]))
+        lst.sort(key=lambda i: (ts[i], -dur[i]))
         end = float("-inf")
         for i in lst:
-            if t.ts[i] >= end:
-                end = t.ts[i] + t.dur[i]
-                if t.strings[t.name[i]].startswith("aten::"):
-                    top.append(t.ts[i])
+            if ts[i] >= end:
+                end = ts[i] + dur[i]
+                if name[i] in aten:
+                    top.append(ts[i])
     if windows:
         put("ops.calls_per_step", _med(_count_in(top, windows)), "count", "top-level aten ops per step")
         if kernels:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import linecache
 import re
+from pathlib import Path
 from typing import Any, Callable
 
 from perfdoctor.errors import RuleError
@@ -108,8 +109,9 @@ def _confidence(sources: set[str]) -> str:
 
 
 def _fix(rule: Rule, subject: Subject | None, lookup: Callable[[str], Any]) -> Fix | None:
-    if rule.fix_kind and rule.fix_kind != "text" and subject is not None and subject.locations:
-        from perfdoctor.rules.fixes import render_fix
+    if (rule.fix_kind and rule.fix_kind != "text" and subject is not None and subject.locations
+            and Path(subject.locations[0].file).is_file()):  # a trace from elsewhere: no source to rewrite
+        from perfdoctor.rules.fixes import render_fix  # imports libcst: only when there is code to fix
 
         fix = render_fix(rule.fix_kind, subject.locations[0], _render_params(rule.fix_params, lookup))
         if fix is not None:

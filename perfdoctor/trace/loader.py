@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import re
 import zlib
+from array import array
 from pathlib import Path
 from typing import Any, Iterator
 
 import msgspec
 
 from perfdoctor.errors import InputError
-from perfdoctor.trace.model import (CATEGORY_KIND, CPU_OP, MEMORY, PYFUNC, USER_ANN, Trace)
+from perfdoctor.trace.model import CATEGORY_KIND, CPU_OP, MEMORY, PYFUNC, USER_ANN, Trace, gc_paused
 from perfdoctor.trace.steps import find_steps
 
 READ_SIZE = 4 << 20  # bytes per read of a plain file
@@ -35,17 +36,19 @@ _SHAPE_WORDS = ("mm", "matmul", "linear", "conv", "einsum", "nccl", "c10d", "glo
 
 
 class Args(msgspec.Struct, gc=False):
-    ext: int | None = msgspec.field(default=None, name="External id")
-    ext_legacy: int | None = msgspec.field(default=None, name="external id")
-    correlation: int | None = None
-    stream: int | None = None
-    device: int | None = None
+    # ids default to -1 (absent); an explicit JSON null decodes to None and becomes -1 in the column
+    ext: int | None = msgspec.field(default=-1, name="External id")
+    ext_legacy: int | None = msgspec.field(default=-1, name="external id")
+    correlation: int | None = -1
+    stream: int | None = -1
+    device: int | None = -1
     bytes: Any = None  # an int, or a string on ROCm runtime calls
     mem_bytes: Any = msgspec.field(default=None, name="Bytes")
-    input_type: Any = msgspec.field(default=None, name="Input type")
-    input_dims: Any = msgspec.field(default=None, name="Input Dims")
-    py_id: int | None = msgspec.field(default=None, name="Python id")
-    py_parent: int | None = msgspec.field(default=None, name="Python parent id")
+    # kept as raw JSON (no lists built per op); copied out for the few ops whose shapes facts need
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    py_id: int | None = msgspec.field(default=-1, name="Python id")
+    py_parent: int | None = msgspec.field(default=-1, name="Python parent id")
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
     out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
@@ -79,88 +82,105 @@ class Top(msgspec.Struct, gc=False):
 
 
 _events_decoder = msgspec.json.Decoder(list[Ev])
+_one_decoder = msgspec.json.Decoder(Ev)
 _top_decoder = msgspec.json.Decoder(Top)
 _any_decoder = msgspec.json.Decoder()
 
 
+class _Interner(dict):
+    """str -> index into `strings`, adding unseen strings on lookup."""
+
+    def __init__(self, strings: list[str]):
+        super().__init__()
+        self.strings = strings
+
+    def __missing__(self, s: str) -> int:
+        i = self[s] = len(self.strings)
+        self.strings.append(s)
+        return i
+
+
+class _Lazy(dict):
+    """A dict that computes a missing value with `fn(key)` once."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def __missing__(self, key):
+        v = self[key] = self.fn(key)
+        return v
+
+
+def _kind_of(cat: str) -> int:
+    """The kind of a complete ("X") event of this category, -1 to drop it."""
+    k = CATEGORY_KIND.get(cat.lower(), -1)
+    return -1 if k == MEMORY else k
+
+
+_NO_ARGS = Args()
+
+
+def _extend(col: array, values: list, default: int = -1) -> None:
+    """Append a chunk's values to a column; a null (None) or an out-of-range number becomes `default`."""
+    try:
+        part = array(col.typecode, values)
+    except (TypeError, OverflowError):
+        lim = 1 << (8 * col.itemsize - 1)
+        part = array(col.typecode, [v if type(v) is int and -lim <= v < lim else default for v in values])
+    col += part
+
+
 class _Builder:
-    """Appends decoded events to the trace's columns, interning strings."""
+    """Appends decoded events to the trace's columns, interning strings. Works a chunk at a time,
+    one list comprehension per column (no per-event Python calls)."""
 
     def __init__(self, trace: Trace):
         self.t = trace
-        self.sidx: dict[str, int] = {}
-        self.tracks: dict[tuple, int] = {}
-        self.catkind: dict[str, int] = {}
-        self.want_shape: dict[int, bool] = {}
+        self.sidx = _Interner(trace.strings)
+        self.tracks = _Lazy(lambda tk: self.sidx[f"{tk[0]}/{tk[1]}"])
+        self.kinds = _Lazy(_kind_of)
+        self.want_shape = _Lazy(lambda ni: any(w in trace.strings[ni].lower() for w in _SHAPE_WORDS))
         self.skipped = 0
 
-    def intern(self, s: str) -> int:
-        i = self.sidx.get(s)
-        if i is None:
-            i = self.sidx[s] = len(self.t.strings)
-            self.t.strings.append(s)
-        return i
-
     def add(self, events: list[Ev]) -> None:
-        t = self.t
-        catkind, sidx, tracks, intern = self.catkind, self.sidx, self.tracks, self.intern
-        a_kind, a_name, a_ts, a_dur, a_track = t.kind.append, t.name.append, t.ts.append, t.dur.append, t.track.append
-        a_ext, a_corr, a_stream, a_dev, a_bytes = (t.ext.append, t.corr.append, t.stream.append,
-                                                   t.device.append, t.nbytes.append)
-        for e in events:
-            ph = e.ph
-            if ph == "X":
-                k = catkind.get(e.cat)
-                if k is None:
-                    k = catkind[e.cat] = CATEGORY_KIND.get(e.cat.lower(), -1)
-                if k < 0 or k == MEMORY:
-                    continue
-            elif ph == "i" and e.name == "[memory]":
-                k = MEMORY
-            else:
+        t, kinds_of, sidx, tracks = self.t, self.kinds, self.sidx, self.tracks
+        # complete events of known categories, and "[memory]" instant events (name checked below)
+        ks = [kinds_of[e.cat] if e.ph == "X" else MEMORY if e.ph == "i" else -1 for e in events]
+        keep = [e for e, k in zip(events, ks) if k >= 0 and (k != MEMORY or e.name == "[memory]")]
+        if not keep:
+            return
+        if len(keep) < len(events):
+            ks = [k for e, k in zip(events, ks) if k >= 0 and (k != MEMORY or e.name == "[memory]")]
+        base = len(t.kind)
+        names = [sidx[e.name] for e in keep]
+        args = [e.args or _NO_ARGS for e in keep]
+        t.kind += array("b", ks)
+        t.name += array("i", names)
+        t.ts += array("d", [e.ts for e in keep])
+        t.dur += array("d", [e.dur if e.dur > 0 else 0.0 for e in keep])
+        t.track += array("i", [tracks[e.pid, e.tid] for e in keep])
+        # python_function events carry their own id and their parent's in place of External id/correlation
+        _extend(t.ext, [a.py_id if k == PYFUNC else a.ext if a.ext != -1 else a.ext_legacy
+                        for a, k in zip(args, ks)])
+        _extend(t.corr, [a.py_parent if k == PYFUNC else a.correlation for a, k in zip(args, ks)])
+        _extend(t.stream, [a.stream for a in args])
+        _extend(t.device, [a.device for a in args])
+        _extend(t.nbytes, [b if type(b) is int else _as_int(b)
+                           for b in (a.bytes if a.bytes is not None else a.mem_bytes for a in args)], 0)
+        want = self.want_shape
+        for j, a in enumerate(args):
+            if a is _NO_ARGS or not (ks[j] == CPU_OP or ks[j] == USER_ANN):
                 continue
-            name = e.name
-            ni = sidx.get(name)
-            if ni is None:
-                ni = intern(name)
-            tk = (e.pid, e.tid)
-            ti = tracks.get(tk)
-            if ti is None:
-                ti = tracks[tk] = intern(f"{e.pid}/{e.tid}")
-            idx = len(t.kind)
-            a_kind(k)
-            a_name(ni)
-            a_ts(e.ts)
-            a_dur(e.dur if e.dur > 0 else 0.0)
-            a_track(ti)
-            a = e.args
-            if a is None:
-                a_ext(-1), a_corr(-1), a_stream(-1), a_dev(-1), a_bytes(0)
-                continue
-            if k == PYFUNC:
-                a_ext(-1 if a.py_id is None else a.py_id)
-                a_corr(-1 if a.py_parent is None else a.py_parent)
-            else:
-                ext = a.ext if a.ext is not None else a.ext_legacy
-                a_ext(-1 if ext is None else ext)
-                a_corr(-1 if a.correlation is None else a.correlation)
-            a_stream(-1 if a.stream is None else a.stream)
-            a_dev(-1 if a.device is None else a.device)
-            b = a.bytes if a.bytes is not None else a.mem_bytes
-            a_bytes(b if type(b) is int else _as_int(b))
-            if k == CPU_OP or k == USER_ANN:
-                if a.call_stack:
-                    t.call_stack[idx] = intern(a.call_stack)
-                want = self.want_shape.get(ni)
-                if want is None:
-                    low = name.lower()
-                    want = self.want_shape[ni] = any(w in low for w in _SHAPE_WORDS)
-                if want:
-                    if isinstance(a.input_type, list):
-                        t.shapes[idx] = (a.input_type, a.input_dims if isinstance(a.input_dims, list) else [])
-                    if a.in_nelems is not None or a.collective is not None:
-                        t.comm[idx] = {"in_nelems": a.in_nelems, "out_nelems": a.out_nelems,
-                                       "dtype": a.dtype, "collective": a.collective}
+            if a.call_stack:
+                t.call_stack[base + j] = sidx[a.call_stack]
+            if want[names[j]]:
+                types = bytes(a.input_type)
+                if types[:1] == b"[":
+                    t.shapes[base + j] = (types, bytes(a.input_dims))
+                if a.in_nelems is not None or a.collective is not None:
+                    t.comm[base + j] = {"in_nelems": a.in_nelems, "out_nelems": a.out_nelems,
+                                        "dtype": a.dtype, "collective": a.collective}
 
     def add_lenient(self, raw: Any) -> None:
         """Events that msgspec could not type in bulk: convert one by one, skip the bad ones."""
@@ -168,9 +188,9 @@ class _Builder:
             raise InputError(f"{self.t.path}: `traceEvents` is not a list; this is not a torch.profiler trace")
         good = []
         for e in raw:
-            try:
-                good.append(msgspec.convert(e, Ev))
-            except msgspec.ValidationError:
+            try:  # through JSON again, as `Raw` fields only decode from JSON
+                good.append(_one_decoder.decode(msgspec.json.encode(e)))
+            except (msgspec.ValidationError, msgspec.DecodeError):
                 self.skipped += 1
         self.add(good)
 
@@ -201,14 +221,18 @@ def _pieces(path: Path) -> Iterator[bytes]:
         d = zlib.decompressobj(47)
         data = first
         try:
-            while data:
-                out = d.decompress(data)
-                while d.eof and d.unused_data:  # concatenated gzip members
-                    yield out
-                    rest, d = d.unused_data, zlib.decompressobj(47)
-                    out = d.decompress(rest)
+            while True:
+                if not data:
+                    data = f.read(GZ_READ_SIZE)
+                    if not data:
+                        break
+                if d.eof:  # another gzip member follows (concatenated members)
+                    d = zlib.decompressobj(47)
+                # at most READ_SIZE out per call: traces compress ~30x, and pieces that big would
+                # make the events decoded at once (and the memory they take) as big
+                out = d.decompress(data, READ_SIZE)
+                data = d.unconsumed_tail or d.unused_data
                 yield out
-                data = f.read(GZ_READ_SIZE)
             yield d.flush()
         except zlib.error as e:
             raise InputError(f"{path}: corrupt gzip data ({e}); re-export or re-download the trace") from None
@@ -221,6 +245,11 @@ def load_trace(path: Path | str) -> Trace:
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path} does not exist; give the path of a torch.profiler trace (.json or .json.gz)")
+    with gc_paused():
+        return _load(path)
+
+
+def _load(path: Path) -> Trace:
     trace = Trace(path=path)
     b = _Builder(trace)
     head = bytearray()  # bytes before the events array (then: the object's head up to `traceEvents:`)

@@ -7,7 +7,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from statistics import median
 
-from perfdoctor.trace.model import CPU_OP, GPU_KINDS, RUNTIME, DRIVER, USER_ANN, Trace
+from perfdoctor.trace.model import CPU_OP, DRIVER, GPU_KINDS, KIND_NAMES, RUNTIME, USER_ANN, Trace
 
 _STEP_WORDS = re.compile(r"step|iteration|\biter\b|batch|execute_model", re.IGNORECASE)
 _NOT_STEPS = ("Optimizer.", "enumerate(DataLoader)", "ProfilerStep", "## ")
@@ -16,41 +16,44 @@ _TRAILING_NUM = re.compile(r"[#\s_:-]*\d+$")
 
 def launch_map(trace: Trace) -> dict[int, int]:
     """correlation id -> index of the runtime/driver call that launched it (CPU side)."""
-    kind, corr = trace.kind, trace.corr
-    return {corr[i]: i for i in range(len(kind)) if (kind[i] == RUNTIME or kind[i] == DRIVER) and corr[i] >= 0}
+    corr = trace.corr
+    return {corr[i]: i for i in trace.indices(RUNTIME, DRIVER) if corr[i] >= 0}
 
 
 def gpu_launch_ts(trace: Trace, launches: dict[int, int] | None = None) -> dict[int, float]:
     """GPU event index -> timestamp of the CPU call that launched it (where the trace says)."""
     launches = launch_map(trace) if launches is None else launches
-    kind, corr, ts = trace.kind, trace.corr, trace.ts
+    corr, ts = trace.corr, trace.ts
     out = {}
-    for i in range(len(kind)):
-        if kind[i] in GPU_KINDS:
-            r = launches.get(corr[i])
-            if r is not None:
-                out[i] = ts[r]
+    for i in trace.indices(*GPU_KINDS):
+        r = launches.get(corr[i])
+        if r is not None:
+            out[i] = ts[r]
     return out
+
+
+def _step_group(n: str) -> str | None:
+    """"" for a ProfilerStep, the group of a step-like name (user annotations only), else None."""
+    if n.startswith("ProfilerStep#"):
+        return ""
+    if _STEP_WORDS.search(n) and not n.startswith(_NOT_STEPS):
+        return _TRAILING_NUM.sub("", n)
+    return None
 
 
 def find_steps(trace: Trace) -> None:
     """Fill trace.steps, trace.step_source and trace.dropped_last_step."""
     kind, ts, dur, strings, name = trace.kind, trace.ts, trace.dur, trace.strings, trace.name
-    cpu_end = 0.0
+    cpu = trace.indices(*(k for k in range(len(KIND_NAMES)) if k not in GPU_KINDS))
+    cpu_end = max((ts[i] + dur[i] for i in cpu), default=0.0)
     prof, groups = [], defaultdict(list)
-    for i in range(len(kind)):
-        k = kind[i]
-        if k in GPU_KINDS:
-            continue
-        e = ts[i] + dur[i]
-        if e > cpu_end:
-            cpu_end = e
-        if k == USER_ANN or k == CPU_OP:
-            n = strings[name[i]]
-            if n.startswith("ProfilerStep#"):
-                prof.append((n, ts[i], e))
-            elif k == USER_ANN and _STEP_WORDS.search(n) and not n.startswith(_NOT_STEPS):
-                groups[_TRAILING_NUM.sub("", n)].append((n, ts[i], e))
+    group_of = {j: g for j, n in enumerate(strings) if (g := _step_group(n)) is not None}
+    for i in trace.indices(USER_ANN, CPU_OP):
+        g = group_of.get(name[i])
+        if g == "":
+            prof.append((strings[name[i]], ts[i], ts[i] + dur[i]))
+        elif g is not None and kind[i] == USER_ANN:
+            groups[g].append((strings[name[i]], ts[i], ts[i] + dur[i]))
     steps, source = [], "whole-run"
     if prof:
         steps, source = prof, "profiler-step"
