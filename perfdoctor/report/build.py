@@ -37,10 +37,15 @@ def analyse_run(run_dir: Path) -> Report:
         from perfdoctor.facts.trace_facts import add_trace_facts
         from perfdoctor.trace.loader import load_trace
 
+        run_kinds = {k for k, subs in facts.subjects.items() if any("run" in s.sources for s in subs)}
         try:
             trace_summary = add_trace_facts(load_trace(Path(data.trace_path)), facts)
         except InputError as e:
             notes.append(f"the profiler trace could not be read: {e.message}")
+        # where the run's probes measured a kind of thing (its DataLoaders, say), the trace's coarser
+        # view of the same thing is not a second finding
+        for kind in run_kinds:
+            facts.subjects[kind] = [s for s in facts.subjects[kind] if s.sources - {"trace"}]
     script = data.meta.get("script")
     settings, rules = _rules_for(Path(script).parent if script else Path.cwd())
     findings = judge(facts, rules, settings)

@@ -110,10 +110,12 @@ def _finding(i: int, f: Finding) -> Group:
         parts.append(_indent(Text(f"({f.saving_basis})", style="dim")))
     if f.fix and (f.fix.before or f.fix.after or f.fix.note):
         diff = Text("fix, for example:\n" if f.fix.example else "fix:\n", style="bold")
-        for line in (f.fix.before or "").splitlines():
-            diff.append(f"- {line}\n", style="red")
-        for line in (f.fix.after or "").splitlines() or ([""] if f.fix.before else []):
-            diff.append(f"+ {line}\n", style="green")
+        before, after = (f.fix.before or "").splitlines(), (f.fix.after or "").splitlines()
+        indent = min((len(l) - len(l.lstrip()) for l in before + after if l.strip()), default=0)
+        for line in before:
+            diff.append(f"- {line[indent:]}\n", style="red")
+        for line in after or ([""] if before else []):
+            diff.append(f"+ {line[indent:]}\n", style="green")
         if f.fix.note:
             diff.append(f"{f.fix.note}", style="dim")
         parts.append(_indent(diff))
