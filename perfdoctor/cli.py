@@ -350,7 +350,8 @@ def main() -> None:
     if len(sys.argv) == 1:
         sys.argv.append("--help")
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # an Exit inside a command comes back as its code
+        sys.exit(code if isinstance(code, int) else 0)
     except PerfdoctorError as e:
         if _state["debug"]:
             raise

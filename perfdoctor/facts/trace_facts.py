@@ -6,6 +6,8 @@ Everything is measured per step, then the median across steps is reported.
 
 from __future__ import annotations
 
+import sys
+
 import re
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
@@ -96,6 +98,13 @@ def _med(xs: list[float]) -> float | None:
 
 
 # ---------------------------------------------------------------------- python stacks
+
+def _is_stdlib(path: str) -> bool:
+    """torch.profiler names standard-library frames by a short path (`threading.py`,
+    `multiprocessing/queues.py`): its first part is a standard-library module."""
+    first = path.replace("\\", "/").split("/", 1)[0]
+    return first.removesuffix(".py") in sys.stdlib_module_names
+
 class _Stacks:
     """The user's file:line for a CPU event, from python_function events or legacy `Call stack`."""
 
@@ -126,8 +135,8 @@ class _Stacks:
         if not m:
             return None
         f = m.group(1)
-        if (f.startswith(("torch/", "<", "/usr/lib")) or "site-packages" in f or "dist-packages" in f
-                or "/lib/python" in f or "/torch/" in f):
+        if (f.startswith(("torch/", "perfdoctor/", "<", "/usr/lib")) or "site-packages" in f or "dist-packages" in f
+                or "/lib/python" in f or "/torch/" in f or _is_stdlib(f)):
             return None
         return f, int(m.group(2)), m.group(3)
 

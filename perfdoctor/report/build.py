@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.errors import InputError, PerfdoctorError
-from perfdoctor.facts.model import Facts
+from perfdoctor.facts.model import Facts, Location
 from perfdoctor.report.model import Finding, Report
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, load_settings
@@ -20,6 +20,40 @@ def _rules_for(start: Path | None) -> tuple[Settings, list[Rule]]:
 
 def is_run_dir(path: Path) -> bool:
     return path.is_dir() and (path / "meta.json").is_file()
+
+
+def _resolve_trace_files(facts: Facts, user_files: list[Path]) -> None:
+    """torch.profiler names the user's frames by file name only (`train.py(42): main`). In a run folder
+    the user's files are known: give such locations their full path, and merge a subject into the one
+    the run or the source already has for that line."""
+    for kind, subjects in facts.subjects.items():
+        kept = []
+        for s in subjects:
+            for i, loc in enumerate(s.locations):
+                if Path(loc.file).is_absolute():
+                    continue
+                match = [p for p in user_files if str(p).endswith("/" + loc.file.lstrip("./"))]
+                if len(match) == 1:
+                    s.locations[i] = Location(str(match[0]), loc.line, loc.code or _line(match[0], loc.line),
+                                              loc.function)
+            if s.locations:
+                key = f"{s.locations[0].file}:{s.locations[0].line}"
+                twin = next((o for o in kept if o.key == key), None)
+                if twin is not None:
+                    for name, fact in s.facts.items():
+                        twin.facts.setdefault(name, fact)
+                    continue
+                s.key = key
+            kept.append(s)
+        facts.subjects[kind] = kept
+
+
+def _line(path: Path, line: int) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    except OSError:
+        return ""
 
 
 def analyse_run(run_dir: Path) -> Report:
@@ -46,6 +80,7 @@ def analyse_run(run_dir: Path) -> Report:
         # view of the same thing is not a second finding
         for kind in run_kinds:
             facts.subjects[kind] = [s for s in facts.subjects[kind] if s.sources - {"trace"}]
+        _resolve_trace_files(facts, user_files)
     script = data.meta.get("script")
     settings, rules = _rules_for(Path(script).parent if script else Path.cwd())
     findings = judge(facts, rules, settings)
