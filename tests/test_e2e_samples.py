@@ -16,7 +16,7 @@ import pytest
 
 from conftest import SAMPLES, expected_findings, run_cli
 
-PD_RULES = {f"PD00{i}" for i in range(1, 8)}
+PD_RULES = {f"PD00{i}" for i in range(1, 8)} | {"PD013"}
 STEPS = 25
 
 PROBLEMS = [
@@ -29,8 +29,9 @@ PROBLEMS = [
     "pd006_loss_graph_retained.py",
     "pd006_running_sum.py",
     "pd007_fp32_without_amp.py",
+    "pd013_anomaly_detection.py",
 ]
-FIXED = sorted(p.name for p in SAMPLES.glob("pd00*_fixed.py")) + ["clean.py"]
+FIXED = sorted(p.name for p in SAMPLES.glob("pd0*_fixed.py")) + ["clean.py"]
 USES_AUTOCAST = {"pd007_fp32_without_amp_fixed.py", "clean.py"}
 
 
