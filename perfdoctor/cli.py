@@ -151,6 +151,23 @@ def _gate_output(report, comparison, fmt: Format, output: Optional[Path]) -> Non
         sys.stdout.flush()
 
 
+def _warm_up_analysis() -> None:
+    """Import the analysis (trace loader, static read, libcst for fixes) in a background thread while
+    the script runs in its child process: the parent is idle then, and the report comes sooner."""
+    import importlib
+    import threading
+
+    def load() -> None:
+        for name in ("perfdoctor.facts.run_facts", "perfdoctor.facts.static", "perfdoctor.trace.loader",
+                     "perfdoctor.facts.trace_facts", "perfdoctor.rules.fixes", "perfdoctor.report.text"):
+            try:
+                importlib.import_module(name)
+            except ImportError:  # reported properly when the analysis imports it for real
+                return
+
+    threading.Thread(target=load, name="perfdoctor-warm-up", daemon=True).start()
+
+
 def _fails_on(report, fail_on: Optional[Severity]) -> bool:
     if fail_on is None:
         return False
@@ -188,6 +205,7 @@ def run(
     if module is None and not Path(script).is_file():
         raise PerfdoctorError(f"{script}: no such script")
     threshold = parse_fraction(max_regression)
+    _warm_up_analysis()
     base = None
     if baseline is not None:
         from perfdoctor.gate.baseline import load_baseline
