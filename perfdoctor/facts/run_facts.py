@@ -1,25 +1,23 @@
-"""A run folder (written by `perfdoctor run`) -> facts, the summary, hot spots and notes.
-
-Reads JSON only (meta.json, steps.json, probes.json, hotspots.json); never the pstats dump.
-"""
+"""A run folder (written by `perfdoctor run`) -> facts, summary, hotspots and notes. Never imports torch."""
 
 from __future__ import annotations
 
 import ast
-import math
+import json
+import linecache
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts, Location
 from perfdoctor.report.model import Hotspot
 
-LOSS_SCAN_STEPS = 30  # the capture probes look for retained losses on the first steps only
-MIN_STEADY = 6
+LOSS_SCAN_STEPS = 30  # capture looks for retained losses on the first steps only (capture/holders.py)
+CLOCKS = {"optimizer": "optimizer", "backward": "backward", "dataloader": "dataloader", "none": "whole-run"}
+CATEGORIES = (("data loading", "data_ms"), ("forward", "forward_ms"), ("backward", "backward_ms"),
+              ("optimizer", "optimizer_ms"))
 
 
 @dataclass
@@ -33,327 +31,319 @@ class RunData:
     trace_path: Path | None = None
 
 
-def _read(path: Path, default: Any = None) -> Any:
-    if not path.is_file():
-        return default
+def _read(path: Path, default: Any) -> Any:
     try:
-        return orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as e:
-        raise InputError(f"{path}: unreadable run record ({e}); rerun `perfdoctor run`") from None
-
-
-def warmup_steps(n_total: int) -> int:
-    """Steps dropped at the start of a run: the first max(2, 10%) (allocator, autotuning, caches,
-    lazy imports and the first DataLoader batches all land there)."""
-    return max(2, math.ceil(0.10 * n_total))
-
-
-def steady_steps(steps: list[dict[str, Any]], window: dict[str, Any]) -> tuple[list[dict[str, Any]], str]:
-    """The steady-state steps: warm-up dropped, and the profiler window (plus the step after it, which
-    carries the trace export) left out so profiling overhead does not count. With too few left, all
-    steps after warm-up; with fewer still, all steps. Returns the steps and a note ("" if none)."""
-    n = len(steps)
-    if n <= 2:
-        return list(steps), ""
-    first, last = window.get("first_step"), window.get("last_step")
-    drop = warmup_steps(n)
-
-    def in_window(i: int) -> bool:
-        return first is not None and last is not None and first <= i <= last + 1
-
-    steady = [s for s in steps if s["i"] > drop and not in_window(s["i"])]
-    if len(steady) >= MIN_STEADY:
-        return steady, ""
-    steady = [s for s in steps if s["i"] > min(drop, n // 2)]
-    return steady, (f"only {n} steps: step times include warm-up effects and the profiled steps; "
-                    "run more steps for steadier figures")
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return default
+    except (OSError, ValueError) as e:
+        raise InputError(f"{path} is not readable JSON ({e}); run `perfdoctor run` again") from None
 
 
 def _pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    k = (len(xs) - 1) * q
-    lo, hi = math.floor(k), math.ceil(k)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+    s = sorted(xs)
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
+def steady_steps(steps: list[dict], window: dict | None) -> list[dict]:
+    """Steady-state steps: without step 1, the steps up to the profiler's skip and (when enough
+    others remain) the profiled window itself, whose timings the profiler inflates."""
+    skip = int((window or {}).get("skip") or 0)
+    w0 = skip + 1
+    w1 = int((window or {}).get("last_step") or 0)
+    after = [s for s in steps if s["i"] > max(1, skip)]
+    outside = [s for s in after if not (w0 <= s["i"] <= w1)]
+    for cand in (outside, after, [s for s in steps if s["i"] > 1], steps):
+        if len(cand) >= 3 or cand is steps:
+            return cand
+    return steps
 
 
-def _loc(site: dict[str, Any] | None) -> Location | None:
+def _slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
+    """Least-squares slope and R^2."""
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((y - my) ** 2 for y in ys)
+    if sxx == 0 or syy == 0:
+        return 0.0, 0.0
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    return sxy / sxx, sxy * sxy / (sxx * syy)
+
+
+def memory_growth(steady: list[dict]) -> float | None:
+    """Bytes per step when memory grows clearly and linearly over the steady steps, else None."""
+    pts = [(s["i"], s["mem_bytes"]) for s in steady if s.get("mem_bytes") is not None]
+    if len(pts) < 8:
+        return None
+    slope, r2 = _slope([p[0] for p in pts], [p[1] for p in pts])
+    total = slope * (pts[-1][0] - pts[0][0])
+    if slope > 0 and r2 >= 0.7 and total >= 1 << 20:
+        return slope
+    return None
+
+
+def _machine(facts: Facts, env: dict) -> None:
+    m = "machine"
+    facts.add("cpu.count", env.get("cpu_count"), "count", m)
+    facts.add("cpu.amx", env.get("cpu_amx"), "", m, "amx_tile in /proc/cpuinfo flags")
+    dev = "rocm" if env.get("rocm") and env.get("device") == "cuda" else env.get("device")
+    facts.add("device.type", dev, "", m)
+    facts.add("device.name", env.get("device_name"), "", m)
+    if env.get("device") == "cuda":
+        facts.add("device.count", env.get("device_count"), "count", m)
+        cap = env.get("device_capability")
+        facts.add("device.memory_bytes", env.get("device_memory_bytes"), "bytes", m)
+        if cap:
+            c = f"{cap[0]}.{cap[1]}"
+            facts.add("device.capability", float(c), "", m)
+            ok = (cap[0], cap[1]) >= (7, 0) or dev == "rocm"
+            basis = ("ROCm device (matrix cores)" if dev == "rocm" else
+                     f"CUDA capability {c} >= 7.0: tensor cores" if ok else
+                     f"CUDA capability {c} < 7.0: no tensor cores, autocast brings little")
+            facts.add("device.amp_available", ok, "", m, basis)
+            facts.add("device.amp_basis", basis, "", m)
+    elif env.get("device") == "cpu" and env.get("cpu_amx") is not None:
+        amx = bool(env.get("cpu_amx"))
+        basis = "CPU with AMX (bf16 autocast)" if amx else "CPU without AMX: autocast brings little"
+        facts.add("device.amp_available", amx, "", m, basis)
+        facts.add("device.amp_basis", basis, "", m)
+
+
+def _site_key(site: dict | None) -> tuple[str, Location] | None:
     if not site or not site.get("file"):
         return None
-    return Location(str(Path(site["file"]).resolve()) if Path(site["file"]).exists() else site["file"],
-                    int(site.get("line") or 0), str(site.get("code") or "").strip(), str(site.get("function") or ""))
+    loc = Location.from_dict(site)
+    return f"{loc.file}:{loc.line}", loc
 
 
-def _key(loc: Location) -> str:
-    return f"{loc.file}:{loc.line}"
+def _subject(facts: Facts, kind: str, site: dict | None):
+    k = _site_key(site)
+    if k is None:
+        return None
+    s = facts.subject(kind, k[0])
+    if k[1] not in s.locations:
+        s.locations.append(k[1])
+    return s
 
 
-def _machine_facts(facts: Facts, env: dict[str, Any]) -> None:
-    facts.add("cpu.count", env.get("cpu_count"), "count", "machine", "usable CPUs")
-    facts.add("cpu.amx", env.get("cpu_amx"), "", "machine")
-    cuda = bool(env.get("cuda_available")) and env.get("device") == "cuda"
-    facts.add("device.type", "cuda" if cuda else "cpu", "", "machine")
-    facts.add("device.name", env.get("device_name"), "", "machine")
-    facts.add("device.count", env.get("device_count"), "count", "machine")
-    cap = env.get("device_capability")
-    if cuda and cap:
-        capability = float(f"{cap[0]}.{cap[1]}")
-        facts.add("device.capability", capability, "", "machine")
-        facts.add("device.memory_bytes", env.get("device_memory_bytes"), "bytes", "machine")
-        ok = capability >= 7.0
-        basis = (f"CUDA capability {capability:.1f} >= 7.0: tensor cores" if ok
-                 else f"CUDA capability {capability:.1f} < 7.0: no tensor cores, autocast brings little")
-        facts.add("device.amp_available", ok, "", "machine", basis)
-        facts.add("device.amp_basis", basis, "", "machine")
-    elif not cuda:
-        amx = bool(env.get("cpu_amx"))
-        basis = "CPU with AMX: bf16 matmuls run on AMX tiles" if amx else "CPU without AMX: autocast brings little"
-        facts.add("device.amp_available", amx, "", "machine", basis)
-        facts.add("device.amp_basis", basis, "", "machine")
-
-
-def _memory_facts(facts: Facts, steady: list[dict[str, Any]], steps: list[dict[str, Any]], env: dict[str, Any]) -> None:
-    mems = [int(s["mem_bytes"]) for s in steps if s.get("mem_bytes") is not None]
-    if mems:
-        facts.add("memory.peak_bytes", max(mems), "bytes", "run",
-                  "torch.cuda.memory_allocated" if env.get("device") == "cuda" else "process RSS")
-    cuda = env.get("device") == "cuda"
-    total = env.get("device_memory_bytes") if cuda else env.get("total_memory_bytes")
-    facts.add("memory.total_bytes", total, "bytes", "machine")
-    pts = [(s["i"], s["mem_bytes"]) for s in steady if s.get("mem_bytes") is not None]
-    if len(pts) < 5:
-        return
-    n = len(pts)
-    mx = sum(x for x, _ in pts) / n
-    my = sum(y for _, y in pts) / n
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    syy = sum((y - my) ** 2 for _, y in pts)
-    if sxx == 0 or syy == 0:
-        return
-    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
-    r2 = slope * slope * sxx / syy
-    # a steady, clearly linear climb only: allocator caching and RSS jitter are not growth
-    if slope <= 0 or r2 < 0.7 or slope * (pts[-1][0] - pts[0][0]) < 1 << 20:
-        return
-    facts.add("memory.growth_bytes_per_step", slope, "bytes", "run",
-              f"least-squares slope of {'allocated CUDA memory' if cuda else 'process RSS'} over {n} steps (R²={r2:.2f})")
-    free = (total - pts[-1][1]) if (cuda and total) else env.get("free_memory_bytes")
-    if free and free > 0:
-        facts.add("memory.free_bytes", free, "bytes", "run")
-        facts.add("memory.steps_to_oom", free / slope, "count", "run", "free memory / growth per step")
-
-
-def _function_end(file: str, line: int, cache: dict[str, ast.Module | None]) -> int | None:
-    if file not in cache:
-        try:
-            cache[file] = ast.parse(Path(file).read_text(encoding="utf-8", errors="replace"))
-        except (OSError, SyntaxError, ValueError):
-            cache[file] = None
-    tree = cache[file]
-    if tree is None:
+def _function_end(file: str, line: int) -> int | None:
+    try:
+        tree = ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
         return None
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno == line:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= node.body[0].lineno:
             return node.end_lineno
     return None
 
 
-def _source_line(file: str, line: int) -> str:
-    try:
-        with open(file, encoding="utf-8", errors="replace") as fh:
-            for i, text in enumerate(fh, 1):
-                if i == line:
-                    return text.strip()
-    except OSError:
-        pass
-    return ""
-
-
-def _hotspots(data: dict[str, Any], median_step_ms: float | None) -> list[Hotspot]:
-    steps = data.get("steps") or 0
+def _hotspots(hs: dict) -> list[Hotspot]:
+    """User functions by time per profiled step (cProfile records no frame entered before it was
+    enabled, so the training loop and `main` do not appear), with their hot lines."""
+    steps = hs.get("steps") or 0
     if not steps:
         return []
-    window_s = (median_step_ms or 0) * steps / 1000
-    samples = data.get("lines") or []
-    trees: dict[str, ast.Module | None] = {}
-    out: list[Hotspot] = []
-    for fn in data.get("functions") or []:
-        name, file, line = fn.get("function", ""), fn.get("file", ""), int(fn.get("line") or 0)
-        cum = float(fn.get("cumtime_s") or 0)
-        # the module body and the loop's own function span the whole window: not a hot spot
-        if name == "<module>" or (window_s and cum >= 0.9 * window_s):
+    out = []
+    for f in hs.get("functions") or []:
+        if f["function"] == "<module>":
             continue
-        end = _function_end(file, line, trees)
-        lines = []
-        if end is not None:
-            inside = [s for s in samples if s.get("file") == file and line < int(s["line"]) <= end]
-            total = sum(int(s["samples"]) for s in inside)
-            for s in sorted(inside, key=lambda s: -int(s["samples"]))[:5]:
-                lines.append({"line": int(s["line"]), "code": _source_line(file, int(s["line"])),
-                              "share": round(int(s["samples"]) / total, 3) if total else 0.0})
-        out.append(Hotspot(function=name, file=file, line=line, ms_per_step=cum * 1000 / steps,
-                           calls_per_step=float(fn.get("ncalls") or 0) / steps, lines=lines))
-    out.sort(key=lambda h: -h.ms_per_step)
-    return [h for h in out if h.ms_per_step >= 0.01][:10]
-
-
-def _probe_subjects(facts: Facts, probes: dict[str, Any], steady_idx: list[int], n_steps: int,
-                    step_ms: float | None, env: dict[str, Any]) -> None:
-    cuda = env.get("device") == "cuda"
-    for dl in probes.get("dataloaders") or []:
-        loc = _loc(dl.get("site"))
-        if loc is None:
+        ms = f["cumtime_s"] * 1e3 / steps
+        if ms < 0.01:
             continue
-        s = facts.subject("dataloader", _key(loc))
-        s.locations[:0] = [loc] if loc not in s.locations else []
-        kw = dl.get("kwargs") or {}
-        for name in ("num_workers", "pin_memory", "persistent_workers", "batch_size", "prefetch_factor"):
-            s.add(name, kw.get(name), "count" if name in ("num_workers", "batch_size") else "", "run")
-        s.add("kwargs_style", dl.get("kwargs_style"), "", "run")
-        waits = dl.get("wait_ms_per_step") or []
-        steady_waits = [waits[i - 1] for i in steady_idx if 0 < i <= len(waits)]
-        if dl.get("batches") and steady_waits:
-            w = statistics.median(steady_waits)
-            s.add("wait_ms", w, "ms", "run", f"median time inside the DataLoader's __next__ per step over {len(steady_waits)} steps")
-            if step_ms:
-                s.add("wait_fraction", w / step_ms, "ratio", "run")
-        if cuda:  # on the CPU, whether batches would go to a GPU is for the source to say
-            s.add("feeds_cuda", bool(dl.get("to_cuda")), "", "run")
-            s.add("non_blocking", dl.get("non_blocking"), "", "run")
-    for dp in probes.get("dataparallel") or []:
-        loc = _loc(dp.get("site"))
-        if loc is None:
-            continue
-        s = facts.subject("dataparallel", _key(loc))
-        s.locations[:0] = [loc] if loc not in s.locations else []
-        s.add("constructed", True, "", "run")
-        s.add("device_count", dp.get("device_count"), "count", "run")
-    for ec in probes.get("empty_cache") or []:
-        loc = _loc(ec.get("site"))
-        if loc is None or not n_steps:
-            continue
-        s = facts.subject("empty_cache", _key(loc))
-        s.locations[:0] = [loc] if loc not in s.locations else []
-        in_steps = int(ec.get("calls_in_steps") or 0)
-        s.add("calls_per_step", in_steps / n_steps, "count", "run", f"{in_steps} calls during {n_steps} steps")
-        s.add("in_loop", in_steps > 0, "", "run")
-    for an in probes.get("anomaly") or []:
-        loc = _loc(an.get("site"))
-        if loc is None:
-            continue
-        s = facts.subject("anomaly", _key(loc))
-        s.locations[:0] = [loc] if loc not in s.locations else []
-        s.add("enabled", bool(an.get("enabled")), "", "run")
-    forwards = sorted(probes.get("forward") or [], key=lambda f: -int(f.get("calls") or 0))
-    if forwards:
-        top = forwards[0]
-        loc = _loc(top.get("site"))
-        calls = int(top.get("calls") or 0)
-        autocast = bool(top.get("autocast")) or (calls > 0 and int(top.get("autocast_calls") or 0) * 2 >= calls)
-        facts.add("autocast.enabled", autocast, "", "run", f"autocast state in {calls} top-level forward calls")
-        facts.add("model.param_dtype", top.get("param_dtype"), "", "run")
-        if loc is not None:
-            s = facts.subject("model", _key(loc))
-            s.locations.append(loc)
-            s.add("autocast", autocast, "", "run")
-            s.add("param_dtype", top.get("param_dtype"), "", "run")
-            s.add("module", top.get("module"), "", "run")
-    growth = facts.value("memory.growth_bytes_per_step")
-    for h in probes.get("loss_holders") or []:
-        loc = _loc(h.get("site"))
-        if loc is None:
-            continue
-        s = facts.subject("loss_holder", _key(loc))
-        s.locations[:0] = [loc] if loc not in s.locations else []
-        s.add("graphs_per_step", h.get("graphs_per_step"), "count", "run",
-              f"{h.get('graphs_retained')} graphs kept from step {h.get('first_step')} to {h.get('last_step')}")
-        for name in ("kind", "holder", "tensor_name", "numel"):
-            s.add(name, h.get(name), "", "run")
-        s.add("growth_bytes_per_step", growth, "bytes", "run")
+        h = Hotspot(function=f["function"], file=f["file"], line=int(f["line"]), ms_per_step=ms,
+                    calls_per_step=f["ncalls"] / steps)
+        end = _function_end(h.file, h.line)
+        if end:
+            lines = [x for x in hs.get("lines", []) if x["file"] == h.file and h.line <= x["line"] <= end]
+            total = sum(x["samples"] for x in lines)
+            for x in sorted(lines, key=lambda x: -x["samples"])[:5]:
+                share = x["samples"] / total
+                if share >= 0.05:
+                    h.lines.append({"line": x["line"], "code": linecache.getline(h.file, x["line"]).strip(),
+                                    "share": round(share, 3), "samples": x["samples"]})
+        out.append(h)
+        if len(out) >= 10:
+            break
+    return out
 
 
 def load_run(run_dir: Path) -> RunData:
     run_dir = Path(run_dir)
-    meta = _read(run_dir / "meta.json")
-    if not isinstance(meta, dict):
-        raise InputError(f"{run_dir}: not a perfdoctor run folder (no meta.json)")
+    meta = _read(run_dir / "meta.json", None)
+    if not isinstance(meta, dict) or meta.get("schema") != "perfdoctor/run/v1":
+        raise InputError(f"{run_dir} is not a perfdoctor run folder (no meta.json); "
+                         "give a folder that `perfdoctor run` wrote, or a trace file")
+    steps = _read(run_dir / "steps.json", {}).get("steps", [])
+    probes = _read(run_dir / "probes.json", {})
+    hs = _read(run_dir / "hotspots.json", {})
     env = meta.get("env") or {}
-    steps = [s for s in (_read(run_dir / "steps.json", {}) or {}).get("steps", []) if s.get("wall_ms") is not None]
-    probes = _read(run_dir / "probes.json", {}) or {}
     window = meta.get("window") or {}
+    exit_ = meta.get("exit") or {}
+    clock = CLOCKS.get(meta.get("step_clock") or "none", "whole-run")
     facts = Facts()
     notes: list[str] = []
-    _machine_facts(facts, env)
+    profiled = int(window.get("steps_profiled") or 0)
 
-    steady, note = steady_steps(steps, window)
-    if note:
-        notes.append(note)
-    clock = meta.get("step_clock") or "none"
-    facts.add("run.step_clock", clock, "", "run")
-    facts.add("run.steps_observed", len(steps), "count", "run")
-    facts.add("run.steps_profiled", window.get("steps_profiled"), "count", "run")
-    if len(steps) >= 3:
-        facts.add("run.loss_scan_steps", min(len(steps), LOSS_SCAN_STEPS), "count", "run")
+    facts.add("run.steps_observed", len(steps), "count")
+    facts.add("run.steps_profiled", profiled, "count")
+    facts.add("run.step_clock", clock)
+    if len(steps) >= 3:  # the probes looked for retained losses on these steps (PD006 trusts them)
+        facts.add("run.loss_scan_steps", min(len(steps), LOSS_SCAN_STEPS), "count")
+    _machine(facts, env)
 
-    summary: dict[str, Any] = {"steps_observed": len(steps), "steps_profiled": window.get("steps_profiled") or 0,
-                               "step_clock": clock}
-    walls = [float(s["wall_ms"]) for s in steady]
-    median = _median(walls)
-    if median is not None:
-        summary["step_time_ms"] = {"median": round(median, 4), "p90": round(_pct(walls, 0.9), 4),
+    # -- step time and breakdown -----------------------------------------------------------------
+    steady = steady_steps(steps, window)
+    summary: dict[str, Any] = {"steps_observed": len(steps), "steps_profiled": profiled, "step_clock": clock,
+                               "step_time_ms": None, "breakdown": []}
+    median = None
+    if steady:
+        walls = [s["wall_ms"] for s in steady]
+        median = statistics.median(walls)
+        p90 = _pct(walls, 0.9)
+        summary["step_time_ms"] = {"median": round(median, 4), "p90": round(p90, 4),
                                    "mean": round(statistics.fmean(walls), 4), "min": round(min(walls), 4),
                                    "max": round(max(walls), 4), "n": len(walls)}
-        facts.add("step.time_ms", median, "ms", "run", f"median wall time of {len(walls)} steady-state steps")
-        facts.add("step.time_p90_ms", _pct(walls, 0.9), "ms", "run")
-        # the breakdown: each part's mean share of the step, scaled to the median step, so the parts
-        # add up to the median exactly
-        mean_wall = statistics.fmean(walls)
-        parts = []
-        for key, label in (("data_ms", "data loading"), ("forward_ms", "forward"), ("backward_ms", "backward"),
-                           ("optimizer_ms", "optimizer")):
-            vals = [float(s.get(key) or 0.0) for s in steady]
-            parts.append((key, label, statistics.fmean(vals) if vals else 0.0))
-        other = max(0.0, mean_wall - sum(p[2] for p in parts))
-        parts.append(("other_ms", "other", other))
-        scale = median / mean_wall if mean_wall > 0 else 0.0
-        breakdown = []
-        for key, label, mean in parts:
-            ms = mean * scale
-            if key != "other_ms" and not any(s.get(key) for s in steady):
-                continue  # never measured in this run (e.g. no DataLoader): leave the part out
-            facts.add(f"step.{key}", ms, "ms", "run", "mean share of the step, scaled to the median step")
-            breakdown.append({"category": label, "ms": round(ms, 4), "fraction": round(ms / median, 4) if median else 0})
-        summary["breakdown"] = breakdown
+        summary["steady_steps"] = [steady[0]["i"], steady[-1]["i"]]
+        facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps")
+        facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {len(walls)} steady-state steps")
+        # per-part medians (robust to noisy steps), scaled down if together they exceed the median step
+        parts = {k: statistics.median([min(s.get(k) or 0.0, s["wall_ms"]) for s in steady]) for _, k in CATEGORIES}
+        used = sum(parts.values())
+        scale = median / used if used > median else 1.0
+        rest = median
+        for cat, k in CATEGORIES:
+            ms = parts[k] * scale
+            rest -= ms
+            summary["breakdown"].append({"category": cat, "ms": round(ms, 4),
+                                         "fraction": round(ms / median, 4) if median else 0.0})
+            facts.add(f"step.{k}", ms, "ms", detail="median over steady-state steps")
+        rest = max(0.0, rest)
+        summary["breakdown"].append({"category": "other", "ms": round(rest, 4),
+                                     "fraction": round(rest / median, 4) if median else 0.0})
+        facts.add("step.other_ms", rest, "ms", detail="step time not in data, forward, backward, optimizer")
 
-    _memory_facts(facts, steady, steps, env)
-    _probe_subjects(facts, probes, [s["i"] for s in steady], len(steps), median, env)
+    # -- memory -------------------------------------------------------------------------------------
+    mems = [s["mem_bytes"] for s in steps if s.get("mem_bytes") is not None]
+    on_cuda = env.get("device") == "cuda"
+    mem_kind = "CUDA memory_allocated" if on_cuda else "process RSS"
+    if mems:
+        facts.add("memory.peak_bytes", max(mems), "bytes", detail=f"max {mem_kind} at step ends")
+    facts.add("memory.total_bytes", env.get("device_memory_bytes") if on_cuda else env.get("total_memory_bytes"),
+              "bytes", "machine")
+    facts.add("memory.free_bytes", env.get("free_memory_bytes"), "bytes", "machine", "free at the end of the run")
+    growth = memory_growth(steady)
+    if growth is not None:
+        facts.add("memory.growth_bytes_per_step", growth, "bytes",
+                  detail=f"least-squares slope of {mem_kind} over {len(steady)} steady steps")
+        free = env.get("free_memory_bytes")
+        if free:
+            facts.add("memory.steps_to_oom", int(free / growth), "count", detail="free memory at the end / growth")
 
-    exit_info = meta.get("exit") or {}
-    reason = exit_info.get("reason")
+    # -- probes -> facts and subjects -----------------------------------------------------------
+    steady_idx = [s["i"] - 1 for s in steady]
+    for dl in probes.get("dataloaders", []):
+        s = _subject(facts, "dataloader", dl.get("site"))
+        if s is None:
+            continue
+        kw = dl.get("kwargs") or {}
+        for name in ("num_workers", "pin_memory", "persistent_workers", "batch_size", "prefetch_factor"):
+            s.add(name, kw.get(name), "count" if name in ("num_workers", "batch_size", "prefetch_factor") else "")
+        s.add("multiprocessing_context", kw.get("multiprocessing_context"))
+        s.add("kwargs_style", dl.get("kwargs_style"))
+        s.add("batches", dl.get("batches"), "count")
+        waits = dl.get("wait_ms_per_step") or []
+        ws = [waits[i] for i in steady_idx if 0 <= i < len(waits)]
+        if ws and dl.get("batches"):
+            w = statistics.median(ws)
+            s.add("wait_ms", w, "ms", detail=f"median time in DataLoader __next__ over {len(ws)} steady steps")
+            s.add("wait_mean_ms", statistics.fmean(ws), "ms")
+            if median:
+                s.add("wait_fraction", w / median, "ratio", detail="wait_ms / step.time_ms")
+        if on_cuda:
+            s.add("feeds_cuda", bool(dl.get("to_cuda")), detail="a batch was moved to a CUDA device")
+            s.add("non_blocking", dl.get("non_blocking"))
+    for dp in probes.get("dataparallel", []):
+        s = _subject(facts, "dataparallel", dp.get("site"))
+        if s is not None:
+            s.add("constructed", True)
+            s.add("device_count", dp.get("device_count"), "count")
+    n_loop = max(1, len(steps) - 1)
+    for ec in probes.get("empty_cache", []):
+        s = _subject(facts, "empty_cache", ec.get("site"))
+        if s is not None:
+            s.add("calls_per_step", ec.get("calls_in_steps", 0) / n_loop, "count")
+            s.add("in_loop", ec.get("calls_in_steps", 0) > 0)
+            s.add("calls", ec.get("calls"), "count")
+    for an in probes.get("anomaly", []):
+        if an.get("enabled"):
+            facts.add("autograd.anomaly_enabled", True, detail="set_detect_anomaly/detect_anomaly seen")
+            s = _subject(facts, "anomaly", an.get("site"))
+            if s is not None:
+                s.add("enabled", True)
+    models = [f for f in probes.get("forward", []) if f.get("params")]
+    for f in models:
+        s = _subject(facts, "model", f.get("site"))
+        if s is not None:
+            s.add("autocast", bool(f.get("autocast")))
+            s.add("param_dtype", f.get("param_dtype"))
+            s.add("device", f.get("device"))
+            s.add("params", f.get("params"), "count")
+    if models:
+        main = max(models, key=lambda f: (f.get("params") or 0, f.get("calls") or 0))
+        facts.add("autocast.enabled", bool(main.get("autocast")), detail=f"at the forward of {main.get('module')}")
+        facts.add("model.param_dtype", main.get("param_dtype"), detail=f"parameters of {main.get('module')}")
+    holders = probes.get("loss_holders", [])
+    for h in holders:
+        s = _subject(facts, "loss_holder", h.get("site"))
+        if s is None:
+            continue
+        s.add("kind", h.get("kind"))
+        s.add("holder", h.get("holder"))
+        s.add("tensor_name", h.get("tensor_name"))
+        s.add("numel", h.get("numel"), "count")
+        s.add("graphs_retained", h.get("graphs_retained"), "count")
+        s.add("graphs_per_step", h.get("graphs_per_step"), "count",
+              detail=f"steps {h.get('first_step')}..{h.get('last_step')}")
+        if growth is not None:
+            s.add("growth_bytes_per_step", growth, "bytes",
+                  detail="memory slope of the whole process" + (" (shared by all holders)" if len(holders) > 1 else ""))
+
+    # -- notes --------------------------------------------------------------------------------------
+    n = len(steps) if clock != "whole-run" else 0
     if clock == "backward":
         notes.append("no optimizer step seen: steps counted by backward() calls")
     elif clock == "dataloader":
         notes.append("no optimizer step or backward() seen: steps counted by DataLoader batches")
-    elif clock == "none":
-        notes.append("no training steps seen (no optimizer step, backward() or DataLoader batch): "
-                     "the whole run is one span")
+    elif clock == "whole-run":
+        notes.append("no steps found (no optimizer step, backward() or DataLoader batch): the whole run is one span")
+    reason, code = exit_.get("reason"), exit_.get("code")
     if reason == "exception":
-        notes.append(f"the script raised after {len(steps)} step(s); the report covers what ran")
+        last = (exit_.get("traceback") or "").strip().splitlines()[-1:] or ["an exception"]
+        notes.append(f"the script failed after {n} steps: {last[0]}")
+    elif reason == "sys-exit" and code:
+        notes.append(f"the script exited with code {code} after {n} steps")
     elif reason == "killed":
-        notes.append(f"the script was killed (exit code {exit_info.get('code')}) after {len(steps)} step(s)")
+        notes.append(f"the script was killed (exit code {code}) after about {n} steps: "
+                     "probes and profile were not saved")
     elif reason == "interrupted":
-        notes.append(f"interrupted after {len(steps)} step(s); the report covers what ran")
-    if window and not window.get("completed") and clock != "none":
-        notes.append("the profiler window was not completed (the run ended early): "
-                     + ("a partial trace was saved" if window.get("trace") else "no trace was recorded"))
-    for err in meta.get("probe_errors") or []:
-        notes.append(f"a probe failed: {err}")
+        notes.append(f"interrupted after {n} steps")
+    if window and clock != "whole-run":
+        if not profiled and not window.get("trace"):
+            notes.append(f"profiler window not reached: the run ended after {n} steps, the window starts "
+                         f"after step {window.get('skip')}")
+        elif not window.get("completed"):
+            notes.append(f"profiler window incomplete: {profiled} of {window.get('active')} steps recorded")
+    if window.get("error"):
+        notes.append(f"the profiler failed: {window['error']}")
+    if steady and len(steady) < 5 and clock != "whole-run":
+        notes.append(f"only {len(steady)} steady-state steps: timings are rough")
 
     trace = run_dir / "trace.json.gz"
-    return RunData(meta=meta, facts=facts, summary=summary,
-                   hotspots=_hotspots(_read(run_dir / "hotspots.json", {}) or {}, median),
-                   notes=notes, user_files=[Path(p) for p in meta.get("user_files") or []],
-                   trace_path=trace if trace.is_file() else None)
+    users = [Path(p) for p in meta.get("user_files") or []]
+    if not users and meta.get("script"):
+        users = [Path(meta["script"])]
+    return RunData(meta=meta, facts=facts, summary=summary, hotspots=_hotspots(hs), notes=notes,
+                   user_files=[p for p in users if p.is_file()], trace_path=trace if trace.exists() else None)

@@ -1,0 +1,8 @@
+"""Capture: run a training script in a child process under probes and a profiled window.
+
+Only the child (`child.py`, `probes.py` and what they import) imports torch.
+"""
+
+from perfdoctor.capture.runner import RunResult, run_script
+
+__all__ = ["RunResult", "run_script"]

@@ -1,0 +1,201 @@
+"""The profiled window (runs in the child): torch.profiler, cProfile and a line sampler.
+
+Steps 1..skip run unprofiled; the profiler starts when step `skip` ends, warms up for `warmup`
+steps and records `active` steps (driven by the same step clock as everything else). cProfile and
+the sampler run only during the active steps, on the main thread.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import gzip
+import json
+import os
+import pstats
+import shutil
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from perfdoctor.capture.sites import is_user_file
+
+DEFAULT = (5, 2, 5)  # skip, warmup, active
+
+
+def plan(steps: int | None, cfg: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
+    """The window (skip, warmup, active), shrunk so that it ends by step `steps` when that is set."""
+    skip, warmup, active = cfg or DEFAULT
+    if steps and skip + warmup + active > steps:
+        active = max(1, min(active, steps // 2))
+        warmup = min(warmup, 1) if steps - active >= 2 else 0
+        skip = max(0, steps - active - warmup)
+    return skip, warmup, active
+
+
+class Sampler(threading.Thread):
+    """Every `interval` s: the innermost user frame (file, line) of the main thread."""
+
+    def __init__(self, main_ident: int, interval: float = 0.002):
+        super().__init__(name="perfdoctor-sampler", daemon=True)
+        self.main_ident = main_ident
+        self.interval = interval
+        self.counts: dict[tuple[str, int], int] = {}
+        self.samples = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        frames = sys._current_frames
+        counts = self.counts
+        while not self.halt.wait(self.interval):
+            f = frames().get(self.main_ident)
+            while f is not None and not is_user_file(f.f_code.co_filename):
+                f = f.f_back
+            self.samples += 1
+            if f is not None:
+                key = (f.f_code.co_filename, f.f_lineno)
+                counts[key] = counts.get(key, 0) + 1
+
+    def stop(self) -> None:
+        self.halt.set()
+        self.join(timeout=1.0)
+
+
+class Window:
+    def __init__(self, torch: Any, run_dir: Path, skip: int, warmup: int, active: int):
+        self.torch = torch
+        self.run_dir = run_dir
+        self.skip, self.warmup, self.active = skip, warmup, active
+        self.first_step = skip + warmup + 1
+        self.last_step = skip + warmup + active
+        self.next_at = skip  # the next step index at which tick() has work to do
+        self.state = "wait"  # wait -> warmup -> active -> done
+        self.prof: Any = None
+        self.cprof: cProfile.Profile | None = None
+        self.sampler: Sampler | None = None
+        self.recorded = 0
+        self.trace_saved = False
+        self.completed = False
+        self.discard = False
+        self.error: str | None = None
+        self.main_ident = threading.get_ident()
+
+    # -- driven by the step clock -----------------------------------------------------------
+    def tick(self, i: int) -> None:
+        """Called after step `i` ended (only when i >= next_at)."""
+        if self.state == "done":
+            self.next_at = 1 << 62
+            return
+        try:
+            if self.state == "wait":
+                self._start_profiler()
+                self.state = "warmup"
+                if self.warmup == 0:
+                    self._start_python()
+            else:
+                if self.state == "active":
+                    self.recorded += 1
+                    if i >= self.last_step:
+                        self._stop_python()
+                self.prof.step()
+                if self.state == "warmup" and i >= self.skip + self.warmup:
+                    self._start_python()
+                elif self.state == "active" and i >= self.last_step:
+                    self.completed = True
+                    self._stop_profiler()
+            self.next_at = i + 1
+        except Exception as e:  # noqa: BLE001 - the script must go on whatever the profiler does
+            self.error = f"{type(e).__name__}: {e}"
+            self._abort()
+
+    @property
+    def active_now(self) -> bool:
+        return self.state == "active"
+
+    def _start_profiler(self) -> None:
+        tp = self.torch.profiler
+        acts = [tp.ProfilerActivity.CPU]
+        if self.torch.cuda.is_available() and self.torch.cuda.is_initialized():
+            acts.append(tp.ProfilerActivity.CUDA)
+        self.prof = tp.profile(activities=acts, record_shapes=True, with_stack=True,
+                               schedule=tp.schedule(wait=0, warmup=self.warmup, active=self.active, repeat=1),
+                               on_trace_ready=self._save_trace)
+        self.prof.start()
+
+    def _start_python(self) -> None:
+        self.state = "active"
+        # the sampler needs the GIL to look: with the default 5 ms switch interval it would mostly
+        # see the lines that release it (torch ops), not pure-Python loops
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(0.0005)
+        self.sampler = Sampler(self.main_ident)
+        self.sampler.start()
+        self.cprof = cProfile.Profile()
+        self.cprof.enable()
+
+    def _stop_python(self) -> None:
+        if self.cprof is not None:
+            self.cprof.disable()
+        if self.sampler is not None and self.sampler.is_alive():
+            self.sampler.stop()
+            sys.setswitchinterval(self._switch)
+
+    def _stop_profiler(self) -> None:
+        prof, self.prof = self.prof, None
+        self.state = "done"
+        self.next_at = 1 << 62
+        if prof is not None:
+            prof.stop()  # in the record phase this calls _save_trace with what was recorded
+
+    def _abort(self) -> None:
+        self._stop_python()
+        try:
+            self._stop_profiler()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _save_trace(self, prof: Any) -> None:
+        if self.discard:
+            return
+        tmp = self.run_dir / "trace.json"
+        prof.export_chrome_trace(str(tmp))
+        with open(tmp, "rb") as src, gzip.open(self.run_dir / "trace.json.gz", "wb", compresslevel=4) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        tmp.unlink()
+        self.trace_saved = True
+
+    # -- end of the run -----------------------------------------------------------------------
+    def finish(self) -> None:
+        """Stop whatever still runs (the script ended inside the window) and save what was recorded."""
+        if self.state in ("warmup", "active"):
+            self._stop_python()
+            try:
+                self._stop_profiler()
+            except Exception as e:  # noqa: BLE001
+                self.error = f"{type(e).__name__}: {e}"
+        if self.cprof is not None and not self.discard:
+            self._write_hotspots()
+
+    def _write_hotspots(self) -> None:
+        assert self.cprof is not None
+        self.cprof.dump_stats(str(self.run_dir / "profile.pstats"))
+        stats = pstats.Stats(self.cprof).stats  # type: ignore[attr-defined]
+        funcs = []
+        for (fn, line, name), (_cc, nc, tt, ct, _callers) in stats.items():
+            if is_user_file(fn):
+                funcs.append({"function": name, "file": os.path.abspath(fn), "line": line,
+                              "tottime_s": tt, "cumtime_s": ct, "ncalls": nc})
+        funcs.sort(key=lambda f: -f["cumtime_s"])
+        s = self.sampler
+        lines = []
+        if s is not None:
+            for (fn, line), n in sorted(s.counts.items(), key=lambda kv: -kv[1])[:300]:
+                lines.append({"file": os.path.abspath(fn), "line": line, "samples": n})
+        data = {"functions": funcs[:100], "lines": lines, "samples": s.samples if s else 0,
+                "sample_interval_s": s.interval if s else None, "steps": self.recorded}
+        (self.run_dir / "hotspots.json").write_text(json.dumps(data, indent=1))
+
+    def meta(self) -> dict[str, Any]:
+        return {"skip": self.skip, "warmup": self.warmup, "active": self.active,
+                "first_step": self.first_step, "last_step": self.last_step, "completed": self.completed,
+                "steps_profiled": self.recorded, "trace": self.trace_saved, "error": self.error}

@@ -1,0 +1,190 @@
+"""load_run: a run folder -> facts, summary, hotspots, notes (synthetic folders; no child process)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from perfdoctor.errors import InputError
+from perfdoctor.facts.run_facts import load_run, memory_growth, steady_steps
+
+ENV_CPU = {"python": "3.11", "torch": "2.13.0", "cpu_count": 2, "cpu_amx": False, "cpu_model": "EPYC",
+           "total_memory_bytes": 16 << 30, "free_memory_bytes": 8 << 30, "cuda_available": False,
+           "device": "cpu", "device_name": "EPYC", "device_count": 0, "device_capability": None,
+           "device_memory_bytes": None}
+WINDOW = {"skip": 5, "warmup": 2, "active": 5, "first_step": 8, "last_step": 12, "completed": True,
+          "steps_profiled": 5, "trace": True}
+
+
+def make_run(d: Path, *, n=40, wall=lambda i: 10.0, mem=lambda i: 1 << 28, clock="optimizer", env=None,
+             window=WINDOW, exit_=None, probes=None, hotspots=None, data=2.0) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    steps = [{"i": i, "end_s": i * 0.01, "wall_ms": 500.0 if i == 1 else wall(i), "data_ms": data,
+              "forward_ms": 3.0, "backward_ms": 4.0, "optimizer_ms": 0.5, "mem_bytes": mem(i)}
+             for i in range(1, n + 1)]
+    meta = {"schema": "perfdoctor/run/v1", "script": str(d / "train.py"), "module": None, "argv": ["train.py"],
+            "cwd": str(d), "started": "2026-01-01T00:00:00", "wall_s": 1.0,
+            "exit": exit_ or {"code": 0, "reason": "completed", "traceback": None}, "step_clock": clock,
+            "window": window, "env": env or ENV_CPU, "user_files": [str(d / "train.py")], "complete": True}
+    (d / "train.py").write_text("print('hi')\n")
+    (d / "meta.json").write_text(json.dumps(meta))
+    (d / "steps.json").write_text(json.dumps({"steps": steps}))
+    (d / "probes.json").write_text(json.dumps(probes or {}))
+    if hotspots is not None:
+        (d / "hotspots.json").write_text(json.dumps(hotspots))
+    return d
+
+
+def test_summary_uses_steady_steps_and_breakdown_adds_up(tmp_path):
+    # steps 2..5 (before the window's skip) and the window 6..12 are slow; the rest take 10 ms
+    r = load_run(make_run(tmp_path, wall=lambda i: 50.0 if i <= 12 else 10.0 + (i % 3)))
+    st = r.summary["step_time_ms"]
+    assert st["n"] == 28 and st["median"] == 11.0 and r.summary["steady_steps"] == [13, 40]
+    assert r.facts.value("step.time_ms") == 11.0 and 11.0 < r.facts.value("step.time_p90_ms") <= 12.0
+    parts = {b["category"]: b["ms"] for b in r.summary["breakdown"]}
+    assert parts == {"data loading": 2.0, "forward": 3.0, "backward": 4.0, "optimizer": 0.5, "other": 1.5}
+    assert math.isclose(sum(parts.values()), st["median"])
+    assert math.isclose(sum(b["fraction"] for b in r.summary["breakdown"]), 1.0, abs_tol=1e-3)
+    assert r.facts.value("run.step_clock") == "optimizer" and r.facts.value("run.steps_observed") == 40
+    assert r.trace_path is None and r.user_files == [tmp_path / "train.py"] and r.notes == []
+
+
+def test_breakdown_scaled_when_parts_exceed_the_step(tmp_path):
+    r = load_run(make_run(tmp_path, wall=lambda i: 5.0, data=8.0))
+    parts = {b["category"]: b["ms"] for b in r.summary["breakdown"]}
+    assert parts["other"] == 0.0 and math.isclose(sum(parts.values()), 5.0, rel_tol=1e-6)
+
+
+def test_steady_steps_fall_back_for_short_runs():
+    steps = [{"i": i} for i in range(1, 5)]
+    assert [s["i"] for s in steady_steps(steps, {"skip": 1, "last_step": 3})] == [2, 3, 4]
+    assert [s["i"] for s in steady_steps(steps[:1], {"skip": 0, "last_step": 1})] == [1]
+
+
+def test_memory_growth_only_when_clearly_linear(tmp_path):
+    grow = [{"i": i, "mem_bytes": 1_000_000_000 + 500_000 * i + (i % 2) * 4096} for i in range(10, 60)]
+    assert memory_growth(grow) == pytest.approx(500_000, rel=0.01)
+    flat = [{"i": i, "mem_bytes": 1_000_000_000 + (i * 7919 % 13) * 100_000} for i in range(10, 60)]
+    assert memory_growth(flat) is None
+    tiny = [{"i": i, "mem_bytes": 1_000_000_000 + 1000 * i} for i in range(10, 60)]  # 50 KB in all
+    assert memory_growth(tiny) is None
+
+    probes = {"loss_holders": [{"site": {"file": "/x/train.py", "line": 30, "code": "history.append(loss)",
+                                         "function": "main"}, "holder": "history", "kind": "list",
+                                "tensor_name": "loss", "graphs_retained": 29, "first_step": 2, "last_step": 30,
+                                "graphs_per_step": 1.0, "numel": 1}]}
+    r = load_run(make_run(tmp_path, mem=lambda i: (1 << 30) + (1 << 20) * i, probes=probes))
+    g = r.facts.value("memory.growth_bytes_per_step")
+    assert g == pytest.approx(1 << 20)
+    assert r.facts.value("memory.steps_to_oom") == (8 << 30) // (1 << 20)
+    assert r.facts.value("memory.peak_bytes") == (1 << 30) + 40 * (1 << 20)
+    assert r.facts.value("memory.total_bytes") == 16 << 30
+    (h,) = r.facts.of_kind("loss_holder")
+    assert h.key == "/x/train.py:30" and h.locations[0].code == "history.append(loss)"
+    assert h.facts["loss_holder.growth_bytes_per_step"].value == pytest.approx(1 << 20)
+    assert h.facts["loss_holder.kind"].value == "list" and h.facts["loss_holder.graphs_per_step"].value == 1.0
+
+
+def test_machine_facts(tmp_path):
+    r = load_run(make_run(tmp_path / "cpu"))
+    amp = r.facts.get("device.amp_available")
+    assert amp.value is False and amp.detail.startswith("CPU without AMX") and amp.source == "machine"
+    assert r.facts.value("cpu.count") == 2 and "device.count" not in r.facts
+
+    gpu = dict(ENV_CPU, cuda_available=True, device="cuda", device_name="A100", device_count=8,
+               device_capability=[8, 0], device_memory_bytes=80 << 30)
+    r = load_run(make_run(tmp_path / "a100", env=gpu))
+    amp = r.facts.get("device.amp_available")
+    assert amp.value is True and amp.detail.startswith("CUDA capability 8.0 >= 7.0")
+    assert r.facts.value("device.capability") == 8.0 and r.facts.value("device.count") == 8
+    assert r.facts.value("memory.total_bytes") == 80 << 30
+
+    old = dict(gpu, device_capability=[6, 1])
+    r = load_run(make_run(tmp_path / "p40", env=old))
+    assert r.facts.value("device.amp_available") is False
+    assert r.facts.get("device.amp_available").detail.startswith("CUDA capability 6.1 < 7.0")
+
+
+def test_probe_subjects(tmp_path):
+    site = lambda line, code: {"file": "/x/train.py", "line": line, "code": code, "function": "main"}  # noqa: E731
+    waits = [100.0] + [6.0] * 39
+    probes = {
+        "dataloaders": [{"id": 0, "site": site(12, "loader = DataLoader(ds, **cfg)"),
+                         "kwargs": {"batch_size": 64, "num_workers": 0, "pin_memory": False,
+                                    "persistent_workers": False, "prefetch_factor": None,
+                                    "multiprocessing_context": None},
+                         "kwargs_style": "dict", "batches": 40, "wait_ms_per_step": waits, "to_cuda": False,
+                         "non_blocking": None}],
+        "empty_cache": [{"site": site(40, "torch.cuda.empty_cache()"), "calls": 40, "calls_in_steps": 39}],
+        "dataparallel": [{"site": site(20, "model = nn.DataParallel(model)"), "device_ids": None, "device_count": 0}],
+        "forward": [{"site": site(30, "out = model(x)"), "module": "Net", "calls": 40, "autocast": False,
+                     "param_dtype": "float32", "device": "cpu", "params": 1000},
+                    {"site": site(31, "loss = crit(out, y)"), "module": "CrossEntropyLoss", "calls": 40,
+                     "autocast": False, "param_dtype": None, "device": "cpu", "params": 0}],
+    }
+    r = load_run(make_run(tmp_path, probes=probes))
+    (dl,) = r.facts.of_kind("dataloader")
+    assert dl.key == "/x/train.py:12" and dl.locations[0].code == "loader = DataLoader(ds, **cfg)"
+    f = {k: v.value for k, v in dl.facts.items()}
+    assert f["dataloader.wait_ms"] == 6.0 and f["dataloader.wait_fraction"] == pytest.approx(0.6)
+    assert f["dataloader.num_workers"] == 0 and f["dataloader.kwargs_style"] == "dict"
+    assert "dataloader.feeds_cuda" not in f and "dataloader.prefetch_factor" not in f  # not measured on a CPU
+    (ec,) = r.facts.of_kind("empty_cache")
+    assert ec.facts["empty_cache.calls_per_step"].value == 1.0 and ec.facts["empty_cache.in_loop"].value is True
+    (dp,) = r.facts.of_kind("dataparallel")
+    assert dp.facts["dataparallel.constructed"].value is True
+    (model,) = r.facts.of_kind("model")  # the loss module has no parameters: not a model
+    assert model.key == "/x/train.py:30" and model.facts["model.autocast"].value is False
+    assert r.facts.value("autocast.enabled") is False and r.facts.value("model.param_dtype") == "float32"
+
+
+def test_notes(tmp_path):
+    r = load_run(make_run(tmp_path / "bwd", clock="backward"))
+    assert r.notes == ["no optimizer step seen: steps counted by backward() calls"]
+    assert r.facts.value("run.step_clock") == "backward"
+    tb = "Traceback (most recent call last):\n  File \"train.py\", line 3\nValueError: bad batch\n"
+    r = load_run(make_run(tmp_path / "exc", n=4, window=dict(WINDOW, completed=False, steps_profiled=0, trace=False),
+                          exit_={"code": 1, "reason": "exception", "traceback": tb}))
+    assert "the script failed after 4 steps: ValueError: bad batch" in r.notes
+    assert any(n.startswith("profiler window not reached") for n in r.notes)
+    r = load_run(make_run(tmp_path / "none", n=1, clock="none"))
+    assert r.facts.value("run.step_clock") == "whole-run" and r.summary["step_time_ms"]["n"] == 1
+    assert any("whole run is one span" in n for n in r.notes)
+
+
+def test_hotspots_with_hot_lines(tmp_path):
+    src = tmp_path / "data.py"
+    src.write_text("class DS:\n    def __getitem__(self, i):\n        s = 0\n        for k in range(9):\n"
+                   "            s += k\n        return s\n")
+    hs = {"steps": 5, "samples": 100, "sample_interval_s": 0.002,
+          "functions": [{"function": "__getitem__", "file": str(src), "line": 2, "tottime_s": 0.04,
+                         "cumtime_s": 0.05, "ncalls": 320},
+                        {"function": "<module>", "file": str(src), "line": 1, "tottime_s": 0.0, "cumtime_s": 0.06,
+                         "ncalls": 1}],
+          "lines": [{"file": str(src), "line": 5, "samples": 30}, {"file": str(src), "line": 6, "samples": 10},
+                    {"file": str(src), "line": 40, "samples": 99}]}
+    r = load_run(make_run(tmp_path, hotspots=hs))
+    (h,) = r.hotspots
+    assert (h.function, h.line, h.ms_per_step, h.calls_per_step) == ("__getitem__", 2, 10.0, 64.0)
+    assert h.lines[0] == {"line": 5, "code": "s += k", "share": 0.75, "samples": 30}
+    assert [l["line"] for l in h.lines] == [5, 6]
+
+
+def test_not_a_run_folder(tmp_path):
+    with pytest.raises(InputError, match="not a perfdoctor run folder"):
+        load_run(tmp_path)
+    (tmp_path / "meta.json").write_text("{broken")
+    with pytest.raises(InputError, match="not readable JSON"):
+        load_run(tmp_path)
+
+
+def test_run_facts_does_not_import_torch():
+    import subprocess
+
+    code = "import sys, perfdoctor.facts.run_facts, perfdoctor.capture; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
