@@ -20,7 +20,7 @@ from typing import Any
 
 from perfdoctor.capture.sites import is_user_file
 
-DEFAULT = (5, 2, 5)  # skip, warmup, active
+DEFAULT = (5, 3, 5)  # skip, warmup (cProfile and the line sampler run here), active (the trace)
 
 
 def plan(steps: int | None, cfg: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
@@ -28,7 +28,7 @@ def plan(steps: int | None, cfg: tuple[int, int, int] | None = None) -> tuple[in
     skip, warmup, active = cfg or DEFAULT
     if steps and skip + warmup + active > steps:
         active = max(1, min(active, steps // 2))
-        warmup = min(warmup, 1) if steps - active >= 2 else 0
+        warmup = max(0, min(warmup, steps - active - 1))  # keep step 1 out of the window where possible
         skip = max(0, steps - active - warmup)
     return skip, warmup, active
 
@@ -74,6 +74,7 @@ class Window:
         self.cprof: cProfile.Profile | None = None
         self.sampler: Sampler | None = None
         self.recorded = 0
+        self.python_steps = 0  # steps profiled by cProfile and the sampler
         self.trace_saved = False
         self.completed = False
         self.discard = False
@@ -89,18 +90,25 @@ class Window:
         try:
             if self.state == "wait":
                 self._start_profiler()
-                self.state = "warmup"
-                if self.warmup == 0:
-                    self._start_python()
+                # cProfile and the sampler run in the warm-up steps: cProfile and torch's Python stack
+                # tracer (with_stack) share the interpreter's one profile hook, and the recorded steps
+                # need the tracer for source lines in the trace. With no warm-up they share the steps.
+                self._start_python()
+                self.state = "warmup" if self.warmup else "active"
             else:
-                if self.state == "active":
+                if self.state == "warmup":
+                    self.python_steps += 1
+                    if i >= self.skip + self.warmup:
+                        self._stop_python()
+                        self.state = "active"
+                elif self.state == "active":
                     self.recorded += 1
+                    if self.warmup == 0:
+                        self.python_steps += 1
                     if i >= self.last_step:
                         self._stop_python()
                 self.prof.step()
-                if self.state == "warmup" and i >= self.skip + self.warmup:
-                    self._start_python()
-                elif self.state == "active" and i >= self.last_step:
+                if self.state == "active" and i >= self.last_step:
                     self.completed = True
                     self._stop_profiler()
             self.next_at = i + 1
@@ -123,7 +131,6 @@ class Window:
         self.prof.start()
 
     def _start_python(self) -> None:
-        self.state = "active"
         # the sampler needs the GIL to look: with the default 5 ms switch interval it would mostly
         # see the lines that release it (torch ops), not pure-Python loops
         self._switch = sys.getswitchinterval()
@@ -192,7 +199,7 @@ class Window:
             for (fn, line), n in sorted(s.counts.items(), key=lambda kv: -kv[1])[:300]:
                 lines.append({"file": os.path.abspath(fn), "line": line, "samples": n})
         data = {"functions": funcs[:100], "lines": lines, "samples": s.samples if s else 0,
-                "sample_interval_s": s.interval if s else None, "steps": self.recorded}
+                "sample_interval_s": s.interval if s else None, "steps": self.python_steps}
         (self.run_dir / "hotspots.json").write_text(json.dumps(data, indent=1))
 
     def meta(self) -> dict[str, Any]:
