@@ -2,11 +2,13 @@
 
 Steps 1..skip run unprofiled; the profiler starts when step `skip` ends, warms up for `warmup`
 steps and records `active` steps (driven by the same step clock as everything else). cProfile and
-the sampler run only during the active steps, on the main thread.
+the sampler run during the warm-up steps, on the main thread (the recorded steps belong to torch's
+Python stack tracer: both need the interpreter's one profile hook).
 """
 
 from __future__ import annotations
 
+import contextlib
 import cProfile
 import gzip
 import json
@@ -14,13 +16,42 @@ import os
 import pstats
 import shutil
 import sys
+import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from perfdoctor.capture.sites import is_user_file
 
 DEFAULT = (5, 3, 5)  # skip, warmup (cProfile and the line sampler run here), active (the trace)
+
+
+@contextlib.contextmanager
+def _without_kineto_chatter() -> Iterator[None]:
+    """Kineto writes `USDT: ... profiler_start` lines straight to fd 2 when the profiler starts and
+    stops: keep them out of the user's terminal, pass anything else written meanwhile through."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        tmp = tempfile.TemporaryFile()
+        os.dup2(tmp.fileno(), 2)
+    except OSError:  # no fd 2 to juggle: say nothing, change nothing
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(saved, 2)
+        os.close(saved)
+        tmp.seek(0)
+        rest = b"".join(l for l in tmp.read().splitlines(keepends=True) if not l.startswith(b"USDT:"))
+        tmp.close()
+        if rest:
+            os.write(2, rest)
 
 
 def plan(steps: int | None, cfg: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
@@ -107,7 +138,8 @@ class Window:
                         self.python_steps += 1
                     if i >= self.last_step:
                         self._stop_python()
-                self.prof.step()
+                with _without_kineto_chatter():
+                    self.prof.step()
                 if self.state == "active" and i >= self.last_step:
                     self.completed = True
                     self._stop_profiler()
@@ -128,7 +160,8 @@ class Window:
         self.prof = tp.profile(activities=acts, record_shapes=True, with_stack=True,
                                schedule=tp.schedule(wait=0, warmup=self.warmup, active=self.active, repeat=1),
                                on_trace_ready=self._save_trace)
-        self.prof.start()
+        with _without_kineto_chatter():
+            self.prof.start()
 
     def _start_python(self) -> None:
         # the sampler needs the GIL to look: with the default 5 ms switch interval it would mostly
@@ -152,7 +185,8 @@ class Window:
         self.state = "done"
         self.next_at = 1 << 62
         if prof is not None:
-            prof.stop()  # in the record phase this calls _save_trace with what was recorded
+            with _without_kineto_chatter():
+                prof.stop()  # in the record phase this calls _save_trace with what was recorded
 
     def _abort(self) -> None:
         self._stop_python()
