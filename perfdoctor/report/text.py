@@ -149,7 +149,7 @@ def render(report: Report, console: Console) -> None:
         t.add_column("ms/step", justify="right")
         t.add_column("hot lines")
         for h in report.hotspots[:8]:
-            lines = ", ".join(f"{l['line']} ({l.get('share', 0):.0%})" for l in h.lines[:3]) if h.lines else ""
+            lines = "\n".join(f"{l['line']}: {l.get('code', '')[:48]} ({l.get('share', 0):.0%})" for l in h.lines[:3])
             t.add_row(h.function, f"{_short(h.file)}:{h.line}", f"{h.ms_per_step:.2f}", lines)
         console.print(t)
     for n in report.notes:
