@@ -34,6 +34,7 @@ def _short(path: str) -> str:
 
 def breakdown_bar(breakdown: list[dict[str, Any]]) -> Text:
     text = Text()
+    breakdown = [b for b in breakdown if (b.get("ms") or 0) > 0]  # parts this run never saw
     total = sum(max(0.0, b.get("ms") or 0.0) for b in breakdown)
     if total <= 0:
         return text
@@ -156,8 +157,8 @@ def render(report: Report, console: Console) -> None:
         console.print(Text(f"note: {n}", style="dim"))
     run_dir = report.run.get("run_dir")
     if run_dir:
-        console.print(Text(f"run folder: {_short(run_dir)} (trace.json.gz opens in https://ui.perfetto.dev)",
-                           style="dim"))
+        hint = " (trace.json.gz opens in https://ui.perfetto.dev)" if report.run.get("trace_file") else ""
+        console.print(Text(f"run folder: {_short(run_dir)}{hint}", style="dim"))
 
 
 VERDICT_STYLE = {"regression": "bold red", "improvement": "green", "no-change": "", "inconclusive": "yellow",
