@@ -58,26 +58,32 @@ def _main(
     _state["debug"] = debug or bool(os.environ.get("PERFDOCTOR_DEBUG"))
 
 
-def _emit(report, fmt: Format, output: Optional[Path]) -> None:
-    """Write the report: machine formats to stdout or --output without rich; text to the terminal."""
-    if fmt is Format.text:
-        if output is not None:
-            with output.open("w", encoding="utf-8") as fh:
-                from perfdoctor.report import text
-
-                text.render(report, Console(file=fh, width=100, no_color=True, soft_wrap=True))
-            Console(stderr=True).print(f"report written to {output}")
-        else:
-            from perfdoctor.report import text
-
-            text.render(report, Console())
-        return
-    doc = render_machine(report, fmt)
+def _write(body: str, output: Optional[Path]) -> None:
+    """A machine document: to --output, or to stdout alone."""
     if output is not None:
-        output.write_text(doc, encoding="utf-8")
+        output.write_text(body, encoding="utf-8")
     else:
-        sys.stdout.write(doc)
+        sys.stdout.write(body)
         sys.stdout.flush()
+
+
+def _text(draw, output: Optional[Path]) -> None:
+    """Human text: rich on the terminal, or plain text into --output."""
+    if output is None:
+        draw(Console())
+        return
+    with output.open("w", encoding="utf-8") as fh:
+        draw(Console(file=fh, width=100, no_color=True, soft_wrap=True))
+    sys.stderr.write(f"perfdoctor: report written to {output}\n")
+
+
+def _emit(report, fmt: Format, output: Optional[Path]) -> None:
+    if fmt is Format.text:
+        from perfdoctor.report import text
+
+        _text(lambda console: text.render(report, console), output)
+    else:
+        _write(render_machine(report, fmt), output)
 
 
 def render_machine(report, fmt: Format) -> str:
@@ -124,31 +130,26 @@ def _gate_output(report, comparison, fmt: Format, output: Optional[Path]) -> Non
     if fmt is Format.text:
         from perfdoctor.report import text
 
-        console = Console(file=output.open("w", encoding="utf-8"), width=100, no_color=True) if output else Console()
-        text.render(report, console)
-        text.render_comparison(comparison.as_dict(), console)
-        if output:
-            console.file.close()
+        def draw(console: Console) -> None:
+            text.render(report, console)
+            text.render_comparison(comparison.as_dict(), console)
+
+        _text(draw, output)
         return
     if fmt is Format.json:
         import orjson
 
         doc = report.as_dict()
         doc["gate"] = comparison.as_dict()
-        body = orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+        _write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n", output)
     elif fmt is Format.markdown:
-        body = markdown.render(report) + "\n" + markdown.render(comparison)
+        _write(markdown.render(report) + "\n" + markdown.render(comparison), output)
     elif fmt is Format.github:
         from perfdoctor.report import github
 
-        body = github.render(report) + github.render(comparison)
+        _write(github.render(report) + github.render(comparison), output)
     else:  # sarif describes findings; the gate's verdict is in the exit code
-        body = render_machine(report, fmt)
-    if output is not None:
-        output.write_text(body, encoding="utf-8")
-    else:
-        sys.stdout.write(body)
-        sys.stdout.flush()
+        _write(render_machine(report, fmt), output)
 
 
 def _warm_up_analysis() -> None:
@@ -268,27 +269,21 @@ def compare(
     if fmt is Format.text:
         from perfdoctor.report import text
 
-        console = Console(file=output.open("w", encoding="utf-8"), width=100, no_color=True) if output else Console()
-        text.render_comparison(c.as_dict(), console)
+        _text(lambda console: text.render_comparison(c.as_dict(), console), output)
+    elif fmt is Format.json:
+        import orjson
+
+        _write(orjson.dumps(c.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n", output)
+    elif fmt is Format.markdown:
+        from perfdoctor.report import markdown
+
+        _write(markdown.render(c), output)
+    elif fmt is Format.github:
+        from perfdoctor.report import github
+
+        _write(github.render(c), output)
     else:
-        if fmt is Format.json:
-            import orjson
-
-            body = orjson.dumps(c.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n"
-        elif fmt is Format.markdown:
-            from perfdoctor.report import markdown
-
-            body = markdown.render(c)
-        elif fmt is Format.github:
-            from perfdoctor.report import github
-
-            body = github.render(c)
-        else:
-            raise PerfdoctorError("compare writes text, json, markdown or github, not sarif")
-        if output is not None:
-            output.write_text(body, encoding="utf-8")
-        else:
-            sys.stdout.write(body)
+        raise PerfdoctorError("compare writes text, json, markdown or github, not sarif")
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         from perfdoctor.report import markdown
 
