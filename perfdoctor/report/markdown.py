@@ -92,7 +92,9 @@ def render_report(report: Any) -> str:
                 out += [f"`{locs[0].get('file')}:{locs[0].get('line')}`", "", _fence(locs[0]["code"], "python"), ""]
             fix = f.get("fix")
             if fix:
-                out += ["**Fix:**", "", _diff(fix.get("before", ""), fix.get("after", "")), ""]
+                out += ["**Fix, for example:**" if fix.get("example") else "**Fix:**", ""]
+                if fix.get("before") or fix.get("after"):
+                    out += [_diff(fix.get("before", ""), fix.get("after", "")), ""]
                 if fix.get("note"):
                     out += [fix["note"], ""]
             refs = f.get("references") or []
