@@ -86,8 +86,7 @@ def analyse_run(run_dir: Path) -> Report:
     findings = judge(facts, rules, settings)
     amp = facts.get("device.amp_available")
     if amp is not None and amp.value is False and facts.value("autocast.enabled") is False:
-        notes.append(f"the model trains in fp32 without autocast; not flagged (PD007) because this hardware "
-                     f"would gain little: {amp.detail}")
+        notes.append(f"the model trains in fp32 without autocast, not flagged (PD007): {amp.detail}")
     env = data.meta.get("env", {})
     summary = dict(data.summary)
     if trace_summary.get("breakdown") and env.get("device") == "cuda":
