@@ -8,4 +8,4 @@ from perfdoctor.report.model import Report
 
 
 def render(report: Report) -> str:
-    return orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY).decode() + "\n"
+    return orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n"
