@@ -137,11 +137,9 @@ def _gate_output(report, comparison, fmt: Format, output: Optional[Path]) -> Non
         _text(draw, output)
         return
     if fmt is Format.json:
-        import orjson
+        from perfdoctor.report import jsonfmt
 
-        doc = report.as_dict()
-        doc["gate"] = comparison.as_dict()
-        _write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n", output)
+        _write(jsonfmt.dumps({**report.as_dict(), "gate": comparison.as_dict()}), output)
     elif fmt is Format.markdown:
         _write(markdown.render(report) + "\n" + markdown.render(comparison), output)
     elif fmt is Format.github:
@@ -271,9 +269,9 @@ def compare(
 
         _text(lambda console: text.render_comparison(c.as_dict(), console), output)
     elif fmt is Format.json:
-        import orjson
+        from perfdoctor.report import jsonfmt
 
-        _write(orjson.dumps(c.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n", output)
+        _write(jsonfmt.dumps(c.as_dict()), output)
     elif fmt is Format.markdown:
         from perfdoctor.report import markdown
 
@@ -311,9 +309,9 @@ def rules_cmd(fmt: Format = typer.Option(Format.text, "--format", "-f", help="te
 
     rules = load_rules()
     if fmt is Format.json:
-        import orjson
+        from perfdoctor.report import jsonfmt
 
-        sys.stdout.write(orjson.dumps([r.as_dict() for r in rules], option=orjson.OPT_INDENT_2).decode() + "\n")
+        sys.stdout.write(jsonfmt.dumps([r.as_dict() for r in rules]))
         return
     from rich.table import Table
 

@@ -1,11 +1,17 @@
-"""The JSON report (schema "perfdoctor/report/v1", DESIGN.md "Contracts")."""
+"""The JSON report (schema "perfdoctor/report/v1", DESIGN.md "Contracts") and other JSON documents."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import orjson
 
 from perfdoctor.report.model import Report
 
 
+def dumps(doc: Any) -> str:
+    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+
+
 def render(report: Report) -> str:
-    return orjson.dumps(report.as_dict(), option=orjson.OPT_INDENT_2).decode() + "\n"
+    return dumps(report.as_dict())
