@@ -8,7 +8,11 @@ numbers, written to a temp dir and deleted afterwards), print:
   process: interpreter start, imports, load, facts, rules, rendering): wall time and peak RSS;
 - the load / facts split measured inside a fresh process (and that process's peak RSS).
 
-    python benchmarks/trace_speed.py [TRACE] [--sizes 60,500] [--repeat 3]
+    python benchmarks/trace_speed.py [TRACE] [--sizes 60,500] [--repeat 3] [--cold-bytecode]
+
+The children run as an installed perfdoctor does: with its bytecode cached (pip compiles .pyc
+files at install). An editable install in an environment with PYTHONDONTWRITEBYTECODE=1 instead
+compiles every perfdoctor module on every start (about 0.1 s here); --cold-bytecode measures that.
 
 Targets (issue): 60 MB in < 1 s and < 250 MB; 500 MB in < 8 s and < 1 GB, on 2 cores.
 """
@@ -122,6 +126,9 @@ def main() -> None:
     if argv[:1] == ["--synth"]:
         synthesise(Path(argv[1]), int(argv[2]), Path(argv[3]))
         return
+    cold = "--cold-bytecode" in argv
+    if cold:
+        argv.remove("--cold-bytecode")
     opts = {"--sizes": "60,500", "--repeat": "1"}
     for k in opts:
         if k in argv:
@@ -134,9 +141,14 @@ def main() -> None:
         [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'benchmarks')!r}); "
          "import trace_speed; print(trace_speed.largest_trace())"], capture_output=True, text=True, check=True
     ).stdout.strip())
-    print(f"{repeat} run(s) each; ranges are min-max", flush=True)
-    measure(src, repeat)
     with tempfile.TemporaryDirectory() as tmp:
+        if not cold:  # children compile once into a private bytecode cache, then reuse it
+            os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+            os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tmp) / "pycache")
+            run([sys.executable, "-m", "perfdoctor", "report", str(src), "--format", "json"])
+        print(f"{repeat} run(s) each; ranges are min-max; bytecode {'compiled on every start' if cold else 'cached'}",
+              flush=True)
+        measure(src, repeat)
         for mb in sizes:
             # written by a child: this process stays small, so that its children's peak RSS is theirs
             # (Linux carries the peak across fork + exec)

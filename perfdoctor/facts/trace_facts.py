@@ -11,6 +11,7 @@ import sys
 import re
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
+from operator import itemgetter
 from statistics import median
 from typing import Any
 
@@ -49,40 +50,53 @@ _FACT_OF = {"gpu kernel": "step.gpu_kernel_ms", "memcpy": "step.memcpy_ms", "mem
 def _merge(iv: list[tuple[float, float]]) -> list[list[float]]:
     iv.sort()
     out: list[list[float]] = []
+    append, last = out.append, None
     for s, e in iv:
-        if out and s <= out[-1][1]:
-            if e > out[-1][1]:
-                out[-1][1] = e
+        if last is not None and s <= last[1]:
+            if e > last[1]:
+                last[1] = e
         elif e > s:
-            out.append([s, e])
+            last = [s, e]
+            append(last)
     return out
 
 
 def _subtract(a: list[list[float]], b: list[list[float]]) -> list[list[float]]:
-    """Parts of disjoint sorted `a` not covered by disjoint sorted `b`."""
-    out, j = [], 0
+    """Parts of disjoint sorted `a` not covered by disjoint sorted `b` (whose intervals may touch)."""
+    out: list[list[float]] = []
+    append, j, nb = out.append, 0, len(b)
     for s, e in a:
-        while j < len(b) and b[j][1] <= s:
+        while j < nb and b[j][1] <= s:
             j += 1
         k, cur = j, s
-        while k < len(b) and b[k][0] < e:
-            if b[k][0] > cur:
-                out.append([cur, b[k][0]])
-            cur = max(cur, b[k][1])
+        while k < nb:
+            bs, be = b[k]
+            if bs >= e:
+                break
+            if bs > cur:
+                append([cur, bs])
+            if be > cur:
+                cur = be
             k += 1
         if cur < e:
-            out.append([cur, e])
+            append([cur, e])
     return out
 
 
 def _per_window(iv: list[list[float]], windows: list[tuple[float, float]]) -> list[float]:
     """Length of disjoint sorted intervals inside each (sorted, disjoint) window."""
     starts = [s for s, _ in iv]
+    n = len(iv)
     out = []
     for ws, we in windows:
         j, tot = max(bisect_right(starts, ws) - 1, 0), 0.0
-        while j < len(iv) and iv[j][0] < we:
-            tot += max(0.0, min(iv[j][1], we) - max(iv[j][0], ws))
+        while j < n:
+            s, e = iv[j]
+            if s >= we:
+                break
+            d = (e if e < we else we) - (s if s > ws else ws)
+            if d > 0:
+                tot += d
             j += 1
         out.append(tot)
     return out
@@ -221,14 +235,16 @@ def _add_trace_facts(t: Trace, facts: Facts) -> dict[str, Any]:
     cats["memset"] = spans(t.indices(MEMSET))
     cats["runtime"] = spans(t.indices(RUNTIME, DRIVER))
     for k in (USER_ANN, CPU_OP, PYFUNC):
-        cat_of: dict[int, str | None] = {}  # name index * 2 + (on the main track) -> category
-        for i in t.indices(k):
-            key = name[i] * 2 + (track[i] == main_track)
-            c = cat_of.get(key, 0)
-            if c == 0:
-                c = cat_of[key] = _cpu_category(k, strings[name[i]], track[i] == main_track)
-            if c is not None:
-                cats[c].append((ts[i], ts[i] + dur[i]))
+        idx = t.indices(k)
+        keys = [name[i] * 2 + (track[i] == main_track) for i in idx]  # name index * 2 + (on the main track)
+        cat_of = {key: _cpu_category(k, strings[key >> 1], bool(key & 1)) for key in dict.fromkeys(keys)}
+        found = [c for c in dict.fromkeys(cat_of.values()) if c is not None]
+        if len(found) == 1 and len(cat_of) == 1:
+            cats[found[0]] += spans(idx)
+        elif found:
+            of = [cat_of[key] for key in keys]
+            for c in found:
+                cats[c] += [(ts[i], ts[i] + dur[i]) for i, ci in zip(idx, of) if ci == c]
     order = GPU_ORDER if gpu else CPU_ORDER
     covered: list[list[float]] = []
     per_cat: dict[str, list[float]] = {}
@@ -237,7 +253,9 @@ def _add_trace_facts(t: Trace, facts: Facts) -> dict[str, Any]:
             continue
         own = _subtract(_merge(cats.get(c, [])), covered)
         per_cat[c] = _per_window(own, windows)
-        covered = _merge(covered + own)  # two sorted runs: timsort merges them in linear time
+        # own and covered are disjoint: sorting the two runs by start (linear for timsort) keeps covered
+        # disjoint and sorted, as _subtract needs (touching intervals need not be joined)
+        covered = sorted(covered + own, key=itemgetter(0))
     in_cats = [sum(v[j] for v in per_cat.values()) / 1000 for j in range(nsteps)]
     per_cat["other"] = [max(0.0, step_ms[j] * 1000 - in_cats[j] * 1000) for j in range(nsteps)]
     # medians per category, rescaled so that they add up to the median step
@@ -340,12 +358,13 @@ def _gpu_facts(t, put, windows, step_ms, gpu_ev, launches, is_comm) -> dict[str,
     """GPU utilization and idle split: host wait (the next GPU event was launched after the gap
     began) vs gaps between kernels (launched in time, waiting on something else)."""
     ts, dur, corr = t.ts, t.dur, t.corr
-    evs = sorted(gpu_ev, key=lambda i: ts[i])
+    evs = sorted(gpu_ev, key=ts.__getitem__)
     blocks: list[list[float]] = []  # [start, end, launch ts of the block's first event]
     for i in evs:
         s, e = ts[i], ts[i] + dur[i]
         if blocks and s <= blocks[-1][1]:
-            blocks[-1][1] = max(blocks[-1][1], e)
+            if e > blocks[-1][1]:
+                blocks[-1][1] = e
         else:
             r = launches.get(corr[i])
             blocks.append([s, e, t.ts[r] if r is not None else s])
@@ -633,7 +652,8 @@ def _counters(t, put, windows, launches) -> None:
     aten = t.names_where(lambda s: s.startswith("aten::"))
     top = []
     for lst in by_track.values():
-        lst.sort(key=lambda i: (ts[i], -dur[i]))
+        lst.sort(key=dur.__getitem__, reverse=True)  # by start, the longest first (two stable sorts)
+        lst.sort(key=ts.__getitem__)
         end = float("-inf")
         for i in lst:
             if ts[i] >= end:

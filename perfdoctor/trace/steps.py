@@ -44,8 +44,9 @@ def _step_group(n: str) -> str | None:
 def find_steps(trace: Trace) -> None:
     """Fill trace.steps, trace.step_source and trace.dropped_last_step."""
     kind, ts, dur, strings, name = trace.kind, trace.ts, trace.dur, trace.strings, trace.name
-    cpu = trace.indices(*(k for k in range(len(KIND_NAMES)) if k not in GPU_KINDS))
-    cpu_end = max((ts[i] + dur[i] for i in cpu), default=0.0)
+    # the end of the CPU side, kind by kind (no need to merge the kinds into file order first)
+    cpu_end = max((ts[i] + dur[i] for k in range(len(KIND_NAMES)) if k not in GPU_KINDS for i in trace.indices(k)),
+                  default=0.0)
     prof, groups = [], defaultdict(list)
     group_of = {j: g for j, n in enumerate(strings) if (g := _step_group(n)) is not None}
     for i in trace.indices(USER_ANN, CPU_OP):
