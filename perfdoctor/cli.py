@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 try:  # typer >= 0.2x vendors click; older typer uses click itself
     from typer import TyperException as _UsageError
@@ -69,6 +68,8 @@ def _write(body: str, output: Optional[Path]) -> None:
 
 def _text(draw, output: Optional[Path]) -> None:
     """Human text: rich on the terminal, or plain text into --output."""
+    from rich.console import Console  # not imported for machine formats: start-up time counts in CI
+
     if output is None:
         draw(Console())
         return
@@ -130,7 +131,7 @@ def _gate_output(report, comparison, fmt: Format, output: Optional[Path]) -> Non
     if fmt is Format.text:
         from perfdoctor.report import text
 
-        def draw(console: Console) -> None:
+        def draw(console) -> None:
             text.render(report, console)
             text.render_comparison(comparison.as_dict(), console)
 
@@ -320,6 +321,8 @@ def rules_cmd(fmt: Format = typer.Option(Format.text, "--format", "-f", help="te
         t.add_column(col)
     for r in rules:
         t.add_row(r.id, r.name, r.severity, r.summary)
+    from rich.console import Console
+
     Console().print(t)
 
 
@@ -348,6 +351,8 @@ def explain(rule: str = typer.Argument(..., help="A rule id (PD002) or name (dat
                   "\n".join(f"- `{k}` = {v!r}" for k, v in r.thresholds.items())]
     if d.references:
         parts += ["## References", "\n".join(f"- <{u}>" for u in d.references)]
+    from rich.console import Console
+
     Console().print(Markdown("\n\n".join(parts)))
 
 
