@@ -74,7 +74,7 @@ def _text(draw, output: Optional[Path]) -> None:
         draw(Console())
         return
     with output.open("w", encoding="utf-8") as fh:
-        draw(Console(file=fh, width=100, no_color=True, soft_wrap=True))
+        draw(Console(file=fh, width=100, no_color=True))
     sys.stderr.write(f"perfdoctor: report written to {output}\n")
 
 
