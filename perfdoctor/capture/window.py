@@ -1,9 +1,9 @@
 """The profiled window (runs in the child): torch.profiler, cProfile and a line sampler.
 
 Steps 1..skip run unprofiled; the profiler starts when step `skip` ends, warms up for `warmup`
-steps and records `active` steps (driven by the same step clock as everything else). cProfile and
-the sampler run during the warm-up steps, on the main thread (the recorded steps belong to torch's
-Python stack tracer: both need the interpreter's one profile hook).
+steps and records `active` steps (driven by the same step clock as everything else). cProfile runs
+during the warm-up steps (the recorded steps belong to torch's Python stack tracer: both need the
+interpreter's one profile hook); the line sampler, a thread, runs through the whole window.
 """
 
 from __future__ import annotations
@@ -121,16 +121,17 @@ class Window:
         try:
             if self.state == "wait":
                 self._start_profiler()
-                # cProfile and the sampler run in the warm-up steps: cProfile and torch's Python stack
-                # tracer (with_stack) share the interpreter's one profile hook, and the recorded steps
-                # need the tracer for source lines in the trace. With no warm-up they share the steps.
+                # cProfile runs in the warm-up steps: it and torch's Python stack tracer (with_stack)
+                # share the interpreter's one profile hook, and the recorded steps need the tracer for
+                # source lines in the trace (with no warm-up they share the steps). The line sampler
+                # reads frames from a thread, needs no hook, and runs through the whole window.
                 self._start_python()
                 self.state = "warmup" if self.warmup else "active"
             else:
                 if self.state == "warmup":
                     self.python_steps += 1
-                    if i >= self.skip + self.warmup:
-                        self._stop_python()
+                    if i >= self.skip + self.warmup and self.cprof is not None:
+                        self.cprof.disable()
                         self.state = "active"
                 elif self.state == "active":
                     self.recorded += 1
