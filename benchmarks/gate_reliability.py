@@ -3,13 +3,17 @@
     python benchmarks/gate_reliability.py [--mode cli|library|simulate|all] [--trials 10]
 
 - cli: the real CLI. Records a baseline of benchmarks/steady_train.py
-  (`perfdoctor run SCRIPT --steps N --save-baseline B --repeats R0`), then `--trials` runs of the
-  same code (`--baseline B --repeats R`; exit 1 is a false failure) and `--trials` runs with
-  PERFDOCTOR_BENCH_DELAY_FRACTION=0.15 (exit 1 is a detection).
+  (`perfdoctor run SCRIPT --steps N --save-baseline B --repeats R0`), then `--trials` gate runs of
+  the same code (`--baseline B --repeats R`; exit 1 is a false failure) and `--trials` gate runs
+  with PERFDOCTOR_BENCH_DELAY_FRACTION=0.15 (exit 1 is a detection), taken in turn (same, slow,
+  same, slow, ...) so that the host's drift over the minutes the benchmark takes falls on both
+  alike.
 - library: the same scenario without the CLI: the script runs bare and writes its own per-step
   times; the gate library builds the records and compares them.
 - simulate: synthetic autocorrelated series (log-normal AR(1) within a run, plus a run offset)
   whose parameters are measured from bare runs of the steady script on this machine; many trials.
+`--load bursty` runs the benchmark beside a co-tenant: random bursts of 0-2 busy processes
+(CPU loops and memory copies, 0.3-4 s each), as other jobs on a shared CI machine would be.
 Prints the counts and the time taken. Target: 0 false failures, >= 9 of 10 detections.
 """
 
@@ -24,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -124,6 +129,32 @@ def mode_simulate(a, series: list[list[float]] | None) -> None:
           f"time {time.time() - t0:.0f} s")
 
 
+def _burn(kind: str, seconds: float) -> None:
+    end = time.time() + seconds
+    buf = bytearray(64 << 20) if kind == "mem" else None
+    x = 0
+    while time.time() < end:
+        if buf is not None:
+            bytes(buf)  # a 64 MiB copy: memory bandwidth and cache pressure
+        else:
+            x += 1
+
+
+def _bursty_load(stop, seed: int) -> None:
+    """Random bursts of 0-2 busy processes until `stop` is set (runs in a thread)."""
+    import multiprocessing as mp
+    rng = random.Random(seed)
+    while not stop.is_set():
+        seconds = rng.uniform(0.3, 4.0)
+        procs = [mp.Process(target=_burn, args=(rng.choice(["cpu", "mem"]), seconds), daemon=True)
+                 for _ in range(rng.choice([0, 0, 1, 1, 1, 2]))]
+        for p in procs:
+            p.start()
+        stop.wait(seconds)
+        for p in procs:
+            p.join()
+
+
 def mode_cli(a) -> bool:
     cli = [sys.executable, "-m", "perfdoctor"]
     help_text = subprocess.run(cli + ["run", "--help"], capture_output=True, text=True, cwd=ROOT)
@@ -140,15 +171,24 @@ def mode_cli(a) -> bool:
         if rc != 0 or not base.exists():
             print(f"[cli] recording the baseline failed (exit {rc})")
             return False
-        same, slow = [], []
-        for delay, out in ((0.0, same), (0.15, slow)):
-            env = dict(env0, PERFDOCTOR_BENCH_DELAY_FRACTION=str(delay))
-            for _ in range(a.trials):
-                rc = subprocess.run(cli + common + ["--baseline", str(base), "--repeats", str(a.repeats),
-                                                    "--max-regression", f"{a.threshold:.0%}"],
-                                    env=env, cwd=ROOT, capture_output=True).returncode
-                out.append({0: "pass", 1: "FAIL"}.get(rc, f"exit {rc}"))
+        same, slow, changes = [], [], {0.0: [], 0.15: []}
+        for _ in range(a.trials):
+            for delay, out in ((0.0, same), (0.15, slow)):
+                env = dict(env0, PERFDOCTOR_BENCH_DELAY_FRACTION=str(delay))
+                p = subprocess.run(cli + common + ["--baseline", str(base), "--repeats", str(a.repeats),
+                                                   "--max-regression", f"{a.threshold:.0%}"],
+                                   env=env, cwd=ROOT, capture_output=True, text=True)
+                out.append({0: "pass", 1: "FAIL"}.get(p.returncode, f"exit {p.returncode}"))
+                try:
+                    row = json.loads(p.stdout)["gate"]["rows"][0]
+                    changes[delay].append(f"{row['change_pct']:+.1f}%")
+                    if out[-1] != "FAIL":
+                        out[-1] = row["verdict"]
+                except (ValueError, KeyError, IndexError, TypeError):
+                    changes[delay].append("?")
         tally("cli", same, slow, t0)
+        print(f"[cli] measured change, identical: {' '.join(changes[0.0])}")
+        print(f"[cli] measured change, 15% slower: {' '.join(changes[0.15])}")
     return True
 
 
@@ -157,17 +197,26 @@ def main() -> None:
     p.add_argument("--mode", choices=("cli", "library", "simulate", "all"), default="all")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--baseline-repeats", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=1, help="runs per comparison on the current side")
+    p.add_argument("--repeats", type=int, default=3, help="runs per comparison on the current side")
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--sim-trials", type=int, default=100)
     p.add_argument("--threshold", type=float, default=0.10)
+    p.add_argument("--load", choices=("none", "bursty"), default="none",
+                   help="bursty: run beside random bursts of 0-2 busy processes (a shared CI machine)")
     a = p.parse_args()
-    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-    if a.mode in ("cli", "all"):
-        mode_cli(a)
-    series = mode_library(a) if a.mode in ("library", "all") else None
-    if a.mode in ("simulate", "all"):
-        mode_simulate(a, series)
+    print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; steps {a.steps}, "
+          f"baseline {a.baseline_repeats} run(s), {a.repeats} run(s) per gate, threshold {a.threshold:.0%}, load {a.load}")
+    stop = threading.Event()
+    if a.load == "bursty":
+        threading.Thread(target=_bursty_load, args=(stop, 0), daemon=True).start()
+    try:
+        if a.mode in ("cli", "all"):
+            mode_cli(a)
+        series = mode_library(a) if a.mode in ("library", "all") else None
+        if a.mode in ("simulate", "all"):
+            mode_simulate(a, series)
+    finally:
+        stop.set()
 
 
 if __name__ == "__main__":

@@ -147,8 +147,10 @@ def _gate_output(report, comparison, fmt: Format, output: Optional[Path]) -> Non
         from perfdoctor.report import github
 
         _write(github.render(report) + github.render(comparison), output)
-    else:  # sarif describes findings; the gate's verdict is in the exit code
-        _write(render_machine(report, fmt), output)
+    else:  # sarif: the findings, each marked new or unchanged since the baseline; the verdict in properties
+        from perfdoctor.report import sarif
+
+        _write(sarif.render(report, comparison=comparison), output)
 
 
 def _warm_up_analysis() -> None:
@@ -175,6 +177,9 @@ def _fails_on(report, fail_on: Optional[Severity]) -> bool:
     return any(order.get(f.severity, 3) <= order[fail_on.value] for f in report.findings)
 
 
+GATE_REPEATS = 3
+
+
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     ctx: typer.Context,
@@ -187,7 +192,9 @@ def run(
     save_baseline: Optional[Path] = typer.Option(None, "--save-baseline", help="Record a baseline to this file."),
     baseline: Optional[Path] = typer.Option(None, "--baseline", help="Compare with this baseline (CI gate)."),
     max_regression: str = typer.Option("10%", "--max-regression", help="Slowdown that fails the gate."),
-    repeats: int = typer.Option(1, "--repeats", min=1, max=50, help="Run the script this many times."),
+    repeats: Optional[int] = typer.Option(
+        None, "--repeats", min=1, max=50,
+        help="Run the script this many times (default: 3 with --save-baseline or --baseline, else 1)."),
     fail_on: Optional[Severity] = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
@@ -205,6 +212,8 @@ def run(
     if module is None and not Path(script).is_file():
         raise PerfdoctorError(f"{script}: no such script")
     threshold = parse_fraction(max_regression)
+    if repeats is None:  # the gate's unit of evidence is a run: it needs several to know their noise
+        repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
     _warm_up_analysis()
     base = None
     if baseline is not None:
@@ -282,7 +291,9 @@ def compare(
 
         _write(github.render(c), output)
     else:
-        raise PerfdoctorError("compare writes text, json, markdown or github, not sarif")
+        from perfdoctor.report import sarif
+
+        _write(sarif.render(None, comparison=c), output)
     if os.environ.get("GITHUB_STEP_SUMMARY"):
         from perfdoctor.report import markdown
 

@@ -134,15 +134,36 @@ def test_github_failed_gate_and_markdown_comparison():
     c = compare(_records(10.0), _records(12.0, 1, 1, [new]), fail_on="high")
     assert c.failed
     gh = github.render(c, root=ROOT)
-    assert "::error title=perfdoctor gate%3A step time (median) regression::step time (median) regressed +" in gh
+    assert "::error title=perfdoctor gate%3A step time (p10) regression::step time (p10) regressed +" in gh
     assert "::error file=src/train.py,line=7,title=PD005 (new since baseline)::New high finding: empty_cache in loop" in gh
-    assert gh.rstrip().splitlines()[-1].startswith("::error::perfdoctor gate failed: step time (median) +")
+    assert gh.rstrip().splitlines()[-1].startswith("::error::perfdoctor gate failed: step time (p10) +")
     md = markdown.render(c)
     assert "❌ perfdoctor gate: failed" in md
-    assert "| Metric | Baseline | Current | Change | 95% CI | Verdict |" in md
+    assert "| Metric | Baseline | Current | Change | 90% CI | Verdict |" in md
     assert "❌ regression" in md and "### New findings" in md and "**PD005** (high)" in md
     ok = compare(_records(10.0), _records(10.0, 1, 2))
     assert "✅ perfdoctor gate: passed" in markdown.render(ok.as_dict()) and github.render(ok) == ""
+
+
+def test_sarif_of_a_comparison_marks_new_and_unchanged_findings():
+    old = {"rule": "PD002", "fingerprint": "PD002:train.py:loader = DataLoader(ds)", "severity": "high",
+           "title": "DataLoader waits", "file": "/repo/src/train.py", "line": 12, "code": "loader = DataLoader(ds)"}
+    new = {"rule": "PD005", "fingerprint": "PD005:train.py:torch.cuda.empty_cache()", "severity": "low",
+           "title": "empty_cache in loop", "file": "/repo/src/train.py", "line": 30, "code": "torch.cuda.empty_cache()"}
+    c = compare(_records(10.0, findings=[old]), _records(12.0, 1, 1, [old, new]))
+    doc = validate(sarif.render(None, RULES, ROOT, comparison=c))  # `compare --format sarif`
+    states = {r["ruleId"]: r["baselineState"] for r in doc["runs"][0]["results"]}
+    assert states == {"PD002": "unchanged", "PD005": "new"}
+    res = {r["ruleId"]: r for r in doc["runs"][0]["results"]}
+    assert res["PD005"]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "src/train.py"
+    gate = doc["runs"][0]["properties"]["perfdoctorGate"]
+    assert gate["verdict"] == "failed" and gate["rows"][0]["verdict"] == "regression"
+    # the same finding from a full report (`run --baseline --format sarif`) has the same fingerprint
+    rep = report([finding(line=12, code="loader = DataLoader(ds)")])
+    with_report = validate(sarif.render(rep, RULES, ROOT, comparison=c))
+    r0 = with_report["runs"][0]["results"][0]
+    assert r0["baselineState"] == "unchanged"
+    assert r0["partialFingerprints"] == res["PD002"]["partialFingerprints"]
 
 
 def test_not_comparable_is_loud_but_not_failing():

@@ -40,10 +40,11 @@ def make_run(d: Path, *, n=40, wall=lambda i: 10.0, mem=lambda i: 1 << 28, clock
 
 
 def test_summary_uses_steady_steps_and_breakdown_adds_up(tmp_path):
-    # steps 2..5 (before the window's skip) and the window 6..12 are slow; the rest take 10 ms
-    r = load_run(make_run(tmp_path, wall=lambda i: 50.0 if i <= 12 else 10.0 + (i % 3)))
+    # steps 2..5 (before the window's skip), the window 6..12 and the step after it (the profiler's
+    # stop) are slow; the rest take 10 ms
+    r = load_run(make_run(tmp_path, wall=lambda i: 50.0 if i <= 13 else 10.0 + (i % 3)))
     st = r.summary["step_time_ms"]
-    assert st["n"] == 28 and st["median"] == 11.0 and r.summary["steady_steps"] == [13, 40]
+    assert st["n"] == 27 and st["median"] == 11.0 and r.summary["steady_steps"] == [14, 40]
     assert r.facts.value("step.time_ms") == 11.0 and 11.0 < r.facts.value("step.time_p90_ms") <= 12.0
     parts = {b["category"]: b["ms"] for b in r.summary["breakdown"]}
     assert parts == {"data loading": 2.0, "forward": 3.0, "backward": 4.0, "optimizer": 0.5, "other": 1.5}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import linecache
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,23 +41,36 @@ def _read(path: Path, default: Any) -> Any:
         raise InputError(f"{path} is not readable JSON ({e}); run `perfdoctor run` again") from None
 
 
-def _pct(xs: list[float], q: float) -> float:
+def quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of xs, interpolated between order statistics (numpy's default, type 7)."""
     s = sorted(xs)
+    if not s:
+        raise ValueError("quantile of an empty series")
     k = (len(s) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def steady_steps(steps: list[dict], window: dict | None) -> list[dict]:
-    """Steady-state steps: without step 1, the steps up to the profiler's skip and (when enough
-    others remain) the profiled window itself, whose timings the profiler inflates."""
-    skip = int((window or {}).get("skip") or 0)
-    w0 = skip + 1
-    w1 = int((window or {}).get("last_step") or 0)
-    after = [s for s in steps if s["i"] > max(1, skip)]
-    outside = [s for s in after if not (w0 <= s["i"] <= w1)]
-    for cand in (outside, after, [s for s in steps if s["i"] > 1], steps):
-        if len(cand) >= 3 or cand is steps:
+def warmup_steps(n_total: int) -> int:
+    """Steps dropped at the start of a run: the first max(2, 10%) (allocator, autotuning, caches,
+    lazy imports and the first DataLoader batches all land there)."""
+    return max(2, math.ceil(0.10 * n_total))
+
+
+def steady_steps(steps: list[dict], window: dict | None, min_steps: int = 3) -> list[dict]:
+    """Steady-state steps, the one definition the report summary and the gate share: the warm-up
+    dropped (`warmup_steps`, and every step before the profiler's schedule begins), and the
+    profiler's window dropped (its warm-up and recorded steps, whose timings the profiler and
+    cProfile inflate, and the step after it, which carries the profiler's stop and the trace
+    export). A short run falls back to fewer exclusions until `min_steps` remain."""
+    window = window or {}
+    skip = int(window.get("skip") or 0)
+    last = window.get("last_step")
+    drop = max(warmup_steps(len(steps)), skip)
+    after = [s for s in steps if s["i"] > drop]
+    outside = [s for s in after if last is None or not (skip + 1 <= s["i"] <= int(last) + 1)]
+    for cand in (outside, after, [s for s in steps if s["i"] > 1]):
+        if len(cand) >= min_steps:
             return cand
     return steps
 
@@ -202,7 +216,7 @@ def load_run(run_dir: Path) -> RunData:
     if steady:
         walls = [s["wall_ms"] for s in steady]
         median = statistics.median(walls)
-        p90 = _pct(walls, 0.9)
+        p90 = quantile(walls, 0.9)
         summary["step_time_ms"] = {"median": round(median, 4), "p90": round(p90, 4),
                                    "mean": round(statistics.fmean(walls), 4), "min": round(min(walls), 4),
                                    "max": round(max(walls), 4), "n": len(walls)}

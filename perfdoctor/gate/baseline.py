@@ -20,20 +20,16 @@ from typing import Any
 
 from perfdoctor import __version__
 from perfdoctor.errors import InputError
+from perfdoctor.facts.run_facts import steady_steps, warmup_steps
 from perfdoctor.gate import stats
 
 BASELINE_SCHEMA = "perfdoctor/baseline/v1"
+MIN_STEPS = 6  # fewer steady steps than this give no interval (the block bootstrap needs a series)
 # Counters from the trace that do not depend on machine noise; the gate compares them tightly.
 COUNTERS = ("sync.count_per_step", "copies.h2d_per_step", "copies.h2d_pageable_per_step",
             "ops.calls_per_step", "kernels.launches_per_step")
 # Environment keys that must match for timings to be comparable at all.
 IDENTITY_KEYS = ("torch", "device", "device_name", "device_count", "cpu_count", "cpu_model", "script", "args")
-
-
-def warmup_steps(n_total: int) -> int:
-    """Steps dropped at the start of a run: the first max(2, 10%) (allocator, autotuning, caches,
-    lazy imports and the first DataLoader batches all land there)."""
-    return max(2, math.ceil(0.10 * n_total))
 
 
 @dataclass
@@ -48,6 +44,14 @@ class RunRecord:
     findings: list[dict[str, Any]] = field(default_factory=list)  # rule, fingerprint, severity, title, location
     notes: list[str] = field(default_factory=list)
     warmup_dropped: int = 0
+
+    @property
+    def gate_ms(self) -> float | None:
+        """The value the gate judges: a low quantile of the steady steps (stats.GATE_QUANTILE),
+        or the median when only a summary is known."""
+        if len(self.step_ms) >= MIN_STEPS:
+            return stats.quantile(self.step_ms, stats.GATE_QUANTILE)
+        return self.median_ms
 
     @property
     def steps_per_s(self) -> float | None:
@@ -122,16 +126,23 @@ def _batch_size(report: dict[str, Any]) -> float | None:
     return float(sizes.pop()) if len(sizes) == 1 else None
 
 
+def finding_identity(f: dict[str, Any]) -> str:
+    """A finding's identity across checkouts and runs: its rule, its file's name and its code
+    line's text; not the absolute path (CI workspaces differ between machines) nor the line number
+    (lines move)."""
+    loc = (f.get("locations") or [{}])[0]
+    if loc.get("file"):
+        return f"{f.get('rule')}:{Path(loc['file']).name}:{' '.join(str(loc.get('code', '')).split())}"
+    return f.get("fingerprint") or f"{f.get('rule')}:"
+
+
 def _findings(report: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for f in report.get("findings") or []:
         loc = (f.get("locations") or [{}])[0]
-        # identity across checkouts: the file's name and the code line's text, not the absolute
-        # path (CI workspaces differ between machines) nor the line number (lines move)
-        fp = (f"{f.get('rule')}:{Path(loc['file']).name}:{' '.join(str(loc.get('code', '')).split())}"
-              if loc.get("file") else f.get("fingerprint") or f"{f.get('rule')}:")
-        out.append({"rule": f.get("rule"), "fingerprint": fp, "severity": f.get("severity"),
-                    "title": f.get("title", ""), "file": loc.get("file", ""), "line": loc.get("line", 0)})
+        out.append({"rule": f.get("rule"), "fingerprint": finding_identity(f), "severity": f.get("severity"),
+                    "title": f.get("title", ""), "file": loc.get("file", ""), "line": loc.get("line", 0),
+                    "code": loc.get("code", "")})
     return out
 
 
@@ -160,22 +171,13 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
     steps = (_read_json(run_dir / "steps.json") or {}).get("steps") or []
     report = _read_json(run_dir / "report.json") if (run_dir / "report.json").exists() else {}
     notes: list[str] = []
-    window = meta.get("window") or {}
-    first, last = window.get("first_step"), window.get("last_step")
-    n_total = len(steps)
-    drop = warmup_steps(n_total)
-
-    def in_window(i: int) -> bool:
-        # the step after the window carries the profiler's stop and trace export
-        return first is not None and last is not None and first <= i <= last + 1
-
-    times = [(int(s["i"]), float(s["wall_ms"])) for s in steps if s.get("wall_ms") is not None]
-    steady = [ms for i, ms in times if i > drop and not in_window(i)]
-    if len(steady) < 6 and times:
-        notes.append(f"{run_dir.name}: only {len(steady)} steady-state steps outside the profiler window "
-                     f"and warm-up; using all steps after warm-up (profiler overhead included). "
+    timed = [s for s in steps if s.get("wall_ms") is not None]
+    steady = [float(s["wall_ms"]) for s in steady_steps(timed, meta.get("window"), min_steps=MIN_STEPS)]
+    drop = warmup_steps(len(timed))
+    if timed and len(steady) != len(steady_steps(timed, meta.get("window"), min_steps=0)):
+        notes.append(f"{run_dir.name}: too few steady-state steps outside the profiler window and warm-up; "
+                     f"the gate used {len(steady)} steps that include some of them. "
                      f"Run more steps (--steps) for a cleaner gate.")
-        steady = [ms for i, ms in times if i > min(drop, n_total // 2)]
     median = statistics.median(steady) if steady else None
     if median is None:
         med = ((report.get("summary") or {}).get("step_time_ms") or {}).get("median")
@@ -207,34 +209,36 @@ def record_from_report(report: dict[str, Any], source: str = "") -> RunRecord:
 
 
 def noise_floor(records: list[RunRecord], seed: int = 0) -> dict[str, Any]:
-    """The noise measured at record time (relative, as log-scale standard deviations ~ fractions).
+    """The noise measured at record time, of the value the gate judges (`statistic`: a low
+    quantile of each run's steady steps); relative, as log-scale standard deviations ~ fractions.
 
-    - within_run_rel_se: standard error of one run's median step time, from a circular block
-      bootstrap of its steady-state steps (block length from the autocorrelation; steps within a
-      run are correlated, so an i.i.d. bootstrap would understate it). Mean over runs.
-    - between_run_rel_sd: run-to-run standard deviation of the run medians beyond the within-run
+    - within_run_rel_se: standard error of one run's value, from a circular block bootstrap of its
+      steady-state steps (block length from the autocorrelation; steps within a run are
+      correlated, so an i.i.d. bootstrap would understate it). Mean over runs.
+    - between_run_rel_sd: run-to-run standard deviation of the run values beyond the within-run
       error (needs two or more runs; null with one).
-    - spread: (max - min) / median of the run medians.
-    - single_run_halfwidth: 95% half-width, as a fraction, of one future run's median around the
+    - spread: (max - min) / median of the run values.
+    - single_run_halfwidth: 95% half-width, as a fraction, of one future run's value around the
       truth; a change smaller than about this cannot be told from noise with one run per side.
     """
     rng = random.Random(seed)
-    meds = [r.median_ms for r in records if r.median_ms]
+    vals = [r.gate_ms for r in records if r.gate_ms]
     within = [stats.within_run_log_var(r.step_ms, rng) for r in records]
     known = [v for v in within if v is not None]
     w = sum(known) / len(known) if known else None
-    b = stats.between_run_log_var(meds, within)
+    b = stats.between_run_log_var(vals, within)
     total = (w or 0.0) + (b or 0.0)
     return {
         "runs": len(records),
-        "run_medians_ms": [round(m, 4) for m in meds],
+        "statistic": f"p{round(stats.GATE_QUANTILE * 100)} of the steady-state steps",
+        "run_values_ms": [round(m, 4) for m in vals],
         "within_run_rel_se": None if w is None else round(math.sqrt(w), 6),
         "between_run_rel_sd": None if b is None else round(math.sqrt(b), 6),
-        "spread": round((max(meds) - min(meds)) / statistics.median(meds), 6) if len(meds) > 1 else None,
+        "spread": round((max(vals) - min(vals)) / statistics.median(vals), 6) if len(vals) > 1 else None,
         "single_run_halfwidth": round(math.exp(stats.Z95 * math.sqrt(total)) - 1, 6) if (w is not None or b is not None) else None,
-        "block_lengths": [stats.block_length(r.step_ms) if len(r.step_ms) >= 6 else None for r in records],
-        "method": "median per run; circular block bootstrap within runs (block length from autocorrelation); "
-                  "between-run variance of log run medians less the within-run part",
+        "block_lengths": [stats.block_length(r.step_ms) if len(r.step_ms) >= MIN_STEPS else None for r in records],
+        "method": "a low quantile per run; circular block bootstrap within runs (block length from "
+                  "autocorrelation); between-run variance of log run values less the within-run part",
     }
 
 

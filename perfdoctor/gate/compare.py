@@ -1,7 +1,7 @@
 """Compare current runs against a baseline: a verdict per metric and whether the gate fails.
 
 Verdicts: `regression`, `improvement`, `no-change`, `inconclusive` (the point estimate crosses
-the threshold but the 95% interval does not clear it), `unstable` (the interval is wider than the
+the threshold but the interval does not clear it), `unstable` (the interval is wider than the
 threshold, so a change of that size cannot be told from noise), and `not-comparable` (a different
 environment: the numbers are shown, never judged). Only a regression, or a new finding at or
 above `fail_on`, fails the gate.
@@ -19,13 +19,16 @@ from typing import Any
 
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
-from perfdoctor.gate.baseline import (BASELINE_SCHEMA, IDENTITY_KEYS, Baseline, RunRecord, load_baseline,
+from perfdoctor.gate.baseline import (BASELINE_SCHEMA, IDENTITY_KEYS, MIN_STEPS, Baseline, RunRecord, load_baseline,
                                       record_from_report, record_from_run_dir)
 
 SCHEMA = "perfdoctor/compare/v1"
 SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 COUNTER_SLACK = 0.5  # counts per step: counters are averages over the profiled steps
 MEMORY_SLACK_BYTES = 32 * 2**20  # allocator and RSS granularity
+# The step time's interval: a 90% two-sided interval, so each bound is a one-sided 95% bound
+# (a regression is claimed when the lower bound clears the threshold: a one-sided test at 5%).
+LEVEL = 0.90
 
 
 @dataclass
@@ -35,7 +38,7 @@ class Row:
     baseline: float | None
     current: float | None
     change_pct: float | None
-    ci_pct: tuple[float, float] | None  # 95% interval of the change, in percent
+    ci_pct: tuple[float, float] | None  # LEVEL interval of the change, in percent
     verdict: str
     kind: str  # timing | throughput (derived from timing) | memory | counter
 
@@ -59,6 +62,7 @@ class Comparison:
     baseline_runs: int = 0
     current_runs: int = 0
     failing_findings: list[dict[str, Any]] = field(default_factory=list)
+    findings: list[dict[str, Any]] = field(default_factory=list)  # every finding of the current side
 
     @property
     def verdict(self) -> str:
@@ -66,10 +70,11 @@ class Comparison:
 
     def as_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "verdict": self.verdict, "failed": self.failed, "comparable": self.comparable,
-                "max_regression": self.max_regression, "fail_on": self.fail_on,
+                "max_regression": self.max_regression, "ci_level": LEVEL, "fail_on": self.fail_on,
                 "baseline_runs": self.baseline_runs, "current_runs": self.current_runs,
                 "rows": [r.as_dict() for r in self.rows], "new_findings": self.new_findings,
                 "failing_findings": self.failing_findings, "resolved_findings": self.resolved_findings,
+                "findings": self.findings,
                 "env_differences": self.env_differences, "notes": self.notes}
 
 
@@ -93,27 +98,34 @@ def env_differences(base: dict[str, Any], cur: dict[str, Any]) -> tuple[list[dic
     return diffs, notes
 
 
+def timing_metric() -> str:
+    return f"step time (p{round(stats.GATE_QUANTILE * 100)})"
+
+
 def _timing_row(base: list[RunRecord], cur: list[RunRecord], t: float, between: tuple[float, int] | None,
                 seed: int, notes: list[str]) -> Row:
-    bm = [r.median_ms for r in base if r.median_ms]
-    cm = [r.median_ms for r in cur if r.median_ms]
-    if not bm or not cm:
-        return Row("step time (median)", "ms", statistics.median(bm) if bm else None,
-                   statistics.median(cm) if cm else None, None, None, "inconclusive", "timing")
-    b0, c0 = stats.side_center(bm), stats.side_center(cm)
-    point = c0 / b0
     up, down = 1 + t, 1 / (1 + t)
-    series_ok = all(len(r.step_ms) >= 6 for r in base + cur)
-    if not series_ok:
-        notes.append("no per-step timings on one side: the step time is compared by its point estimate "
+    if not all(len(r.step_ms) >= MIN_STEPS for r in base + cur):
+        # a summary-only side knows its median and nothing else: compare medians, by point only
+        bm = [r.median_ms for r in base if r.median_ms]
+        cm = [r.median_ms for r in cur if r.median_ms]
+        if not bm or not cm:
+            return Row("step time (median)", "ms", stats.side_center(bm) if bm else None,
+                       stats.side_center(cm) if cm else None, None, None, "inconclusive", "timing")
+        b0, c0 = stats.side_center(bm), stats.side_center(cm)
+        point = c0 / b0
+        notes.append("no per-step timings on one side: the median step time is compared by its point estimate "
                      "only, with no confidence interval (compare run folders or baselines for a verdict)")
         verdict = "inconclusive" if (point > up or point < down) else "no-change"
         return Row("step time (median)", "ms", b0, c0, (point - 1) * 100, None, verdict, "timing")
+    metric = timing_metric()
+    b0, c0 = stats.side_center([r.gate_ms for r in base]), stats.side_center([r.gate_ms for r in cur])
     if between is None:
         notes.append("run-to-run noise is unknown (one run on each side): the interval covers the noise "
                      "within a run only; record the baseline with --repeats 3 for an honest interval")
     sigma_b2, df = between or (0.0, 0)
-    point, lo, hi = stats.ratio_interval([r.step_ms for r in base], [r.step_ms for r in cur], sigma_b2, df, seed=seed)
+    point, lo, hi = stats.ratio_interval([r.step_ms for r in base], [r.step_ms for r in cur], sigma_b2, df,
+                                         seed=seed, level=LEVEL)
     halfwidth = math.sqrt(hi / lo) - 1
     if lo > up:
         verdict = "regression"
@@ -126,9 +138,9 @@ def _timing_row(base: list[RunRecord], cur: list[RunRecord], t: float, between: 
     else:
         verdict = "no-change"
     if verdict == "unstable":
-        notes.append(f"the step time is too noisy to judge a {t:.0%} change: its 95% interval spans "
+        notes.append(f"the step time is too noisy to judge a {t:.0%} change: its {LEVEL:.0%} interval spans "
                      f"{(lo - 1) * 100:+.1f}%..{(hi - 1) * 100:+.1f}%; use more steps or --repeats, or a quieter machine")
-    return Row("step time (median)", "ms", b0, c0, (point - 1) * 100, ((lo - 1) * 100, (hi - 1) * 100), verdict, "timing")
+    return Row(metric, "ms", b0, c0, (point - 1) * 100, ((lo - 1) * 100, (hi - 1) * 100), verdict, "timing")
 
 
 def _simple_row(metric: str, unit: str, kind: str, b: float | None, c: float | None, t: float, slack: float) -> Row | None:
@@ -149,8 +161,8 @@ def _sigma_b2(base: list[RunRecord], cur: list[RunRecord], seed: int) -> tuple[f
     rng = random.Random(seed)
     parts = []
     for side in (base, cur):
-        meds = [r.median_ms for r in side if r.median_ms]
-        if len(meds) >= 2 and all(len(r.step_ms) >= 6 for r in side):
+        meds = [r.gate_ms for r in side if r.gate_ms]
+        if len(meds) >= 2 and all(len(r.step_ms) >= MIN_STEPS for r in side):
             v = stats.between_run_log_var(meds, [stats.within_run_log_var(r.step_ms, rng, 500) for r in side])
             if v is not None:
                 parts.append((len(meds) - 1, v))
@@ -222,7 +234,8 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
     failed = bool(regressed) or bool(failing)
     return Comparison(failed=failed, comparable=comparable, rows=rows, new_findings=new, resolved_findings=resolved,
                       notes=notes, env_differences=diffs, max_regression=t, fail_on=fail_on,
-                      baseline_runs=len(base), current_runs=len(cur), failing_findings=failing)
+                      baseline_runs=len(base), current_runs=len(cur), failing_findings=failing,
+                      findings=[f for _, f in sorted(cur_f.items())])
 
 
 def load_side(path: Path | str) -> Baseline | list[RunRecord]:

@@ -74,7 +74,7 @@ def render_comparison(comparison: Any, root: Path | str | None = None, limit: in
                                         "Record a new baseline in this environment.", title="perfdoctor gate: not comparable"))
     for r in c.get("rows") or []:
         if r["verdict"] == "regression":
-            ci = f" (95% CI {r['ci_pct'][0]:+.1f}%..{r['ci_pct'][1]:+.1f}%)" if r.get("ci_pct") else ""
+            ci = f" ({c.get('ci_level', 0.95):.0%} CI {r['ci_pct'][0]:+.1f}%..{r['ci_pct'][1]:+.1f}%)" if r.get("ci_pct") else ""
             lines.append(command("error", f"{r['metric']} regressed {r['change_pct']:+.1f}%{ci}: "
                                           f"{r['baseline']:.4g} -> {r['current']:.4g} {r['unit']}",
                                  title=f"perfdoctor gate: {r['metric']} regression"))

@@ -126,7 +126,7 @@ def render_comparison(comparison: Any) -> str:
     for n in c.get("notes") or []:
         if n.startswith("NOT COMPARABLE"):
             out += [f"> **{n}**", ""]
-    out += ["| Metric | Baseline | Current | Change | 95% CI | Verdict |", "|---|---:|---:|---:|---:|---|"]
+    out += [f"| Metric | Baseline | Current | Change | {c.get('ci_level', 0.95):.0%} CI | Verdict |", "|---|---:|---:|---:|---:|---|"]
     for r in c.get("rows") or []:
         change = "–" if r.get("change_pct") is None else f"{r['change_pct']:+.1f}%"
         ci = "–" if not r.get("ci_pct") else f"{r['ci_pct'][0]:+.1f}% … {r['ci_pct'][1]:+.1f}%"

@@ -88,7 +88,10 @@ def _rule_dicts(rules: Iterable[Any] | None) -> list[dict[str, Any]]:
     return [_as_dict(r) for r in rules]
 
 
-def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> dict[str, Any]:
+def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None,
+             comparison: Any = None) -> dict[str, Any]:
+    """SARIF of a report's findings. With the gate's `comparison`, each result says whether it is
+    new since the baseline (`baselineState`), and the run's property bag carries the verdict."""
     r = _as_dict(report)
     root_path = Path(root) if root is not None else Path(os.environ.get("GITHUB_WORKSPACE") or os.getcwd())
     by_id = {d["id"]: d for d in _rule_dicts(rules)}
@@ -133,10 +136,33 @@ def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str |
     run: dict[str, Any] = {"tool": {"driver": {"name": "perfdoctor", "version": __version__, "semanticVersion": __version__,
                                                "informationUri": INFO_URI, "rules": descriptors}},
                            "results": results, "columnKind": "unicodeCodePoints"}
+    if comparison is not None:
+        from perfdoctor.gate.baseline import finding_identity
+
+        c = _as_dict(comparison)
+        new = {f["fingerprint"] for f in c.get("new_findings") or []}
+        for res, f in zip(results, findings):
+            res["baselineState"] = "new" if finding_identity(f) in new else "unchanged"
+        run["properties"] = {"perfdoctorGate": {k: c.get(k) for k in ("verdict", "failed", "max_regression", "ci_level",
+                                                                      "rows", "resolved_findings", "notes")}}
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
 
 
-def render(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> str:
+def comparison_findings(comparison: Any) -> dict[str, Any]:
+    """A report-shaped dict of the current side's findings in a comparison (which keeps each
+    finding's rule, severity, title, file, line and code), for `to_sarif`."""
+    c = _as_dict(comparison)
+    return {"findings": [{"rule": f["rule"], "title": f.get("title") or f["rule"], "severity": f.get("severity") or "medium",
+                          "locations": [{"file": f["file"], "line": f.get("line") or 0, "code": f.get("code") or ""}]
+                          if f.get("file") else [], "fingerprint": f.get("fingerprint")}
+                         for f in c.get("findings") or []]}
+
+
+def render(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None,
+           comparison: Any = None) -> str:
     """SARIF 2.1.0 text. `rules`: rule objects or dicts (id, name, severity, summary, doc{what,
-    why, example, use_instead, fix_safety, references}); None loads perfdoctor's rule catalog."""
-    return json.dumps(to_sarif(report, rules, root), indent=2, ensure_ascii=False) + "\n"
+    why, example, use_instead, fix_safety, references}); None loads perfdoctor's rule catalog.
+    `report` None with a `comparison`: the current side's findings as the comparison keeps them."""
+    if report is None:
+        report = comparison_findings(comparison)
+    return json.dumps(to_sarif(report, rules, root, comparison), indent=2, ensure_ascii=False) + "\n"

@@ -181,7 +181,7 @@ def render_comparison(c: dict[str, Any], console: Console) -> None:
                     f"{c.get('baseline_runs')} baseline run(s) vs {c.get('current_runs')})",
               title_justify="left", title_style=style, show_edge=False)
     for col, just in (("metric", "left"), ("baseline", "right"), ("current", "right"), ("change", "right"),
-                      ("95% CI", "right"), ("verdict", "left")):
+                      (f"{c.get('ci_level', 0.95):.0%} CI", "right"), ("verdict", "left")):
         t.add_column(col, justify=just)
     for r in c.get("rows", []):
         ci = r.get("ci_pct")

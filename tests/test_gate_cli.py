@@ -1,0 +1,83 @@
+"""The CI gate end to end through the CLI: record a baseline of a steady script, then gate the
+unchanged script (passes) and the script slowed by a per-step delay from an environment variable
+(fails with exit 1), with the CI-native outputs. Thresholds are wide (40%) and the delay large
+(2x) so the verdicts hold on a loaded CI machine; benchmarks/gate_reliability.py measures the
+gate at 10% against a 15% slowdown."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from conftest import REPO, run_cli
+
+SCRIPT = REPO / "benchmarks" / "steady_train.py"
+STEPS = "60"
+SARIF_SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-2.1.0.json").read_text())
+
+
+def _env(delay: float) -> dict:
+    return {"PERFDOCTOR_BENCH_DELAY_FRACTION": str(delay), "PERFDOCTOR_BENCH_STEPS": "100000"}
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("gate")
+    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--save-baseline", str(d / "base.json"),
+                "--out-dir", str(d / "base-runs"), "--format", "json", "--output", str(d / "report.json"),
+                env=_env(0), cwd=d)
+    assert p.returncode == 0, p.stderr
+    return d / "base.json"
+
+
+def test_save_baseline_records_three_runs_by_default(baseline: Path) -> None:
+    data = json.loads(baseline.read_text())
+    assert data["schema"] == "perfdoctor/baseline/v1" and len(data["runs"]) == 3
+    assert sorted(p.name for p in (baseline.parent / "base-runs").iterdir()) == ["repeat-1", "repeat-2", "repeat-3"]
+    assert data["environment"]["script"] == "steady_train.py"
+    assert all(len(r["step_ms"]) >= 30 for r in data["runs"])  # 60 steps less warm-up and the profiled window
+    assert data["noise"]["statistic"].startswith("p10") and data["noise"]["between_run_rel_sd"] is not None
+    assert data["summary"]["counters"]["ops.calls_per_step"] > 0
+
+
+def test_unchanged_script_passes_and_writes_the_step_summary(baseline: Path, tmp_path: Path) -> None:
+    summary = tmp_path / "summary.md"
+    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--baseline", str(baseline), "--repeats", "1",
+                "--max-regression", "40%", "--format", "markdown", "--output", str(tmp_path / "gate.md"),
+                "--out-dir", str(tmp_path / "runs"), env={**_env(0), "GITHUB_STEP_SUMMARY": str(summary)}, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr + (tmp_path / "gate.md").read_text()
+    md = (tmp_path / "gate.md").read_text()
+    assert "✅ perfdoctor gate: passed" in md and "| step time (p10) |" in md
+    assert "✅ perfdoctor gate: passed" in summary.read_text()
+
+
+def test_slowed_script_fails_the_gate(baseline: Path, tmp_path: Path) -> None:
+    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--baseline", str(baseline), "--repeats", "2",
+                "--max-regression", "40%", "--format", "github", "--save-baseline", str(tmp_path / "slow.json"),
+                "--out-dir", str(tmp_path / "runs"), env=_env(1.0), cwd=tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "::error title=perfdoctor gate%3A step time (p10) regression::step time (p10) regressed +" in p.stdout
+    assert p.stdout.rstrip().splitlines()[-1].startswith("::error::perfdoctor gate failed")
+
+    # the two saved baselines compared offline: same verdict, and SARIF for code scanning
+    c = run_cli("compare", str(baseline), str(tmp_path / "slow.json"), "--max-regression", "40%",
+                "--format", "json", cwd=tmp_path)
+    assert c.returncode == 1, c.stderr
+    doc = json.loads(c.stdout)
+    assert doc["verdict"] == "failed" and doc["rows"][0]["verdict"] == "regression"
+    assert 60 < doc["rows"][0]["change_pct"] < 160  # the delay doubles each step
+    s = run_cli("compare", str(baseline), str(tmp_path / "slow.json"), "--max-regression", "40%",
+                "--format", "sarif", "--output", str(tmp_path / "gate.sarif"), cwd=tmp_path)
+    assert s.returncode == 1 and s.stderr.strip() == "", s.stderr
+    sarif = json.loads((tmp_path / "gate.sarif").read_text())
+    jsonschema.Draft4Validator(SARIF_SCHEMA).validate(sarif)
+    assert sarif["runs"][0]["properties"]["perfdoctorGate"]["verdict"] == "failed"
+
+
+def test_missing_baseline_is_one_line_exit_2(tmp_path: Path) -> None:
+    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--baseline", str(tmp_path / "nope.json"), env=_env(0), cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "nope.json" in p.stderr
+    assert not (tmp_path / ".perfdoctor").exists()  # it failed before running anything
