@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
