@@ -67,7 +67,8 @@ class Recorder:
         self.run_dir = run_dir
         self.steps_limit = steps_limit
         self.window_cfg = window
-        self.window = Window(torch, run_dir, *window)
+        self.worker_iters: weakref.WeakSet = weakref.WeakSet()  # live multi-process DataLoader iterators
+        self.window = Window(torch, run_dir, *window, worker_pids=self._worker_pids)
         self.pid = os.getpid()
         self.main_ident = threading.get_ident()
         self.pc = time.perf_counter
@@ -104,6 +105,18 @@ class Recorder:
         self._flushed = 0
         self._last_flush = self.t0
         self._real_exit = os._exit
+
+    def _worker_pids(self) -> list[int]:
+        """PIDs of the DataLoader worker processes alive now (py-spy samples them in the window)."""
+        pids = []
+        for it in list(self.worker_iters):
+            for w in getattr(it, "_workers", None) or []:
+                try:
+                    if w.is_alive() and w.pid:
+                        pids.append(int(w.pid))
+                except Exception:  # noqa: BLE001 - a worker that is going away
+                    pass
+        return sorted(set(pids))
 
     # -- errors ---------------------------------------------------------------------------------
     def _err(self, where: str, e: BaseException) -> None:
@@ -205,6 +218,8 @@ class Recorder:
             it = orig_iter(loader)
             try:
                 it._pd_rec = loader.__dict__.get("_pd_rec")
+                if getattr(it, "_workers", None):
+                    rec.worker_iters.add(it)
             except Exception:  # noqa: BLE001
                 pass
             return it
@@ -492,7 +507,7 @@ class Recorder:
             self.window._abort()
             for f in ("trace.json.gz", "hotspots.json", "profile.pstats"):
                 (self.run_dir / f).unlink(missing_ok=True)
-        self.window = Window(self.torch, self.run_dir, *self.window_cfg)
+        self.window = Window(self.torch, self.run_dir, *self.window_cfg, worker_pids=self._worker_pids)
         self.holders.cands.clear()
 
     def _mem(self) -> int | None:

@@ -19,9 +19,10 @@ import sys
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from perfdoctor.capture.sites import is_user_file
+from perfdoctor.capture.workers import WorkerSampler
 
 DEFAULT = (5, 3, 5)  # skip, warmup (cProfile and the line sampler run here), active (the trace)
 
@@ -93,9 +94,13 @@ class Sampler(threading.Thread):
 
 
 class Window:
-    def __init__(self, torch: Any, run_dir: Path, skip: int, warmup: int, active: int):
+    def __init__(self, torch: Any, run_dir: Path, skip: int, warmup: int, active: int,
+                 worker_pids: Callable[[], list[int]] = list):
         self.torch = torch
         self.run_dir = run_dir
+        self.worker_pids = worker_pids  # the live DataLoader worker processes, asked when the window opens
+        self.workers: WorkerSampler | None = None
+        self.worker_data: dict[str, Any] | None = None
         self.skip, self.warmup, self.active = skip, warmup, active
         self.first_step = skip + warmup + 1
         self.last_step = skip + warmup + active
@@ -171,6 +176,10 @@ class Window:
         sys.setswitchinterval(0.0005)
         self.sampler = Sampler(self.main_ident)
         self.sampler.start()
+        pids = self.worker_pids()
+        if pids:
+            self.workers = WorkerSampler(self.run_dir)
+            self.workers.start(pids)
         self.cprof = cProfile.Profile()
         self.cprof.enable()
 
@@ -180,6 +189,9 @@ class Window:
         if self.sampler is not None and self.sampler.is_alive():
             self.sampler.stop()
             sys.setswitchinterval(self._switch)
+        if self.workers is not None:
+            workers, self.workers = self.workers, None
+            self.worker_data = workers.stop()
 
     def _stop_profiler(self) -> None:
         prof, self.prof = self.prof, None
@@ -234,7 +246,10 @@ class Window:
             for (fn, line), n in sorted(s.counts.items(), key=lambda kv: -kv[1])[:300]:
                 lines.append({"file": os.path.abspath(fn), "line": line, "samples": n})
         data = {"functions": funcs[:100], "lines": lines, "samples": s.samples if s else 0,
-                "sample_interval_s": s.interval if s else None, "steps": self.python_steps}
+                "sample_interval_s": s.interval if s else None, "steps": self.python_steps,
+                # py-spy ran through the whole window: its warm-up and recorded steps
+                "workers": None if self.worker_data is None else {**self.worker_data,
+                                                                   "steps": self.recorded + (self.python_steps if self.warmup else 0)}}
         (self.run_dir / "hotspots.json").write_text(json.dumps(data, indent=1))
 
     def meta(self) -> dict[str, Any]:

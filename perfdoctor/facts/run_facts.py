@@ -154,6 +154,45 @@ def _function_end(file: str, line: int) -> int | None:
     return None
 
 
+def _enclosing_function(file: str, line: int) -> tuple[int, int] | None:
+    """(def line, end line) of the innermost function around `line` in `file`."""
+    try:
+        tree = ast.parse("".join(linecache.getlines(file)))
+    except (SyntaxError, ValueError):
+        return None
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or 0):
+            if best is None or node.lineno > best[0]:
+                best = (node.lineno, node.end_lineno or node.lineno)
+    return best
+
+
+def worker_hotspots(workers: dict | None) -> list[Hotspot]:
+    """User functions in the DataLoader worker processes (py-spy samples through the window), by
+    worker CPU time per step summed over the workers, with their hot lines."""
+    if not workers or not workers.get("samples") or not workers.get("steps"):
+        return []
+    per_sample_ms = 1000.0 / (workers.get("rate_hz") or 100) / workers["steps"]
+    groups: dict[tuple[str, str, int], list[dict]] = {}
+    for x in workers.get("lines") or []:
+        span = _enclosing_function(x["file"], x["line"])
+        start = span[0] if span else x["line"]
+        groups.setdefault((x["file"], x["function"], start), []).append(x)
+    out = []
+    for (file, func, start), rows in groups.items():
+        total = sum(x["samples"] for x in rows)
+        h = Hotspot(function=func, file=file, line=start, ms_per_step=total * per_sample_ms, calls_per_step=0.0,
+                    process="dataloader-workers")
+        for x in sorted(rows, key=lambda x: -x["samples"])[:5]:
+            if x["samples"] / total >= 0.05:
+                h.lines.append({"line": x["line"], "code": linecache.getline(file, x["line"]).strip(),
+                                "share": round(x["samples"] / total, 3), "samples": x["samples"]})
+        out.append(h)
+    out.sort(key=lambda h: -h.ms_per_step)
+    return [h for h in out if h.ms_per_step >= 0.01][:5]
+
+
 def _hotspots(hs: dict) -> list[Hotspot]:
     """User functions by time per profiled step (cProfile records no frame entered before it was
     enabled, so the training loop and `main` do not appear), with their hot lines."""
@@ -359,5 +398,9 @@ def load_run(run_dir: Path) -> RunData:
     users = [Path(p) for p in meta.get("user_files") or []]
     if not users and meta.get("script"):
         users = [Path(meta["script"])]
-    return RunData(meta=meta, facts=facts, summary=summary, hotspots=_hotspots(hs), notes=notes,
+    workers = hs.get("workers")
+    if workers and workers.get("error"):
+        notes.append(f"py-spy could not sample every DataLoader worker ({workers['error']}); "
+                     f"hot spots in the workers are {'partial' if workers.get('samples') else 'missing'}")
+    return RunData(meta=meta, facts=facts, summary=summary, hotspots=_hotspots(hs) + worker_hotspots(workers), notes=notes,
                    user_files=[p for p in users if p.is_file()], trace_path=trace if trace.exists() else None)

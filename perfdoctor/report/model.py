@@ -86,11 +86,12 @@ class Hotspot:
     ms_per_step: float
     calls_per_step: float
     lines: list[dict[str, Any]] = field(default_factory=list)  # [{"line": n, "code": s, "share": f}]
+    process: str = "main"  # "main" (cProfile and the line sampler) or "dataloader-workers" (py-spy)
 
     def as_dict(self) -> dict[str, Any]:
         return {"function": self.function, "file": self.file, "line": self.line,
                 "ms_per_step": round(self.ms_per_step, 3), "calls_per_step": round(self.calls_per_step, 2),
-                "lines": self.lines}
+                "lines": self.lines, "process": self.process}
 
 
 @dataclass

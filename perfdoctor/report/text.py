@@ -149,9 +149,12 @@ def render(report: Report, console: Console) -> None:
         t.add_column("where")
         t.add_column("ms/step", justify="right")
         t.add_column("hot lines")
-        for h in report.hotspots[:8]:
+        main = [h for h in report.hotspots if h.process == "main"]
+        workers = [h for h in report.hotspots if h.process != "main"]
+        for h in main[:8] + workers[:4]:
             lines = "\n".join(f"{l['line']}: {l.get('code', '')[:48]} ({l.get('share', 0):.0%})" for l in h.lines[:3])
-            t.add_row(h.function, f"{_short(h.file)}:{h.line}", f"{h.ms_per_step:.2f}", lines)
+            name = f"{h.function} [DataLoader workers]" if h.process == "dataloader-workers" else h.function
+            t.add_row(name, f"{_short(h.file)}:{h.line}", f"{h.ms_per_step:.2f}", lines)
         console.print(t)
     for n in report.notes:
         console.print(Text(f"note: {n}", style="dim"))

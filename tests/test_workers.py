@@ -1,0 +1,92 @@
+"""py-spy on DataLoader workers: parsing its collapsed stacks, hot spots per worker function, and a
+real run whose slow `__getitem__` runs only in worker processes."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from perfdoctor.capture.workers import find_py_spy, parse_collapsed
+from perfdoctor.facts.run_facts import worker_hotspots
+
+DATASET = textwrap.dedent("""\
+    import math
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset
+
+
+    class SlowDataset(Dataset):
+        def __len__(self):
+            return 100000
+
+        def __getitem__(self, i):
+            s = 0.0
+            for k in range(4000):
+                s += math.sin(k * i)
+            return torch.randn(32) + s * 0, i % 10
+
+
+    def main():
+        model = nn.Linear(32, 10)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(SlowDataset(), batch_size=16, num_workers=2)
+        for x, y in loader:
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+
+
+    if __name__ == "__main__":
+        main()
+""")
+
+
+def test_parse_collapsed_keeps_the_innermost_user_frame(tmp_path: Path) -> None:
+    user = str(tmp_path / "my data" / "ds.py")  # a space in the path
+    raw = "\n".join([
+        f"_worker_loop (/venv/torch/utils/data/_utils/worker.py:308);fetch (/venv/torch/fetch.py:52);"
+        f"__getitem__ ({user}:12);transform ({user}:30);sin (/usr/lib/python3.11/math.py:1) 40",
+        f"_worker_loop (/venv/torch/utils/data/_utils/worker.py:308);__getitem__ ({user}:13) 10",
+        "_worker_loop (/venv/torch/utils/data/_utils/worker.py:308);get (/usr/lib/python3.11/queues.py:100) 5",
+        "garbage line",
+    ])
+    out = parse_collapsed(raw, is_user=lambda f: f == user)
+    assert out["samples"] == 55 and out["other_samples"] == 5
+    assert out["lines"] == [{"file": user, "line": 30, "function": "transform", "samples": 40},
+                            {"file": user, "line": 13, "function": "__getitem__", "samples": 10}]
+
+
+def test_worker_hotspots_group_lines_by_function(tmp_path: Path) -> None:
+    src = tmp_path / "ds.py"
+    src.write_text("class D:\n    def __getitem__(self, i):\n        a = slow(i)\n        b = fast(i)\n        return a + b\n")
+    workers = {"rate_hz": 200, "steps": 10, "samples": 100, "other_samples": 20,
+               "lines": [{"file": str(src), "line": 3, "function": "D.__getitem__", "samples": 60},
+                         {"file": str(src), "line": 4, "function": "D.__getitem__", "samples": 20}]}
+    (h,) = worker_hotspots(workers)
+    assert h.process == "dataloader-workers" and h.function == "D.__getitem__" and h.line == 2
+    assert h.ms_per_step == pytest.approx(80 * 5.0 / 10)  # 80 samples of 5 ms over 10 steps
+    assert [(l["line"], l["share"]) for l in h.lines] == [(3, 0.75), (4, 0.25)]
+    assert h.lines[0]["code"] == "a = slow(i)"
+    assert worker_hotspots(None) == [] and worker_hotspots({**workers, "samples": 0}) == []
+
+
+@pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
+def test_run_finds_the_slow_getitem_in_the_workers(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(DATASET)
+    p = run_cli("run", "train.py", "--steps", "30", "--format", "json", "--out-dir", "run", cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    workers = json.loads((tmp_path / "run" / "hotspots.json").read_text())["workers"]
+    if workers.get("error") and not workers.get("samples"):
+        if any(w in workers["error"] for w in ("ermission", "not permitted", "ptrace")):
+            pytest.skip(f"py-spy may not attach here: {workers['error']}")
+    assert len(workers["pids"]) == 2 and workers["samples"] >= 10, workers
+    report = json.loads(p.stdout)
+    hot = [h for h in report["hotspots"] if h["process"] == "dataloader-workers"]
+    assert hot and hot[0]["function"].endswith("__getitem__") and hot[0]["file"].endswith("train.py"), hot
+    assert hot[0]["line"] == 11 and {l["line"] for l in hot[0]["lines"]} <= {12, 13, 14, 15}
+    assert not (tmp_path / "run" / "py-spy").exists()  # its scratch files are gone
