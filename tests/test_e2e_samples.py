@@ -16,7 +16,7 @@ import pytest
 
 from conftest import SAMPLES, expected_findings, run_cli
 
-PD_RULES = {f"PD00{i}" for i in range(1, 8)} | {"PD013"}
+PD_RULES = {f"PD00{i}" for i in range(1, 8)} | {"PD013", "PD014"}
 STEPS = 25
 
 PROBLEMS = [
@@ -30,6 +30,7 @@ PROBLEMS = [
     "pd006_running_sum.py",
     "pd007_fp32_without_amp.py",
     "pd013_anomaly_detection.py",
+    "pd014_slow_dataset.py",
 ]
 FIXED = sorted(p.name for p in SAMPLES.glob("pd0*_fixed.py")) + ["clean.py"]
 USES_AUTOCAST = {"pd007_fp32_without_amp_fixed.py", "clean.py"}

@@ -53,10 +53,13 @@ def test_parse_collapsed_keeps_the_innermost_user_frame(tmp_path: Path) -> None:
         f"__getitem__ ({user}:12);transform ({user}:30);sin (/usr/lib/python3.11/math.py:1) 40",
         f"_worker_loop (/venv/torch/utils/data/_utils/worker.py:308);__getitem__ ({user}:13) 10",
         "_worker_loop (/venv/torch/utils/data/_utils/worker.py:308);get (/usr/lib/python3.11/queues.py:100) 5",
+        # a forked worker's stack begins with the parent's training loop: that is not worker work
+        f"main ({user}:80);_bootstrap (/usr/lib/python3.11/multiprocessing/process.py:314);"
+        f"_worker_loop (/venv/torch/utils/data/_utils/worker.py:308);put (/usr/lib/python3.11/queues.py:90) 7",
         "garbage line",
     ])
     out = parse_collapsed(raw, is_user=lambda f: f == user)
-    assert out["samples"] == 55 and out["other_samples"] == 5
+    assert out["samples"] == 62 and out["other_samples"] == 12
     assert out["lines"] == [{"file": user, "line": 30, "function": "transform", "samples": 40},
                             {"file": user, "line": 13, "function": "__getitem__", "samples": 10}]
 
@@ -89,4 +92,5 @@ def test_run_finds_the_slow_getitem_in_the_workers(tmp_path: Path) -> None:
     hot = [h for h in report["hotspots"] if h["process"] == "dataloader-workers"]
     assert hot and hot[0]["function"].endswith("__getitem__") and hot[0]["file"].endswith("train.py"), hot
     assert hot[0]["line"] == 11 and {l["line"] for l in hot[0]["lines"]} <= {12, 13, 14, 15}
+    assert all(h["function"] != "main" for h in hot)  # the parent's frames above a forked worker's loop
     assert not (tmp_path / "run" / "py-spy").exists()  # its scratch files are gone

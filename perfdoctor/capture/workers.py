@@ -24,6 +24,7 @@ from typing import Any, Callable
 from perfdoctor.capture.sites import is_user_file
 
 RATE_HZ = 200
+WORKER_LOOP = "_worker_loop ("  # torch.utils.data._utils.worker._worker_loop, each worker's main loop
 # a py-spy frame in --format raw: "function (file:line)"; the file may itself hold spaces or colons
 FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*):(?P<line>\d+)\)$")
 
@@ -47,7 +48,14 @@ def parse_collapsed(text: str, is_user: Callable[[str], bool] = is_user_file) ->
             continue
         n = int(count)
         total += n
-        for frame in reversed(stack.split(";")):
+        frames = stack.split(";")
+        # a forked worker's stack starts with the parent's frames (the training loop that created
+        # it) down to torch's worker loop: only what runs inside that loop is the worker's work
+        for k in range(len(frames) - 1, -1, -1):
+            if frames[k].startswith(WORKER_LOOP):
+                frames = frames[k + 1:]
+                break
+        for frame in reversed(frames):
             m = FRAME.match(frame)
             if m and is_user(m["file"]):
                 lines[(os.path.abspath(m["file"]), int(m["line"]), m["func"])] += n
@@ -76,7 +84,7 @@ class WorkerSampler:
             out = self.dir / f"worker-{pid}.txt"
             try:
                 p = subprocess.Popen([self.exe, "record", "--pid", str(pid), "--rate", str(RATE_HZ), "--format", "raw",
-                                      "--output", str(out), "--nonblocking"],
+                                      "--output", str(out), "--nonblocking", "--full-filenames"],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             except OSError as e:
                 self.error = f"py-spy did not start: {e}"

@@ -49,7 +49,7 @@ class Fact:
 class Subject:
     """One thing in the user's program that rules judge: a DataLoader, a call site, a holder."""
 
-    kind: str  # "dataloader", "dataparallel", "empty_cache", "cpu_to_device", "loss_holder", "model"
+    kind: str  # "dataloader", "dataparallel", "empty_cache", "cpu_to_device", "loss_holder", "model", "worker_hotspot", ...
     key: str  # stable identity within a run, e.g. "train.py:42"
     facts: dict[str, Fact] = field(default_factory=dict)
     locations: list[Location] = field(default_factory=list)

@@ -399,8 +399,28 @@ def load_run(run_dir: Path) -> RunData:
     if not users and meta.get("script"):
         users = [Path(meta["script"])]
     workers = hs.get("workers")
+    worker_hot = worker_hotspots(workers)
+    if worker_hot and worker_hot[0].lines:
+        # the hottest user function in the DataLoader workers, located at its hottest line
+        h, top = worker_hot[0], worker_hot[0].lines[0]
+        s = facts.subject("worker_hotspot", f"{h.file}:{top['line']}")
+        s.locations.append(Location(h.file, top["line"], top.get("code", ""), h.function))
+        s.add("function", h.function)
+        s.add("ms_per_step", h.ms_per_step, "ms", detail="worker CPU time per step in this function, summed over "
+              f"the workers (py-spy, {workers.get('rate_hz')} Hz, {workers.get('steps')} profiled steps)")
+        all_ms = workers["samples"] * 1000.0 / (workers.get("rate_hz") or 100) / workers["steps"]
+        s.add("share", h.ms_per_step / all_ms, "ratio", detail="of all the workers' sampled time")
+        n_workers = len(workers.get("pids") or [])
+        s.add("workers", n_workers, "count")
+        # py-spy samples only running threads (not a worker blocked on a full queue), so samples
+        # over what the window's wall time allows say how saturated the workers were
+        skip, last = int(window.get("skip") or 0), window.get("last_step")
+        window_s = sum(x["wall_ms"] for x in steps if last is not None and skip < x["i"] <= int(last)) / 1000
+        if window_s > 0 and n_workers:
+            s.add("busy", min(1.0, workers["samples"] / ((workers.get("rate_hz") or 100) * window_s * n_workers)),
+                  "ratio", detail=f"sampled running time of the workers over the window's {window_s:.2f} s")
     if workers and workers.get("error"):
         notes.append(f"py-spy could not sample every DataLoader worker ({workers['error']}); "
                      f"hot spots in the workers are {'partial' if workers.get('samples') else 'missing'}")
-    return RunData(meta=meta, facts=facts, summary=summary, hotspots=_hotspots(hs) + worker_hotspots(workers), notes=notes,
+    return RunData(meta=meta, facts=facts, summary=summary, hotspots=_hotspots(hs) + worker_hot, notes=notes,
                    user_files=[p for p in users if p.is_file()], trace_path=trace if trace.exists() else None)
