@@ -26,7 +26,7 @@ DATASET = textwrap.dedent("""\
 
         def __getitem__(self, i):
             s = 0.0
-            for k in range(4000):
+            for k in range(30000):
                 s += math.sin(k * i)
             return torch.randn(32) + s * 0, i % 10
 
