@@ -31,7 +31,7 @@ from perfdoctor.facts.run_facts import quantile
 
 Z95 = 1.959963984540054
 N_BOOT = 2000
-# The quantile of a run's steady steps that the gate judges (see `quantile`).
+# The quantile of a run's steady steps that the gate judges (why p10: the module docstring).
 GATE_QUANTILE = 0.10
 
 
