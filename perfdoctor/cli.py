@@ -243,6 +243,12 @@ def run(
             if save_baseline is not None:
                 save(records, save_baseline)
                 sys.stderr.write(f"perfdoctor: baseline of {len(records)} run(s) saved to {save_baseline}\n")
+                from perfdoctor.gate.baseline import slow_outlier_runs
+
+                for n, frac in slow_outlier_runs(records, threshold / 2):
+                    sys.stderr.write(f"perfdoctor: warning: run {n} of {len(records)} was {frac:.0%} slower than the "
+                                     f"others, even in its fastest steps: another job may have held the machine. "
+                                     f"Gates against this baseline will be less decisive; record it again.\n")
             if base is not None:
                 from perfdoctor.gate.compare import compare
 

@@ -15,6 +15,7 @@ from perfdoctor.errors import InputError
 from perfdoctor.gate import (BASELINE_SCHEMA, RunRecord, compare, compare_files, load_baseline, noise_floor,
                              record_from_run_dir, save_baseline, warmup_steps)
 from perfdoctor.gate import stats
+from perfdoctor.gate.baseline import slow_outlier_runs
 
 ENV = {"python": "3.11.7", "torch": "2.13.0", "platform": "Linux", "cpu_count": 2, "cpu_model": "Xeon",
        "device": "cpu", "device_name": "cpu", "device_count": 0}
@@ -305,3 +306,13 @@ def test_gate_imports_neither_torch_nor_numpy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1]).stdout.split()
     assert out == ["False", "False"]
+
+
+def test_slow_outlier_runs_are_named():
+    rng = random.Random(8)
+    base = runs(4, 100, 20.0, rng, rel_sd=0.02, phi=0.3, run_sd=0.005)
+    assert slow_outlier_runs(base, 0.05) == []
+    base.insert(1, rec([v * 1.2 for v in ar1(100, 20.0, 0.02, 0.3, rng, 0.005)]))
+    (hit,) = slow_outlier_runs(base, 0.05)
+    assert hit[0] == 2 and 0.15 < hit[1] < 0.25
+    assert slow_outlier_runs(base[:2], 0.05) == []  # two runs cannot say which one is off

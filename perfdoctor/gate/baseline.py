@@ -278,6 +278,21 @@ def baseline_dict(records: list[RunRecord], seed: int = 0) -> dict[str, Any]:
     }
 
 
+def slow_outlier_runs(records: list[RunRecord], margin: float) -> list[tuple[int, float]]:
+    """(1-based run number, fraction above the others' median) of runs whose judged value lies
+    more than `margin` above the median of the other runs: something outside the script (another
+    job) likely held the machine for most of that run. Needs three runs or more to say."""
+    vals = [r.gate_ms for r in records]
+    if len(vals) < 3 or any(v is None for v in vals):
+        return []
+    out = []
+    for i, v in enumerate(vals):
+        others = statistics.median(vals[:i] + vals[i + 1:])
+        if v > others * (1 + margin):
+            out.append((i + 1, v / others - 1))
+    return out
+
+
 def save_baseline(records: list[RunRecord], path: Path | str, seed: int = 0) -> dict[str, Any]:
     """Write a baseline file (sorted keys, indent 2: one number per line, readable in a diff)."""
     data = baseline_dict(records, seed)
