@@ -38,8 +38,9 @@ def find_py_spy() -> str | None:
 
 
 def parse_collapsed(text: str, is_user: Callable[[str], bool] = is_user_file) -> dict[str, Any]:
-    """Samples per innermost user frame (file, line, function) from py-spy's raw output. A stack
-    with no user frame (the worker's own loop, pickling, torch's collate) counts as `other`."""
+    """Samples per innermost user frame (file, line, function) from py-spy's raw output (one or
+    several processes' outputs, concatenated). A stack with no user frame (the worker's own loop,
+    pickling, torch's collate) counts as `other`."""
     lines: Counter[tuple[str, int, str]] = Counter()
     total = other = 0
     for row in text.splitlines():
@@ -98,9 +99,7 @@ class WorkerSampler:
         for _, p, _ in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
-        merged = {"samples": 0, "other_samples": 0}
-        lines: Counter[tuple[str, int, str]] = Counter()
-        errors = []
+        texts, errors = [], []
         for pid, p, out in self.procs:
             try:
                 _, err = p.communicate(timeout=10)
@@ -111,13 +110,8 @@ class WorkerSampler:
             if not text:
                 msg = (err or b"").decode(errors="replace").strip().splitlines()
                 errors.append(f"worker {pid}: " + (msg[-1] if msg else f"py-spy exited {p.returncode} with no samples"))
-                continue
-            part = parse_collapsed(text)
-            merged["samples"] += part["samples"]
-            merged["other_samples"] += part["other_samples"]
-            for x in part["lines"]:
-                lines[(x["file"], x["line"], x["function"])] += x["samples"]
+            texts.append(text)
         shutil.rmtree(self.dir, ignore_errors=True)
-        return {"pids": [pid for pid, _, _ in self.procs], "rate_hz": RATE_HZ, **merged,
-                "lines": [{"file": f, "line": ln, "function": fn, "samples": n} for (f, ln, fn), n in lines.most_common(300)],
+        # collapsed stacks add up line by line: the workers' outputs together are their merged samples
+        return {"pids": [pid for pid, _, _ in self.procs], "rate_hz": RATE_HZ, **parse_collapsed("\n".join(texts)),
                 "error": "; ".join(errors) if errors else None}

@@ -143,29 +143,32 @@ def _subject(facts: Facts, kind: str, site: dict | None):
     return s
 
 
-def _function_end(file: str, line: int) -> int | None:
+def _function_spans(file: str) -> list[tuple[int, int, int]]:
+    """(def line, first body line, end line) of every function in `file`, outer ones first."""
     try:
         tree = ast.parse("".join(linecache.getlines(file)))
     except (SyntaxError, ValueError):
-        return None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= node.body[0].lineno:
-            return node.end_lineno
-    return None
+        return []
+    return [(n.lineno, n.body[0].lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
-def _enclosing_function(file: str, line: int) -> tuple[int, int] | None:
-    """(def line, end line) of the innermost function around `line` in `file`."""
-    try:
-        tree = ast.parse("".join(linecache.getlines(file)))
-    except (SyntaxError, ValueError):
-        return None
-    best = None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.lineno <= line <= (node.end_lineno or 0):
-            if best is None or node.lineno > best[0]:
-                best = (node.lineno, node.end_lineno or node.lineno)
-    return best
+def _function_end(spans: list[tuple[int, int, int]], def_line: int) -> int | None:
+    """The end line of the function whose header holds `def_line` (cProfile's first line)."""
+    return next((end for start, body, end in spans if start <= def_line <= body), None)
+
+
+def _enclosing_start(spans: list[tuple[int, int, int]], line: int) -> int | None:
+    """The def line of the innermost function around `line`."""
+    return max((start for start, _, end in spans if start <= line <= end), default=None)
+
+
+def _hot_lines(file: str, rows: list[dict]) -> list[dict[str, Any]]:
+    """A function's hottest lines (up to 5, each at least 5% of its samples) with their code."""
+    total = sum(x["samples"] for x in rows)
+    return [{"line": x["line"], "code": linecache.getline(file, x["line"]).strip(),
+             "share": round(x["samples"] / total, 3), "samples": x["samples"]}
+            for x in sorted(rows, key=lambda x: -x["samples"])[:5] if x["samples"] / total >= 0.05]
 
 
 def worker_hotspots(workers: dict | None) -> list[Hotspot]:
@@ -174,23 +177,42 @@ def worker_hotspots(workers: dict | None) -> list[Hotspot]:
     if not workers or not workers.get("samples") or not workers.get("steps"):
         return []
     per_sample_ms = 1000.0 / (workers.get("rate_hz") or 100) / workers["steps"]
+    spans: dict[str, list[tuple[int, int, int]]] = {}  # each file parsed once
     groups: dict[tuple[str, str, int], list[dict]] = {}
     for x in workers.get("lines") or []:
-        span = _enclosing_function(x["file"], x["line"])
-        start = span[0] if span else x["line"]
+        fs = spans.get(x["file"])
+        if fs is None:
+            fs = spans[x["file"]] = _function_spans(x["file"])
+        start = _enclosing_start(fs, x["line"]) or x["line"]
         groups.setdefault((x["file"], x["function"], start), []).append(x)
     out = []
     for (file, func, start), rows in groups.items():
-        total = sum(x["samples"] for x in rows)
-        h = Hotspot(function=func, file=file, line=start, ms_per_step=total * per_sample_ms, calls_per_step=0.0,
-                    process="dataloader-workers")
-        for x in sorted(rows, key=lambda x: -x["samples"])[:5]:
-            if x["samples"] / total >= 0.05:
-                h.lines.append({"line": x["line"], "code": linecache.getline(file, x["line"]).strip(),
-                                "share": round(x["samples"] / total, 3), "samples": x["samples"]})
-        out.append(h)
+        out.append(Hotspot(function=func, file=file, line=start,
+                           ms_per_step=sum(x["samples"] for x in rows) * per_sample_ms, calls_per_step=0.0,
+                           lines=_hot_lines(file, rows), process="dataloader-workers"))
     out.sort(key=lambda h: -h.ms_per_step)
     return [h for h in out if h.ms_per_step >= 0.01][:5]
+
+
+def _worker_hotspot_subject(facts: Facts, workers: dict, h: Hotspot, steps: list[dict], window: dict) -> None:
+    """The hottest user function in the DataLoader workers, located at its hottest line (PD014)."""
+    rate, top = workers.get("rate_hz") or 100, h.lines[0]
+    s = facts.subject("worker_hotspot", f"{h.file}:{top['line']}")
+    s.locations.append(Location(h.file, top["line"], top.get("code", ""), h.function))
+    s.add("function", h.function)
+    s.add("ms_per_step", h.ms_per_step, "ms", detail="worker CPU time per step in this function, summed over "
+          f"the workers (py-spy, {rate} Hz, {workers['steps']} profiled steps)")
+    all_ms = workers["samples"] * 1000.0 / rate / workers["steps"]
+    s.add("share", h.ms_per_step / all_ms, "ratio", detail="of all the workers' sampled time")
+    n_workers = len(workers.get("pids") or [])
+    s.add("workers", n_workers, "count")
+    # py-spy samples only running threads (not a worker blocked on a full queue), so samples over
+    # what the window's wall time allows say how saturated the workers were
+    skip, last = int(window.get("skip") or 0), window.get("last_step")
+    window_s = sum(x["wall_ms"] for x in steps if last is not None and skip < x["i"] <= int(last)) / 1000
+    if window_s > 0 and n_workers:
+        s.add("busy", min(1.0, workers["samples"] / (rate * window_s * n_workers)),
+              "ratio", detail=f"sampled running time of the workers over the window's {window_s:.2f} s")
 
 
 def _hotspots(hs: dict) -> list[Hotspot]:
@@ -208,15 +230,11 @@ def _hotspots(hs: dict) -> list[Hotspot]:
             continue
         h = Hotspot(function=f["function"], file=f["file"], line=int(f["line"]), ms_per_step=ms,
                     calls_per_step=f["ncalls"] / steps)
-        end = _function_end(h.file, h.line)
+        end = _function_end(_function_spans(h.file), h.line)
         if end:
             lines = [x for x in hs.get("lines", []) if x["file"] == h.file and h.line <= x["line"] <= end]
-            total = sum(x["samples"] for x in lines)
-            for x in sorted(lines, key=lambda x: -x["samples"])[:5]:
-                share = x["samples"] / total
-                if share >= 0.05:
-                    h.lines.append({"line": x["line"], "code": linecache.getline(h.file, x["line"]).strip(),
-                                    "share": round(share, 3), "samples": x["samples"]})
+            if lines:
+                h.lines = _hot_lines(h.file, lines)
         out.append(h)
         if len(out) >= 10:
             break
@@ -401,24 +419,7 @@ def load_run(run_dir: Path) -> RunData:
     workers = hs.get("workers")
     worker_hot = worker_hotspots(workers)
     if worker_hot and worker_hot[0].lines:
-        # the hottest user function in the DataLoader workers, located at its hottest line
-        h, top = worker_hot[0], worker_hot[0].lines[0]
-        s = facts.subject("worker_hotspot", f"{h.file}:{top['line']}")
-        s.locations.append(Location(h.file, top["line"], top.get("code", ""), h.function))
-        s.add("function", h.function)
-        s.add("ms_per_step", h.ms_per_step, "ms", detail="worker CPU time per step in this function, summed over "
-              f"the workers (py-spy, {workers.get('rate_hz')} Hz, {workers.get('steps')} profiled steps)")
-        all_ms = workers["samples"] * 1000.0 / (workers.get("rate_hz") or 100) / workers["steps"]
-        s.add("share", h.ms_per_step / all_ms, "ratio", detail="of all the workers' sampled time")
-        n_workers = len(workers.get("pids") or [])
-        s.add("workers", n_workers, "count")
-        # py-spy samples only running threads (not a worker blocked on a full queue), so samples
-        # over what the window's wall time allows say how saturated the workers were
-        skip, last = int(window.get("skip") or 0), window.get("last_step")
-        window_s = sum(x["wall_ms"] for x in steps if last is not None and skip < x["i"] <= int(last)) / 1000
-        if window_s > 0 and n_workers:
-            s.add("busy", min(1.0, workers["samples"] / ((workers.get("rate_hz") or 100) * window_s * n_workers)),
-                  "ratio", detail=f"sampled running time of the workers over the window's {window_s:.2f} s")
+        _worker_hotspot_subject(facts, workers, worker_hot[0], steps, window)
     if workers and workers.get("error"):
         notes.append(f"py-spy could not sample every DataLoader worker ({workers['error']}); "
                      f"hot spots in the workers are {'partial' if workers.get('samples') else 'missing'}")
