@@ -78,6 +78,18 @@ def test_worker_hotspots_group_lines_by_function(tmp_path: Path) -> None:
     assert worker_hotspots(None) == [] and worker_hotspots({**workers, "samples": 0}) == []
 
 
+def test_comprehension_frames_count_for_the_function_around_them(tmp_path: Path) -> None:
+    src = tmp_path / "text.py"
+    src.write_text("def collate(batch):\n    ids = [[t for t in s] for s in batch]\n    return ids\n")
+    workers = {"rate_hz": 100, "steps": 4, "samples": 50, "other_samples": 0,
+               "lines": [{"file": str(src), "line": 2, "function": "collate.<locals>.<listcomp>.<listcomp>", "samples": 30},
+                         {"file": str(src), "line": 2, "function": "collate.<locals>.<listcomp>", "samples": 10},
+                         {"file": str(src), "line": 3, "function": "collate", "samples": 10}]}
+    (h,) = worker_hotspots(workers)
+    assert (h.function, h.line) == ("collate", 1) and h.ms_per_step == pytest.approx(50 * 10.0 / 4)
+    assert [(l["line"], l["share"]) for l in h.lines] == [(2, 0.8), (3, 0.2)]
+
+
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
 def test_run_finds_the_slow_getitem_in_the_workers(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(DATASET)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import linecache
+import re
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -171,6 +172,9 @@ def _hot_lines(file: str, rows: list[dict]) -> list[dict[str, Any]]:
             for x in sorted(rows, key=lambda x: -x["samples"])[:5] if x["samples"] / total >= 0.05]
 
 
+_INNER_FRAME = re.compile(r"(\.<locals>)?\.<(listcomp|dictcomp|setcomp|genexpr|lambda)>")
+
+
 def worker_hotspots(workers: dict | None) -> list[Hotspot]:
     """User functions in the DataLoader worker processes (py-spy samples through the window), by
     worker CPU time per step summed over the workers, with their hot lines."""
@@ -178,17 +182,21 @@ def worker_hotspots(workers: dict | None) -> list[Hotspot]:
         return []
     per_sample_ms = 1000.0 / (workers.get("rate_hz") or 100) / workers["steps"]
     spans: dict[str, list[tuple[int, int, int]]] = {}  # each file parsed once
-    groups: dict[tuple[str, str, int], list[dict]] = {}
+    groups: dict[tuple[str, str, int], dict[int, int]] = {}  # (file, function, def line) -> samples per line
     for x in workers.get("lines") or []:
         fs = spans.get(x["file"])
         if fs is None:
             fs = spans[x["file"]] = _function_spans(x["file"])
         start = _enclosing_start(fs, x["line"]) or x["line"]
-        groups.setdefault((x["file"], x["function"], start), []).append(x)
+        # a comprehension or lambda is a frame of its own (`collate.<locals>.<listcomp>`): its time
+        # belongs to the function written around it
+        per_line = groups.setdefault((x["file"], _INNER_FRAME.sub("", x["function"]), start), {})
+        per_line[x["line"]] = per_line.get(x["line"], 0) + x["samples"]
     out = []
-    for (file, func, start), rows in groups.items():
+    for (file, func, start), per_line in groups.items():
+        rows = [{"line": ln, "samples": n} for ln, n in per_line.items()]
         out.append(Hotspot(function=func, file=file, line=start,
-                           ms_per_step=sum(x["samples"] for x in rows) * per_sample_ms, calls_per_step=0.0,
+                           ms_per_step=sum(per_line.values()) * per_sample_ms, calls_per_step=0.0,
                            lines=_hot_lines(file, rows), process="dataloader-workers"))
     out.sort(key=lambda h: -h.ms_per_step)
     return [h for h in out if h.ms_per_step >= 0.01][:5]
