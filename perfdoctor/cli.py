@@ -171,10 +171,9 @@ def _warm_up_analysis() -> None:
 
 
 def _fails_on(report, fail_on: Optional[Severity]) -> bool:
-    if fail_on is None:
-        return False
-    order = {"high": 0, "medium": 1, "low": 2}
-    return any(order.get(f.severity, 3) <= order[fail_on.value] for f in report.findings)
+    from perfdoctor.model import at_or_above
+
+    return fail_on is not None and any(at_or_above(f.severity, fail_on.value) for f in report.findings)
 
 
 GATE_REPEATS = 3

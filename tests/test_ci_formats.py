@@ -10,10 +10,9 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from perfdoctor.facts.model import Fact, Location
 from perfdoctor.gate import RunRecord, compare
 from perfdoctor.report import github, markdown, sarif
-from perfdoctor.report.model import Finding, Fix, Report
+from perfdoctor.model import Fact, Finding, Fix, Location, Report
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-2.1.0.json").read_text())
 ROOT = Path("/repo")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from perfdoctor.facts.model import Location
+from perfdoctor.model import Location
 from perfdoctor.rules.fixes import DDP_NOTE, render_fix
 
 SCRIPT = '''\

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.errors import RuleError
-from perfdoctor.facts.model import Facts, Location
+from perfdoctor.facts.model import Facts
+from perfdoctor.model import Location
 from perfdoctor.rules.catalog import load_rule_file, load_rules
 from perfdoctor.rules.config import Settings, load_settings
 from perfdoctor.rules.engine import judge

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.errors import InputError
-from perfdoctor.facts.run_facts import load_run, memory_growth, steady_steps
+from perfdoctor.facts.run_facts import load_run, memory_growth
+from perfdoctor.stats import steady_steps
 
 ENV_CPU = {"python": "3.11", "torch": "2.13.0", "cpu_count": 2, "cpu_amx": False, "cpu_model": "EPYC",
            "total_memory_bytes": 16 << 30, "free_memory_bytes": 8 << 30, "cuda_available": False,

@@ -12,37 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from perfdoctor.model import Fact, Location
+
 # Where a fact comes from, strongest evidence first. A finding's confidence follows its sources.
 SOURCES = ("run", "trace", "static", "machine")
-
-
-@dataclass(frozen=True)
-class Location:
-    file: str
-    line: int
-    code: str = ""  # the user's source line, stripped
-    function: str = ""
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "line": self.line, "code": self.code, "function": self.function}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Location":
-        return cls(file=str(d.get("file", "")), line=int(d.get("line") or 0),
-                   code=str(d.get("code") or ""), function=str(d.get("function") or ""))
-
-
-@dataclass(frozen=True)
-class Fact:
-    name: str
-    value: Any  # int, float, bool or str
-    unit: str = ""  # "ms", "bytes", "count", "ratio", "" for plain values
-    source: str = "run"  # one of SOURCES
-    detail: str = ""  # how it was measured, in a few words
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"fact": self.name, "value": self.value, "unit": self.unit,
-                "source": self.source, "detail": self.detail}
 
 
 @dataclass

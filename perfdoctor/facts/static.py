@@ -17,7 +17,8 @@ import tokenize
 from pathlib import Path
 from typing import Iterator
 
-from perfdoctor.facts.model import Facts, Location, Subject
+from perfdoctor.facts.model import Facts, Subject
+from perfdoctor.model import Location
 
 # torch factories that allocate on the CPU unless given `device=`. Left out on purpose:
 # `from_numpy` (it has no `device=`, the data is on the host anyway) and the `*_like`

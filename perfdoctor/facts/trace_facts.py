@@ -15,7 +15,8 @@ from operator import itemgetter
 from statistics import median
 from typing import Any
 
-from perfdoctor.facts.model import Facts, Location
+from perfdoctor.facts.model import Facts
+from perfdoctor.model import Location
 from perfdoctor.trace.model import (CPU_OP, GPU_KINDS, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME,
                                     DRIVER, USER_ANN, Trace, gc_paused)
 from perfdoctor.trace.steps import launch_map

@@ -20,8 +20,9 @@ from typing import Any
 
 from perfdoctor import __version__
 from perfdoctor.errors import InputError
-from perfdoctor.facts.run_facts import steady_steps, warmup_steps
 from perfdoctor.gate import stats
+from perfdoctor.model import identity_of
+from perfdoctor.stats import steady_steps, warmup_steps
 
 BASELINE_SCHEMA = "perfdoctor/baseline/v1"
 MIN_STEPS = 6  # fewer steady steps than this give no interval (the block bootstrap needs a series)
@@ -126,21 +127,11 @@ def _batch_size(report: dict[str, Any]) -> float | None:
     return float(sizes.pop()) if len(sizes) == 1 else None
 
 
-def finding_identity(f: dict[str, Any]) -> str:
-    """A finding's identity across checkouts and runs: its rule, its file's name and its code
-    line's text; not the absolute path (CI workspaces differ between machines) nor the line number
-    (lines move)."""
-    loc = (f.get("locations") or [{}])[0]
-    if loc.get("file"):
-        return f"{f.get('rule')}:{Path(loc['file']).name}:{' '.join(str(loc.get('code', '')).split())}"
-    return f.get("fingerprint") or f"{f.get('rule')}:"
-
-
 def _findings(report: dict[str, Any]) -> list[dict[str, Any]]:
     out = []
     for f in report.get("findings") or []:
         loc = (f.get("locations") or [{}])[0]
-        out.append({"rule": f.get("rule"), "fingerprint": finding_identity(f), "severity": f.get("severity"),
+        out.append({"rule": f.get("rule"), "fingerprint": identity_of(f), "severity": f.get("severity"),
                     "title": f.get("title", ""), "file": loc.get("file", ""), "line": loc.get("line", 0),
                     "code": loc.get("code", "")})
     return out

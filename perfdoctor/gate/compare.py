@@ -18,11 +18,11 @@ from typing import Any
 
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
+from perfdoctor.model import SEVERITIES, at_or_above
 from perfdoctor.gate.baseline import (BASELINE_SCHEMA, IDENTITY_KEYS, MIN_STEPS, Baseline, RunRecord, load_baseline,
                                       record_from_report, record_from_run_dir)
 
 SCHEMA = "perfdoctor/compare/v1"
-SEVERITY_RANK = {"high": 0, "medium": 1, "low": 2}
 COUNTER_SLACK = 0.5  # counts per step: counters are averages over the profiled steps
 MEMORY_SLACK_BYTES = 32 * 2**20  # allocator and RSS granularity
 # The step time's interval: a 90% two-sided interval, so each bound is a one-sided 95% bound
@@ -174,7 +174,7 @@ def _sigma_b2(base: list[RunRecord], cur: list[RunRecord], seed: int) -> tuple[f
 def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecord], max_regression: float = 0.10,
             fail_on: str | None = None, seed: int = 0) -> Comparison:
     """Judge `current_records` (one or more runs of the same command) against a baseline."""
-    if fail_on is not None and fail_on not in SEVERITY_RANK:
+    if fail_on is not None and fail_on not in SEVERITIES:
         raise InputError(f"--fail-on must be one of high, medium, low (got {fail_on!r})")
     if not 0 < max_regression < 10:
         raise InputError(f"--max-regression must be a fraction like 0.10 (10%), got {max_regression!r}")
@@ -221,7 +221,7 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
     new = [f for fp, f in sorted(cur_f.items()) if fp not in base_fps]
     resolved = sorted({f["fingerprint"]: f for r in base for f in r.findings if f["fingerprint"] not in cur_f}.values(),
                       key=lambda f: f["fingerprint"])
-    failing = [f for f in new if fail_on is not None and SEVERITY_RANK.get(f.get("severity"), 3) <= SEVERITY_RANK[fail_on]]
+    failing = [f for f in new if fail_on is not None and at_or_above(f.get("severity"), fail_on)]
 
     if not comparable:
         for r in rows:

@@ -27,7 +27,7 @@ import random
 import statistics
 from typing import Sequence
 
-from perfdoctor.facts.run_facts import quantile
+from perfdoctor.stats import quantile
 
 Z95 = 1.959963984540054
 N_BOOT = 2000

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.errors import InputError, PerfdoctorError
-from perfdoctor.facts.model import Facts, Location
-from perfdoctor.report.model import Finding, Report
+from perfdoctor.facts.model import Facts
+from perfdoctor.model import Finding, Location, Report
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, load_settings
 from perfdoctor.rules.engine import judge

@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 
-from perfdoctor.report.model import Report
+from perfdoctor.model import Report
 
 
 def dumps(doc: Any) -> str:

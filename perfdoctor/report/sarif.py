@@ -137,12 +137,12 @@ def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str |
                                                "informationUri": INFO_URI, "rules": descriptors}},
                            "results": results, "columnKind": "unicodeCodePoints"}
     if comparison is not None:
-        from perfdoctor.gate.baseline import finding_identity
+        from perfdoctor.model import identity_of
 
         c = _as_dict(comparison)
         new = {f["fingerprint"] for f in c.get("new_findings") or []}
         for res, f in zip(results, findings):
-            res["baselineState"] = "new" if finding_identity(f) in new else "unchanged"
+            res["baselineState"] = "new" if identity_of(f) in new else "unchanged"
         run["properties"] = {"perfdoctorGate": {k: c.get(k) for k in ("verdict", "failed", "max_regression", "ci_level",
                                                                       "rows", "resolved_findings", "notes")}}
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}

@@ -11,7 +11,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from perfdoctor.report.model import Finding, Report
+from perfdoctor.model import Finding, Report
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]

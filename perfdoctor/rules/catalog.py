@@ -17,9 +17,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from perfdoctor.errors import RuleError
+from perfdoctor.model import SEVERITIES
 from perfdoctor.rules.expr import compile_expr
 
-SEVERITIES = ("high", "medium", "low")
 FIX_KINDS = ("call-kwargs", "dataparallel-to-ddp", "factory-device", "remove-call", "detach-loss",
              "wrap-autocast", "non-blocking", "text")
 ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from perfdoctor.errors import RuleError
-from perfdoctor.facts.model import Fact, Facts, Subject
-from perfdoctor.report.model import Finding, Fix
+from perfdoctor.facts.model import Facts, Subject
+from perfdoctor.model import Fact, Finding, Fix
 from perfdoctor.rules.catalog import TEMPLATE_RE, Rule, split_placeholder
 from perfdoctor.rules.config import Settings
 from perfdoctor.rules.expr import Missing, evaluate, names_in

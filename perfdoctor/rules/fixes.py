@@ -21,9 +21,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from perfdoctor.facts.model import Facts, Location
+from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static import DATAPARALLEL, EMPTY_CACHE, FACTORIES, FileAnalysis
-from perfdoctor.report.model import Fix
+from perfdoctor.model import Fix, Location
 
 _COMPOUND = (cst.For, cst.While, cst.If, cst.With)
 DDP_NOTE = ('launch with `torchrun --nproc_per_node=N`; call `torch.distributed.init_process_group("nccl")` '

@@ -1,4 +1,6 @@
-"""The one internal result every renderer draws from (text, json, markdown, sarif, github).
+"""The neutral model every layer shares: where a thing is in the user's code (Location), a measured
+fact (Fact), and the one internal result every renderer draws from (Finding, Fix, Hotspot, Report),
+with the severity order and a finding's identity. Imports nothing of perfdoctor's layers.
 
 Renderers never measure; the analysis never formats.
 """
@@ -10,10 +12,68 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor import __version__
-from perfdoctor.facts.model import Fact, Location
+
+@dataclass(frozen=True)
+class Location:
+    file: str
+    line: int
+    code: str = ""  # the user's source line, stripped
+    function: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"file": self.file, "line": self.line, "code": self.code, "function": self.function}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Location":
+        return cls(file=str(d.get("file", "")), line=int(d.get("line") or 0),
+                   code=str(d.get("code") or ""), function=str(d.get("function") or ""))
+
+
+@dataclass(frozen=True)
+class Fact:
+    name: str
+    value: Any  # int, float, bool or str
+    unit: str = ""  # "ms", "bytes", "count", "ratio", "" for plain values
+    source: str = "run"  # one of SOURCES
+    detail: str = ""  # how it was measured, in a few words
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"fact": self.name, "value": self.value, "unit": self.unit,
+                "source": self.source, "detail": self.detail}
+
+
 
 SCHEMA = "perfdoctor/report/v1"
-SEVERITY_ORDER = {"high": 0, "medium": 1, "low": 2}
+SEVERITIES = ("high", "medium", "low")  # worst first
+SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
+
+
+def severity_rank(severity: str | None) -> int:
+    """0 for high, 1 for medium, 2 for low; anything else ranks after them."""
+    return SEVERITY_ORDER.get(severity or "", len(SEVERITIES))
+
+
+def at_or_above(severity: str | None, floor: str) -> bool:
+    """Whether a finding of `severity` is at least as severe as `floor` (`--fail-on floor`)."""
+    return severity_rank(severity) <= severity_rank(floor)
+
+
+def finding_identity(rule: str, file: str | None, code: str | None, fallback: str = "") -> str:
+    """A finding's identity across checkouts, runs and line moves: its rule, its file's name and its
+    code line's text (whitespace-normalised); not the absolute path (CI workspaces differ between
+    machines) nor the line number (lines move). Without a location, the rule and `fallback` (the
+    subject key). The one definition behind `Finding.fingerprint`, baselines and SARIF."""
+    if file:
+        return f"{rule}:{Path(file).name}:{' '.join(str(code or '').split())}"
+    return f"{rule}:{fallback}"
+
+
+def identity_of(finding: dict[str, Any]) -> str:
+    """`finding_identity` of a finding read back from a report.json or a baseline."""
+    loc = (finding.get("locations") or [{}])[0]
+    if loc.get("file"):
+        return finding_identity(str(finding.get("rule")), loc["file"], loc.get("code"))
+    return finding.get("fingerprint") or finding_identity(str(finding.get("rule")), None, None)
 
 
 @dataclass
@@ -47,13 +107,12 @@ class Finding:
 
     def sort_key(self) -> tuple:
         measured = self.ms_per_step is not None
-        return (0 if measured else 1, -(self.ms_per_step or 0.0), SEVERITY_ORDER.get(self.severity, 3), self.rule)
+        return (0 if measured else 1, -(self.ms_per_step or 0.0), severity_rank(self.severity), self.rule)
 
     def fingerprint(self) -> str:
-        """Stable across checkouts and line moves: the rule, the file's name and the code line's text."""
+        """`finding_identity`: stable across checkouts and line moves."""
         loc = self.locations[0] if self.locations else None
-        where = f"{Path(loc.file).name}:{' '.join(loc.code.split())}" if loc else self.subject
-        return f"{self.rule}:{where}"
+        return finding_identity(self.rule, loc.file if loc else None, loc.code if loc else None, self.subject)
 
     def as_dict(self) -> dict[str, Any]:
         saving = None

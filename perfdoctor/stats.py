@@ -1,0 +1,40 @@
+"""Statistics shared by the report and the gate, one definition each: quantiles and the steady-state
+steps of a run."""
+
+from __future__ import annotations
+
+import math
+
+
+def quantile(xs: list[float], q: float) -> float:
+    """The q-quantile of xs, interpolated between order statistics (numpy's default, type 7)."""
+    s = sorted(xs)
+    if not s:
+        raise ValueError("quantile of an empty series")
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def warmup_steps(n_total: int) -> int:
+    """Steps dropped at the start of a run: the first max(2, 10%) (allocator, autotuning, caches,
+    lazy imports and the first DataLoader batches all land there)."""
+    return max(2, math.ceil(0.10 * n_total))
+
+
+def steady_steps(steps: list[dict], window: dict | None, min_steps: int = 3) -> list[dict]:
+    """Steady-state steps, the one definition the report summary and the gate share: the warm-up
+    dropped (`warmup_steps`, and every step before the profiler's schedule begins), and the
+    profiler's window dropped (its warm-up and recorded steps, whose timings the profiler and
+    cProfile inflate, and the step after it, which carries the profiler's stop and the trace
+    export). A short run falls back to fewer exclusions until `min_steps` remain."""
+    window = window or {}
+    skip = int(window.get("skip") or 0)
+    last = window.get("last_step")
+    drop = max(warmup_steps(len(steps)), skip)
+    after = [s for s in steps if s["i"] > drop]
+    outside = [s for s in after if last is None or not (skip + 1 <= s["i"] <= int(last) + 1)]
+    for cand in (outside, after, [s for s in steps if s["i"] > 1]):
+        if len(cand) >= min_steps:
+            return cand
+    return steps
