@@ -1,4 +1,5 @@
-"""Static evidence: an ast read of the user's files (perfdoctor/facts/static.py)."""
+"""Static evidence: an ast read of the user's files (perfdoctor/facts/static/: one index per file,
+one detector per subject kind)."""
 
 from __future__ import annotations
 
@@ -316,6 +317,28 @@ def test_targets_cuda(tmp_path):
     assert facts.value("script.targets_cuda") is True
     facts, _ = analyse(tmp_path, "import torch\ndevice = torch.device('cpu')\nprint('no cuda here')\n", "c.py")
     assert facts.value("script.targets_cuda") is False
+
+
+def test_targets_cuda_is_the_union_over_the_files(tmp_path):
+    plain = tmp_path / "data.py"
+    plain.write_text("import torch\nx = torch.zeros(3)\n")
+    cuda = tmp_path / "train.py"
+    cuda.write_text("import torch\nmodel = Net().to('cuda')\n")
+    for paths in ([plain, cuda], [cuda, plain], [plain, plain]):
+        facts = Facts()
+        analyse_files(paths, facts)
+        assert facts.value("script.targets_cuda") is (cuda in paths)
+        assert facts.get("script.targets_cuda").detail == (
+            "the files name a CUDA device" if cuda in paths else "no CUDA device named in the files")
+
+
+def test_every_detector_module_is_listed():
+    import pkgutil
+
+    import perfdoctor.facts.static as static
+
+    modules = {m.name for m in pkgutil.iter_modules(static.__path__)} - {"index"}
+    assert {d.__module__.rsplit(".", 1)[1] for d in static.DETECTORS} == modules
 
 
 def test_bad_files_are_skipped(tmp_path):

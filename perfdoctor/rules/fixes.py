@@ -21,8 +21,10 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static import DATAPARALLEL, EMPTY_CACHE, FACTORIES, FileAnalysis
+from perfdoctor.facts.static.cpu_to_device import FACTORIES
+from perfdoctor.facts.static.dataparallel import DATAPARALLEL
+from perfdoctor.facts.static.empty_cache import EMPTY_CACHE
+from perfdoctor.facts.static.index import SourceIndex
 from perfdoctor.model import Fix, Location
 
 _COMPOUND = (cst.For, cst.While, cst.If, cst.With)
@@ -40,7 +42,7 @@ class _Ctx:
         self.parents = self.module_wrapper.resolve(ParentNodeProvider)
         text = self.module.code
         self.lines = text.splitlines()
-        self.fa = FileAnalysis(path.resolve(), self.lines, ast.parse(text), Facts())
+        self.fa = SourceIndex(path.resolve(), self.lines, ast.parse(text))
         self.line = line
         self.stmt, self.scan = self._statement(line)
 

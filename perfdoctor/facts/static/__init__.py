@@ -1,0 +1,40 @@
+"""Static evidence: an `ast` read of the user's files (never imported, never run).
+
+It finds what a run on a CPU-only machine cannot show: a `.cuda()` path, a branch not taken,
+a DataLoader that feeds a GPU. Every fact it adds has source "static". It is conservative:
+a pattern it is not sure of is left out (a wrong finding costs more than a missed one).
+
+Each file is read and indexed once (`index.SourceIndex`: its nodes, parents, imports, loops,
+source text); then each detector of `DETECTORS`, one module per subject kind, reads the index
+and adds its own subjects or facts. Subjects use the contract's key `"<absolute file>:<line>"`
+(the line of the call or statement), so that the run's probes and the static read of the same
+line merge into one subject.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.static import cpu_to_device, dataloader, dataparallel, empty_cache, loss_holder, targets_cuda
+from perfdoctor.facts.static.index import read
+
+# Every detector is a `detect(index, facts)` that adds what it finds in one file.
+DETECTORS = (
+    dataparallel.detect,
+    empty_cache.detect,
+    dataloader.detect,
+    cpu_to_device.detect,
+    loss_holder.detect,
+    targets_cuda.detect,
+)
+
+
+def analyse_files(paths: list[Path], facts: Facts) -> None:
+    """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped."""
+    for path in paths:
+        index = read(Path(path))
+        if index is None:
+            continue
+        for detect in DETECTORS:
+            detect(index, facts)

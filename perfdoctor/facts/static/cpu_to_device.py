@@ -1,0 +1,106 @@
+"""A tensor made on the CPU and then moved to a device (PD004): one `cpu_to_device` subject per
+factory call, with the factory's name, the move's target as written and `in_loop`.
+
+Two shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`), keyed on the call;
+and two statements (`x = torch.randn(...)` then, a few statements later in the same block,
+`x = x.to(device)`), keyed on the factory line with the move line as the second location.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.static.index import SourceIndex, has_star_kwargs, kwarg, put
+
+# torch factories that allocate on the CPU unless given `device=`. Left out on purpose:
+# `from_numpy` (it has no `device=`, the data is on the host anyway) and the `*_like`
+# factories (they take the device of their input, which may already be the GPU).
+FACTORIES = frozenset({
+    "randn", "rand", "randint", "randperm", "zeros", "ones", "full", "empty", "empty_strided",
+    "arange", "linspace", "logspace", "eye", "tensor", "as_tensor",
+})
+
+
+def detect(index: SourceIndex, facts: Facts) -> None:
+    for call in index.calls:
+        _chained(index, facts, call)
+    _two_statements(index, facts)
+
+
+def _factory(index: SourceIndex, node: ast.AST) -> str | None:
+    """The factory name when `node` is a CPU factory call (no `device=`, no `**kwargs`)."""
+    if not isinstance(node, ast.Call):
+        return None
+    q = index.qual(node.func)
+    if not q or not q.startswith("torch.") or q[6:] not in FACTORIES:
+        return None
+    if any(kwarg(node, k) is not None for k in ("device", "generator")) or has_star_kwargs(node):
+        return None  # a CPU generator cannot make a tensor on another device
+    return q[6:]
+
+
+def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
+    """`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`."""
+    if not isinstance(call.func, ast.Attribute):
+        return
+    fac = _factory(index, call.func.value)
+    target = index.move_target(call) if fac else None
+    if target is None:
+        return
+    s = index.subject(facts, "cpu_to_device", call)
+    put(s, "factory", fac)
+    put(s, "target", target)
+    put(s, "in_loop", index.in_loop(call))
+
+
+def _two_statements(index: SourceIndex, facts: Facts) -> None:
+    """`x = torch.randn(...)` then, a few statements later, `x = x.to(device)` / `x = x.cuda()`."""
+    for block in _blocks(index.nodes):
+        for i, stmt in enumerate(block):
+            if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
+                    and isinstance(stmt.targets[0], ast.Name)):
+                continue
+            fac = _factory(index, stmt.value)
+            if fac is None:
+                continue
+            name = stmt.targets[0].id
+            between: set[str] = set()  # names assigned between the two statements
+            for later in block[i + 1:i + 6]:
+                move = _rebind_move(later, name)
+                if move is not None:
+                    target = index.move_target(move)
+                    dev_names = {n.id for n in ast.walk(move) if isinstance(n, ast.Name)} - {name}
+                    if target is not None and not dev_names & between:
+                        s = index.subject(facts, "cpu_to_device", stmt)
+                        index.locate(s, later)
+                        put(s, "factory", fac)
+                        put(s, "target", target)
+                        put(s, "in_loop", index.in_loop(stmt))
+                    break
+                if isinstance(later, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.Return,
+                                      ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or any(
+                        isinstance(n, ast.Name) and n.id == name for n in ast.walk(later)):
+                    break
+                between |= {n.id for n in ast.walk(later) if isinstance(n, ast.Name)
+                            and isinstance(n.ctx, ast.Store)}
+
+
+def _rebind_move(stmt: ast.stmt, name: str) -> ast.Call | None:
+    """The `name.to(...)` / `name.cuda(...)` call of `name = name.to(...)`, else None."""
+    if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and stmt.targets[0].id == name and isinstance(stmt.value, ast.Call)
+            and isinstance(stmt.value.func, ast.Attribute) and stmt.value.func.attr in ("to", "cuda")
+            and isinstance(stmt.value.func.value, ast.Name) and stmt.value.func.value.id == name):
+        return stmt.value
+    return None
+
+
+def _blocks(nodes: list[ast.AST]) -> Iterator[list[ast.stmt]]:
+    """Every statement list (a body, an else, a finally) of the file."""
+    for node in nodes:
+        for field in ("body", "orelse", "finalbody"):
+            block = getattr(node, field, None)
+            if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                yield block

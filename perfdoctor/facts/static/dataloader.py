@@ -1,0 +1,131 @@
+"""DataLoader constructions (PD002, PD003): one `dataloader` subject per call, with the settings
+written as literals (`num_workers`, `pin_memory`, `persistent_workers`, `batch_size`; torch's
+default where the argument is absent and no `*args` / `**kwargs` could carry it), how the keyword
+arguments were passed (`kwargs_style`), and, where the loop over it moves a batch to a device,
+`feeds_cuda` and `non_blocking` (absent, never False, when no move is found)."""
+
+from __future__ import annotations
+
+import ast
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.static.index import SourceIndex, dotted, has_star_kwargs, kwarg, put, root_name, walk_scope
+
+DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+# DataLoader's positional parameters, in order (torch 2.x).
+_POSITIONAL = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers",
+               "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
+               "multiprocessing_context", "generator")
+# name: (type of a literal value, value when the argument is absent; None = leave the fact absent)
+_FACTS = {"num_workers": (int, 0), "pin_memory": (bool, False),
+          "persistent_workers": (bool, False), "batch_size": (int, None)}
+
+
+def detect(index: SourceIndex, facts: Facts) -> None:
+    for call in index.calls:
+        if index.qual(call.func) in DATALOADER:
+            _dataloader(index, facts, call)
+
+
+def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
+    s = index.subject(facts, "dataloader", call)
+    star_kw = has_star_kwargs(call)
+    explicit_kw = any(k.arg is not None for k in call.keywords)
+    style = "literal" if not star_kw else ("mixed" if explicit_kw else "dict")
+    put(s, "kwargs_style", style)
+    given: dict[str, ast.expr] = {k.arg: k.value for k in call.keywords if k.arg is not None}
+    star_args = any(isinstance(a, ast.Starred) for a in call.args)
+    if not star_args:
+        for pname, value in zip(_POSITIONAL, call.args):
+            given.setdefault(pname, value)
+    for name, (typ, default) in _FACTS.items():
+        if name in given:
+            try:
+                value = ast.literal_eval(given[name])
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                continue
+            if type(value) is typ:
+                put(s, name, value, "count" if typ is int else "")
+        elif default is not None and not star_kw and not star_args:
+            put(s, name, default, "count" if typ is int else "")
+    moves = _batch_moves(index, call)
+    if moves:
+        put(s, "feeds_cuda", True)
+        put(s, "non_blocking", all(
+            isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m in moves))
+
+
+def _batch_moves(index: SourceIndex, dl_call: ast.Call) -> list[ast.Call]:
+    """`.cuda()` / `.to(device)` calls on the batches of `for ... in <this loader>` loops: in the
+    scope that names the loader, and in a function of this file it is passed to (one level)."""
+    parent = index.parents.get(dl_call)
+    names: list[tuple[str, ast.AST | None, bool]] = []  # (name, scope, any scope)
+    if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(
+            parent.targets[0], (ast.Name, ast.Attribute)):
+        bound = dotted(parent.targets[0])
+        scope = index.context(dl_call)[0]
+        if bound:
+            names.append((bound, scope, "." in bound or scope is None))
+            if "." not in bound:
+                names += _passed_to(index, bound, scope)
+    moves: list[ast.Call] = []
+    for loop in index.nodes:
+        if not isinstance(loop, (ast.For, ast.AsyncFor)):
+            continue
+        it = loop.iter  # `loader`, `enumerate(loader)`, `tqdm(loader)`, `zip(...)` or the call itself
+        candidates = [it] + (list(it.args) if isinstance(it, ast.Call) and it is not dl_call else [])
+        loop_scope = index.context(loop)[0]
+        if not any(c is dl_call or any(dotted(c) == name and (anywhere or loop_scope is scope)
+                                       for name, scope, anywhere in names) for c in candidates):
+            continue
+        tracked = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+        body = list(walk_scope(loop.body))
+        for _ in range(3):  # names derived from the batch: `x, y = batch`, `v` in `for k, v in batch.items()`
+            for n in body:
+                if isinstance(n, ast.Assign) and _derived(n.value, tracked):
+                    for t in n.targets:
+                        tracked |= {m.id for m in ast.walk(t) if isinstance(m, ast.Name)}
+                elif isinstance(n, ast.comprehension) and root_name(n.iter) in tracked:
+                    tracked |= {m.id for m in ast.walk(n.target) if isinstance(m, ast.Name)}
+        for n in body:
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda")
+                    and root_name(n.func.value) in tracked and index.move_target(n) is not None):
+                moves.append(n)
+    return moves
+
+
+def _passed_to(index: SourceIndex, name: str, scope: ast.AST | None) -> list[tuple[str, ast.AST, bool]]:
+    """(parameter, function, False) for each call in `scope` that passes `name` to a function of
+    this file: `train(model, loader)` with `def train(model, train_loader)` -> "train_loader"."""
+    out: list[tuple[str, ast.AST, bool]] = []
+    defs: dict[str, list[ast.AST]] = {}
+    for n in index.nodes:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defs.setdefault(n.name, []).append(n)
+    for call in index.calls:
+        if index.context(call)[0] is not scope:
+            continue
+        f = call.func
+        fname = f.id if isinstance(f, ast.Name) else (f.attr if isinstance(f, ast.Attribute) else None)
+        for fn in defs.get(fname, []) if fname else []:
+            params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+            if isinstance(f, ast.Attribute) and params[:1] in (["self"], ["cls"]):
+                params = params[1:]
+            for i, a in enumerate(call.args):
+                if isinstance(a, ast.Starred):
+                    break
+                if isinstance(a, ast.Name) and a.id == name and i < len(params):
+                    out.append((params[i], fn, False))
+            out += [(k.arg, fn, False) for k in call.keywords
+                    if k.arg and isinstance(k.value, ast.Name) and k.value.id == name]
+    return out
+
+
+def _derived(value: ast.expr, tracked: set[str]) -> bool:
+    """`batch`, `batch[0]`, `batch.x`, `(batch[0], batch[1])`, `x.to(d)`: plain views of the batch."""
+    if isinstance(value, (ast.Tuple, ast.List)):
+        return bool(value.elts) and all(_derived(e, tracked) for e in value.elts)
+    if isinstance(value, ast.Call):
+        return (isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda", "values", "items")
+                and root_name(value.func.value) in tracked)
+    return isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)) and root_name(value) in tracked

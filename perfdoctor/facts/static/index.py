@@ -1,0 +1,273 @@
+"""The shared source index: one user file read and parsed once, for every detector.
+
+`read(path)` decodes the file (PEP 263 encoding) and parses it; `SourceIndex` then walks the tree
+once and keeps what the detectors ask of it: every node (parents before children) and its parent,
+the enclosing function and loop of each node, the file's import aliases (`qual` turns `nn.DataParallel`
+into `torch.nn.DataParallel`), simple `name = value` assignments, the source text of a node, and
+the device/dtype reading of an expression. It also makes and locates the subjects the detectors
+report, with the contract's key `"<absolute file>:<line>"`.
+
+The rule fixes (`perfdoctor/rules/fixes.py`) build the same index over the file they rewrite, so a
+fix reads names, devices and dtypes exactly as the finding did.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from pathlib import Path
+from typing import Any, Iterator
+
+from perfdoctor.facts.model import Facts, Subject
+from perfdoctor.model import Location
+
+DTYPE_NAMES = frozenset({
+    "float", "float16", "half", "bfloat16", "float32", "float64", "double", "int", "int8", "int16",
+    "int32", "int64", "long", "short", "uint8", "bool", "complex64", "complex128", "cfloat", "cdouble",
+    "float8_e4m3fn", "float8_e5m2",
+})
+# identifiers that name a device: `device`, `self.device`, `dev`, `gpu`, `local_rank`, `rank`
+_DEVICE_NAME = re.compile(r"device|(^|_)(dev|gpu|gpus|cuda|rank)(_|$)", re.I)
+LOOPS = (ast.For, ast.AsyncFor, ast.While)
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+_DETAIL = "static read of the source"
+
+
+def read(path: Path) -> SourceIndex | None:
+    """The index of one file, or None when it cannot be read, decoded or parsed."""
+    try:
+        raw = path.read_bytes()
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
+        text = raw.decode(encoding)
+    except (OSError, SyntaxError, UnicodeDecodeError, LookupError):
+        return None
+    try:
+        tree = ast.parse(raw, filename=str(path))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    return SourceIndex(path.resolve(), text.splitlines(), tree)
+
+
+def dotted(node: ast.AST) -> str | None:
+    """`a.b.c` for a Name/Attribute chain, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def root_name(node: ast.AST) -> str | None:
+    """The name at the root of `x`, `x[0]`, `x.a`, `x.float()`, `x["k"].to(d)` receivers."""
+    while True:
+        if isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            node = node.func.value
+        else:
+            return node.id if isinstance(node, ast.Name) else None
+
+
+def walk_scope(nodes: list[ast.AST]) -> Iterator[ast.AST]:
+    """All nodes under `nodes`, not entering nested functions, lambdas or classes."""
+    stack = list(reversed(nodes))
+    while stack:
+        n = stack.pop()
+        yield n
+        if isinstance(n, (*_SCOPES, ast.ClassDef)):
+            continue
+        stack.extend(reversed(list(ast.iter_child_nodes(n))))
+
+
+def kwarg(call: ast.Call, name: str) -> ast.expr | None:
+    for k in call.keywords:
+        if k.arg == name:
+            return k.value
+    return None
+
+
+def has_star_kwargs(call: ast.Call) -> bool:
+    return any(k.arg is None for k in call.keywords)
+
+
+def put(s: Subject, name: str, value: Any, unit: str = "") -> None:
+    """Add a static fact unless another source already set it."""
+    full = name if name.startswith(s.kind + ".") else f"{s.kind}.{name}"
+    if full not in s.facts:
+        s.add(full, value, unit=unit, source="static", detail=_DETAIL)
+
+
+class SourceIndex:
+    """One parsed file: its nodes, parents, import aliases, loop context and source text."""
+
+    def __init__(self, file: Path, lines: list[str], tree: ast.Module):
+        self.file = str(file)
+        self.lines = lines
+        self.tree = tree
+        self.parents: dict[ast.AST, ast.AST] = {}
+        # node -> (enclosing function or None, directly in a for/while body of that function)
+        self.ctx: dict[ast.AST, tuple[ast.AST | None, bool]] = {tree: (None, False)}
+        stack: list[ast.AST] = [tree]
+        self.nodes: list[ast.AST] = []  # every node, parents before children
+        while stack:
+            node = stack.pop()
+            self.nodes.append(node)
+            scope, in_loop = self.ctx[node]
+            if isinstance(node, _SCOPES):
+                scope, in_loop = node, False
+            body = {id(b) for b in node.body} if isinstance(node, LOOPS) else ()
+            for child in ast.iter_child_nodes(node):
+                self.parents[child] = node
+                self.ctx[child] = (scope, in_loop or id(child) in body)
+                stack.append(child)
+        self.calls: list[ast.Call] = [n for n in self.nodes if isinstance(n, ast.Call)]
+        self.aliases = self._aliases()
+        # simple `name = value` assignments, for telling devices from dtypes
+        self.assigned: dict[str, list[ast.expr]] = {}
+        for node in self.nodes:
+            if isinstance(node, ast.Assign):
+                for t in node.targets:
+                    if isinstance(t, ast.Name):
+                        self.assigned.setdefault(t.id, []).append(node.value)
+        self.called_in_loop = set(self._calls_in_loops())
+
+    # -- names and context ---------------------------------------------------------------
+    def _aliases(self) -> dict[str, str]:
+        aliases: dict[str, str] = {}
+        for node in self.nodes:
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.asname:
+                        aliases[a.asname] = a.name
+                    else:
+                        top = a.name.split(".")[0]
+                        aliases[top] = top
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                for a in node.names:
+                    if a.name != "*":
+                        aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        return aliases
+
+    def qual(self, node: ast.AST) -> str | None:
+        """The fully qualified name of a Name/Attribute chain through the file's imports."""
+        name = dotted(node)
+        if name is None:
+            return None
+        head, _, rest = name.partition(".")
+        if head not in self.aliases:
+            return None
+        return self.aliases[head] + ("." + rest if rest else "")
+
+    def context(self, node: ast.AST) -> tuple[ast.AST | None, bool]:
+        """(enclosing function or None, directly inside a for/while body of that function)."""
+        return self.ctx.get(node, (None, False))
+
+    def in_loop(self, node: ast.AST) -> bool:
+        """In a loop body, or in a function of this file that a loop body calls (one level)."""
+        scope, direct = self.context(node)
+        return direct or (isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef))
+                          and scope.name in self.called_in_loop)
+
+    def _calls_in_loops(self) -> Iterator[str]:
+        for node in self.calls:
+            if self.context(node)[1]:
+                f = node.func
+                if isinstance(f, ast.Name):
+                    yield f.id
+                elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in ("self", "cls"):
+                    yield f.attr
+
+    def function_name(self, node: ast.AST) -> str:
+        scope, _ = self.context(node)
+        if scope is None:
+            return "<module>"
+        return "<lambda>" if isinstance(scope, ast.Lambda) else scope.name
+
+    def text(self, node: ast.AST) -> str:
+        """The node's source text on one line (whitespace runs collapsed)."""
+        end_line, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
+        if end_line is None or end_col is None or end_line > len(self.lines):
+            return ""
+        rows = [r.encode() for r in self.lines[node.lineno - 1:end_line]]
+        if len(rows) == 1:
+            rows[0] = rows[0][node.col_offset:end_col]
+        else:
+            rows[0], rows[-1] = rows[0][node.col_offset:], rows[-1][:end_col]
+        return " ".join(b"\n".join(rows).decode(errors="replace").split())
+
+    # -- subjects ------------------------------------------------------------------------
+    def subject(self, facts: Facts, kind: str, node: ast.AST) -> Subject:
+        """The subject of `kind` keyed on `node`'s line (merged with the run's and the trace's
+        subject of that line), located there."""
+        s = facts.subject(kind, f"{self.file}:{node.lineno}")
+        self.locate(s, node)
+        return s
+
+    def locate(self, s: Subject, node: ast.AST) -> None:
+        """Add `node`'s line to the subject's locations, once."""
+        line = node.lineno
+        if not any(loc.file == self.file and loc.line == line for loc in s.locations):
+            code = self.lines[line - 1].strip() if 0 < line <= len(self.lines) else ""
+            s.locations.append(Location(self.file, line, code, self.function_name(node)))
+
+    # -- devices and dtypes --------------------------------------------------------------
+    def is_dtype(self, node: ast.AST) -> bool:
+        q = self.qual(node)
+        if q and q.startswith("torch.") and q[6:] in DTYPE_NAMES:
+            return True
+        if isinstance(node, ast.Name):
+            return any(self.is_dtype(v) for v in self.assigned.get(node.id, []))
+        return False
+
+    def device_expr(self, node: ast.AST) -> bool | None:
+        """True: names a (possibly CUDA) device. False: names the CPU. None: not a device / unsure."""
+        if isinstance(node, ast.Constant):
+            if isinstance(node.value, str):
+                kind = node.value.split(":")[0].lower()
+                if kind in ("cpu", "meta"):
+                    return False
+                return True if kind in ("cuda", "xpu", "mps", "hpu", "npu") else None
+            if isinstance(node.value, int) and not isinstance(node.value, bool):
+                return True
+            return None
+        if isinstance(node, ast.IfExp):
+            branches = [self.device_expr(node.body), self.device_expr(node.orelse)]
+            return True if True in branches else (False if branches == [False, False] else None)
+        if isinstance(node, ast.Call):
+            if self.qual(node.func) == "torch.device":
+                return self.device_expr(node.args[0]) if node.args else None
+            return None
+        name = dotted(node)
+        if name is None or self.is_dtype(node):
+            return None
+        if isinstance(node, ast.Name) and node.id in self.assigned:
+            verdicts = {self.device_expr(v) for v in self.assigned[node.id]}
+            if verdicts == {False}:
+                return False
+            if True in verdicts:
+                return True
+        last = name.rsplit(".", 1)[-1]
+        return True if _DEVICE_NAME.search(last) else None
+
+    def move_target(self, call: ast.Call) -> str | None:
+        """For `recv.cuda(...)` / `recv.to(...)`: the device's source text when it moves to a
+        (possibly CUDA) device; None for dtype-only casts, CPU targets and anything unsure."""
+        f = call.func
+        if not isinstance(f, ast.Attribute):
+            return None
+        if f.attr == "cuda":
+            dev = call.args[0] if call.args else kwarg(call, "device")
+            return "cuda" if dev is None else self.text(dev)
+        if f.attr != "to":
+            return None
+        dev = kwarg(call, "device")
+        if dev is None and call.args:
+            dev = call.args[0]
+        if dev is None or self.device_expr(dev) is not True:
+            return None
+        return self.text(dev)

@@ -1,0 +1,33 @@
+"""The global fact `script.targets_cuda`: do the files name a CUDA device (a `"cuda"` / `"cuda:N"`
+string, or a `.cuda(...)` call)? It is the union over the files of one read: each file's detector
+raises an earlier file's static False to True, and a value from another source is kept."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.static.index import SourceIndex
+
+_CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
+_FACT = "script.targets_cuda"
+
+
+def _names_cuda(index: SourceIndex) -> bool:
+    for node in index.nodes:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.match(node.value):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "cuda":
+            return True
+    return False
+
+
+def detect(index: SourceIndex, facts: Facts) -> None:
+    prior = facts.get(_FACT)
+    if prior is not None and (prior.source != "static" or prior.value):
+        return
+    named = _names_cuda(index)
+    if prior is None or named:
+        facts.add(_FACT, named, source="static",
+                  detail="the files name a CUDA device" if named else "no CUDA device named in the files")
