@@ -194,6 +194,20 @@ def test_a_user_rule_reading_an_unknown_name_is_one_clear_error(tmp_path: Path, 
     assert "\n" not in msg and str(d / "PD900-x.toml") in msg and says in msg, msg
 
 
+def test_extend_rules_with_an_unknown_fact_is_one_error_line(tmp_path: Path) -> None:
+    """`perfdoctor report` with a project's own rule file that reads an unknown fact: exit 2, one line."""
+    from conftest import run_cli
+
+    trace = tmp_path / "trace.json.gz"
+    trace.write_bytes((REPO / "tests/data/traces/torch213_cpu_mlp_dataloader.pt.trace.json.gz").read_bytes())
+    _rule(tmp_path, "dataloader.wait_ms > threshold.limit and dataloader.overhead_ms > 1")
+    (tmp_path / "pyproject.toml").write_text('[tool.perfdoctor]\nextend-rules = ["perf-rules"]\n')
+    p = run_cli("report", str(trace), cwd=tmp_path)
+    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "PD900-x.toml" in lines[0] and "'dataloader.overhead_ms'" in lines[0], lines[0]
+
+
 def test_templates_and_fix_params_are_checked(tmp_path: Path) -> None:
     base = {"id": "PD900", "name": "x", "severity": "high", "summary": "s", "when": "true", "title": "t",
             "message": "m", "doc": {"what": "w", "why": "y"}}
