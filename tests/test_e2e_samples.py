@@ -1,7 +1,7 @@
 """End to end: `perfdoctor run SAMPLE --format json` finds exactly the planted problem, at its line.
 
 Each sample script in sample_scripts/ marks its one problem line with `# expect: PD00N`; a
-`_fixed` twin and clean.py must get none of PD001-PD007.
+`_fixed` twin and clean.py must get none of the rules the samples plant.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from conftest import SAMPLES, expected_findings, run_cli
+from perfdoctor.rules.catalog import load_rules
 
-PD_RULES = {f"PD00{i}" for i in range(1, 8)} | {"PD013", "PD014"}
+# the catalog's rules that a sample script plants (sample_scripts/pdNNN_*.py)
+PD_RULES = {r.id for r in load_rules() if any(SAMPLES.glob(f"{r.id.lower()}_*.py"))}
 STEPS = 25
 
 PROBLEMS = [
@@ -130,7 +132,12 @@ def test_samples_follow_the_conventions() -> None:
         assert len(expected_findings(SAMPLES / name)) == 1, name
     for name in FIXED:
         assert not expected_findings(SAMPLES / name), name
-    for i in range(1, 8):
-        assert list(SAMPLES.glob(f"pd00{i}_*_fixed.py")), f"PD00{i} has no _fixed twin"
+    assert len(PD_RULES) >= 9
+    for rule in PD_RULES:
+        assert list(SAMPLES.glob(f"{rule.lower()}_*_fixed.py")), f"{rule} has no _fixed twin"
+    assert set(PROBLEMS) == {p.name for p in SAMPLES.glob("pd*.py") if not p.stem.endswith("_fixed")}
+    ids = {r.id for r in load_rules()}
+    for script in SAMPLES.glob("pd*.py"):
+        assert script.name[:5].upper() in ids, f"{script.name} names no rule of the catalog"
     for script in SAMPLES.glob("*.py"):
         assert 'device = torch.device("cuda" if torch.cuda.is_available() else "cpu")' in script.read_text(), script

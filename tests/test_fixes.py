@@ -1,4 +1,4 @@
-"""Fixes rendered against the user's own line (perfdoctor/rules/fixes.py)."""
+"""Fixes rendered against the user's own line (perfdoctor/rules/fixes/)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.model import Location
-from perfdoctor.rules.fixes import DDP_NOTE, render_fix
+from perfdoctor.rules.fixes import render_fix
+from perfdoctor.rules.fixes.dataparallel_to_ddp import DDP_NOTE
 
 SCRIPT = '''\
 import torch

@@ -5,6 +5,10 @@ A fact that could not be measured is absent, never zero. Rules read facts by nam
 (one DataLoader, one `empty_cache` call site, one list that keeps losses) live on a
 `Subject` of a kind; a rule with `subject = "dataloader"` is judged once per such subject,
 with the subject's facts and the global facts both in scope.
+
+Every name is declared in `perfdoctor.facts.registry` (an undeclared one raises UndeclaredFact), and
+every add follows one precedence rule, `supersedes`: a fact once set stays, except that its own
+source may set it again and run evidence replaces static evidence.
 """
 
 from __future__ import annotations
@@ -12,27 +16,55 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
+from perfdoctor.facts.registry import GLOBAL, SOURCES, check_declared, check_kind
 from perfdoctor.model import Fact, Location
 
-# Where a fact comes from, strongest evidence first. A finding's confidence follows its sources.
-SOURCES = ("run", "trace", "static", "machine")
+
+def supersedes(new: str, old: str) -> bool:
+    """Whether evidence from source `new` replaces a fact of the same name already set by source `old`.
+
+    The one precedence rule of every layer: a fact, once set, stays, except that the layer that set
+    it may set it again (a later measurement of its own, e.g. the trace summing a subject's copy time
+    over the copies) and that run evidence replaces static evidence (what ran beats what the source
+    suggests). So the trace never overwrites the run's, the static read's or the machine's facts."""
+    return new == old or (new == "run" and old == "static")
+
+
+def _check_source(source: str) -> None:
+    if source not in SOURCES:
+        raise ValueError(f"fact source {source!r} is not one of {', '.join(SOURCES)}")
 
 
 @dataclass
 class Subject:
     """One thing in the user's program that rules judge: a DataLoader, a call site, a holder."""
 
-    kind: str  # "dataloader", "dataparallel", "empty_cache", "cpu_to_device", "loss_holder", "model", "worker_hotspot", ...
+    kind: str  # a subject kind of perfdoctor.facts.registry: "dataloader", "empty_cache", "loss_holder", ...
     key: str  # stable identity within a run, e.g. "train.py:42"
     facts: dict[str, Fact] = field(default_factory=dict)
     locations: list[Location] = field(default_factory=list)
 
     def add(self, name: str, value: Any, unit: str = "", source: str = "run", detail: str = "") -> None:
+        """Record a fact of this subject (`name` with or without the kind's prefix), unless a fact of
+        that name from a source it does not supersede is already there. `None` records nothing."""
         if value is None:
             return
         if not name.startswith(self.kind + "."):
             name = f"{self.kind}.{name}"
-        self.facts[name] = Fact(name, value, unit, source, detail)
+        check_declared(name, self.kind)
+        _check_source(source)
+        old = self.facts.get(name)
+        if old is None or supersedes(source, old.source):
+            self.facts[name] = Fact(name, value, unit, source, detail)
+
+    def merge(self, other: Subject) -> None:
+        """Take in the facts of `other`, a second view of the same site (the trace's, found to be on
+        this subject's line): facts this subject lacks, and run facts over its static ones. Its own
+        facts of the same source stay (a second view is not a later measurement)."""
+        for name, fact in other.facts.items():
+            old = self.facts.get(name)
+            if old is None or (fact.source != old.source and supersedes(fact.source, old.source)):
+                self.facts[name] = fact
 
     @property
     def sources(self) -> set[str]:
@@ -48,10 +80,15 @@ class Facts:
 
     # -- global facts --------------------------------------------------------------------
     def add(self, name: str, value: Any, unit: str = "", source: str = "run", detail: str = "") -> None:
-        """Record a fact. `None` means "not measured" and records nothing."""
+        """Record a global fact, unless a fact of that name from a source it does not supersede is
+        already there. `None` means "not measured" and records nothing."""
         if value is None:
             return
-        self._facts[name] = Fact(name, value, unit, source, detail)
+        check_declared(name, GLOBAL)
+        _check_source(source)
+        old = self._facts.get(name)
+        if old is None or supersedes(source, old.source):
+            self._facts[name] = Fact(name, value, unit, source, detail)
 
     def get(self, name: str) -> Fact | None:
         return self._facts.get(name)
@@ -73,6 +110,7 @@ class Facts:
     def subject(self, kind: str, key: str) -> Subject:
         """The subject of this kind and key, created on first use (so evidence from the run,
         the trace and the static read of the same call site merges into one subject)."""
+        check_kind(kind)
         for s in self.subjects.setdefault(kind, []):
             if s.key == key:
                 return s
@@ -82,6 +120,19 @@ class Facts:
 
     def of_kind(self, kind: str) -> list[Subject]:
         return list(self.subjects.get(kind, []))
+
+    def kinds_from(self, source: str) -> set[str]:
+        """The subject kinds of which some subject holds a fact from `source`."""
+        return {k for k, subs in self.subjects.items() if any(source in s.sources for s in subs)}
+
+    def drop_subjects_only_from(self, source: str, kinds: set[str]) -> None:
+        """Leave out the subjects of `kinds` that hold no fact from another source than `source`.
+        Where the run's probes measured a kind of thing (its DataLoaders, say), the trace's coarser
+        view of the same thing is not a second subject: `drop_subjects_only_from("trace",
+        kinds_from("run") taken before the trace was added)`."""
+        for kind in kinds:
+            if kind in self.subjects:
+                self.subjects[kind] = [s for s in self.subjects[kind] if s.sources - {source}]
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -5,6 +5,7 @@ wheel as `perfdoctor/_rules`). Rules are data: conditions and estimates are safe
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 from dataclasses import dataclass, field
@@ -17,11 +18,13 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from perfdoctor.errors import RuleError
+from perfdoctor.facts import registry
 from perfdoctor.model import SEVERITIES
-from perfdoctor.rules.expr import compile_expr
+from perfdoctor.rules.expr import names_in
+from perfdoctor.rules.fixes import fix_kinds
 
-FIX_KINDS = ("call-kwargs", "dataparallel-to-ddp", "factory-device", "remove-call", "detach-loss",
-             "wrap-autocast", "non-blocking", "text")
+# perfdoctor's fixers, and "text": a before/after written in the rule file, shown as an example
+FIX_KINDS = (*fix_kinds(), "text")
 ID_RE = re.compile(r"^[A-Z]{2,4}\d{3}$")
 TEMPLATE_RE = re.compile(r"\{([^{}]+)\}")
 FORMAT_SPEC_RE = re.compile(r"^[<>^]?[+\- ]?,?\d{0,3}(\.\d{1,2})?[dfeg%s]?$")
@@ -92,9 +95,43 @@ def split_placeholder(body: str) -> tuple[str, str]:
     return body, ""
 
 
-def check_template(text: str, where: str) -> None:
+def template_names(text: str) -> set[str]:
+    """The names the `{expr}` placeholders of a template read (each placeholder vetted)."""
+    out: set[str] = set()
     for m in TEMPLATE_RE.finditer(text):
-        compile_expr(split_placeholder(m.group(1))[0])
+        out |= names_in(split_placeholder(m.group(1))[0])
+    return out
+
+
+def _param_names(params: Any) -> set[str]:
+    if isinstance(params, dict):
+        return set().union(*(_param_names(v) for v in params.values()))
+    if isinstance(params, list):
+        return set().union(*(_param_names(v) for v in params))
+    return template_names(params) if isinstance(params, str) else set()
+
+
+def check_names(names: dict[str, set[str]], subject: str | None, thresholds: dict[str, Any], where: str) -> None:
+    """Every name a rule reads (by the field that reads it) must be a declared fact it can see
+    (perfdoctor.facts.registry: the global facts, and its subject kind's) or one of its own thresholds."""
+    for field_name, used in names.items():
+        for name in sorted(used):
+            if name.startswith(registry.THRESHOLD_PREFIX):
+                key = name[len(registry.THRESHOLD_PREFIX):]
+                if key not in thresholds:
+                    raise RuleError(f"{where}: {field_name} reads {name!r}, which is not in the rule's "
+                                    f"[thresholds] ({', '.join(sorted(thresholds)) or 'none'})")
+                continue
+            if registry.readable(name, subject):
+                continue
+            kind = name.split(".", 1)[0]
+            if kind in registry.SUBJECT_FACTS and name in registry.SUBJECT_FACTS[kind] and kind != subject:
+                hint = f"it is a fact of {kind} subjects, and this rule's subject is {subject or 'none'}"
+            else:
+                seen = [*registry.GLOBAL_FACTS, *registry.SUBJECT_FACTS.get(subject or "", {})]
+                close = difflib.get_close_matches(name, seen, n=1)
+                hint = f"did you mean {close[0]!r}?" if close else "no fact of that name is measured"
+            raise RuleError(f"{where}: {field_name} reads {name!r}, which is not a fact perfdoctor produces ({hint})")
 
 
 def parse_rule(data: dict[str, Any], where: str) -> Rule:
@@ -105,13 +142,14 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     if severity not in SEVERITIES:
         raise RuleError(f"{where}: severity must be one of {', '.join(SEVERITIES)}")
     when = _req(data, "when", where)
+    used: dict[str, set[str]] = {}
     try:
-        compile_expr(when)
-        saving = data.get("saving_ms")
-        if saving is not None:
-            compile_expr(_req(data, "saving_ms", where))
+        used["when"] = names_in(when)
+        if data.get("saving_ms") is not None:
+            used["saving_ms"] = names_in(_req(data, "saving_ms", where))
         for key in ("title", "message"):
-            check_template(_req(data, key, where), f"{where} {key}")
+            used[key] = template_names(_req(data, key, where))
+        used["unmeasured"] = template_names(str(data.get("unmeasured", "")))
     except RuleError as e:
         raise RuleError(f"{where}: {e.message}") from None
     thresholds = data.get("thresholds", {})
@@ -125,11 +163,15 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     if fix_kind is not None and fix_kind not in FIX_KINDS:
         raise RuleError(f"{where}: fix kind {fix_kind!r} is not one of {', '.join(FIX_KINDS)}")
     fix_text = {k: str(fix[k]) for k in ("before", "after", "note") if k in fix}
-    for k, v in fix_text.items():
-        check_template(v, f"{where} fix.{k}")
     params = fix.get("params", {})
     if not isinstance(params, dict):
         raise RuleError(f"{where}: [fix.params] must be a table")
+    try:
+        for k, v in fix_text.items():
+            used[f"fix.{k}"] = template_names(v)
+        used["fix.params"] = _param_names(params)
+    except RuleError as e:
+        raise RuleError(f"{where}: fix: {e.message}") from None
     doc = data.get("doc", {})
     if not isinstance(doc, dict):
         raise RuleError(f"{where}: [doc] must be a table")
@@ -139,9 +181,11 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     evidence = data.get("evidence", [])
     if not isinstance(evidence, list) or not all(isinstance(e, str) for e in evidence):
         raise RuleError(f"{where}: evidence must be a list of fact names")
+    used["evidence"] = set(evidence)
     subject = data.get("subject")
-    if subject is not None and not isinstance(subject, str):
-        raise RuleError(f"{where}: subject must be a string")
+    if subject is not None and subject not in registry.SUBJECT_KINDS:
+        raise RuleError(f"{where}: subject must be one of {', '.join(registry.SUBJECT_KINDS)}")
+    check_names(used, subject, thresholds, where)
     return Rule(
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
         title=data["title"], message=data["message"], when=when, subject=subject,

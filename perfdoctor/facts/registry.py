@@ -1,0 +1,222 @@
+"""Every fact perfdoctor produces, declared once: name, unit, scope, producers and a one-line doc.
+
+This is the contract between the layers that measure (`run_facts`, `trace_facts`, `static`, the
+machine facts of a run) and the rules that judge. `Facts.add` and `Subject.add` refuse a name that
+is not declared here (a producer's typo fails at once, not as a rule that silently never fires), and
+the rule catalog refuses a rule file that reads an undeclared name (`perfdoctor.rules.catalog`).
+The fact tables of docs/ARCHITECTURE.md are checked against this module by a test.
+
+Scopes: a global fact (`Facts.add`) has scope "global"; a subject fact (`Subject.add`) has the
+subject's kind as its scope and its name starts with the kind (`dataloader.wait_ms`). A name may be
+declared in both scopes (the trace's `sync.ms` is global; a `sync` subject has its own `sync.ms`).
+`threshold.*` names are not facts: they are local to a rule, read from its own `[thresholds]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Where a fact comes from, strongest evidence first (the order `facts.model` and the doc follow).
+SOURCES = ("run", "trace", "static", "machine")
+UNITS = ("ms", "bytes", "count", "ratio", "bool", "str", "number")
+GLOBAL = "global"
+THRESHOLD_PREFIX = "threshold."
+
+
+@dataclass(frozen=True)
+class FactSpec:
+    name: str  # the full dotted name rules read
+    unit: str  # one of UNITS: ms per step unless the doc says otherwise; ratio in 0..1 unless said
+    scope: str  # GLOBAL or a subject kind
+    producers: tuple[str, ...]  # the sources (SOURCES) that set it
+    doc: str  # one line
+
+
+def _declare(scope: str, rows: list[tuple[str, str, str, str]]) -> dict[str, FactSpec]:
+    out: dict[str, FactSpec] = {}
+    for name, unit, producers, doc in rows:
+        full = name if scope == GLOBAL else f"{scope}.{name}"
+        srcs = tuple(producers.split("/"))
+        if unit not in UNITS or not set(srcs) <= set(SOURCES) or full in out:
+            raise ValueError(f"bad declaration of {full}: unit {unit!r}, producers {producers!r}, or twice")
+        out[full] = FactSpec(full, unit, scope, srcs, doc)
+    return out
+
+
+GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
+    # the run and its steps
+    ("run.steps_observed", "count", "run", "steps seen in the whole run"),
+    ("run.steps_profiled", "count", "run/trace", "steps in the profiled window (or in the trace)"),
+    ("run.step_clock", "str", "run/trace",
+     "what counts a step: optimizer, backward, dataloader, profiler-step, annotation, whole-run"),
+    ("run.loss_scan_steps", "count", "run",
+     "steps on which the probes looked for retained losses (PD006 then trusts the run over the source)"),
+    ("step.time_ms", "ms", "run/trace", "median step over the steady-state steps"),
+    ("step.time_p90_ms", "ms", "run/trace", "90th percentile step over the steady-state steps"),
+    ("step.data_ms", "ms", "run/trace", "median data loading per step (the parts add up to about step.time_ms)"),
+    ("step.forward_ms", "ms", "run/trace", "median forward per step (a trace: CPU traces only)"),
+    ("step.backward_ms", "ms", "run/trace", "median backward per step (a trace: CPU traces only)"),
+    ("step.optimizer_ms", "ms", "run/trace", "median optimizer step (a trace: CPU traces only)"),
+    ("step.other_ms", "ms", "run/trace", "step time in none of the other parts"),
+    ("step.gpu_kernel_ms", "ms", "trace", "GPU compute kernels per step (communication left out)"),
+    ("step.memcpy_ms", "ms", "trace", "GPU copies per step"),
+    ("step.memset_ms", "ms", "trace", "GPU memsets per step"),
+    ("step.comm_ms", "ms", "trace", "communication kernels per step, not hidden behind compute"),
+    ("step.runtime_ms", "ms", "trace", "CUDA/HIP runtime and driver calls per step"),
+    ("step.cpu_ops_ms", "ms", "trace", "CPU operators per step outside the other parts"),
+    ("step.idle_ms", "ms", "trace", "GPU idle per step"),
+    # the GPU
+    ("gpu.utilization", "ratio", "trace", "GPU busy (kernels, copies, memsets) / step"),
+    ("gpu.idle_host_wait_ms", "ms", "trace", "GPU idle per step while its next work was not launched yet"),
+    ("gpu.idle_gap_ms", "ms", "trace", "GPU idle per step although its next work was already launched"),
+    # the machine
+    ("cpu.count", "count", "machine", "usable CPUs (sched_getaffinity)"),
+    ("cpu.amx", "bool", "machine", "the CPU has AMX tiles (bf16 autocast is fast)"),
+    ("device.type", "str", "machine/trace", "cpu, cuda or rocm"),
+    ("device.name", "str", "machine/trace", "the device's name"),
+    ("device.count", "count", "machine/trace", "devices in the run, or deviceProperties entries of the trace"),
+    ("device.capability", "number", "machine/trace", "CUDA compute capability, e.g. 8.0"),
+    ("device.memory_bytes", "bytes", "machine/trace", "the device's memory"),
+    ("device.amp_available", "bool", "machine/trace",
+     "autocast pays on this hardware: CUDA capability >= 7.0, ROCm, or a CPU with AMX"),
+    ("device.amp_basis", "str", "machine", "why device.amp_available is what it is, in words"),
+    # the model
+    ("autocast.enabled", "bool", "run", "autocast state at the forward of the largest top-level module"),
+    ("model.param_dtype", "str", "run", "parameter dtype of the largest top-level module"),
+    ("autograd.anomaly_enabled", "bool", "run", "set_detect_anomaly(True) / detect_anomaly() seen"),
+    ("matmul.ms", "ms", "trace", "GEMM and convolution time per step"),
+    ("matmul.fp32_share", "ratio", "trace", "share of the GEMM/convolution time in fp32 (no tensor cores)"),
+    # syncs, copies, counters
+    ("sync.count_per_step", "count", "trace", "host-device syncs per step"),
+    ("sync.ms", "ms", "trace", "time the CPU spent blocked in sync calls, per step"),
+    ("copies.h2d_per_step", "count", "trace", "host-to-device copies per step"),
+    ("copies.h2d_pageable_per_step", "count", "trace", "host-to-device copies from pageable memory per step"),
+    ("copies.h2d_ms", "ms", "trace", "host-to-device copy time per step"),
+    ("copies.h2d_pageable_ms", "ms", "trace", "host-to-device copy time from pageable memory per step"),
+    ("ops.calls_per_step", "count", "trace", "top-level aten ops per step (noise-free: the CI gate compares it)"),
+    ("kernels.launches_per_step", "count", "trace", "kernel launches per step (noise-free)"),
+    ("empty_cache.free_calls_per_step", "count", "trace", "cudaFree/hipFree calls per step"),
+    ("dataloader.num_workers", "count", "trace",
+     "0 where the trace shows a single-process DataLoader iterator (read where no subject has it)"),
+    # memory
+    ("memory.peak_bytes", "bytes", "run", "max of the steps' mem_bytes (CUDA memory_allocated, else RSS)"),
+    ("memory.total_bytes", "bytes", "machine", "the device's memory on CUDA, else the host's"),
+    ("memory.free_bytes", "bytes", "machine", "free memory at the end of the run"),
+    ("memory.growth_bytes_per_step", "bytes", "run", "clear linear memory growth over the steady steps"),
+    ("memory.steps_to_oom", "count", "run", "free memory at the end / growth per step"),
+    # the source
+    ("script.targets_cuda", "bool", "static", "the user's files name a CUDA device"),
+    # communication and ranks
+    ("comm.share", "ratio", "trace", "communication / GPU busy time"),
+    ("comm.overlap", "ratio", "trace", "share of communication time overlapped by compute on other streams"),
+    ("comm.allreduce_per_step", "count", "trace", "all-reduce calls per step"),
+    ("comm.allreduce_bytes_median", "bytes", "trace", "median all-reduce size"),
+    ("ranks.count", "count", "trace", "ranks in a folder of per-rank traces"),
+    ("ranks.imbalance_ratio", "ratio", "trace", "max / median per-rank compute (or step) time, >= 1"),
+    ("ranks.straggler", "number", "trace", "the rank with the most compute (or step) time"),
+    ("ranks.idle_spread", "ratio", "trace", "max - min GPU idle fraction across ranks"),
+])
+
+SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
+    "dataloader": _declare("dataloader", [
+        ("num_workers", "count", "run/trace/static", "worker processes"),
+        ("pin_memory", "bool", "run/static", "pin_memory as given"),
+        ("persistent_workers", "bool", "run/static", "persistent_workers as given"),
+        ("batch_size", "count", "run/static", "batch_size as given"),
+        ("prefetch_factor", "count", "run", "prefetch_factor as given"),
+        ("multiprocessing_context", "str", "run", "multiprocessing_context as given"),
+        ("kwargs_style", "str", "run/static", "how the call passes its arguments: literal, dict or mixed"),
+        ("batches", "count", "run", "batches it delivered"),
+        ("wait_ms", "ms", "run/trace", "median time per step the loop waits in its __next__"),
+        ("wait_mean_ms", "ms", "run", "mean time per step the loop waits in its __next__"),
+        ("wait_fraction", "ratio", "run/trace", "wait_ms / step time"),
+        ("feeds_cuda", "bool", "run/static", "its batches are moved to a CUDA device (absent, never False, "
+                                               "in a static read without a move)"),
+        ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),
+        ("multiprocess", "bool", "trace", "the trace shows a multi-process iterator"),
+    ]),
+    "dataparallel": _declare("dataparallel", [
+        ("constructed", "bool", "run", "the run saw nn.DataParallel constructed"),
+        ("device_count", "count", "run/trace", "devices it spreads over"),
+        ("callee", "str", "static", "the callee as written"),
+    ]),
+    "empty_cache": _declare("empty_cache", [
+        ("calls_per_step", "count", "run/trace", "torch.cuda.empty_cache() calls per step"),
+        ("in_loop", "bool", "run/trace/static", "called inside the training loop"),
+        ("calls", "count", "run", "calls in the whole run"),
+        ("free_calls_per_step", "count", "trace", "cudaFree/hipFree calls per step"),
+    ]),
+    "cpu_to_device": _declare("cpu_to_device", [
+        ("factory", "str", "trace/static", "the torch factory that builds the tensor on the CPU"),
+        ("target", "str", "trace/static", "the device it is copied to, as written (a trace: cuda)"),
+        ("in_loop", "bool", "trace/static", "inside the training loop"),
+        ("ms", "ms", "trace", "its host-to-device copy time per step"),
+    ]),
+    "loss_holder": _declare("loss_holder", [
+        ("kind", "str", "run/static", "list, running-sum or attribute"),
+        ("holder", "str", "run/static", "the holder as written, e.g. history or meter.vals"),
+        ("tensor_name", "str", "run/static", "the name of the tensor kept, e.g. loss"),
+        ("numel", "count", "run", "elements of the tensor kept"),
+        ("graphs_retained", "count", "run", "autograd graphs it kept alive"),
+        ("graphs_per_step", "count", "run", "graphs kept per step"),
+        ("growth_bytes_per_step", "bytes", "run", "the process's memory growth per step"),
+    ]),
+    "model": _declare("model", [
+        ("autocast", "bool", "run", "autocast on at the top-level forward (the call site is the location)"),
+        ("param_dtype", "str", "run", "the parameters' dtype"),
+        ("device", "str", "run", "the parameters' device"),
+        ("params", "count", "run", "parameters"),
+    ]),
+    "sync": _declare("sync", [
+        ("count_per_step", "count", "trace", "syncs per step at this line (python stacks name it)"),
+        ("ms", "ms", "trace", "time blocked in syncs at this line, per step"),
+    ]),
+    "anomaly": _declare("anomaly", [
+        ("enabled", "bool", "run", "set_detect_anomaly(True) / detect_anomaly() seen here"),
+    ]),
+    "worker_hotspot": _declare("worker_hotspot", [
+        ("function", "str", "run", "the hottest user function in the DataLoader workers (py-spy)"),
+        ("ms_per_step", "ms", "run", "worker CPU time per step in it, summed over the workers"),
+        ("share", "ratio", "run", "its share of the workers' sampled time"),
+        ("workers", "count", "run", "DataLoader worker processes sampled"),
+        ("busy", "ratio", "run", "sampled running time per worker over the window's wall time"),
+    ]),
+}
+SUBJECT_KINDS = tuple(SUBJECT_FACTS)
+
+
+class UndeclaredFact(ValueError):
+    """A producer added a fact (or a subject kind) this registry does not declare: a bug in perfdoctor."""
+
+
+def spec(name: str, scope: str = GLOBAL) -> FactSpec | None:
+    """The declaration of `name` in `scope` (GLOBAL or a subject kind), or None."""
+    table = GLOBAL_FACTS if scope == GLOBAL else SUBJECT_FACTS.get(scope, {})
+    return table.get(name)
+
+
+def check_kind(kind: str) -> None:
+    """Raise UndeclaredFact unless `kind` is a declared subject kind."""
+    if kind not in SUBJECT_FACTS:
+        raise UndeclaredFact(f"subject kind {kind!r} is not declared in perfdoctor/facts/registry.py "
+                             f"(declared: {', '.join(SUBJECT_KINDS)})")
+
+
+def check_declared(name: str, scope: str = GLOBAL) -> None:
+    """Raise UndeclaredFact unless `name` is declared in `scope`."""
+    if scope != GLOBAL:
+        check_kind(scope)
+    if spec(name, scope) is None:
+        where = "global fact" if scope == GLOBAL else f"fact of {scope} subjects"
+        raise UndeclaredFact(f"{name!r} is not a declared {where}: declare it in perfdoctor/facts/registry.py")
+
+
+def readable(name: str, subject: str | None) -> bool:
+    """Whether a rule judged on subjects of kind `subject` (None: on the global facts) may read the
+    fact `name`: the global facts, and the facts of its own subject kind."""
+    return name in GLOBAL_FACTS or (subject is not None and name in SUBJECT_FACTS.get(subject, {}))
+
+
+def all_specs() -> list[FactSpec]:
+    """Every declaration, global facts first, then subject kinds in declaration order."""
+    return [*GLOBAL_FACTS.values(), *(s for table in SUBJECT_FACTS.values() for s in table.values())]

@@ -1,0 +1,32 @@
+"""Fix kind "remove-call": delete a call statement (`torch.cuda.empty_cache()`), keeping the block valid."""
+
+from __future__ import annotations
+
+import libcst as cst
+
+from perfdoctor.facts.static.empty_cache import EMPTY_CACHE
+from perfdoctor.rules.fixes.context import Context, dotted
+
+
+def fix(ctx: Context, params: dict):
+    if not isinstance(ctx.stmt, cst.SimpleStatementLine):
+        return None
+    callee = params.get("callee")
+
+    def target(s: cst.BaseSmallStatement) -> bool:
+        if not (isinstance(s, cst.Expr) and isinstance(s.value, cst.Call)):
+            return False
+        d = dotted(s.value.func) or ""
+        return (d == callee or d.endswith("." + str(callee))) if callee else ctx.qual(s.value.func) in EMPTY_CACHE
+
+    keep = [s for s in ctx.stmt.body if not target(s)]
+    if len(keep) == len(ctx.stmt.body):
+        return None
+    note = ("`torch.cuda.empty_cache()` frees no memory your tensors hold: it hands the allocator's cached blocks "
+            "back to the driver, and the next steps pay for cudaMalloc and a device sync to get them again. "
+            "Call it once outside the training loop if another process needs the memory.")
+    if keep:
+        keep = [s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) for s in keep]
+        return ctx.stmt.with_changes(body=keep), note
+    block, _ = ctx.block()
+    return (ctx.indent() + "pass" if len(block) == 1 else ""), note
