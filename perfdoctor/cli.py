@@ -199,7 +199,7 @@ def run(
     """Run a training script under the profiler and print what slows it down."""
     from perfdoctor.capture.runner import run_script
     from perfdoctor.report import jsonfmt
-    from perfdoctor.report.build import analyse_run
+    from perfdoctor.analysis import analyse_run
 
     script_args = list(ctx.args)
     if module is not None and script is not None:
@@ -314,7 +314,7 @@ def report(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
 ) -> None:
     """Analyse an existing torch.profiler trace or a run folder."""
-    from perfdoctor.report.build import analyse_path
+    from perfdoctor.analysis import analyse_path
 
     _emit(analyse_path(path), fmt, output)
 

@@ -88,7 +88,7 @@ def _render(report, fmt: str) -> str:
 
 def outputs_of(ident: str, kind: str) -> dict[str, str]:
     """{format: the rendered report of one golden input, with this checkout's paths replaced by marks}."""
-    from perfdoctor.report.build import analyse_path
+    from perfdoctor.analysis import analyse_path
 
     run = materialise(ident) if kind == "run" else None
     report = analyse_path(run if run is not None else TRACES / ident)

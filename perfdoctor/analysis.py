@@ -1,4 +1,9 @@
-"""From a run folder or a trace to one Report: facts (run, trace, static) -> rules -> ranked findings."""
+"""The pipeline, one module for every command: a run folder or a trace -> facts (run, trace, static)
+-> rules -> one ranked Report; and `perfdoctor run`'s orchestration (run the script, repeat it,
+write report.json, save or load a baseline, compare). `run`, `report`, `compare` and the gate all
+come through here; the CLI only parses, renders and maps to exit codes, and report/ only renders.
+
+Never imports torch: the script runs in the child process that capture.runner starts."""
 
 from __future__ import annotations
 
@@ -56,6 +61,16 @@ def _line(path: Path, line: int) -> str:
         return ""
 
 
+def _run_info(kind: str, what: dict[str, Any], summary: dict[str, Any], *, step_clock: str | None,
+              device: str | None, torch: str | None, settings: Settings, **extra: Any) -> dict[str, Any]:
+    """`Report.run`, one shape for a run folder and a trace: what was analysed (`what`), the step
+    counts of its summary, the step clock, device and torch, anything `extra` (a run's exit), and
+    the settings file used. Key order is the JSON report's."""
+    return {"kind": kind, **what, "steps_observed": summary.get("steps_observed"),
+            "steps_profiled": summary.get("steps_profiled"), "step_clock": step_clock, "device": device,
+            "torch": torch, **extra, "settings": str(settings.source) if settings.source else None}
+
+
 def analyse_run(run_dir: Path) -> Report:
     """The report of a run folder written by `perfdoctor run`."""
     from perfdoctor.facts.run_facts import load_run
@@ -91,21 +106,11 @@ def analyse_run(run_dir: Path) -> Report:
     summary = dict(data.summary)
     if trace_summary.get("breakdown") and env.get("device") == "cuda":
         summary["gpu_breakdown"] = trace_summary["breakdown"]
-    run = {
-        "kind": "run",
-        "script": script,
-        "module": data.meta.get("module"),
-        "argv": data.meta.get("argv", []),
-        "run_dir": str(run_dir),
-        "trace_file": str(data.trace_path) if data.trace_path else None,
-        "steps_observed": summary.get("steps_observed"),
-        "steps_profiled": summary.get("steps_profiled"),
-        "step_clock": summary.get("step_clock") or data.meta.get("step_clock"),
-        "device": env.get("device_name") or env.get("device"),
-        "torch": env.get("torch"),
-        "exit": data.meta.get("exit", {}),
-        "settings": str(settings.source) if settings.source else None,
-    }
+    run = _run_info("run", {"script": script, "module": data.meta.get("module"), "argv": data.meta.get("argv", []),
+                            "run_dir": str(run_dir), "trace_file": str(data.trace_path) if data.trace_path else None},
+                    summary, step_clock=summary.get("step_clock") or data.meta.get("step_clock"),
+                    device=env.get("device_name") or env.get("device"), torch=env.get("torch"), settings=settings,
+                    exit=data.meta.get("exit", {}))
     return Report(run=run, summary=summary, findings=findings, hotspots=list(data.hotspots), notes=notes,
                   facts=facts.as_mapping())
 
@@ -158,17 +163,9 @@ def analyse_trace(path: Path) -> Report:
         seen = {f.fingerprint() for f in findings}
         findings += [f for f in judge(facts, rules, settings) if f.fingerprint() not in seen]
         findings.sort(key=Finding.sort_key)
-    run = {
-        "kind": "trace",
-        "trace": str(path),
-        "files": [str(t.path) for t in traces],
-        "steps_observed": summary.get("steps_observed"),
-        "steps_profiled": summary.get("steps_profiled"),
-        "step_clock": first.step_source,
-        "device": facts.value("device.name") or facts.value("device.type"),
-        "torch": None,
-        "settings": str(settings.source) if settings.source else None,
-    }
+    run = _run_info("trace", {"trace": str(path), "files": [str(t.path) for t in traces]}, summary,
+                    step_clock=first.step_source, device=facts.value("device.name") or facts.value("device.type"),
+                    torch=None, settings=settings)
     return Report(run=run, summary=summary, findings=findings, notes=notes, ranks=ranks,
                   facts=facts.as_mapping())
 
