@@ -7,12 +7,21 @@ Never imports torch: the script runs in the child process that capture.runner st
 
 from __future__ import annotations
 
+import importlib
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.capture.runner import RunResult, run_script
+
 from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.facts.model import Facts
-from perfdoctor.model import Finding, Location, Report
+from perfdoctor.gate.baseline import load_baseline, record_from_run_dir, slow_outlier_runs
+from perfdoctor.gate.baseline import save_baseline as write_baseline
+from perfdoctor.gate.compare import Comparison, compare, compare_files
+from perfdoctor.model import Finding, Location, Report, at_or_above
+from perfdoctor.report import jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, load_settings
 from perfdoctor.rules.engine import judge
@@ -182,3 +191,114 @@ def analyse_path(path: Path) -> Report:
         raise
     except OSError as e:
         raise InputError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+# -- `perfdoctor run`: run, repeat, record, gate ---------------------------------------------------
+
+GATE_REPEATS = 3  # runs per side when gating: the gate's unit of evidence is a run, it needs several
+FAILED_REASONS = ("exception", "sys-exit", "killed")  # the script failed: exit 3
+
+
+@dataclass
+class RunOutcome:
+    """What `perfdoctor run` did: the last run's report, every run's result, the gate's comparison
+    (None without --baseline, or when the script failed), and lines for stderr (the baseline saved,
+    warnings about it), in order."""
+
+    report: Report
+    results: list[RunResult]
+    comparison: Comparison | None
+    messages: list[str] = field(default_factory=list)
+    fail_on: str | None = None
+
+    @property
+    def result(self) -> RunResult:
+        return self.results[-1]
+
+    @property
+    def script_failed(self) -> bool:
+        return self.result.exit_code != 0 and self.result.reason in FAILED_REASONS
+
+    @property
+    def interrupted(self) -> bool:
+        return self.result.reason == "interrupted"
+
+    @property
+    def gate_failed(self) -> bool:
+        """The comparison failed; without one, a finding at or above --fail-on fails."""
+        if self.comparison is not None:
+            return self.comparison.failed
+        return self.fail_on is not None and any(at_or_above(f.severity, self.fail_on) for f in self.report.findings)
+
+
+def warm_up() -> None:
+    """Import the analysis (trace loader, static read, libcst for fixes, the text renderer) in a
+    background thread while the script runs in its child process: the parent is idle then, and the
+    report comes sooner."""
+
+    def load() -> None:
+        for name in ("perfdoctor.facts.run_facts", "perfdoctor.facts.static", "perfdoctor.trace.loader",
+                     "perfdoctor.facts.trace_facts", "perfdoctor.rules.fixes", "perfdoctor.report.text"):
+            try:
+                importlib.import_module(name)
+            except ImportError:  # reported properly when the analysis imports it for real
+                return
+
+    threading.Thread(target=load, name="perfdoctor-warm-up", daemon=True).start()
+
+
+def write_report_json(report: Report, run_dir: Path) -> None:
+    """report.json, always written into the run folder whatever --format (contracts/report.py)."""
+    (run_dir / "report.json").write_text(jsonfmt.render_report(report), encoding="utf-8")
+
+
+def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: Path | None, steps: int | None,
+                 script_stdout_to_stderr: bool, show_status: bool, repeats: int | None = None,
+                 save_baseline: Path | None = None, baseline: Path | None = None, max_regression: float = 0.10,
+                 fail_on: str | None = None) -> RunOutcome:
+    """`perfdoctor run`: run the script `repeats` times (default: GATE_REPEATS with a baseline to save
+    or to compare with, else once; a failed or interrupted run is not repeated), analyse each run and
+    write its report.json, then, unless the script failed, save the runs as a baseline and/or compare
+    them with `baseline`."""
+    if repeats is None:
+        repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
+    warm_up()
+    base = load_baseline(baseline) if baseline is not None else None  # fail early, before minutes of running
+    results: list[RunResult] = []
+    report: Report | None = None
+    for i in range(repeats):
+        run_out = out_dir / f"repeat-{i + 1}" if out_dir is not None and repeats > 1 else out_dir
+        result = run_script(target, module=module, script_args=script_args, out_dir=run_out, steps=steps,
+                            script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status)
+        results.append(result)
+        report = analyse_run(result.run_dir)
+        write_report_json(report, result.run_dir)
+        if result.exit_code != 0 or result.reason == "interrupted":
+            break  # a failed or interrupted run is not repeated
+    assert report is not None  # repeats >= 1
+    outcome = RunOutcome(report=report, results=results, comparison=None, fail_on=fail_on)
+    last = results[-1]
+    if last.reason in (*FAILED_REASONS, "interrupted") and last.exit_code != 0:
+        return outcome
+    if save_baseline is None and base is None:
+        return outcome
+    records = [record_from_run_dir(r.run_dir) for r in results]
+    if save_baseline is not None:
+        write_baseline(records, save_baseline)
+        outcome.messages.append(f"baseline of {len(records)} run(s) saved to {save_baseline}")
+        for n, frac in slow_outlier_runs(records, max_regression / 2):
+            outcome.messages.append(
+                f"warning: run {n} of {len(records)} was {frac:.0%} slower than the others, even in its fastest "
+                f"steps: another job may have held the machine. Gates against this baseline will be less "
+                f"decisive; record it again.")
+    if base is not None:
+        outcome.comparison = compare(base, records, max_regression, fail_on)
+    return outcome
+
+
+def compare_paths(base: Path, current: Path, max_regression: float, fail_on: str | None) -> Comparison:
+    """`perfdoctor compare BASE CURRENT`: each side a baseline file, a run folder or a report.json."""
+    for p in (base, current):
+        if not p.exists():
+            raise PerfdoctorError(f"{p}: no such file or folder")
+    return compare_files(base, current, max_regression, fail_on)

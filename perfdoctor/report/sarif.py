@@ -158,11 +158,25 @@ def comparison_findings(comparison: Any) -> dict[str, Any]:
                          for f in c.get("findings") or []]}
 
 
-def render(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None,
-           comparison: Any = None) -> str:
-    """SARIF 2.1.0 text. `rules`: rule objects or dicts (id, name, severity, summary, doc{what,
-    why, example, use_instead, fix_safety, references}); None loads perfdoctor's rule catalog.
-    `report` None with a `comparison`: the current side's findings as the comparison keeps them."""
-    if report is None:
-        report = comparison_findings(comparison)
-    return json.dumps(to_sarif(report, rules, root, comparison), indent=2, ensure_ascii=False) + "\n"
+def _text(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_report(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> str:
+    """SARIF 2.1.0 text of a report's findings. `rules`: rule objects or dicts (id, name, severity,
+    summary, doc{what, why, example, use_instead, fix_safety, references}); None loads perfdoctor's
+    rule catalog."""
+    return _text(to_sarif(report, rules, root))
+
+
+def render_comparison(comparison: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> str:
+    """`compare --format sarif`: the current side's findings as the comparison keeps them, each
+    marked new or unchanged since the baseline; the verdict in the run's properties."""
+    return _text(to_sarif(comparison_findings(comparison), rules, root, comparison))
+
+
+def render_both(report: Any, comparison: Any, rules: Iterable[Any] | None = None,
+                root: Path | str | None = None) -> str:
+    """`run --baseline --format sarif`: the report's findings, each marked new or unchanged since
+    the baseline; the verdict in the run's properties."""
+    return _text(to_sarif(report, rules, root, comparison))
