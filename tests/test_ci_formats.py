@@ -10,6 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from perfdoctor.contracts.baseline import GateFinding
 from perfdoctor.gate import RunRecord, compare
 from perfdoctor.report import github, markdown, sarif
 from perfdoctor.model import Fact, Finding, Fix, Location, Report
@@ -128,8 +129,8 @@ def _records(mean, n=2, seed=0, findings=()):
 
 
 def test_github_failed_gate_and_markdown_comparison():
-    new = {"rule": "PD005", "fingerprint": "PD005:x", "severity": "high", "title": "empty_cache in loop",
-           "file": "/repo/src/train.py", "line": 7}
+    new = GateFinding(rule="PD005", fingerprint="PD005:x", severity="high", title="empty_cache in loop",
+                      file="/repo/src/train.py", line=7)
     c = compare(_records(10.0), _records(12.0, 1, 1, [new]), fail_on="high")
     assert c.failed
     gh = github.render_comparison(c, root=ROOT)
@@ -145,10 +146,10 @@ def test_github_failed_gate_and_markdown_comparison():
 
 
 def test_sarif_of_a_comparison_marks_new_and_unchanged_findings():
-    old = {"rule": "PD002", "fingerprint": "PD002:train.py:loader = DataLoader(ds)", "severity": "high",
-           "title": "DataLoader waits", "file": "/repo/src/train.py", "line": 12, "code": "loader = DataLoader(ds)"}
-    new = {"rule": "PD005", "fingerprint": "PD005:train.py:torch.cuda.empty_cache()", "severity": "low",
-           "title": "empty_cache in loop", "file": "/repo/src/train.py", "line": 30, "code": "torch.cuda.empty_cache()"}
+    old = GateFinding(rule="PD002", fingerprint="PD002:train.py:loader = DataLoader(ds)", severity="high",
+                      title="DataLoader waits", file="/repo/src/train.py", line=12, code="loader = DataLoader(ds)")
+    new = GateFinding(rule="PD005", fingerprint="PD005:train.py:torch.cuda.empty_cache()", severity="low",
+                      title="empty_cache in loop", file="/repo/src/train.py", line=30, code="torch.cuda.empty_cache()")
     c = compare(_records(10.0, findings=[old]), _records(12.0, 1, 1, [old, new]))
     doc = validate(sarif.render_comparison(c, RULES, ROOT))  # `compare --format sarif`
     states = {r["ruleId"]: r["baselineState"] for r in doc["runs"][0]["results"]}
