@@ -17,6 +17,7 @@ except ImportError:  # pragma: no cover
 
 from perfdoctor import __version__
 from perfdoctor.errors import EXIT_GATE_FAILED, EXIT_SCRIPT_FAILED, EXIT_USAGE, PerfdoctorError
+from perfdoctor.model import SEVERITIES
 from perfdoctor.report.formats import FORMATS, render
 
 app = typer.Typer(
@@ -34,10 +35,7 @@ _state = {"debug": False}
 Format = Enum("Format", {name: name for name in FORMATS}, type=str)
 
 
-class Severity(str, Enum):
-    high = "high"
-    medium = "medium"
-    low = "low"
+Severity = Enum("Severity", {name: name for name in SEVERITIES}, type=str)  # the one order, worst first
 
 
 def _version(value: bool) -> None:

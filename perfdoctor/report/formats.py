@@ -13,10 +13,12 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import Report
+
+if TYPE_CHECKING:  # annotations only: `--version`, `rules`, `explain` start without the gate
+    from perfdoctor.gate.compare import Comparison
 
 
 @dataclass(frozen=True)
