@@ -17,6 +17,8 @@ except ImportError:  # pragma: no cover
 
 from perfdoctor import __version__
 from perfdoctor.errors import EXIT_GATE_FAILED, EXIT_SCRIPT_FAILED, EXIT_USAGE, PerfdoctorError
+from perfdoctor.model import SEVERITIES
+from perfdoctor.report.formats import FORMATS, render
 
 app = typer.Typer(
     name="perfdoctor",
@@ -29,18 +31,11 @@ app = typer.Typer(
 _state = {"debug": False}
 
 
-class Format(str, Enum):
-    text = "text"
-    json = "json"
-    markdown = "markdown"
-    sarif = "sarif"
-    github = "github"
+# one choice per entry of the format registry (perfdoctor/report/formats.py)
+Format = Enum("Format", {name: name for name in FORMATS}, type=str)
 
 
-class Severity(str, Enum):
-    high = "high"
-    medium = "medium"
-    low = "low"
+Severity = Enum("Severity", {name: name for name in SEVERITIES}, type=str)  # the one order, worst first
 
 
 def _version(value: bool) -> None:
@@ -66,43 +61,33 @@ def _write(body: str, output: Optional[Path]) -> None:
         sys.stdout.flush()
 
 
-def _text(draw, output: Optional[Path]) -> None:
+def _print(renderable, output: Optional[Path]) -> None:
     """Human text: rich on the terminal, or plain text into --output."""
     from rich.console import Console  # not imported for machine formats: start-up time counts in CI
 
     if output is None:
-        draw(Console())
+        Console().print(renderable)
         return
     with output.open("w", encoding="utf-8") as fh:
-        draw(Console(file=fh, width=100, no_color=True))
+        Console(file=fh, width=100, no_color=True).print(renderable)
     sys.stderr.write(f"perfdoctor: report written to {output}\n")
 
 
-def _emit(report, fmt: Format, output: Optional[Path]) -> None:
-    if fmt is Format.text:
-        from perfdoctor.report import text
-
-        _text(lambda console: text.render(report, console), output)
+def _emit(fmt: Format, output: Optional[Path], report=None, comparison=None) -> None:
+    """A report, a comparison, or both, rendered in the chosen format and written."""
+    doc = render(fmt.value, report, comparison)
+    if FORMATS[fmt.value].console:
+        _print(doc, output)
     else:
-        _write(render_machine(report, fmt), output)
+        _write(doc, output)
 
 
-def render_machine(report, fmt: Format) -> str:
-    if fmt is Format.json:
-        from perfdoctor.report import jsonfmt
-
-        return jsonfmt.render(report)
-    if fmt is Format.markdown:
+def _step_summary(comparison) -> None:
+    """On GitHub Actions, the gate's verdict is appended to the job's summary page too."""
+    if os.environ.get("GITHUB_STEP_SUMMARY"):
         from perfdoctor.report import markdown
 
-        return markdown.render(report)
-    if fmt is Format.sarif:
-        from perfdoctor.report import sarif
-
-        return sarif.render(report)
-    from perfdoctor.report import github
-
-    return github.render(report)
+        markdown.append_step_summary(markdown.render_comparison(comparison))
 
 
 def parse_fraction(text: str) -> float:
@@ -117,66 +102,6 @@ def parse_fraction(text: str) -> float:
     if not 0 < v < 10:
         raise PerfdoctorError(f"--max-regression {text!r}: must be between 0% and 1000%")
     return v
-
-
-def _gate_output(report, comparison, fmt: Format, output: Optional[Path]) -> None:
-    """The report, then the gate's verdict, in the chosen format (one document for machine formats)."""
-    from perfdoctor.report import markdown
-
-    if comparison is not None and os.environ.get("GITHUB_STEP_SUMMARY"):
-        markdown.append_step_summary(markdown.render(comparison))
-    if comparison is None:
-        _emit(report, fmt, output)
-        return
-    if fmt is Format.text:
-        from perfdoctor.report import text
-
-        def draw(console) -> None:
-            text.render(report, console)
-            text.render_comparison(comparison.as_dict(), console)
-
-        _text(draw, output)
-        return
-    if fmt is Format.json:
-        from perfdoctor.report import jsonfmt
-
-        _write(jsonfmt.dumps({**report.as_dict(), "gate": comparison.as_dict()}), output)
-    elif fmt is Format.markdown:
-        _write(markdown.render(report) + "\n" + markdown.render(comparison), output)
-    elif fmt is Format.github:
-        from perfdoctor.report import github
-
-        _write(github.render(report) + github.render(comparison), output)
-    else:  # sarif: the findings, each marked new or unchanged since the baseline; the verdict in properties
-        from perfdoctor.report import sarif
-
-        _write(sarif.render(report, comparison=comparison), output)
-
-
-def _warm_up_analysis() -> None:
-    """Import the analysis (trace loader, static read, libcst for fixes) in a background thread while
-    the script runs in its child process: the parent is idle then, and the report comes sooner."""
-    import importlib
-    import threading
-
-    def load() -> None:
-        for name in ("perfdoctor.facts.run_facts", "perfdoctor.facts.static", "perfdoctor.trace.loader",
-                     "perfdoctor.facts.trace_facts", "perfdoctor.rules.fixes.context", "perfdoctor.report.text"):
-            try:
-                importlib.import_module(name)
-            except ImportError:  # reported properly when the analysis imports it for real
-                return
-
-    threading.Thread(target=load, name="perfdoctor-warm-up", daemon=True).start()
-
-
-def _fails_on(report, fail_on: Optional[Severity]) -> bool:
-    from perfdoctor.model import at_or_above
-
-    return fail_on is not None and any(at_or_above(f.severity, fail_on.value) for f in report.findings)
-
-
-GATE_REPEATS = 3
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -197,9 +122,7 @@ def run(
     fail_on: Optional[Severity] = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
-    from perfdoctor.capture.runner import run_script
-    from perfdoctor.report import jsonfmt
-    from perfdoctor.report.build import analyse_run
+    from perfdoctor.analysis import run_and_gate
 
     script_args = list(ctx.args)
     if module is not None and script is not None:
@@ -207,59 +130,24 @@ def run(
         script = None
     if script is None and module is None:
         raise PerfdoctorError("give a script (`perfdoctor run train.py`) or a module (`perfdoctor run -m pkg.train`)")
-    target = module if module is not None else script
     if module is None and not Path(script).is_file():
         raise PerfdoctorError(f"{script}: no such script")
-    threshold = parse_fraction(max_regression)
-    if repeats is None:  # the gate's unit of evidence is a run: it needs several to know their noise
-        repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
-    _warm_up_analysis()
-    base = None
-    if baseline is not None:
-        from perfdoctor.gate.baseline import load_baseline
-
-        base = load_baseline(baseline)  # fail early on a bad baseline, before minutes of running
-    results, report = [], None
-    for i in range(repeats):
-        run_out = out_dir / f"repeat-{i + 1}" if out_dir is not None and repeats > 1 else out_dir
-        result = run_script(
-            target, module=module is not None, script_args=script_args, out_dir=run_out, steps=steps,
-            script_stdout_to_stderr=fmt is not Format.text and output is None,
-            show_status=fmt is Format.text or output is not None,
-        )
-        results.append(result)
-        report = analyse_run(result.run_dir)
-        (result.run_dir / "report.json").write_text(jsonfmt.render(report), encoding="utf-8")
-        if result.exit_code != 0 or result.reason == "interrupted":
-            break  # a failed or interrupted run is not repeated
-    result = results[-1]
-    comparison = None
-    if result.reason not in ("exception", "sys-exit", "killed", "interrupted") or result.exit_code == 0:
-        if save_baseline is not None or base is not None:
-            from perfdoctor.gate.baseline import record_from_run_dir, save_baseline as save
-
-            records = [record_from_run_dir(r.run_dir) for r in results]
-            if save_baseline is not None:
-                save(records, save_baseline)
-                sys.stderr.write(f"perfdoctor: baseline of {len(records)} run(s) saved to {save_baseline}\n")
-                from perfdoctor.gate.baseline import slow_outlier_runs
-
-                for n, frac in slow_outlier_runs(records, threshold / 2):
-                    sys.stderr.write(f"perfdoctor: warning: run {n} of {len(records)} was {frac:.0%} slower than the "
-                                     f"others, even in its fastest steps: another job may have held the machine. "
-                                     f"Gates against this baseline will be less decisive; record it again.\n")
-            if base is not None:
-                from perfdoctor.gate.compare import compare
-
-                comparison = compare(base, records, threshold, fail_on.value if fail_on else None)
-    _gate_output(report, comparison, fmt, output)
-    if result.exit_code != 0 and result.reason in ("exception", "sys-exit", "killed"):
+    human = FORMATS[fmt.value].console
+    outcome = run_and_gate(
+        module if module is not None else script, module=module is not None, script_args=script_args,
+        out_dir=out_dir, steps=steps, script_stdout_to_stderr=not human and output is None,
+        show_status=human or output is not None, repeats=repeats, save_baseline=save_baseline, baseline=baseline,
+        max_regression=parse_fraction(max_regression), fail_on=fail_on.value if fail_on else None)
+    for line in outcome.messages:
+        sys.stderr.write(f"perfdoctor: {line}\n")
+    if outcome.comparison is not None:
+        _step_summary(outcome.comparison)
+    _emit(fmt, output, outcome.report, outcome.comparison)
+    if outcome.script_failed:
         raise typer.Exit(EXIT_SCRIPT_FAILED)
-    if result.reason == "interrupted":
+    if outcome.interrupted:
         raise typer.Exit(130)
-    if comparison is not None and comparison.failed:
-        raise typer.Exit(EXIT_GATE_FAILED)
-    if comparison is None and _fails_on(report, fail_on):
+    if outcome.gate_failed:
         raise typer.Exit(EXIT_GATE_FAILED)
 
 
@@ -273,36 +161,11 @@ def compare(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the comparison to this file."),
 ) -> None:
     """Compare two baselines or run reports; exit 1 on a regression."""
-    from perfdoctor.gate.compare import compare_files
+    from perfdoctor.analysis import compare_paths
 
-    for p in (base, current):
-        if not p.exists():
-            raise PerfdoctorError(f"{p}: no such file or folder")
-    c = compare_files(base, current, parse_fraction(max_regression), fail_on.value if fail_on else None)
-    if fmt is Format.text:
-        from perfdoctor.report import text
-
-        _text(lambda console: text.render_comparison(c.as_dict(), console), output)
-    elif fmt is Format.json:
-        from perfdoctor.report import jsonfmt
-
-        _write(jsonfmt.dumps(c.as_dict()), output)
-    elif fmt is Format.markdown:
-        from perfdoctor.report import markdown
-
-        _write(markdown.render(c), output)
-    elif fmt is Format.github:
-        from perfdoctor.report import github
-
-        _write(github.render(c), output)
-    else:
-        from perfdoctor.report import sarif
-
-        _write(sarif.render(None, comparison=c), output)
-    if os.environ.get("GITHUB_STEP_SUMMARY"):
-        from perfdoctor.report import markdown
-
-        markdown.append_step_summary(markdown.render(c))
+    c = compare_paths(base, current, parse_fraction(max_regression), fail_on.value if fail_on else None)
+    _emit(fmt, output, comparison=c)
+    _step_summary(c)
     if c.failed:
         raise typer.Exit(EXIT_GATE_FAILED)
 
@@ -314,9 +177,9 @@ def report(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
 ) -> None:
     """Analyse an existing torch.profiler trace or a run folder."""
-    from perfdoctor.report.build import analyse_path
+    from perfdoctor.analysis import analyse_path
 
-    _emit(analyse_path(path), fmt, output)
+    _emit(fmt, output, analyse_path(path))
 
 
 @app.command("rules")

@@ -10,6 +10,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from perfdoctor.contracts.baseline import GateFinding
 from perfdoctor.gate import RunRecord, compare
 from perfdoctor.report import github, markdown, sarif
 from perfdoctor.model import Fact, Finding, Fix, Location, Report
@@ -63,7 +64,7 @@ def test_vendored_schema_is_the_sarif_2_1_0_schema():
 
 
 def test_sarif_validates_and_carries_rules_results_locations():
-    doc = validate(sarif.render(report(), rules=RULES, root=ROOT))
+    doc = validate(sarif.render_report(report(), rules=RULES, root=ROOT))
     run = doc["runs"][0]
     driver = run["tool"]["driver"]
     assert driver["name"] == "perfdoctor" and [r["id"] for r in driver["rules"]] == ["PD002", "PD005"]
@@ -80,7 +81,7 @@ def test_sarif_validates_and_carries_rules_results_locations():
 
 
 def test_sarif_fingerprint_ignores_line_number_but_not_code():
-    fp = lambda f: json.loads(sarif.render(report([f]), rules=RULES, root=ROOT))["runs"][0]["results"][0]["partialFingerprints"]  # noqa: E731
+    fp = lambda f: json.loads(sarif.render_report(report([f]), rules=RULES, root=ROOT))["runs"][0]["results"][0]["partialFingerprints"]  # noqa: E731
     assert fp(finding(line=12)) == fp(finding(line=40))
     assert fp(finding(code="loader = DataLoader(ds,  batch_size=64)")) == fp(finding())  # whitespace-insensitive
     assert fp(finding(code="loader = DataLoader(other)")) != fp(finding())
@@ -92,12 +93,12 @@ def test_sarif_without_catalog_entry_or_location_still_valid(tmp_path):
     f.locations = []
     f.fix = None
     f.ms_per_step = None
-    doc = validate(sarif.render(report([f, finding(file=str(tmp_path / "elsewhere.py"))]), rules=[], root=ROOT))
+    doc = validate(sarif.render_report(report([f, finding(file=str(tmp_path / "elsewhere.py"))]), rules=[], root=ROOT))
     run = doc["runs"][0]
     assert {r["id"] for r in run["tool"]["driver"]["rules"]} == {"PD002", "PD005"}
     assert "locations" not in run["results"][0]
     assert run["results"][1]["locations"][0]["physicalLocation"]["artifactLocation"]["uri"].startswith("file:///")
-    validate(sarif.render(report([]), rules=RULES, root=ROOT))  # no findings: still a valid log
+    validate(sarif.render_report(report([]), rules=RULES, root=ROOT))  # no findings: still a valid log
 
 
 def test_github_escaping_rules():
@@ -108,13 +109,13 @@ def test_github_escaping_rules():
 
 
 def test_github_report_annotations():
-    out = github.render(report([finding(), finding(rule="PD005", severity="low", line=30)]), root=ROOT)
+    out = github.render_report(report([finding(), finding(rule="PD005", severity="low", line=30)]), root=ROOT)
     lines = out.splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("::error file=src/train.py,line=12,title=PD002 DataLoader waits%3A 0 workers | slow::")
     assert "%0AFix: loader = DataLoader(ds, batch_size=64, num_workers=4, pin_memory=True)" in lines[0]
     assert "\n" not in lines[0] and lines[1].startswith("::notice file=src/train.py,line=30,")
-    assert github.render(report([finding()] * 15), root=ROOT).count("\n") == github.MAX_ANNOTATIONS
+    assert github.render_report(report([finding()] * 15), root=ROOT).count("\n") == github.MAX_ANNOTATIONS
 
 
 def _records(mean, n=2, seed=0, findings=()):
@@ -128,29 +129,29 @@ def _records(mean, n=2, seed=0, findings=()):
 
 
 def test_github_failed_gate_and_markdown_comparison():
-    new = {"rule": "PD005", "fingerprint": "PD005:x", "severity": "high", "title": "empty_cache in loop",
-           "file": "/repo/src/train.py", "line": 7}
+    new = GateFinding(rule="PD005", fingerprint="PD005:x", severity="high", title="empty_cache in loop",
+                      file="/repo/src/train.py", line=7)
     c = compare(_records(10.0), _records(12.0, 1, 1, [new]), fail_on="high")
     assert c.failed
-    gh = github.render(c, root=ROOT)
+    gh = github.render_comparison(c, root=ROOT)
     assert "::error title=perfdoctor gate%3A step time (p10) regression::step time (p10) regressed +" in gh
     assert "::error file=src/train.py,line=7,title=PD005 (new since baseline)::New high finding: empty_cache in loop" in gh
     assert gh.rstrip().splitlines()[-1].startswith("::error::perfdoctor gate failed: step time (p10) +")
-    md = markdown.render(c)
+    md = markdown.render_comparison(c)
     assert "❌ perfdoctor gate: failed" in md
     assert "| Metric | Baseline | Current | Change | 90% CI | Verdict |" in md
     assert "❌ regression" in md and "### New findings" in md and "**PD005** (high)" in md
     ok = compare(_records(10.0), _records(10.0, 1, 2))
-    assert "✅ perfdoctor gate: passed" in markdown.render(ok.as_dict()) and github.render(ok) == ""
+    assert "✅ perfdoctor gate: passed" in markdown.render_comparison(ok.as_dict()) and github.render_comparison(ok) == ""
 
 
 def test_sarif_of_a_comparison_marks_new_and_unchanged_findings():
-    old = {"rule": "PD002", "fingerprint": "PD002:train.py:loader = DataLoader(ds)", "severity": "high",
-           "title": "DataLoader waits", "file": "/repo/src/train.py", "line": 12, "code": "loader = DataLoader(ds)"}
-    new = {"rule": "PD005", "fingerprint": "PD005:train.py:torch.cuda.empty_cache()", "severity": "low",
-           "title": "empty_cache in loop", "file": "/repo/src/train.py", "line": 30, "code": "torch.cuda.empty_cache()"}
+    old = GateFinding(rule="PD002", fingerprint="PD002:train.py:loader = DataLoader(ds)", severity="high",
+                      title="DataLoader waits", file="/repo/src/train.py", line=12, code="loader = DataLoader(ds)")
+    new = GateFinding(rule="PD005", fingerprint="PD005:train.py:torch.cuda.empty_cache()", severity="low",
+                      title="empty_cache in loop", file="/repo/src/train.py", line=30, code="torch.cuda.empty_cache()")
     c = compare(_records(10.0, findings=[old]), _records(12.0, 1, 1, [old, new]))
-    doc = validate(sarif.render(None, RULES, ROOT, comparison=c))  # `compare --format sarif`
+    doc = validate(sarif.render_comparison(c, RULES, ROOT))  # `compare --format sarif`
     states = {r["ruleId"]: r["baselineState"] for r in doc["runs"][0]["results"]}
     assert states == {"PD002": "unchanged", "PD005": "new"}
     res = {r["ruleId"]: r for r in doc["runs"][0]["results"]}
@@ -159,7 +160,7 @@ def test_sarif_of_a_comparison_marks_new_and_unchanged_findings():
     assert gate["verdict"] == "failed" and gate["rows"][0]["verdict"] == "regression"
     # the same finding from a full report (`run --baseline --format sarif`) has the same fingerprint
     rep = report([finding(line=12, code="loader = DataLoader(ds)")])
-    with_report = validate(sarif.render(rep, RULES, ROOT, comparison=c))
+    with_report = validate(sarif.render_both(rep, c, RULES, ROOT))
     r0 = with_report["runs"][0]["results"][0]
     assert r0["baselineState"] == "unchanged"
     assert r0["partialFingerprints"] == res["PD002"]["partialFingerprints"]
@@ -169,14 +170,14 @@ def test_not_comparable_is_loud_but_not_failing():
     cur = _records(20.0, 1, 3)
     cur[0].env["torch"] = "2.12.0"
     c = compare(_records(10.0), cur)
-    gh = github.render(c)
+    gh = github.render_comparison(c)
     assert gh.startswith("::warning title=perfdoctor gate%3A not comparable::") and "::error" not in gh
-    md = markdown.render(c)
+    md = markdown.render_comparison(c)
     assert "baseline not comparable" in md and "> **NOT COMPARABLE" in md and "⚠️ not comparable" in md
 
 
 def test_markdown_report_summary_table_and_details():
-    md = markdown.render(report())
+    md = markdown.render_report(report())
     assert md.startswith("## perfdoctor: train.py")
     assert "**Step time** 74.50 ms median · p90 80.10 ms · 40 steps · device cpu · torch 2.13.0" in md
     assert "| data loading | 41.00 | 55% |" in md
@@ -185,7 +186,7 @@ def test_markdown_report_summary_table_and_details():
     assert "<details><summary><b>PD002</b>" in md and "</details>" in md
     assert "```diff\n- loader = DataLoader(ds, batch_size=64)\n+ loader = DataLoader(ds, batch_size=64, num_workers=4, pin_memory=True)\n```" in md
     assert "persistent_workers=True too" in md and "> profiled steps 5-8" in md
-    assert "No findings" in markdown.render(report([]).as_dict())
+    assert "No findings" in markdown.render_report(report([]).as_dict())
 
 
 def test_append_step_summary(tmp_path):

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.errors import InputError
-from perfdoctor.gate import (BASELINE_SCHEMA, RunRecord, compare, compare_files, load_baseline, noise_floor,
+from perfdoctor.contracts.baseline import BASELINE_SCHEMA, GateFinding
+from perfdoctor.contracts.report import read_report
+from perfdoctor.gate import (RunRecord, compare, compare_files, load_baseline, noise_floor,
                              record_from_run_dir, save_baseline, warmup_steps)
 from perfdoctor.gate import stats
 from perfdoctor.gate.baseline import slow_outlier_runs
@@ -73,7 +75,7 @@ def test_steady_state_drops_warmup_and_profiler_window(tmp_path):
     assert r.steps_per_s == pytest.approx(1000 / 10.16)
     assert r.counters == {"sync.count_per_step": 2.0}
     assert r.peak_memory_bytes == 7
-    assert r.findings[0]["fingerprint"] == "PD002:train.py:x" and r.findings[0]["severity"] == "high"
+    assert r.findings[0].fingerprint == "PD002:train.py:x" and r.findings[0].severity == "high"
     assert r.env["script"] == "train.py" and r.env["args"] == ["--lr", "0.1"] and len(r.env["script_sha256"]) == 64
     assert r.env["torch"] == "2.13.0" and r.env["cpu_count"] == 2
 
@@ -208,19 +210,19 @@ def test_changed_script_content_is_noted_not_blocking():
 
 def test_new_findings_fail_at_or_above_fail_on():
     rng = random.Random(8)
-    old = {"rule": "PD002", "fingerprint": "PD002:train.py:DataLoader(ds)", "severity": "high", "title": "workers"}
-    new_med = {"rule": "PD005", "fingerprint": "PD005:train.py:empty_cache()", "severity": "medium", "title": "cache",
-               "file": "/w/train.py", "line": 9}
+    old = GateFinding(rule="PD002", fingerprint="PD002:train.py:DataLoader(ds)", severity="high", title="workers")
+    new_med = GateFinding(rule="PD005", fingerprint="PD005:train.py:empty_cache()", severity="medium", title="cache",
+                          file="/w/train.py", line=9)
     base = runs(2, 50, 20.0, rng, findings=[old])
     cur = runs(1, 50, 20.0, rng, findings=[old, new_med])
-    assert [f["rule"] for f in compare(base, cur).new_findings] == ["PD005"]
+    assert [f.rule for f in compare(base, cur).new_findings] == ["PD005"]
     assert not compare(base, cur).failed  # no --fail-on: reported, not failing
     assert not compare(base, cur, fail_on="high").failed
     c = compare(base, cur, fail_on="medium")
-    assert c.failed and [f["rule"] for f in c.failing_findings] == ["PD005"]
+    assert c.failed and [f.rule for f in c.failing_findings] == ["PD005"]
     assert compare(base, cur, fail_on="low").failed
     fixed = compare(base, runs(1, 50, 20.0, rng), fail_on="low")
-    assert not fixed.failed and [f["rule"] for f in fixed.resolved_findings] == ["PD002"]
+    assert not fixed.failed and [f.rule for f in fixed.resolved_findings] == ["PD002"]
 
 
 def test_counters_are_compared_tightly():
@@ -244,16 +246,16 @@ def test_noise_floor_measures_both_parts():
     rng = random.Random(11)
     quiet = noise_floor(runs(4, 100, 20.0, rng, rel_sd=0.02, phi=0.5, run_sd=0.0))
     loud = noise_floor(runs(4, 100, 20.0, rng, rel_sd=0.02, phi=0.5, run_sd=0.10))
-    assert quiet["within_run_rel_se"] < 0.02 and loud["between_run_rel_sd"] > 0.04
-    assert loud["single_run_halfwidth"] > quiet["single_run_halfwidth"]
+    assert quiet.within_run_rel_se < 0.02 and loud.between_run_rel_sd > 0.04
+    assert loud.single_run_halfwidth > quiet.single_run_halfwidth
     one = noise_floor(runs(1, 100, 20.0, rng))
-    assert one["between_run_rel_sd"] is None and one["within_run_rel_se"] is not None
+    assert one.between_run_rel_sd is None and one.within_run_rel_se is not None
 
 
 def test_baseline_round_trip_and_readable_diff(tmp_path):
     rng = random.Random(12)
     records = runs(3, 40, 20.0, rng, counters={"sync.count_per_step": 1},
-                   findings=[{"rule": "PD002", "fingerprint": "PD002:a", "severity": "high", "title": "t"}])
+                   findings=[GateFinding(rule="PD002", fingerprint="PD002:a", severity="high", title="t")])
     path = tmp_path / "base.json"
     save_baseline(records, path)
     text = path.read_text()
@@ -316,3 +318,32 @@ def test_slow_outlier_runs_are_named():
     (hit,) = slow_outlier_runs(base, 0.05)
     assert hit[0] == 2 and 0.15 < hit[1] < 0.25
     assert slow_outlier_runs(base[:2], 0.05) == []  # two runs cannot say which one is off
+
+
+def test_every_golden_report_json_reads_back_through_its_contract():
+    """The writer (Report.as_dict through jsonfmt) and the reader (contracts/report.py) agree."""
+    golden = sorted((Path(__file__).resolve().parent / "golden" / "expected").glob("*.json"))
+    assert golden
+    for path in golden:
+        doc = read_report(path)
+        assert doc.schema == "perfdoctor/report/v1" and doc.summary.step_time_ms is not None, path.name
+        assert [f.identity() for f in doc.findings] == [f["fingerprint"] for f in json.loads(path.read_text())["findings"]]
+
+
+def test_invalid_baseline_or_report_is_one_input_error_naming_file_and_field(tmp_path):
+    rng = random.Random(14)
+    good = tmp_path / "base.json"
+    save_baseline(runs(2, 40, 20.0, rng), good)
+    data = json.loads(good.read_text())
+    data["runs"][1]["step_ms"][3] = "fast"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(InputError) as e:
+        load_baseline(bad)
+    assert str(bad) in e.value.message and "$.runs[1].step_ms[3]" in e.value.message and "\n" not in e.value.message
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"schema": "perfdoctor/report/v1", "summary": {"step_time_ms": {"median": "slow"}},
+                                  "findings": []}))
+    with pytest.raises(InputError) as e:
+        compare_files(good, report)
+    assert str(report) in e.value.message and "$.summary.step_time_ms.median" in e.value.message

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.report.build import analyse_path
+from perfdoctor.analysis import analyse_path
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
 

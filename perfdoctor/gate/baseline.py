@@ -18,13 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from perfdoctor import __version__
+from perfdoctor.contracts.baseline import (BASELINE_SCHEMA, BaselineDoc, Environment, GateFinding, NoiseDoc, RunDoc,
+                                           SummaryDoc, ToolDoc, read_baseline)
+from perfdoctor.contracts.report import ReportDoc, read_report
+from perfdoctor.contracts.report import SummaryDoc as ReportSummaryDoc
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
-from perfdoctor.model import identity_of
 from perfdoctor.stats import steady_steps, warmup_steps
 
-BASELINE_SCHEMA = "perfdoctor/baseline/v1"
 MIN_STEPS = 6  # fewer steady steps than this give no interval (the block bootstrap needs a series)
 # Counters from the trace that do not depend on machine noise; the gate compares them tightly.
 COUNTERS = ("sync.count_per_step", "copies.h2d_per_step", "copies.h2d_pageable_per_step",
@@ -36,13 +40,13 @@ IDENTITY_KEYS = ("torch", "device", "device_name", "device_count", "cpu_count", 
 @dataclass
 class RunRecord:
     source: str  # the run folder or file it came from
-    env: dict[str, Any]  # identity: torch, device, device_name, cpu_count, python, script, script_sha256, args
+    env: Environment  # identity: torch, device, device_name, cpu_count, python, script, script_sha256, args
     step_ms: list[float]  # steady-state step times, in order (empty when only a summary was available)
     median_ms: float | None
     batch_size: float | None = None
     peak_memory_bytes: int | None = None
     counters: dict[str, float] = field(default_factory=dict)
-    findings: list[dict[str, Any]] = field(default_factory=list)  # rule, fingerprint, severity, title, location
+    findings: list[GateFinding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warmup_dropped: int = 0
 
@@ -63,21 +67,18 @@ class RunRecord:
         sps = self.steps_per_s
         return sps * self.batch_size if sps and self.batch_size else None
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "env": self.env, "median_ms": _r(self.median_ms),
-                "steps_per_s": _r(self.steps_per_s), "samples_per_s": _r(self.samples_per_s),
-                "batch_size": self.batch_size, "peak_memory_bytes": self.peak_memory_bytes,
-                "counters": self.counters, "findings": self.findings, "notes": self.notes,
-                "warmup_dropped": self.warmup_dropped, "step_ms": [round(v, 4) for v in self.step_ms]}
+    def to_doc(self) -> RunDoc:
+        return RunDoc(source=self.source, env=self.env, median_ms=_r(self.median_ms), steps_per_s=_r(self.steps_per_s),
+                      samples_per_s=_r(self.samples_per_s), batch_size=self.batch_size,
+                      peak_memory_bytes=self.peak_memory_bytes, counters=self.counters, findings=self.findings,
+                      notes=self.notes, warmup_dropped=self.warmup_dropped,
+                      step_ms=[round(v, 4) for v in self.step_ms])
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
-        return cls(source=str(d.get("source", "")), env=dict(d.get("env") or {}),
-                   step_ms=[float(v) for v in d.get("step_ms") or []], median_ms=d.get("median_ms"),
-                   batch_size=d.get("batch_size"), peak_memory_bytes=d.get("peak_memory_bytes"),
-                   counters={k: float(v) for k, v in (d.get("counters") or {}).items()},
-                   findings=list(d.get("findings") or []), notes=list(d.get("notes") or []),
-                   warmup_dropped=int(d.get("warmup_dropped") or 0))
+    def from_doc(cls, d: RunDoc) -> "RunRecord":
+        return cls(source=d.source, env=dict(d.env), step_ms=list(d.step_ms), median_ms=d.median_ms,
+                   batch_size=d.batch_size, peak_memory_bytes=d.peak_memory_bytes, counters=dict(d.counters),
+                   findings=list(d.findings), notes=list(d.notes), warmup_dropped=d.warmup_dropped)
 
 
 def _r(v: float | None, nd: int = 4) -> float | None:
@@ -109,45 +110,43 @@ def _script_args(argv: list[str], script: str | None) -> list[str]:
     return list(argv)
 
 
-def _fact(facts: dict[str, Any], name: str) -> Any:
-    f = facts.get(name)
-    return f.get("value") if isinstance(f, dict) else f
-
-
-def _batch_size(report: dict[str, Any]) -> float | None:
-    facts = report.get("facts") or {}
+def _batch_size(report: ReportDoc) -> float | None:
     for name in ("run.batch_size", "dataloader.batch_size"):
-        v = _fact(facts, name)
+        v = report.fact(name)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
             return float(v)
-    # the facts' subjects, when the report carries them: one DataLoader with a known batch size
-    loaders = ((report.get("subjects") or {}).get("dataloader")) or []
-    sizes = {_fact(s.get("facts") or {}, "dataloader.batch_size") for s in loaders}
-    sizes.discard(None)
-    return float(sizes.pop()) if len(sizes) == 1 else None
+    return None
 
 
-def _findings(report: dict[str, Any]) -> list[dict[str, Any]]:
+def _findings(report: ReportDoc) -> list[GateFinding]:
     out = []
-    for f in report.get("findings") or []:
-        loc = (f.get("locations") or [{}])[0]
-        out.append({"rule": f.get("rule"), "fingerprint": identity_of(f), "severity": f.get("severity"),
-                    "title": f.get("title", ""), "file": loc.get("file", ""), "line": loc.get("line", 0),
-                    "code": loc.get("code", "")})
+    for f in report.findings:
+        loc = f.locations[0] if f.locations else None
+        out.append(GateFinding(rule=f.rule, fingerprint=f.identity(), severity=f.severity, title=f.title,
+                               file=loc.file if loc else "", line=loc.line if loc else 0, code=loc.code if loc else ""))
     return out
 
 
-def _counters(report: dict[str, Any]) -> dict[str, float]:
-    facts = report.get("facts") or {}
+def _counters(report: ReportDoc) -> dict[str, float]:
     out = {}
     for name in COUNTERS:
-        v = _fact(facts, name)
+        v = report.fact(name)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[name] = float(v)
     return out
 
 
-def _identity(env: dict[str, Any], script: str | None, argv: list[str] | None, sha: str | None) -> dict[str, Any]:
+def _peak(report: ReportDoc) -> int | None:
+    v = report.fact("memory.peak_bytes")
+    return int(v) if isinstance(v, (int, float)) else None
+
+
+def _median(report: ReportDoc) -> float | None:
+    st = report.summary.step_time_ms
+    return float(st.median) if st is not None and st.median else None
+
+
+def _identity(env: dict[str, Any], script: str | None, argv: list[str] | None, sha: str | None) -> Environment:
     return {"torch": env.get("torch"), "device": env.get("device"), "device_name": env.get("device_name"),
             "device_count": env.get("device_count"), "cpu_count": env.get("cpu_count"),
             "cpu_model": env.get("cpu_model"), "python": env.get("python"), "platform": env.get("platform"),
@@ -160,7 +159,8 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
     run_dir = Path(run_dir)
     meta = _read_json(run_dir / "meta.json")
     steps = (_read_json(run_dir / "steps.json") or {}).get("steps") or []
-    report = _read_json(run_dir / "report.json") if (run_dir / "report.json").exists() else {}
+    report = read_report(run_dir / "report.json") if (run_dir / "report.json").exists() else ReportDoc(
+        schema="", summary=ReportSummaryDoc(), findings=[])
     notes: list[str] = []
     timed = [s for s in steps if s.get("wall_ms") is not None]
     steady = [float(s["wall_ms"]) for s in steady_steps(timed, meta.get("window"), min_steps=MIN_STEPS)]
@@ -171,12 +171,11 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
                      f"Run more steps (--steps) for a cleaner gate.")
     median = statistics.median(steady) if steady else None
     if median is None:
-        med = ((report.get("summary") or {}).get("step_time_ms") or {}).get("median")
-        median = float(med) if med else None
+        median = _median(report)
         notes.append(f"{run_dir.name}: no per-step timings; only the report's median step time is known")
     mems = [int(s["mem_bytes"]) for s in steps if s.get("mem_bytes") is not None]
-    peak = _fact(report.get("facts") or {}, "memory.peak_bytes")
-    peak = int(peak) if isinstance(peak, (int, float)) else (max(mems) if mems else None)
+    peak = _peak(report)
+    peak = peak if peak is not None else (max(mems) if mems else None)
     script = meta.get("script") or meta.get("module")
     sha = meta.get("script_sha256") or _sha256(meta.get("script"))
     return RunRecord(source=str(run_dir), env=_identity(meta.get("env") or {}, script, list(meta.get("argv") or []), sha),
@@ -184,22 +183,19 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
                      counters=_counters(report), findings=_findings(report), notes=notes, warmup_dropped=drop)
 
 
-def record_from_report(report: dict[str, Any], source: str = "") -> RunRecord:
+def record_from_report(report: ReportDoc, source: str = "") -> RunRecord:
     """A summary-only record from a report.json with no run folder around it: the median step
-    time, counters, findings and environment, but no per-step series (so no confidence interval)."""
-    run = report.get("run") or {}
-    med = ((report.get("summary") or {}).get("step_time_ms") or {}).get("median")
-    env = {"torch": run.get("torch"), "device": run.get("device"), "device_name": run.get("device_name"),
-           "cpu_count": run.get("cpu_count"), "python": run.get("python")}
-    peak = _fact(report.get("facts") or {}, "memory.peak_bytes")
-    return RunRecord(source=source, env=_identity(env, run.get("script"), run.get("argv"), None),
-                     step_ms=[], median_ms=float(med) if med else None, batch_size=_batch_size(report),
-                     peak_memory_bytes=int(peak) if isinstance(peak, (int, float)) else None,
-                     counters=_counters(report), findings=_findings(report),
+    time, counters, findings and environment, but no per-step series (so no confidence interval).
+    A report knows the run's torch and device (its name), not the rest of the machine."""
+    run = report.run
+    env = {"torch": run.torch, "device": run.device}
+    return RunRecord(source=source, env=_identity(env, run.script, run.argv, None),
+                     step_ms=[], median_ms=_median(report), batch_size=_batch_size(report),
+                     peak_memory_bytes=_peak(report), counters=_counters(report), findings=_findings(report),
                      notes=[f"{source or 'report'}: summary only (no per-step timings)"])
 
 
-def noise_floor(records: list[RunRecord], seed: int = 0) -> dict[str, Any]:
+def noise_floor(records: list[RunRecord], seed: int = 0) -> NoiseDoc:
     """The noise measured at record time, of the value the gate judges (`statistic`: a low
     quantile of each run's steady steps); relative, as log-scale standard deviations ~ fractions.
 
@@ -219,54 +215,54 @@ def noise_floor(records: list[RunRecord], seed: int = 0) -> dict[str, Any]:
     w = sum(known) / len(known) if known else None
     b = stats.between_run_log_var(vals, within)
     total = (w or 0.0) + (b or 0.0)
-    return {
-        "runs": len(records),
-        "statistic": f"p{round(stats.GATE_QUANTILE * 100)} of the steady-state steps",
-        "run_values_ms": [round(m, 4) for m in vals],
-        "within_run_rel_se": None if w is None else round(math.sqrt(w), 6),
-        "between_run_rel_sd": None if b is None else round(math.sqrt(b), 6),
-        "spread": round((max(vals) - min(vals)) / statistics.median(vals), 6) if len(vals) > 1 else None,
-        "single_run_halfwidth": round(math.exp(stats.Z95 * math.sqrt(total)) - 1, 6) if (w is not None or b is not None) else None,
-        "block_lengths": [stats.block_length(r.step_ms) if len(r.step_ms) >= MIN_STEPS else None for r in records],
-        "method": "a low quantile per run; circular block bootstrap within runs (block length from "
-                  "autocorrelation); between-run variance of log run values less the within-run part",
-    }
+    return NoiseDoc(
+        runs=len(records),
+        statistic=f"p{round(stats.GATE_QUANTILE * 100)} of the steady-state steps",
+        run_values_ms=[round(m, 4) for m in vals],
+        within_run_rel_se=None if w is None else round(math.sqrt(w), 6),
+        between_run_rel_sd=None if b is None else round(math.sqrt(b), 6),
+        spread=round((max(vals) - min(vals)) / statistics.median(vals), 6) if len(vals) > 1 else None,
+        single_run_halfwidth=round(math.exp(stats.Z95 * math.sqrt(total)) - 1, 6) if (w is not None or b is not None) else None,
+        block_lengths=[stats.block_length(r.step_ms) if len(r.step_ms) >= MIN_STEPS else None for r in records],
+        method="a low quantile per run; circular block bootstrap within runs (block length from "
+               "autocorrelation); between-run variance of log run values less the within-run part",
+    )
 
 
 @dataclass
 class Baseline:
     records: list[RunRecord]
-    noise: dict[str, Any]
+    noise: NoiseDoc
     created: str = ""
     source: str = ""
 
     @property
-    def env(self) -> dict[str, Any]:
+    def env(self) -> Environment:
         return self.records[0].env if self.records else {}
 
 
-def baseline_dict(records: list[RunRecord], seed: int = 0) -> dict[str, Any]:
+def baseline_doc(records: list[RunRecord], seed: int = 0) -> BaselineDoc:
     if not records:
         raise InputError("no runs to make a baseline from")
     meds = [r.median_ms for r in records if r.median_ms]
-    fps: dict[str, dict[str, Any]] = {}
+    fps: dict[str, GateFinding] = {}
     for r in records:
         for f in r.findings:
-            fps.setdefault(f["fingerprint"], f)
+            fps.setdefault(f.fingerprint, f)
     peaks = [r.peak_memory_bytes for r in records if r.peak_memory_bytes is not None]
-    return {
-        "schema": BASELINE_SCHEMA,
-        "tool": {"name": "perfdoctor", "version": __version__},
-        "created": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "environment": records[0].env,
-        "summary": {"step_time_ms": round(statistics.median(meds), 4) if meds else None,
-                    "steps_per_s": round(1000 / statistics.median(meds), 4) if meds else None,
-                    "peak_memory_bytes": max(peaks) if peaks else None,
-                    "counters": records[0].counters},
-        "noise": noise_floor(records, seed),
-        "findings": sorted(fps.values(), key=lambda f: f["fingerprint"]),
-        "runs": [r.as_dict() for r in records],
-    }
+    return BaselineDoc(
+        schema=BASELINE_SCHEMA,
+        tool=ToolDoc(name="perfdoctor", version=__version__),
+        created=_dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+        environment=records[0].env,
+        summary=SummaryDoc(step_time_ms=round(statistics.median(meds), 4) if meds else None,
+                           steps_per_s=round(1000 / statistics.median(meds), 4) if meds else None,
+                           peak_memory_bytes=max(peaks) if peaks else None,
+                           counters=records[0].counters),
+        noise=noise_floor(records, seed),
+        findings=sorted(fps.values(), key=lambda f: f.fingerprint),
+        runs=[r.to_doc() for r in records],
+    )
 
 
 def slow_outlier_runs(records: list[RunRecord], margin: float) -> list[tuple[int, float]]:
@@ -284,22 +280,17 @@ def slow_outlier_runs(records: list[RunRecord], margin: float) -> list[tuple[int
     return out
 
 
-def save_baseline(records: list[RunRecord], path: Path | str, seed: int = 0) -> dict[str, Any]:
+def save_baseline(records: list[RunRecord], path: Path | str, seed: int = 0) -> BaselineDoc:
     """Write a baseline file (sorted keys, indent 2: one number per line, readable in a diff)."""
-    data = baseline_dict(records, seed)
+    doc = baseline_doc(records, seed)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, sort_keys=True, indent=2) + "\n", encoding="utf-8")
-    return data
+    path.write_text(json.dumps(msgspec.to_builtins(doc), sort_keys=True, indent=2) + "\n", encoding="utf-8")
+    return doc
 
 
 def load_baseline(path: Path | str) -> Baseline:
     path = Path(path)
-    data = _read_json(path)
-    if not isinstance(data, dict) or data.get("schema") != BASELINE_SCHEMA:
-        raise InputError(f"{path}: not a perfdoctor baseline (expected schema {BASELINE_SCHEMA!r}); "
-                         f"record one with `perfdoctor run SCRIPT --save-baseline {path.name}`")
-    records = [RunRecord.from_dict(r) for r in data.get("runs") or []]
-    if not records:
-        raise InputError(f"{path}: the baseline holds no runs")
-    return Baseline(records=records, noise=data.get("noise") or {}, created=str(data.get("created", "")), source=str(path))
+    doc = read_baseline(path)
+    return Baseline(records=[RunRecord.from_doc(r) for r in doc.runs], noise=doc.noise, created=doc.created,
+                    source=str(path))

@@ -9,18 +9,22 @@ above `fail_on`, fails the gate.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from perfdoctor.contracts.baseline import Environment, GateFinding, is_baseline
+from perfdoctor.contracts.files import read_bytes, schema_of
+from perfdoctor.contracts.report import REPORT_SCHEMA, decode_report
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
+from perfdoctor.gate.baseline import (IDENTITY_KEYS, MIN_STEPS, Baseline, RunRecord, load_baseline, record_from_report,
+                                      record_from_run_dir)
 from perfdoctor.model import SEVERITIES, at_or_above
-from perfdoctor.gate.baseline import (BASELINE_SCHEMA, IDENTITY_KEYS, MIN_STEPS, Baseline, RunRecord, load_baseline,
-                                      record_from_report, record_from_run_dir)
 
 SCHEMA = "perfdoctor/compare/v1"
 COUNTER_SLACK = 0.5  # counts per step: counters are averages over the profiled steps
@@ -52,16 +56,16 @@ class Comparison:
     failed: bool
     comparable: bool
     rows: list[Row]
-    new_findings: list[dict[str, Any]]
-    resolved_findings: list[dict[str, Any]]
+    new_findings: list[GateFinding]
+    resolved_findings: list[GateFinding]
     notes: list[str]
     env_differences: list[dict[str, Any]] = field(default_factory=list)
     max_regression: float = 0.10
     fail_on: str | None = None
     baseline_runs: int = 0
     current_runs: int = 0
-    failing_findings: list[dict[str, Any]] = field(default_factory=list)
-    findings: list[dict[str, Any]] = field(default_factory=list)  # every finding of the current side
+    failing_findings: list[GateFinding] = field(default_factory=list)
+    findings: list[GateFinding] = field(default_factory=list)  # every finding of the current side
 
     @property
     def verdict(self) -> str:
@@ -71,9 +75,10 @@ class Comparison:
         return {"schema": SCHEMA, "verdict": self.verdict, "failed": self.failed, "comparable": self.comparable,
                 "max_regression": self.max_regression, "ci_level": LEVEL, "fail_on": self.fail_on,
                 "baseline_runs": self.baseline_runs, "current_runs": self.current_runs,
-                "rows": [r.as_dict() for r in self.rows], "new_findings": self.new_findings,
-                "failing_findings": self.failing_findings, "resolved_findings": self.resolved_findings,
-                "findings": self.findings,
+                "rows": [r.as_dict() for r in self.rows], "new_findings": msgspec.to_builtins(self.new_findings),
+                "failing_findings": msgspec.to_builtins(self.failing_findings),
+                "resolved_findings": msgspec.to_builtins(self.resolved_findings),
+                "findings": msgspec.to_builtins(self.findings),
                 "env_differences": self.env_differences, "notes": self.notes}
 
 
@@ -81,7 +86,7 @@ def _r(v: float | None, nd: int = 4) -> float | None:
     return None if v is None else round(v, nd)
 
 
-def env_differences(base: dict[str, Any], cur: dict[str, Any]) -> tuple[list[dict[str, Any]], list[str]]:
+def env_differences(base: Environment, cur: Environment) -> tuple[list[dict[str, Any]], list[str]]:
     """Identity keys that differ (these make timings not comparable) and softer notes."""
     diffs = []
     for k in IDENTITY_KEYS:
@@ -213,15 +218,15 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
     if only:
         notes.append("counters measured on one side only (not compared): " + ", ".join(only))
 
-    base_fps = {f["fingerprint"] for r in base for f in r.findings}
-    cur_f: dict[str, dict[str, Any]] = {}
+    base_fps = {f.fingerprint for r in base for f in r.findings}
+    cur_f: dict[str, GateFinding] = {}
     for r in cur:
         for f in r.findings:
-            cur_f.setdefault(f["fingerprint"], f)
+            cur_f.setdefault(f.fingerprint, f)
     new = [f for fp, f in sorted(cur_f.items()) if fp not in base_fps]
-    resolved = sorted({f["fingerprint"]: f for r in base for f in r.findings if f["fingerprint"] not in cur_f}.values(),
-                      key=lambda f: f["fingerprint"])
-    failing = [f for f in new if fail_on is not None and at_or_above(f.get("severity"), fail_on)]
+    resolved = sorted({f.fingerprint: f for r in base for f in r.findings if f.fingerprint not in cur_f}.values(),
+                      key=lambda f: f.fingerprint)
+    failing = [f for f in new if fail_on is not None and at_or_above(f.severity, fail_on)]
 
     if not comparable:
         for r in rows:
@@ -245,18 +250,13 @@ def load_side(path: Path | str) -> Baseline | list[RunRecord]:
         if (path / "meta.json").exists():
             return [record_from_run_dir(path)]
         raise InputError(f"{path}: not a run folder (no meta.json); pass a baseline file, a run folder or its report.json")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: not readable JSON ({e})") from None
-    if isinstance(data, dict) and data.get("schema") == BASELINE_SCHEMA:
+    raw = read_bytes(path)
+    if is_baseline(path, raw):
         return load_baseline(path)
-    if isinstance(data, dict) and "findings" in data and "summary" in data:
+    if schema_of(path, raw) == REPORT_SCHEMA:
         if (path.parent / "meta.json").exists() and (path.parent / "steps.json").exists():
             return [record_from_run_dir(path.parent)]
-        return [record_from_report(data, str(path))]
+        return [record_from_report(decode_report(path, raw), str(path))]
     raise InputError(f"{path}: neither a perfdoctor baseline nor a perfdoctor report.json")
 
 

@@ -1,6 +1,6 @@
 """GitHub Actions workflow commands: annotations on the user's lines and a failed-gate error.
 
-Pure: takes a Report or a Comparison (objects or dicts) and returns the command lines.
+Pure: takes a Report, a Comparison, or both (objects or dicts) and returns the command lines.
 Escaping follows the runner's rules: in the message, % CR LF become %25 %0D %0A; in a property
 value, also : and , become %3A and %2C.
 """
@@ -94,6 +94,6 @@ def render_comparison(comparison: Any, root: Path | str | None = None, limit: in
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def render(obj: Any, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
-    d = _as_dict(obj)
-    return render_comparison(d, root, limit) if "rows" in d and "verdict" in d else render_report(d, root, limit)
+def render_both(report: Any, comparison: Any, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
+    """The report's annotations, then the gate's."""
+    return render_report(report, root, limit) + render_comparison(comparison, root, limit)

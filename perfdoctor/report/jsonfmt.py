@@ -1,4 +1,5 @@
-"""The JSON report (schema "perfdoctor/report/v1", DESIGN.md "Contracts") and other JSON documents."""
+"""The JSON report (schema "perfdoctor/report/v1", perfdoctor/contracts/report.py), the gate's
+comparison ("perfdoctor/compare/v1"), and other JSON documents."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import Report
 
 
@@ -13,5 +15,14 @@ def dumps(doc: Any) -> str:
     return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
 
 
-def render(report: Report) -> str:
+def render_report(report: Report) -> str:
     return dumps(report.as_dict())
+
+
+def render_comparison(comparison: Comparison) -> str:
+    return dumps(comparison.as_dict())
+
+
+def render_both(report: Report, comparison: Comparison) -> str:
+    """One document: the report, with the gate's comparison under "gate"."""
+    return dumps({**report.as_dict(), "gate": comparison.as_dict()})

@@ -1,6 +1,6 @@
 """Markdown: a readable summary for a pull request comment or $GITHUB_STEP_SUMMARY.
 
-Pure: takes a Report (or its dict) or a gate Comparison (or its dict) and returns text.
+Pure: takes a Report (or its dict), a gate Comparison (or its dict), or both, and returns text.
 """
 
 from __future__ import annotations
@@ -149,10 +149,9 @@ def render_comparison(comparison: Any) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def render(obj: Any) -> str:
-    """Markdown for a Report or a Comparison (objects or their dicts)."""
-    d = _as_dict(obj)
-    return render_comparison(d) if "rows" in d and "verdict" in d else render_report(d)
+def render_both(report: Any, comparison: Any) -> str:
+    """The report, then the gate's verdict."""
+    return render_report(report) + "\n" + render_comparison(comparison)
 
 
 def append_step_summary(markdown: str, environ: Mapping[str, str] | None = None) -> bool:

@@ -2,9 +2,10 @@
 
 Pure: takes a Report (or its dict) and the rule metadata, returns the JSON text. Locations are
 made relative to the repository root (`root`, else $GITHUB_WORKSPACE, else the current folder)
-so code scanning can place them on the file. partialFingerprints are computed from the rule, the
-file and the code line's text, never the line number, so a finding keeps its identity when lines
-move above it.
+so code scanning can place them on the file. partialFingerprints hash the finding's one identity
+(`perfdoctor.model.finding_identity`: the rule, the file's name and the code line's text, never the
+line number), so a finding keeps its identity when lines move above it, and SARIF, baselines and
+the gate agree on it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any, Iterable
 from urllib.parse import quote
 
 from perfdoctor import __version__
+from perfdoctor.model import identity_of
+from perfdoctor.rules.catalog import load_rules
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 LEVEL = {"high": "error", "medium": "warning", "low": "note"}
@@ -41,9 +44,10 @@ def artifact_uri(file: str, root: Path | None) -> str:
     return quote(PurePosixPath(*p.parts).as_posix()) if p.parts else ""
 
 
-def fingerprint(rule: str, uri: str, code: str) -> str:
-    norm = " ".join(code.split())
-    return hashlib.sha256(f"{rule}\0{uri}\0{norm}".encode()).hexdigest()[:32]
+def fingerprint(finding: dict[str, Any]) -> str:
+    """partialFingerprints of a finding (a report's, or a comparison's in report shape): a hash of
+    its identity."""
+    return hashlib.sha256(identity_of(finding).encode()).hexdigest()[:32]
 
 
 def _rule_help(rule: dict[str, Any]) -> tuple[str, str]:
@@ -81,7 +85,6 @@ def _descriptor(rule: dict[str, Any]) -> dict[str, Any]:
 def _rule_dicts(rules: Iterable[Any] | None) -> list[dict[str, Any]]:
     if rules is None:
         try:
-            from perfdoctor.rules.catalog import load_rules
             rules = load_rules()
         except Exception:  # the catalog is optional here: fall back to what the findings say
             rules = []
@@ -128,17 +131,12 @@ def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str |
                     if l.get("code"):
                         phys["region"]["snippet"] = {"text": l["code"]}
                 res["locations"].append({"physicalLocation": phys})
-            first = locs[0]
-            res["partialFingerprints"] = {"perfdoctorFinding/v1": fingerprint(f["rule"], artifact_uri(first["file"], root_path), first.get("code") or "")}
-        else:
-            res["partialFingerprints"] = {"perfdoctorFinding/v1": fingerprint(f["rule"], "", f.get("fingerprint") or f.get("title", ""))}
+        res["partialFingerprints"] = {"perfdoctorFinding/v1": fingerprint(f)}
         results.append(res)
     run: dict[str, Any] = {"tool": {"driver": {"name": "perfdoctor", "version": __version__, "semanticVersion": __version__,
                                                "informationUri": INFO_URI, "rules": descriptors}},
                            "results": results, "columnKind": "unicodeCodePoints"}
     if comparison is not None:
-        from perfdoctor.model import identity_of
-
         c = _as_dict(comparison)
         new = {f["fingerprint"] for f in c.get("new_findings") or []}
         for res, f in zip(results, findings):
@@ -158,11 +156,25 @@ def comparison_findings(comparison: Any) -> dict[str, Any]:
                          for f in c.get("findings") or []]}
 
 
-def render(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None,
-           comparison: Any = None) -> str:
-    """SARIF 2.1.0 text. `rules`: rule objects or dicts (id, name, severity, summary, doc{what,
-    why, example, use_instead, fix_safety, references}); None loads perfdoctor's rule catalog.
-    `report` None with a `comparison`: the current side's findings as the comparison keeps them."""
-    if report is None:
-        report = comparison_findings(comparison)
-    return json.dumps(to_sarif(report, rules, root, comparison), indent=2, ensure_ascii=False) + "\n"
+def _text(doc: dict[str, Any]) -> str:
+    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+
+
+def render_report(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> str:
+    """SARIF 2.1.0 text of a report's findings. `rules`: rule objects or dicts (id, name, severity,
+    summary, doc{what, why, example, use_instead, fix_safety, references}); None loads perfdoctor's
+    rule catalog."""
+    return _text(to_sarif(report, rules, root))
+
+
+def render_comparison(comparison: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> str:
+    """`compare --format sarif`: the current side's findings as the comparison keeps them, each
+    marked new or unchanged since the baseline; the verdict in the run's properties."""
+    return _text(to_sarif(comparison_findings(comparison), rules, root, comparison))
+
+
+def render_both(report: Any, comparison: Any, rules: Iterable[Any] | None = None,
+                root: Path | str | None = None) -> str:
+    """`run --baseline --format sarif`: the report's findings, each marked new or unchanged since
+    the baseline; the verdict in the run's properties."""
+    return _text(to_sarif(report, rules, root, comparison))

@@ -1,16 +1,19 @@
-"""The human report: one screen, most costly problem first. Renders only; never measures."""
+"""The human report: one screen, most costly problem first. Renders only; never measures.
+
+Renders to rich renderables; the CLI prints them on the terminal, or as plain text into a file."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from rich.console import Console, Group
+from rich.console import Group, RenderableType
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import Finding, Report
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
@@ -125,8 +128,8 @@ def _finding(i: int, f: Finding) -> Group:
     return Group(*parts)
 
 
-def render(report: Report, console: Console) -> None:
-    console.print(_summary(report))
+def render_report(report: Report) -> RenderableType:
+    parts: list[RenderableType] = [_summary(report)]
     if report.ranks:
         t = Table(title="ranks", title_justify="left")
         keys = [k for k in ("rank", "step_ms", "compute_ms", "comm_ms", "idle_ms", "idle_fraction") if
@@ -136,13 +139,13 @@ def render(report: Report, console: Console) -> None:
         for r in report.ranks:
             t.add_row(*[(f"{r[k]:.0%}" if k.endswith("fraction") else f"{r[k]:.1f}")
                         if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys])
-        console.print(t)
+        parts.append(t)
     if report.findings:
-        console.print(Text(f"{len(report.findings)} finding(s), most costly first", style="bold"))
+        parts.append(Text(f"{len(report.findings)} finding(s), most costly first", style="bold"))
         for i, f in enumerate(report.findings, 1):
-            console.print(_finding(i, f))
+            parts.append(_finding(i, f))
     else:
-        console.print(Text("No problems found by the rules.", style="bold green"))
+        parts.append(Text("No problems found by the rules.", style="bold green"))
     if report.hotspots:
         t = Table(title="hot spots in your code (profiled steps)", title_justify="left", show_edge=False)
         t.add_column("function")
@@ -155,13 +158,14 @@ def render(report: Report, console: Console) -> None:
             lines = "\n".join(f"{l['line']}: {l.get('code', '')[:48]} ({l.get('share', 0):.0%})" for l in h.lines[:3])
             name = f"{h.function} [DataLoader workers]" if h.process == "dataloader-workers" else h.function
             t.add_row(name, f"{_short(h.file)}:{h.line}", f"{h.ms_per_step:.2f}", lines)
-        console.print(t)
+        parts.append(t)
     for n in report.notes:
-        console.print(Text(f"note: {n}", style="dim"))
+        parts.append(Text(f"note: {n}", style="dim"))
     run_dir = report.run.get("run_dir")
     if run_dir:
         hint = " (trace.json.gz opens in https://ui.perfetto.dev)" if report.run.get("trace_file") else ""
-        console.print(Text(f"run folder: {_short(run_dir)}{hint}", style="dim"))
+        parts.append(Text(f"run folder: {_short(run_dir)}{hint}", style="dim"))
+    return Group(*parts)
 
 
 VERDICT_STYLE = {"regression": "bold red", "improvement": "green", "no-change": "", "inconclusive": "yellow",
@@ -176,8 +180,9 @@ def _num(v: Any, unit: str) -> str:
     return f"{v:.4g} {unit}".strip()
 
 
-def render_comparison(c: dict[str, Any], console: Console) -> None:
+def render_comparison(comparison: Comparison) -> RenderableType:
     """The CI gate's verdict: one row per metric, new findings, and why it failed or passed."""
+    c = comparison.as_dict()
     verdict = c.get("verdict", "")
     style = {"failed": "bold red", "passed": "bold green"}.get(verdict, "bold magenta")
     t = Table(title=f"gate: {verdict.upper()} (threshold {100 * c.get('max_regression', 0):.0f}%, "
@@ -192,11 +197,17 @@ def render_comparison(c: dict[str, Any], console: Console) -> None:
                   "" if r.get("change_pct") is None else f"{r['change_pct']:+.1f}%",
                   "" if not ci else f"{ci[0]:+.1f}%..{ci[1]:+.1f}%",
                   Text(r["verdict"], style=VERDICT_STYLE.get(r["verdict"], "")))
-    console.print(t)
+    parts: list[RenderableType] = [t]
     for f in c.get("failing_findings", []):
-        console.print(Text(f"new finding fails the gate: {f.get('rule')} {f.get('title', '')}", style="bold red"))
+        parts.append(Text(f"new finding fails the gate: {f.get('rule')} {f.get('title', '')}", style="bold red"))
     for f in c.get("new_findings", []):
         if f not in c.get("failing_findings", []):
-            console.print(Text(f"new finding: {f.get('rule')} {f.get('title', '')}", style="yellow"))
+            parts.append(Text(f"new finding: {f.get('rule')} {f.get('title', '')}", style="yellow"))
     for n in c.get("notes", []):
-        console.print(Text(f"note: {n}", style="dim"))
+        parts.append(Text(f"note: {n}", style="dim"))
+    return Group(*parts)
+
+
+def render_both(report: Report, comparison: Comparison) -> RenderableType:
+    """The report, then the gate's verdict."""
+    return Group(render_report(report), render_comparison(comparison))

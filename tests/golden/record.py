@@ -73,22 +73,20 @@ def _render(report, fmt: str) -> str:
     """The report as `perfdoctor report --format FMT --output FILE` writes it."""
     import io
 
-    from perfdoctor.cli import Format, render_machine
+    from perfdoctor.report.formats import render
 
     if fmt != "text":
-        return render_machine(report, Format(fmt))
+        return render(fmt, report)
     from rich.console import Console
 
-    from perfdoctor.report import text
-
     buf = io.StringIO()
-    text.render(report, Console(file=buf, width=100, no_color=True))
+    Console(file=buf, width=100, no_color=True).print(render(fmt, report))
     return buf.getvalue()
 
 
 def outputs_of(ident: str, kind: str) -> dict[str, str]:
     """{format: the rendered report of one golden input, with this checkout's paths replaced by marks}."""
-    from perfdoctor.report.build import analyse_path
+    from perfdoctor.analysis import analyse_path
 
     run = materialise(ident) if kind == "run" else None
     report = analyse_path(run if run is not None else TRACES / ident)

@@ -1,0 +1,302 @@
+"""The pipeline, one module for every command: a run folder or a trace -> facts (run, trace, static)
+-> rules -> one ranked Report; and `perfdoctor run`'s orchestration (run the script, repeat it,
+write report.json, save or load a baseline, compare). `run`, `report`, `compare` and the gate all
+come through here; the CLI only parses, renders and maps to exit codes, and report/ only renders.
+
+Never imports torch: the script runs in the child process that capture.runner starts."""
+
+from __future__ import annotations
+
+import importlib
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfdoctor.capture.runner import RunResult, run_script
+
+from perfdoctor.errors import InputError, PerfdoctorError
+from perfdoctor.facts.model import Facts
+from perfdoctor.gate.baseline import load_baseline, record_from_run_dir, slow_outlier_runs
+from perfdoctor.gate.baseline import save_baseline as write_baseline
+from perfdoctor.gate.compare import Comparison, compare, compare_files
+from perfdoctor.model import Finding, Location, Report, at_or_above
+from perfdoctor.report import jsonfmt
+from perfdoctor.rules.catalog import Rule, load_rules
+from perfdoctor.rules.config import Settings, load_settings
+from perfdoctor.rules.engine import judge
+
+
+def _rules_for(start: Path | None) -> tuple[Settings, list[Rule]]:
+    settings = load_settings(start)
+    return settings, load_rules(settings.extra_rule_dirs)
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "meta.json").is_file()
+
+
+def _resolve_trace_files(facts: Facts, user_files: list[Path]) -> None:
+    """torch.profiler names the user's frames by file name only (`train.py(42): main`). In a run folder
+    the user's files are known: give such locations their full path, and merge a subject into the one
+    the run or the source already has for that line."""
+    for kind, subjects in facts.subjects.items():
+        kept = []
+        for s in subjects:
+            for i, loc in enumerate(s.locations):
+                if Path(loc.file).is_absolute():
+                    continue
+                match = [p for p in user_files if str(p).endswith("/" + loc.file.lstrip("./"))]
+                if len(match) == 1:
+                    s.locations[i] = Location(str(match[0]), loc.line, loc.code or _line(match[0], loc.line),
+                                              loc.function)
+            if s.locations:
+                key = f"{s.locations[0].file}:{s.locations[0].line}"
+                twin = next((o for o in kept if o.key == key), None)
+                if twin is not None:
+                    twin.merge(s)
+                    continue
+                s.key = key
+            kept.append(s)
+        facts.subjects[kind] = kept
+
+
+def _line(path: Path, line: int) -> str:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+        return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    except OSError:
+        return ""
+
+
+def _run_info(kind: str, what: dict[str, Any], summary: dict[str, Any], *, step_clock: str | None,
+              device: str | None, torch: str | None, settings: Settings, **extra: Any) -> dict[str, Any]:
+    """`Report.run`, one shape for a run folder and a trace: what was analysed (`what`), the step
+    counts of its summary, the step clock, device and torch, anything `extra` (a run's exit), and
+    the settings file used. Key order is the JSON report's."""
+    return {"kind": kind, **what, "steps_observed": summary.get("steps_observed"),
+            "steps_profiled": summary.get("steps_profiled"), "step_clock": step_clock, "device": device,
+            "torch": torch, **extra, "settings": str(settings.source) if settings.source else None}
+
+
+def analyse_run(run_dir: Path) -> Report:
+    """The report of a run folder written by `perfdoctor run`."""
+    from perfdoctor.facts.run_facts import load_run
+    from perfdoctor.facts.static import analyse_files
+
+    data = load_run(run_dir)
+    facts: Facts = data.facts
+    notes = list(data.notes)
+    user_files = [Path(p) for p in data.user_files if Path(p).is_file()]
+    analyse_files(user_files, facts)
+    trace_summary: dict[str, Any] = {}
+    if data.trace_path is not None and Path(data.trace_path).is_file():
+        from perfdoctor.facts.trace_facts import add_trace_facts
+        from perfdoctor.trace.loader import load_trace
+
+        run_kinds = facts.kinds_from("run")
+        try:
+            trace_summary = add_trace_facts(load_trace(Path(data.trace_path)), facts)
+        except InputError as e:
+            notes.append(f"the profiler trace could not be read: {e.message}")
+        # where the run's probes measured a kind of thing (its DataLoaders, say), the trace's coarser
+        # view of the same thing is not a second finding
+        facts.drop_subjects_only_from("trace", run_kinds)
+        _resolve_trace_files(facts, user_files)
+    script = data.meta.get("script")
+    settings, rules = _rules_for(Path(script).parent if script else Path.cwd())
+    findings = judge(facts, rules, settings)
+    amp = facts.get("device.amp_available")
+    if amp is not None and amp.value is False and facts.value("autocast.enabled") is False:
+        notes.append(f"the model trains in fp32 without autocast, not flagged (PD007): {amp.detail}")
+    env = data.meta.get("env", {})
+    summary = dict(data.summary)
+    if trace_summary.get("breakdown") and env.get("device") == "cuda":
+        summary["gpu_breakdown"] = trace_summary["breakdown"]
+    run = _run_info("run", {"script": script, "module": data.meta.get("module"), "argv": data.meta.get("argv", []),
+                            "run_dir": str(run_dir), "trace_file": str(data.trace_path) if data.trace_path else None},
+                    summary, step_clock=summary.get("step_clock") or data.meta.get("step_clock"),
+                    device=env.get("device_name") or env.get("device"), torch=env.get("torch"), settings=settings,
+                    exit=data.meta.get("exit", {}))
+    return Report(run=run, summary=summary, findings=findings, hotspots=list(data.hotspots), notes=notes,
+                  facts=facts.as_mapping())
+
+
+def analyse_trace(path: Path) -> Report:
+    """The report of one trace file, or of a folder of per-rank traces (one distributed run)."""
+    from perfdoctor.facts.trace_facts import add_trace_facts, cross_rank
+    from perfdoctor.trace.loader import load_traces
+
+    traces = load_traces(path)
+    settings, rules = _rules_for(path if path.is_dir() else path.parent)
+    per_rank: list[tuple[Facts, dict[str, Any]]] = []
+    for t in traces:
+        f = Facts()
+        per_rank.append((f, add_trace_facts(t, f)))
+    notes: list[str] = []
+    first = traces[0]
+    if first.step_source != "profiler-step":
+        notes.append("no ProfilerStep annotations: steps taken from "
+                     + ("other step annotations" if first.step_source == "annotation" else "the whole trace as one span"))
+    if first.dropped_last_step:
+        notes.append("the last step was cut off by the end of profiling and is left out")
+
+    if len(traces) == 1:
+        facts, summary = per_rank[0]
+        findings = judge(facts, rules, settings)
+        ranks: list[dict[str, Any]] = []
+    else:
+        facts, ranks = cross_rank(traces, [f for f, _ in per_rank])
+        by_print: dict[str, tuple[Finding, list[int]]] = {}
+        for t, (f, _) in zip(traces, per_rank):
+            for finding in judge(f, rules, settings):
+                key = finding.fingerprint()
+                if key not in by_print or (finding.ms_per_step or 0) > (by_print[key][0].ms_per_step or 0):
+                    by_print[key] = (finding, by_print.get(key, (finding, []))[1])
+                by_print[key][1].append(t.rank)
+        findings = []
+        for finding, rank_list in by_print.values():
+            if len(rank_list) < len(traces):
+                finding.message += f" (ranks {', '.join(map(str, sorted(rank_list)))})"
+            findings.append(finding)
+        # the summary and step facts are the slowest rank's: it sets the pace of a synchronous step
+        slowest = max(range(len(traces)), key=lambda i: per_rank[i][1].get("step_time_ms", {}).get("median") or 0)
+        summary = dict(per_rank[slowest][1])
+        summary["rank"] = traces[slowest].rank
+        for fact in per_rank[slowest][0]:
+            if fact.name not in facts:
+                facts.add(fact.name, fact.value, fact.unit, fact.source, fact.detail)
+        # cross-rank rules only: per-rank rules were judged on each rank above
+        seen = {f.fingerprint() for f in findings}
+        findings += [f for f in judge(facts, rules, settings) if f.fingerprint() not in seen]
+        findings.sort(key=Finding.sort_key)
+    run = _run_info("trace", {"trace": str(path), "files": [str(t.path) for t in traces]}, summary,
+                    step_clock=first.step_source, device=facts.value("device.name") or facts.value("device.type"),
+                    torch=None, settings=settings)
+    return Report(run=run, summary=summary, findings=findings, notes=notes, ranks=ranks,
+                  facts=facts.as_mapping())
+
+
+def analyse_path(path: Path) -> Report:
+    """`perfdoctor report PATH`: a run folder, a trace file, or a folder of per-rank traces."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file or folder")
+    if is_run_dir(path):
+        return analyse_run(path)
+    try:
+        return analyse_trace(path)
+    except PerfdoctorError:
+        raise
+    except OSError as e:
+        raise InputError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
+# -- `perfdoctor run`: run, repeat, record, gate ---------------------------------------------------
+
+GATE_REPEATS = 3  # runs per side when gating: the gate's unit of evidence is a run, it needs several
+FAILED_REASONS = ("exception", "sys-exit", "killed")  # the script failed: exit 3
+
+
+@dataclass
+class RunOutcome:
+    """What `perfdoctor run` did: the last run's report, every run's result, the gate's comparison
+    (None without --baseline, or when the script failed), and lines for stderr (the baseline saved,
+    warnings about it), in order."""
+
+    report: Report
+    results: list[RunResult]
+    comparison: Comparison | None
+    messages: list[str] = field(default_factory=list)
+    fail_on: str | None = None
+
+    @property
+    def result(self) -> RunResult:
+        return self.results[-1]
+
+    @property
+    def script_failed(self) -> bool:
+        return self.result.exit_code != 0 and self.result.reason in FAILED_REASONS
+
+    @property
+    def interrupted(self) -> bool:
+        return self.result.reason == "interrupted"
+
+    @property
+    def gate_failed(self) -> bool:
+        """The comparison failed; without one, a finding at or above --fail-on fails."""
+        if self.comparison is not None:
+            return self.comparison.failed
+        return self.fail_on is not None and any(at_or_above(f.severity, self.fail_on) for f in self.report.findings)
+
+
+def warm_up() -> None:
+    """Import the analysis (trace loader, static read, libcst for fixes, the text renderer) in a
+    background thread while the script runs in its child process: the parent is idle then, and the
+    report comes sooner."""
+
+    def load() -> None:
+        for name in ("perfdoctor.facts.run_facts", "perfdoctor.facts.static", "perfdoctor.trace.loader",
+                     "perfdoctor.facts.trace_facts", "perfdoctor.rules.fixes.context", "perfdoctor.report.text"):
+            try:
+                importlib.import_module(name)
+            except ImportError:  # reported properly when the analysis imports it for real
+                return
+
+    threading.Thread(target=load, name="perfdoctor-warm-up", daemon=True).start()
+
+
+def write_report_json(report: Report, run_dir: Path) -> None:
+    """report.json, always written into the run folder whatever --format (contracts/report.py)."""
+    (run_dir / "report.json").write_text(jsonfmt.render_report(report), encoding="utf-8")
+
+
+def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: Path | None, steps: int | None,
+                 script_stdout_to_stderr: bool, show_status: bool, repeats: int | None = None,
+                 save_baseline: Path | None = None, baseline: Path | None = None, max_regression: float = 0.10,
+                 fail_on: str | None = None) -> RunOutcome:
+    """`perfdoctor run`: run the script `repeats` times (default: GATE_REPEATS with a baseline to save
+    or to compare with, else once; a failed or interrupted run is not repeated), analyse each run and
+    write its report.json, then, unless the script failed, save the runs as a baseline and/or compare
+    them with `baseline`."""
+    if repeats is None:
+        repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
+    warm_up()
+    base = load_baseline(baseline) if baseline is not None else None  # fail early, before minutes of running
+    results: list[RunResult] = []
+    report: Report | None = None
+    for i in range(repeats):
+        run_out = out_dir / f"repeat-{i + 1}" if out_dir is not None and repeats > 1 else out_dir
+        result = run_script(target, module=module, script_args=script_args, out_dir=run_out, steps=steps,
+                            script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status)
+        results.append(result)
+        report = analyse_run(result.run_dir)
+        write_report_json(report, result.run_dir)
+        if result.exit_code != 0 or result.reason == "interrupted":
+            break  # a failed or interrupted run is not repeated
+    assert report is not None  # repeats >= 1
+    outcome = RunOutcome(report=report, results=results, comparison=None, fail_on=fail_on)
+    last = results[-1]
+    if last.reason in (*FAILED_REASONS, "interrupted") and last.exit_code != 0:
+        return outcome
+    if save_baseline is None and base is None:
+        return outcome
+    records = [record_from_run_dir(r.run_dir) for r in results]
+    if save_baseline is not None:
+        write_baseline(records, save_baseline)
+        outcome.messages.append(f"baseline of {len(records)} run(s) saved to {save_baseline}")
+        for n, frac in slow_outlier_runs(records, max_regression / 2):
+            outcome.messages.append(
+                f"warning: run {n} of {len(records)} was {frac:.0%} slower than the others, even in its fastest "
+                f"steps: another job may have held the machine. Gates against this baseline will be less "
+                f"decisive; record it again.")
+    if base is not None:
+        outcome.comparison = compare(base, records, max_regression, fail_on)
+    return outcome
+
+
+def compare_paths(base: Path, current: Path, max_regression: float, fail_on: str | None) -> Comparison:
+    """`perfdoctor compare BASE CURRENT`: each side a baseline file, a run folder or a report.json."""
+    for p in (base, current):
+        if not p.exists():
+            raise PerfdoctorError(f"{p}: no such file or folder")
+    return compare_files(base, current, max_regression, fail_on)

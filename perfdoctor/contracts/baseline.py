@@ -1,0 +1,102 @@
+"""Baseline files (schema "perfdoctor/baseline/v1"): what `perfdoctor run --save-baseline` writes and
+`--baseline` / `perfdoctor compare` read back. One Struct shared by the writer (gate/baseline.py
+builds it, then writes its builtins as JSON with sorted keys, indent 2: one number per line, so a
+baseline reads in a diff) and the reader (validated here; a bad file is one InputError line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+from perfdoctor.contracts.files import decode, read_bytes, schema_of
+from perfdoctor.errors import InputError
+
+BASELINE_SCHEMA = "perfdoctor/baseline/v1"
+
+# The environment identity of a run: torch, device, device_name, device_count, cpu_count, cpu_model,
+# python, platform, script (its file name), script_sha256, args (the script's own; None: unknown).
+Environment = dict[str, str | int | list[str] | None]
+
+
+class ToolDoc(msgspec.Struct):
+    name: str = "perfdoctor"
+    version: str = ""
+
+
+class GateFinding(msgspec.Struct):
+    """What the gate keeps of a finding: enough to tell new from resolved (its identity,
+    `perfdoctor.model.finding_identity`) and to show it."""
+
+    rule: str
+    fingerprint: str
+    severity: str | None = None
+    title: str = ""
+    file: str = ""
+    line: int = 0
+    code: str = ""
+
+
+class RunDoc(msgspec.Struct):
+    """One run of a baseline (gate.baseline.RunRecord on disk)."""
+
+    source: str = ""
+    env: Environment = {}
+    median_ms: float | None = None
+    steps_per_s: float | None = None
+    samples_per_s: float | None = None
+    batch_size: float | None = None
+    peak_memory_bytes: int | None = None
+    counters: dict[str, float] = {}
+    findings: list[GateFinding] = []
+    notes: list[str] = []
+    warmup_dropped: int = 0
+    step_ms: list[float] = []
+
+
+class SummaryDoc(msgspec.Struct):
+    step_time_ms: float | None = None
+    steps_per_s: float | None = None
+    peak_memory_bytes: int | None = None
+    counters: dict[str, float] = {}
+
+
+class NoiseDoc(msgspec.Struct):
+    """The noise floor measured when the baseline was recorded (gate.baseline.noise_floor)."""
+
+    runs: int = 0
+    statistic: str = ""
+    run_values_ms: list[float] = []
+    within_run_rel_se: float | None = None
+    between_run_rel_sd: float | None = None
+    spread: float | None = None
+    single_run_halfwidth: float | None = None
+    block_lengths: list[int | None] = []
+    method: str = ""
+
+
+class BaselineDoc(msgspec.Struct):
+    schema: str
+    runs: list[RunDoc]
+    tool: ToolDoc = msgspec.field(default_factory=ToolDoc)
+    created: str = ""
+    environment: Environment = {}
+    summary: SummaryDoc = msgspec.field(default_factory=SummaryDoc)
+    noise: NoiseDoc = msgspec.field(default_factory=NoiseDoc)
+    findings: list[GateFinding] = []
+
+
+def is_baseline(path: Path, raw: bytes) -> bool:
+    return schema_of(path, raw) == BASELINE_SCHEMA
+
+
+def read_baseline(path: Path) -> BaselineDoc:
+    """A baseline file, validated: InputError (exit 2) naming the file and what is wrong otherwise."""
+    raw = read_bytes(path)
+    if not is_baseline(path, raw):
+        raise InputError(f"{path}: not a perfdoctor baseline (expected schema {BASELINE_SCHEMA!r}); "
+                         f"record one with `perfdoctor run SCRIPT --save-baseline {path.name}`")
+    doc = decode(path, raw, BaselineDoc, f"perfdoctor baseline ({BASELINE_SCHEMA})")
+    if not doc.runs:
+        raise InputError(f"{path}: the baseline holds no runs")
+    return doc
