@@ -76,6 +76,18 @@ def steady_steps(steps: list[dict], window: dict | None, min_steps: int = 3) -> 
     return steps
 
 
+def step_series(ms: list[float], steady: list[int], window: list[int] | None) -> dict[str, Any]:
+    """The summary's `step_series`: each step's time in order (step i at index i - 1), the steady-state
+    steps as [first, last] runs, and the profiler's window (its warm-up and recorded steps) or None."""
+    runs: list[list[int]] = []
+    for i in steady:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return {"ms": [round(v, 3) for v in ms], "steady": runs, "window": window}
+
+
 def _slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
     """Least-squares slope and R^2."""
     n = len(xs)
@@ -286,6 +298,10 @@ def load_run(run_dir: Path) -> RunData:
                                    "mean": round(statistics.fmean(walls), 4), "min": round(min(walls), 4),
                                    "max": round(max(walls), 4), "n": len(walls)}
         summary["steady_steps"] = [steady[0]["i"], steady[-1]["i"]]
+    if steps:  # every step of the run, for the charts: which were steady, which the profiler held
+        summary["step_series"] = step_series([s["wall_ms"] for s in steps], [s["i"] for s in steady],
+                                             [int(window.get("skip") or 0) + 1, int(window["last_step"])]
+                                             if profiled and window.get("last_step") is not None else None)
         facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps")
         facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {len(walls)} steady-state steps")
         # per-part medians (robust to noisy steps), scaled down if together they exceed the median step
