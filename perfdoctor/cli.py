@@ -35,6 +35,7 @@ class Format(str, Enum):
     markdown = "markdown"
     sarif = "sarif"
     github = "github"
+    html = "html"
 
 
 class Severity(str, Enum):
@@ -100,6 +101,10 @@ def render_machine(report, fmt: Format) -> str:
         from perfdoctor.report import sarif
 
         return sarif.render(report)
+    if fmt is Format.html:
+        from perfdoctor.report import html
+
+        return html.render(report)
     from perfdoctor.report import github
 
     return github.render(report)
@@ -119,8 +124,9 @@ def parse_fraction(text: str) -> float:
     return v
 
 
-def _gate_output(report, comparison, fmt: Format, output: Optional[Path]) -> None:
-    """The report, then the gate's verdict, in the chosen format (one document for machine formats)."""
+def _gate_output(report, comparison, fmt: Format, output: Optional[Path], sides=None) -> None:
+    """The report, then the gate's verdict, in the chosen format (one document for machine formats).
+    `sides`: the baseline and current run records, whose step times the HTML page draws."""
     from perfdoctor.report import markdown
 
     if comparison is not None and os.environ.get("GITHUB_STEP_SUMMARY"):
@@ -147,6 +153,10 @@ def _gate_output(report, comparison, fmt: Format, output: Optional[Path]) -> Non
         from perfdoctor.report import github
 
         _write(github.render(report) + github.render(comparison), output)
+    elif fmt is Format.html:
+        from perfdoctor.report import html
+
+        _write(html.render(report, comparison, sides), output)
     else:  # sarif: the findings, each marked new or unchanged since the baseline; the verdict in properties
         from perfdoctor.report import sarif
 
@@ -199,7 +209,7 @@ def run(
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
     from perfdoctor.capture.runner import run_script
-    from perfdoctor.report import jsonfmt
+    from perfdoctor.report import html, jsonfmt
     from perfdoctor.report.build import analyse_run
 
     script_args = list(ctx.args)
@@ -231,10 +241,11 @@ def run(
         results.append(result)
         report = analyse_run(result.run_dir)
         (result.run_dir / "report.json").write_text(jsonfmt.render(report), encoding="utf-8")
+        (result.run_dir / "report.html").write_text(html.render(report), encoding="utf-8")
         if result.exit_code != 0 or result.reason == "interrupted":
             break  # a failed or interrupted run is not repeated
     result = results[-1]
-    comparison = None
+    comparison, sides = None, None
     if result.reason not in ("exception", "sys-exit", "killed", "interrupted") or result.exit_code == 0:
         if save_baseline is not None or base is not None:
             from perfdoctor.gate.baseline import record_from_run_dir, save_baseline as save
@@ -253,7 +264,8 @@ def run(
                 from perfdoctor.gate.compare import compare
 
                 comparison = compare(base, records, threshold, fail_on.value if fail_on else None)
-    _gate_output(report, comparison, fmt, output)
+                sides = (base, records)
+    _gate_output(report, comparison, fmt, output, sides)
     if result.exit_code != 0 and result.reason in ("exception", "sys-exit", "killed"):
         raise typer.Exit(EXIT_SCRIPT_FAILED)
     if result.reason == "interrupted":
@@ -296,6 +308,11 @@ def compare(
         from perfdoctor.report import github
 
         _write(github.render(c), output)
+    elif fmt is Format.html:
+        from perfdoctor.gate.compare import load_side
+        from perfdoctor.report import html
+
+        _write(html.render_comparison(c, (load_side(base), load_side(current))), output)
     else:
         from perfdoctor.report import sarif
 
