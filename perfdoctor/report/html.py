@@ -167,7 +167,7 @@ def _step_chart(summary: dict[str, Any]) -> str:
         wx = L + (window[0] - 1) / n * pw
         out.append(f'<rect x="{wx:.1f}" y="{T}" width="{(window[1] - window[0] + 1) / n * pw:.1f}" height="{ph}" '
                    f'fill="url(#hatch)"><title>profiled window: steps {window[0]}-{window[1]}</title></rect>'
-                   f'<text class="band" x="{wx + 4:.1f}" y="{T + ph - 6}">profiled window</text>')
+                   f'<text class="band" x="{wx + 4:.1f}" y="{T + 12}">profiled window</text>')
     # axes and grid
     for t in ticks:
         out.append(f'<line class="grid" x1="{L}" x2="{L + pw}" y1="{y(t):.1f}" y2="{y(t):.1f}"/>'
