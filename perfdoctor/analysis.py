@@ -21,7 +21,7 @@ from perfdoctor.gate.baseline import load_baseline, record_from_run_dir, slow_ou
 from perfdoctor.gate.baseline import save_baseline as write_baseline
 from perfdoctor.gate.compare import Comparison, compare, compare_files
 from perfdoctor.model import Finding, Location, Report, at_or_above
-from perfdoctor.report import jsonfmt
+from perfdoctor.report import html, jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, load_settings
 from perfdoctor.rules.engine import judge
@@ -245,9 +245,11 @@ def warm_up() -> None:
     threading.Thread(target=load, name="perfdoctor-warm-up", daemon=True).start()
 
 
-def write_report_json(report: Report, run_dir: Path) -> None:
-    """report.json, always written into the run folder whatever --format (contracts/report.py)."""
+def write_run_reports(report: Report, run_dir: Path) -> None:
+    """report.json (contracts/report.py) and report.html, always written into the run folder whatever
+    --format."""
     (run_dir / "report.json").write_text(jsonfmt.render_report(report), encoding="utf-8")
+    (run_dir / "report.html").write_text(html.render_report(report), encoding="utf-8")
 
 
 def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: Path | None, steps: int | None,
@@ -270,7 +272,7 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
                             script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status)
         results.append(result)
         report = analyse_run(result.run_dir)
-        write_report_json(report, result.run_dir)
+        write_run_reports(report, result.run_dir)
         if result.exit_code != 0 or result.reason == "interrupted":
             break  # a failed or interrupted run is not repeated
     assert report is not None  # repeats >= 1

@@ -4,6 +4,7 @@ steps of a run."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 
 def quantile(xs: list[float], q: float) -> float:
@@ -38,3 +39,15 @@ def steady_steps(steps: list[dict], window: dict | None, min_steps: int = 3) -> 
         if len(cand) >= min_steps:
             return cand
     return steps
+
+
+def step_series(ms: list[float], steady: list[int], window: list[int] | None) -> dict[str, Any]:
+    """The summary's `step_series`: each step's time in order (step i at index i - 1), the steady-state
+    steps as [first, last] runs, and the profiler's window (its warm-up and recorded steps) or None."""
+    runs: list[list[int]] = []
+    for i in steady:
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return {"ms": [round(v, 3) for v in ms], "steady": runs, "window": window}

@@ -15,7 +15,7 @@ from typing import Any
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts
 from perfdoctor.model import Hotspot, Location
-from perfdoctor.stats import quantile, steady_steps
+from perfdoctor.stats import quantile, steady_steps, step_series
 
 LOSS_SCAN_STEPS = 30  # capture looks for retained losses on the first steps only (capture/holders.py)
 CLOCKS = {"optimizer": "optimizer", "backward": "backward", "dataloader": "dataloader", "none": "whole-run"}
@@ -253,6 +253,10 @@ def load_run(run_dir: Path) -> RunData:
                                    "mean": round(statistics.fmean(walls), 4), "min": round(min(walls), 4),
                                    "max": round(max(walls), 4), "n": len(walls)}
         summary["steady_steps"] = [steady[0]["i"], steady[-1]["i"]]
+    if steps:  # every step of the run, for the charts: which were steady, which the profiler held
+        summary["step_series"] = step_series([s["wall_ms"] for s in steps], [s["i"] for s in steady],
+                                             [int(window.get("skip") or 0) + 1, int(window["last_step"])]
+                                             if profiled and window.get("last_step") is not None else None)
         facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps")
         facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {len(walls)} steady-state steps")
         # per-part medians (robust to noisy steps), scaled down if together they exceed the median step

@@ -318,6 +318,10 @@ def _add_trace_facts(t: Trace, facts: Facts) -> dict[str, Any]:
                          "min": round(min(step_ms), 3) if step_ms else 0.0,
                          "max": round(max(step_ms), 3) if step_ms else 0.0, "n": nsteps},
         "breakdown": breakdown,
+        # each step's time, for the charts (the shape of run_facts.step_series: every step of a trace
+        # is profiled and every one counts in the statistics)
+        "step_series": {"ms": [round(v, 3) for v in step_ms], "steady": [[1, nsteps]] if nsteps else [],
+                        "window": None},
         **summary_extra,
     }
 

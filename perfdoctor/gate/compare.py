@@ -66,6 +66,8 @@ class Comparison:
     current_runs: int = 0
     failing_findings: list[GateFinding] = field(default_factory=list)
     findings: list[GateFinding] = field(default_factory=list)  # every finding of the current side
+    # the runs compared (baseline, current): their step times are what a chart of the comparison draws
+    sides: tuple[list[RunRecord], list[RunRecord]] = field(default=([], []), repr=False)
 
     @property
     def verdict(self) -> str:
@@ -239,7 +241,7 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
     return Comparison(failed=failed, comparable=comparable, rows=rows, new_findings=new, resolved_findings=resolved,
                       notes=notes, env_differences=diffs, max_regression=t, fail_on=fail_on,
                       baseline_runs=len(base), current_runs=len(cur), failing_findings=failing,
-                      findings=[f for _, f in sorted(cur_f.items())])
+                      findings=[f for _, f in sorted(cur_f.items())], sides=(base, cur))
 
 
 def load_side(path: Path | str) -> Baseline | list[RunRecord]:

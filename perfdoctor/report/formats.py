@@ -36,6 +36,7 @@ FORMATS: dict[str, OutputFormat] = {
     "markdown": OutputFormat("perfdoctor.report.markdown"),
     "sarif": OutputFormat("perfdoctor.report.sarif"),
     "github": OutputFormat("perfdoctor.report.github"),
+    "html": OutputFormat("perfdoctor.report.html"),
 }
 
 

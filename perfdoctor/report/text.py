@@ -35,6 +35,32 @@ def _short(path: str) -> str:
         return path
 
 
+SPARK = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 60
+
+
+def chart_top(ms: list[float]) -> float:
+    """The top of a step-time axis (sparkline or chart): the slowest step, unless a few steps (the
+    first, with its allocator warm-up and lazy imports) are far slower than the rest: then three
+    times the 90th percentile, and the steps above it are drawn as off the scale."""
+    s = sorted(ms)
+    if not s:
+        return 0.0
+    p90 = s[min(len(s) - 1, int(0.9 * (len(s) - 1) + 0.5))]
+    return min(s[-1], 3 * p90) if p90 > 0 else s[-1]
+
+
+def sparkline(ms: list[float], width: int = SPARK_WIDTH) -> str:
+    """Step times as unicode blocks from 0 to `chart_top`, one block per step or, for a long run,
+    the slowest of each run of steps (a stall stays visible)."""
+    top = chart_top(ms)
+    if not ms or top <= 0:
+        return ""
+    per = max(1, -(-len(ms) // width))
+    cols = [max(ms[i:i + per]) for i in range(0, len(ms), per)]
+    return "".join(SPARK[min(len(SPARK) - 1, int(min(v, top) / top * len(SPARK)))] for v in cols)
+
+
 def breakdown_bar(breakdown: list[dict[str, Any]]) -> Text:
     text = Text()
     breakdown = [b for b in breakdown if (b.get("ms") or 0) > 0]  # parts this run never saw
@@ -73,6 +99,12 @@ def _summary(report: Report) -> Panel:
     if st.get("median") is not None:
         rows.add_row("step time", f"median {_ms(st.get('median'))}, p90 {_ms(st.get('p90'))}"
                      + (f" over {st.get('n')} steps" if st.get("n") else ""))
+    series = (s.get("step_series") or {}).get("ms") or []
+    if len(series) >= 2:
+        top = chart_top(series)
+        rows.add_row("each step", Text(sparkline(series), style="blue")
+                     + Text(f"  steps 1-{len(series)}, █ = {_ms(top)}" + (" or more" if top < max(series) else ""),
+                            style="dim"))
     exit_info = run.get("exit") or {}
     if exit_info.get("reason") and exit_info.get("reason") not in ("completed", "steps-reached"):
         rows.add_row("script", Text(f"{exit_info['reason']} (exit code {exit_info.get('code')})", style="bold red"))
