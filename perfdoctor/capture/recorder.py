@@ -114,6 +114,8 @@ class Recorder:
             self.holders.scan(i, sys._getframe())
         if i == CUDA_PROBE_STEPS and self.cuda_batches.active:
             self.cuda_batches.uninstall()
+            # as before the split (one flag did both): from here on mem_bytes is the RSS, not CUDA
+            # memory_allocated. Likely unintended; left for a change of its own, not this refactoring
             self.clock.cuda_memory = False
 
     def _on_merge(self) -> None:
