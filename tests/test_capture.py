@@ -348,7 +348,7 @@ def test_window_plan_fits_inside_steps():
 
 def test_chain_depth_grows_for_running_sum_only():
     torch = pytest.importorskip("torch")
-    from perfdoctor.capture.holders import chain_depth
+    from perfdoctor.capture.probes.holders import chain_depth
 
     w = torch.ones(3, requires_grad=True)
     running = 0.0
@@ -362,7 +362,7 @@ def test_scanner_flags_lists_and_running_sums_not_items_or_detached(tmp_path):
     torch = pytest.importorskip("torch")
     import importlib.util
 
-    from perfdoctor.capture.holders import HolderScanner
+    from perfdoctor.capture.probes.holders import HolderScanner
 
     src = write(tmp_path, "userloop.py", """
         def train(w, scan):
@@ -384,11 +384,11 @@ def test_scanner_flags_lists_and_running_sums_not_items_or_detached(tmp_path):
     spec.loader.exec_module(mod)
     scanner = HolderScanner(torch)
     mod.train(torch.ones(4, requires_grad=True), lambda i: scanner.scan(i, sys._getframe(1)))
-    by = {r["holder"]: r for r in scanner.records()}
+    by = {r.holder: r for r in scanner.records()}
     assert set(by) == {"history", "running"}
-    assert by["history"]["kind"] == "list" and by["history"]["tensor_name"] == "loss"
-    assert by["history"]["site"]["code"] == "history.append(loss)" and by["history"]["graphs_retained"] == 6
-    assert by["running"]["kind"] == "running-sum" and by["running"]["site"]["code"] == "running = running + loss"
+    assert by["history"].kind == "list" and by["history"].tensor_name == "loss"
+    assert by["history"].site.code == "history.append(loss)" and by["history"].graphs_retained == 6
+    assert by["running"].kind == "running-sum" and by["running"].site.code == "running = running + loss"
 
 
 def test_kwargs_style_reads_the_call():
@@ -401,3 +401,20 @@ def test_kwargs_style_reads_the_call():
     assert DataLoader([1], batch_size=2) == "literal"
     assert DataLoader([1], **cfg) == "dict"
     assert DataLoader([1], shuffle=True, **cfg) == "mixed"
+    assert DataLoader(*[[1]], batch_size=2) == "literal"  # positional *args are not keyword arguments
+
+
+def test_is_user_file_for_this_machine_and_recorded_paths(tmp_path):
+    import os
+    import sysconfig
+
+    from perfdoctor.usercode import is_user_file
+
+    assert is_user_file(str(tmp_path / "train.py")) and is_user_file("/home/me/proj/data.py")
+    assert is_user_file("train.py")  # a trace's relative user file
+    assert not is_user_file(os.path.join(sysconfig.get_paths()["stdlib"], "threading.py"))
+    assert not is_user_file(os.path.abspath(__import__("perfdoctor").__file__))
+    for other in ("/opt/venv/lib/python3.12/site-packages/x/y.py", "/usr/lib/python3/dist-packages/z.py",
+                  "/usr/lib/python3.10/threading.py", "/home/me/pytorch/torch/nn/modules/module.py",
+                  "torch/nn/modules/module.py", "threading.py", "multiprocessing/queues.py", "<string>", "~", ""):
+        assert not is_user_file(other), other

@@ -184,6 +184,34 @@ def test_not_a_run_folder(tmp_path):
         load_run(tmp_path)
 
 
+@pytest.mark.parametrize("name,content,where", [
+    ("steps.json", {"steps": "many"}, "$.steps"),
+    ("steps.json", {"steps": [{"i": "one", "wall_ms": 1.0}]}, "$.steps[0].i"),
+    ("meta.json", None, "$.env"),  # env is a list
+    ("probes.json", {"dataloaders": [{"site": {"file": "/x.py", "line": "12"}}]}, "$.dataloaders[0].site.line"),
+    ("hotspots.json", {"workers": {"pids": 3}}, "$.workers.pids"),
+])
+def test_wrong_typed_files_are_input_errors(tmp_path, name, content, where):
+    d = make_run(tmp_path)
+    if content is None:
+        content = dict(json.loads((d / name).read_text()), env=["cpu"])
+    (d / name).write_text(json.dumps(content))
+    with pytest.raises(InputError) as e:
+        load_run(d)
+    assert str(d / name) in e.value.message and where in e.value.message and "\n" not in e.value.message
+    assert e.value.exit_code == 2
+
+
+def test_older_files_without_newer_keys_read(tmp_path):
+    meta = {"schema": "perfdoctor/run/v1", "script": None, "argv": [], "env": {}, "window": None,
+            "step_clock": "none", "exit": {"code": 137, "reason": "killed", "traceback": None}}
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    (tmp_path / "probes.json").write_text(json.dumps({"forward": [{"site": None, "module": "Net"}]}))
+    r = load_run(tmp_path)
+    assert r.meta == meta and r.facts.value("run.steps_observed") == 0
+    assert any("killed" in n for n in r.notes)
+
+
 def test_run_facts_does_not_import_torch():
     import subprocess
 

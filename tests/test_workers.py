@@ -7,10 +7,12 @@ import json
 import textwrap
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from conftest import run_cli
 from perfdoctor.capture.workers import find_py_spy, parse_collapsed
+from perfdoctor.contracts.run import WorkerLine, Workers
 from perfdoctor.facts.run_facts import worker_hotspots
 
 DATASET = textwrap.dedent("""\
@@ -59,32 +61,36 @@ def test_parse_collapsed_keeps_the_innermost_user_frame(tmp_path: Path) -> None:
         "garbage line",
     ])
     out = parse_collapsed(raw, is_user=lambda f: f == user)
-    assert out["samples"] == 62 and out["other_samples"] == 12
-    assert out["lines"] == [{"file": user, "line": 30, "function": "transform", "samples": 40},
-                            {"file": user, "line": 13, "function": "__getitem__", "samples": 10}]
+    assert out.samples == 62 and out.other_samples == 12
+    assert out.lines == [WorkerLine(file=user, line=30, function="transform", samples=40),
+                         WorkerLine(file=user, line=13, function="__getitem__", samples=10)]
 
 
 def test_worker_hotspots_group_lines_by_function(tmp_path: Path) -> None:
     src = tmp_path / "ds.py"
     src.write_text("class D:\n    def __getitem__(self, i):\n        a = slow(i)\n        b = fast(i)\n        return a + b\n")
-    workers = {"rate_hz": 200, "steps": 10, "samples": 100, "other_samples": 20,
-               "lines": [{"file": str(src), "line": 3, "function": "D.__getitem__", "samples": 60},
-                         {"file": str(src), "line": 4, "function": "D.__getitem__", "samples": 20}]}
+    workers = msgspec.convert({"rate_hz": 200, "steps": 10, "samples": 100, "other_samples": 20,
+                               "lines": [{"file": str(src), "line": 3, "function": "D.__getitem__", "samples": 60},
+                                         {"file": str(src), "line": 4, "function": "D.__getitem__", "samples": 20}]},
+                              Workers)
     (h,) = worker_hotspots(workers)
     assert h.process == "dataloader-workers" and h.function == "D.__getitem__" and h.line == 2
     assert h.ms_per_step == pytest.approx(80 * 5.0 / 10)  # 80 samples of 5 ms over 10 steps
     assert [(l["line"], l["share"]) for l in h.lines] == [(3, 0.75), (4, 0.25)]
     assert h.lines[0]["code"] == "a = slow(i)"
-    assert worker_hotspots(None) == [] and worker_hotspots({**workers, "samples": 0}) == []
+    assert worker_hotspots(None) == [] and worker_hotspots(msgspec.structs.replace(workers, samples=0)) == []
 
 
 def test_comprehension_frames_count_for_the_function_around_them(tmp_path: Path) -> None:
     src = tmp_path / "text.py"
     src.write_text("def collate(batch):\n    ids = [[t for t in s] for s in batch]\n    return ids\n")
-    workers = {"rate_hz": 100, "steps": 4, "samples": 50, "other_samples": 0,
-               "lines": [{"file": str(src), "line": 2, "function": "collate.<locals>.<listcomp>.<listcomp>", "samples": 30},
-                         {"file": str(src), "line": 2, "function": "collate.<locals>.<listcomp>", "samples": 10},
-                         {"file": str(src), "line": 3, "function": "collate", "samples": 10}]}
+    workers = msgspec.convert({"rate_hz": 100, "steps": 4, "samples": 50, "other_samples": 0,
+                               "lines": [{"file": str(src), "line": 2, "function": "collate.<locals>.<listcomp>.<listcomp>",
+                                          "samples": 30},
+                                         {"file": str(src), "line": 2, "function": "collate.<locals>.<listcomp>",
+                                          "samples": 10},
+                                         {"file": str(src), "line": 3, "function": "collate", "samples": 10}]},
+                              Workers)
     (h,) = worker_hotspots(workers)
     assert (h.function, h.line) == ("collate", 1) and h.ms_per_step == pytest.approx(50 * 10.0 / 4)
     assert [(l["line"], l["share"]) for l in h.lines] == [(2, 0.8), (3, 0.2)]

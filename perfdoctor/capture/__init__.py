@@ -1,6 +1,6 @@
 """Capture: run a training script in a child process under probes and a profiled window.
 
-Only the child (`child.py`, `probes.py` and what they import) imports torch.
+Only the child (`child.py`, and the coordinator, clock, probes and window it builds) imports torch.
 """
 
 from perfdoctor.capture.runner import RunResult, run_script

@@ -7,7 +7,6 @@ classes defined in it) and always finalises the run folder, whatever way the scr
 
 from __future__ import annotations
 
-import json
 import os
 import runpy
 import signal
@@ -76,27 +75,30 @@ def main(argv: list[str] | None = None) -> int:
         sys.path[0] = os.path.dirname(script)
 
     from perfdoctor.capture import env as envmod
+    from perfdoctor.capture.writer import write_meta
+    from perfdoctor.contracts.run import SCHEMA, Exit, Meta
 
-    meta = {"schema": "perfdoctor/run/v1", "script": script, "module": target if module else None,
-            "argv": list(sys.argv), "cwd": os.getcwd(),
-            "started": datetime.now().astimezone().isoformat(timespec="seconds"), "wall_s": None,
-            "exit": {"code": None, "reason": "killed", "traceback": None}, "step_clock": "none",
-            "window": None, "env": envmod.base_env(), "complete": False}
-    (run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
+    meta = Meta(schema=SCHEMA, script=script, module=target if module else None, argv=list(sys.argv),
+                cwd=os.getcwd(), started=datetime.now().astimezone().isoformat(timespec="seconds"), wall_s=None,
+                exit=Exit(code=None, reason="killed", traceback=None), step_clock="none", window=None,
+                env=envmod.base_env(), complete=False)
+    write_meta(run_dir, meta)
 
     import torch
 
-    from perfdoctor.capture import sites, window
-    from perfdoctor.capture.probes import Recorder, StepsReached
+    from perfdoctor import usercode
+    from perfdoctor.capture import window
+    from perfdoctor.capture.clock import StepsReached
+    from perfdoctor.capture.recorder import Recorder
 
-    sites.reset_cache()  # torch is imported now: its folder joins the excluded prefixes
-    meta["env"]["torch"] = torch.__version__
-    (run_dir / "meta.json").write_text(json.dumps(meta, indent=1))
-    rec = Recorder(torch, run_dir, steps_limit=opts["steps"], window=window.plan(opts["steps"], opts["window"]))
+    usercode.reset_cache()  # torch is imported now: its folder joins the excluded prefixes
+    meta.env.torch = str(torch.__version__)
+    write_meta(run_dir, meta)
+    rec = Recorder(torch, run_dir, meta, steps_limit=opts["steps"], window=window.plan(opts["steps"], opts["window"]))
     try:
         rec.install()
     except Exception as e:  # noqa: BLE001 - a probe we cannot install must not stop the script
-        rec.errors.append(f"install: {type(e).__name__}: {e}")
+        rec.errors("install", e)
         print(f"perfdoctor: some probes could not be installed ({type(e).__name__}: {e})", file=sys.stderr)
 
     code, reason, tb = 0, "completed", None

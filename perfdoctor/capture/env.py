@@ -7,7 +7,10 @@ import platform
 import sys
 from typing import Any
 
-from perfdoctor.capture.sites import is_user_file
+import msgspec
+
+from perfdoctor.contracts.run import Env
+from perfdoctor.usercode import is_user_file
 
 
 def _cpuinfo() -> tuple[str, bool]:
@@ -36,7 +39,7 @@ def _meminfo(key: str) -> int | None:
     return None
 
 
-def base_env() -> dict[str, Any]:
+def base_env() -> Env:
     """What is known without touching CUDA (the script may still set CUDA_VISIBLE_DEVICES)."""
     model, amx = _cpuinfo()
     try:
@@ -47,31 +50,30 @@ def base_env() -> dict[str, Any]:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = None
-    return {"python": platform.python_version(), "platform": platform.platform(), "cpu_count": cpus,
-            "cpu_amx": amx, "cpu_model": model, "total_memory_bytes": total, "cuda_available": False,
-            "device": "cpu", "device_name": model, "device_count": 0, "device_capability": None,
-            "device_memory_bytes": None}
+    return Env(python=platform.python_version(), platform=platform.platform(), cpu_count=cpus, cpu_amx=amx,
+               cpu_model=model, total_memory_bytes=total, cuda_available=False, device="cpu", device_name=model,
+               device_count=0, device_capability=None, device_memory_bytes=None)
 
 
-def collect_env(torch: Any) -> dict[str, Any]:
+def collect_env(torch: Any) -> Env:
     """The full environment, at the end of the run."""
     env = base_env()
-    env["torch"] = torch.__version__
-    env["rocm"] = bool(getattr(torch.version, "hip", None))
-    env["free_memory_bytes"] = _meminfo("MemAvailable")
+    env.torch = str(torch.__version__)
+    env.rocm = bool(getattr(torch.version, "hip", None))
+    env.free_memory_bytes = _meminfo("MemAvailable")
     try:
         if torch.cuda.is_available():
             props = torch.cuda.get_device_properties(0)
-            env.update({"cuda_available": True, "device": "cuda", "device_name": props.name,
-                        "device_count": torch.cuda.device_count(),
-                        "device_capability": [props.major, props.minor],
-                        "device_memory_bytes": int(props.total_memory)})
+            env = msgspec.structs.replace(env, cuda_available=True, device="cuda", device_name=props.name,
+                                          device_count=torch.cuda.device_count(),
+                                          device_capability=[props.major, props.minor],
+                                          device_memory_bytes=int(props.total_memory))
             if torch.cuda.is_initialized():
                 free, _total = torch.cuda.mem_get_info()
-                env["free_memory_bytes"] = int(free)
-                env["device_peak_allocated_bytes"] = int(torch.cuda.max_memory_allocated())
+                env.free_memory_bytes = int(free)
+                env.device_peak_allocated_bytes = int(torch.cuda.max_memory_allocated())
     except Exception as e:  # noqa: BLE001 - a broken driver must not lose the run
-        env["cuda_error"] = f"{type(e).__name__}: {e}"
+        env.cuda_error = f"{type(e).__name__}: {e}"
     return env
 
 

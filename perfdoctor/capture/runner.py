@@ -8,7 +8,6 @@ DataLoader workers that keep them open cannot make us hang).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -18,8 +17,12 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
+import msgspec
+
+from perfdoctor.capture.writer import PARTIAL, write, write_meta
+from perfdoctor.contracts.run import SCHEMA, ClockLine, Env, Exit, Meta, Step, Steps, decode
 from perfdoctor.errors import InputError
 
 _SI_KERNEL = 0x80  # siginfo si_code of a signal the kernel sent (the terminal's Ctrl-C)
@@ -75,11 +78,14 @@ def _last_step(partial: Path) -> int:
             size = f.tell()
             f.seek(max(0, size - 512))
             lines = f.read().splitlines()
-        for line in reversed(lines):
-            if line.startswith(b'{"i": '):
-                return int(line[6:line.index(b",")])
-    except (OSError, ValueError):
-        pass
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        if line.startswith(b'{"i":'):
+            try:
+                return msgspec.json.decode(line, type=Step).i
+            except msgspec.MsgspecError:  # a line cut short
+                continue
     return 0
 
 
@@ -147,39 +153,46 @@ def _wait(proc: subprocess.Popen, on_poll: Callable[[], None], on_start: Callabl
     return received
 
 
+def _read_partial(partial: Path, clock: str) -> tuple[list[Step], str]:
+    """The steps the child flushed, and the step clock they count."""
+    steps: list[Step] = []
+    for line in partial.read_bytes().splitlines():
+        try:
+            d = msgspec.json.decode(line)
+            if "clock" in d:
+                clock = msgspec.convert(d, ClockLine).clock or "none"
+            elif "i" in d:
+                steps.append(msgspec.convert(d, Step))
+        except (msgspec.MsgspecError, TypeError):
+            continue  # a line cut short when the child died
+    return steps, clock
+
+
 def _finish_meta(run_dir: Path, target: str, module: bool, argv: list[str], code: int, interrupted: bool,
-                 wall_s: float) -> dict[str, Any]:
+                 wall_s: float) -> Meta:
     """Make sure meta.json and steps.json exist: the child may have died before writing them."""
     meta_path = run_dir / "meta.json"
     try:
-        meta = json.loads(meta_path.read_text())
-    except (OSError, ValueError):
-        meta = {"schema": "perfdoctor/run/v1", "script": None if module else str(Path(target).resolve()),
-                "module": target if module else None, "argv": [target, *argv], "cwd": os.getcwd(),
-                "started": None, "env": {}, "window": None, "step_clock": "none"}
-    if meta.get("complete"):
-        if interrupted and meta["exit"]["reason"] in ("completed", "sys-exit", "exception"):
-            meta["exit"]["reason"] = "interrupted"
-            meta_path.write_text(json.dumps(meta, indent=1))
+        meta = decode(meta_path.read_bytes(), Meta, meta_path)
+    except (OSError, InputError):
+        meta = Meta(schema=SCHEMA, script=None if module else str(Path(target).resolve()),
+                    module=target if module else None, argv=[target, *argv], cwd=os.getcwd(), started=None,
+                    env=Env(), window=None, step_clock="none")
+    if meta.complete:
+        if interrupted and meta.exit.reason in ("completed", "sys-exit", "exception"):
+            meta.exit.reason = "interrupted"
+            write_meta(run_dir, meta)
         return meta
-    partial = run_dir / "steps.partial.jsonl"
-    steps, clock = [], meta.get("step_clock") or "none"
+    partial = run_dir / PARTIAL
+    steps, clock = [], meta.step_clock or "none"
     if partial.exists():
-        for line in partial.read_text().splitlines():
-            try:
-                d = json.loads(line)
-            except ValueError:
-                continue  # a line cut short when the child died
-            if "clock" in d:
-                clock = d["clock"] or "none"
-            elif "i" in d:
-                steps.append(d)
+        steps, clock = _read_partial(partial, clock)
         partial.unlink()
     if not (run_dir / "steps.json").exists():
-        (run_dir / "steps.json").write_text(json.dumps({"steps": steps}, indent=1))
-    meta.update({"wall_s": round(wall_s, 4), "step_clock": clock, "complete": True, "finalised_by": "parent",
-                 "exit": {"code": code, "reason": "interrupted" if interrupted else "killed", "traceback": None}})
-    meta_path.write_text(json.dumps(meta, indent=1))
+        write(run_dir / "steps.json", Steps(steps=steps))
+    meta.wall_s, meta.step_clock, meta.complete, meta.finalised_by = round(wall_s, 4), clock, True, "parent"
+    meta.exit = Exit(code=code, reason="interrupted" if interrupted else "killed", traceback=None)
+    write_meta(run_dir, meta)
     return meta
 
 
@@ -211,7 +224,7 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
         from rich.console import Console
 
         status = Console(stderr=True).status(f"perfdoctor: running {target}", spinner="dots")
-    partial = run_dir / "steps.partial.jsonl"
+    partial = run_dir / PARTIAL
     last = [0, 0.0]
 
     def on_poll() -> None:
@@ -235,6 +248,5 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
     rc = proc.returncode
     code = rc if rc >= 0 else 128 - rc  # killed by signal N: 128 + N, as a shell reports it
     meta = _finish_meta(run_dir, target, module, list(script_args), code, received > 0, time.monotonic() - t0)
-    exit_code = meta["exit"].get("code")
-    return RunResult(run_dir=run_dir, exit_code=code if exit_code is None else int(exit_code),
-                     reason=meta["exit"]["reason"])
+    return RunResult(run_dir=run_dir, exit_code=code if meta.exit.code is None else meta.exit.code,
+                     reason=meta.exit.reason or "killed")

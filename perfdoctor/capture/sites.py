@@ -1,6 +1,7 @@
 """Where in the user's code something happened (torch-free; used by the child's probes).
 
-A call site is the first frame outside torch, perfdoctor, site-packages and the standard library.
+A call site is the first frame of the user's code (`perfdoctor.usercode.is_user_file`: outside
+torch, perfdoctor, installed packages and the standard library).
 """
 
 from __future__ import annotations
@@ -9,47 +10,11 @@ import ast
 import linecache
 import os
 import sys
-import sysconfig
 from typing import Any
 
-_PERFDOCTOR_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _excluded_prefixes() -> tuple[str, ...]:
-    dirs = {_PERFDOCTOR_DIR + os.sep}
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        p = sysconfig.get_paths().get(key)
-        if p:
-            dirs.add(os.path.join(p, ""))
-            dirs.add(os.path.join(os.path.realpath(p), ""))
-    torch_mod = sys.modules.get("torch")
-    if torch_mod is not None and getattr(torch_mod, "__file__", None):
-        dirs.add(os.path.dirname(os.path.abspath(torch_mod.__file__)) + os.sep)
-    return tuple(dirs)
-
-
-_prefixes: tuple[str, ...] | None = None
-_user_cache: dict[str, bool] = {}
-
-
-def is_user_file(filename: str) -> bool:
-    """True for the user's own source files (not torch, perfdoctor, site-packages, stdlib)."""
-    r = _user_cache.get(filename)
-    if r is None:
-        global _prefixes
-        if _prefixes is None:
-            _prefixes = _excluded_prefixes()
-        fn = filename
-        r = not (not fn or fn.startswith("<") or fn == "~" or "site-packages" in fn or "dist-packages" in fn
-                 or fn.startswith(_prefixes) or os.path.abspath(fn).startswith(_prefixes))
-        _user_cache[filename] = r
-    return r
-
-
-def reset_cache() -> None:
-    global _prefixes
-    _prefixes = None
-    _user_cache.clear()
+from perfdoctor import usercode
+from perfdoctor.contracts.run import Site
+from perfdoctor.usercode import is_user_file
 
 
 def user_frame(frame: Any) -> Any:
@@ -59,16 +24,16 @@ def user_frame(frame: Any) -> Any:
     return frame
 
 
-def site_of(frame: Any, line: int | None = None) -> dict[str, Any] | None:
+def site_of(frame: Any, line: int | None = None) -> Site | None:
+    """The frame's file, line (or `line`), source text and function."""
     if frame is None:
         return None
     fn = os.path.abspath(frame.f_code.co_filename)
     ln = line or frame.f_lineno or 0
-    return {"file": fn, "line": ln, "code": linecache.getline(fn, ln).strip(),
-            "function": frame.f_code.co_name}
+    return Site(file=fn, line=ln, code=linecache.getline(fn, ln).strip(), function=frame.f_code.co_name)
 
 
-def caller_site(depth: int = 1) -> dict[str, Any] | None:
+def caller_site(depth: int = 1) -> Site | None:
     """The user call site of whoever called our probe."""
     return site_of(user_frame(sys._getframe(depth + 1)))
 
@@ -127,12 +92,6 @@ def call_node_at(frame: Any) -> ast.Call | None:
 
 
 def kwargs_style(frame: Any) -> str:
-    """How the call at `frame` passed its keyword arguments: literal, dict (**cfg) or mixed."""
+    """How the call at `frame` passed its keyword arguments (`perfdoctor.usercode.kwargs_style`)."""
     node = call_node_at(frame)
-    if node is None:
-        return "literal"
-    star = any(k.arg is None for k in node.keywords) or any(isinstance(a, ast.Starred) for a in node.args)
-    named = any(k.arg is not None for k in node.keywords)
-    if star and named:
-        return "mixed"
-    return "dict" if star else "literal"
+    return "literal" if node is None else usercode.kwargs_style(node)

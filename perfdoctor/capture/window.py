@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import gzip
-import json
 import os
 import pstats
 import shutil
@@ -21,8 +20,12 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from perfdoctor.capture.sites import is_user_file
+import msgspec
+
 from perfdoctor.capture.workers import WorkerSampler
+from perfdoctor.contracts.run import FunctionStat, Hotspots, LineSamples, Workers
+from perfdoctor.contracts.run import Window as WindowRecord
+from perfdoctor.usercode import is_user_file
 
 DEFAULT = (5, 3, 5)  # skip, warmup (cProfile and the line sampler run here), active (the trace)
 
@@ -100,7 +103,7 @@ class Window:
         self.run_dir = run_dir
         self.worker_pids = worker_pids  # the live DataLoader worker processes, asked when the window opens
         self.workers: WorkerSampler | None = None
-        self.worker_data: dict[str, Any] | None = None
+        self.worker_data: Workers | None = None
         self.skip, self.warmup, self.active = skip, warmup, active
         self.first_step = skip + warmup + 1
         self.last_step = skip + warmup + active
@@ -113,7 +116,7 @@ class Window:
         self.python_steps = 0  # steps profiled by cProfile and the sampler
         self.trace_saved = False
         self.completed = False
-        self.discard = False
+        self.discarded = False
         self.error: str | None = None
         self.main_ident = threading.get_ident()
 
@@ -209,7 +212,7 @@ class Window:
             pass
 
     def _save_trace(self, prof: Any) -> None:
-        if self.discard:
+        if self.discarded:
             return
         tmp = self.run_dir / "trace.json"
         prof.export_chrome_trace(str(tmp))
@@ -218,41 +221,49 @@ class Window:
         tmp.unlink()
         self.trace_saved = True
 
+    def discard(self) -> None:
+        """A stronger step clock took over: stop, and drop what was recorded (its step numbers are void)."""
+        self.discarded = True
+        self._abort()
+        for f in ("trace.json.gz", "hotspots.json", "profile.pstats"):
+            (self.run_dir / f).unlink(missing_ok=True)
+
     # -- end of the run -----------------------------------------------------------------------
-    def finish(self) -> None:
-        """Stop whatever still runs (the script ended inside the window) and save what was recorded."""
+    def finish(self) -> Hotspots | None:
+        """Stop whatever still runs (the script ended inside the window) and save what was recorded;
+        the hot spots for hotspots.json, if cProfile ran (profile.pstats is written here)."""
         if self.state in ("warmup", "active"):
             self._stop_python()
             try:
                 self._stop_profiler()
             except Exception as e:  # noqa: BLE001
                 self.error = f"{type(e).__name__}: {e}"
-        if self.cprof is not None and not self.discard:
-            self._write_hotspots()
+        if self.cprof is not None and not self.discarded:
+            return self._hotspots()
+        return None
 
-    def _write_hotspots(self) -> None:
+    def _hotspots(self) -> Hotspots:
         assert self.cprof is not None
         self.cprof.dump_stats(str(self.run_dir / "profile.pstats"))
         stats = pstats.Stats(self.cprof).stats  # type: ignore[attr-defined]
         funcs = []
         for (fn, line, name), (_cc, nc, tt, ct, _callers) in stats.items():
             if is_user_file(fn):
-                funcs.append({"function": name, "file": os.path.abspath(fn), "line": line,
-                              "tottime_s": tt, "cumtime_s": ct, "ncalls": nc})
-        funcs.sort(key=lambda f: -f["cumtime_s"])
+                funcs.append(FunctionStat(function=name, file=os.path.abspath(fn), line=line, tottime_s=tt,
+                                          cumtime_s=ct, ncalls=nc))
+        funcs.sort(key=lambda f: -f.cumtime_s)
         s = self.sampler
         lines = []
         if s is not None:
             for (fn, line), n in sorted(s.counts.items(), key=lambda kv: -kv[1])[:300]:
-                lines.append({"file": os.path.abspath(fn), "line": line, "samples": n})
-        data = {"functions": funcs[:100], "lines": lines, "samples": s.samples if s else 0,
-                "sample_interval_s": s.interval if s else None, "steps": self.python_steps,
-                # py-spy ran through the whole window: its warm-up and recorded steps
-                "workers": None if self.worker_data is None else {**self.worker_data,
-                                                                   "steps": self.recorded + (self.python_steps if self.warmup else 0)}}
-        (self.run_dir / "hotspots.json").write_text(json.dumps(data, indent=1))
+                lines.append(LineSamples(file=os.path.abspath(fn), line=line, samples=n))
+        # py-spy ran through the whole window: its warm-up and recorded steps
+        workers = None if self.worker_data is None else msgspec.structs.replace(
+            self.worker_data, steps=self.recorded + (self.python_steps if self.warmup else 0))
+        return Hotspots(functions=funcs[:100], lines=lines, samples=s.samples if s else 0,
+                        sample_interval_s=s.interval if s else None, steps=self.python_steps, workers=workers)
 
-    def meta(self) -> dict[str, Any]:
-        return {"skip": self.skip, "warmup": self.warmup, "active": self.active,
-                "first_step": self.first_step, "last_step": self.last_step, "completed": self.completed,
-                "steps_profiled": self.recorded, "trace": self.trace_saved, "error": self.error}
+    def meta(self) -> WindowRecord:
+        return WindowRecord(skip=self.skip, warmup=self.warmup, active=self.active, first_step=self.first_step,
+                            last_step=self.last_step, completed=self.completed, steps_profiled=self.recorded,
+                            trace=self.trace_saved, error=self.error)

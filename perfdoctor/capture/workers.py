@@ -19,9 +19,12 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
-from perfdoctor.capture.sites import is_user_file
+import msgspec
+
+from perfdoctor.contracts.run import WorkerLine, Workers
+from perfdoctor.usercode import is_user_file
 
 RATE_HZ = 200
 WORKER_LOOP = "_worker_loop ("  # torch.utils.data._utils.worker._worker_loop, each worker's main loop
@@ -37,7 +40,7 @@ def find_py_spy() -> str | None:
     return shutil.which("py-spy")
 
 
-def parse_collapsed(text: str, is_user: Callable[[str], bool] = is_user_file) -> dict[str, Any]:
+def parse_collapsed(text: str, is_user: Callable[[str], bool] = is_user_file) -> Workers:
     """Samples per innermost user frame (file, line, function) from py-spy's raw output (one or
     several processes' outputs, concatenated). A stack with no user frame (the worker's own loop,
     pickling, torch's collate) counts as `other`."""
@@ -63,9 +66,8 @@ def parse_collapsed(text: str, is_user: Callable[[str], bool] = is_user_file) ->
                 break
         else:
             other += n
-    return {"samples": total, "other_samples": other,
-            "lines": [{"file": f, "line": ln, "function": fn, "samples": n}
-                      for (f, ln, fn), n in lines.most_common(300)]}
+    return Workers(samples=total, other_samples=other,
+                   lines=[WorkerLine(file=f, line=ln, function=fn, samples=n) for (f, ln, fn), n in lines.most_common(300)])
 
 
 class WorkerSampler:
@@ -92,10 +94,10 @@ class WorkerSampler:
                 return
             self.procs.append((pid, p, out))
 
-    def stop(self) -> dict[str, Any] | None:
+    def stop(self) -> Workers | None:
         """Stop every recorder (SIGINT makes py-spy write what it has) and merge their samples."""
         if not self.procs:
-            return {"pids": [], "error": self.error} if self.error else None
+            return Workers(pids=[], error=self.error) if self.error else None
         for _, p, _ in self.procs:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)
@@ -113,5 +115,5 @@ class WorkerSampler:
             texts.append(text)
         shutil.rmtree(self.dir, ignore_errors=True)
         # collapsed stacks add up line by line: the workers' outputs together are their merged samples
-        return {"pids": [pid for pid, _, _ in self.procs], "rate_hz": RATE_HZ, **parse_collapsed("\n".join(texts)),
-                "error": "; ".join(errors) if errors else None}
+        return msgspec.structs.replace(parse_collapsed("\n".join(texts)), pids=[pid for pid, _, _ in self.procs],
+                                       rate_hz=RATE_HZ, error="; ".join(errors) if errors else None)

@@ -22,14 +22,16 @@ def read_bytes(path: Path) -> bytes:
         raise InputError(f"{path}: cannot read it ({e.strerror or e})") from None
 
 
-def decode(path: Path, raw: bytes, type: type[T], what: str) -> T:
-    """`raw` (the bytes of `path`) as a `type`; `what` names the file's kind in the error."""
+def decode(path: Path, raw: bytes, type: type[T], what: str, hint: str = "") -> T:
+    """`raw` (the bytes of `path`) as a `type`; `what` names the file's kind in the error, `hint`
+    (if any) what to do about it."""
+    tail = f"; {hint}" if hint else ""
     try:
         return msgspec.json.decode(raw, type=type)
     except msgspec.ValidationError as e:
-        raise InputError(f"{path}: not a valid {what}: {e}") from None
+        raise InputError(f"{path}: not a valid {what}: {e}{tail}") from None
     except msgspec.DecodeError as e:
-        raise InputError(f"{path}: not readable JSON ({e})") from None
+        raise InputError(f"{path}: not readable JSON ({e}){tail}") from None
 
 
 class Header(msgspec.Struct):

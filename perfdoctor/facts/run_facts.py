@@ -3,29 +3,34 @@
 from __future__ import annotations
 
 import ast
-import json
 import linecache
 import re
 import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import msgspec
+
+from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Site, Step, Steps, Window, Workers, decode
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts
 from perfdoctor.model import Hotspot, Location
 from perfdoctor.stats import quantile, steady_steps, step_series
 
-LOSS_SCAN_STEPS = 30  # capture looks for retained losses on the first steps only (capture/holders.py)
+LOSS_SCAN_STEPS = 30  # capture looks for retained losses on the first steps only (capture/recorder.py)
 CLOCKS = {"optimizer": "optimizer", "backward": "backward", "dataloader": "dataloader", "none": "whole-run"}
 CATEGORIES = (("data loading", "data_ms"), ("forward", "forward_ms"), ("backward", "backward_ms"),
               ("optimizer", "optimizer_ms"))
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class RunData:
-    meta: dict[str, Any]
+    meta: dict[str, Any]  # meta.json as written (checked against contracts.run.Meta)
     facts: Facts
     summary: dict[str, Any]
     hotspots: list[Hotspot] = field(default_factory=list)
@@ -34,13 +39,39 @@ class RunData:
     trace_path: Path | None = None
 
 
-def _read(path: Path, default: Any) -> Any:
+def _bytes(path: Path) -> bytes | None:
+    """The file's contents, None if there is no such file."""
     try:
-        return json.loads(path.read_text())
+        return path.read_bytes()
     except FileNotFoundError:
-        return default
-    except (OSError, ValueError) as e:
+        return None
+    except OSError as e:
         raise InputError(f"{path} is not readable JSON ({e}); run `perfdoctor run` again") from None
+
+
+def _read(path: Path, type: type[T]) -> T:
+    """A run file as its contract; a missing file reads as an empty one."""
+    data = _bytes(path)
+    return type() if data is None else decode(data, type, path)
+
+
+def _read_meta(run_dir: Path) -> tuple[Meta, dict[str, Any]]:
+    """meta.json as its contract, and as written; InputError if the folder is not a run folder."""
+    path = run_dir / "meta.json"
+    data = _bytes(path)
+    try:
+        raw = None if data is None else msgspec.json.decode(data)
+    except msgspec.DecodeError as e:
+        raise InputError(f"{path} is not readable JSON ({e}); run `perfdoctor run` again") from None
+    if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+        raise InputError(f"{run_dir} is not a perfdoctor run folder (no meta.json); "
+                         "give a folder that `perfdoctor run` wrote, or a trace file")
+    return decode(data, Meta, path), raw
+
+
+def _known(v: Any) -> Any:
+    """None for a key the file does not have (msgspec.UNSET)."""
+    return None if v is msgspec.UNSET else v
 
 
 def _slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
@@ -67,17 +98,17 @@ def memory_growth(steady: list[dict]) -> float | None:
     return None
 
 
-def _machine(facts: Facts, env: dict) -> None:
+def _machine(facts: Facts, env: Env) -> None:
     m = "machine"
-    facts.add("cpu.count", env.get("cpu_count"), "count", m)
-    facts.add("cpu.amx", env.get("cpu_amx"), "", m, "amx_tile in /proc/cpuinfo flags")
-    dev = "rocm" if env.get("rocm") and env.get("device") == "cuda" else env.get("device")
+    facts.add("cpu.count", env.cpu_count, "count", m)
+    facts.add("cpu.amx", env.cpu_amx, "", m, "amx_tile in /proc/cpuinfo flags")
+    dev = "rocm" if env.rocm and env.device == "cuda" else env.device
     facts.add("device.type", dev, "", m)
-    facts.add("device.name", env.get("device_name"), "", m)
-    if env.get("device") == "cuda":
-        facts.add("device.count", env.get("device_count"), "count", m)
-        cap = env.get("device_capability")
-        facts.add("device.memory_bytes", env.get("device_memory_bytes"), "bytes", m)
+    facts.add("device.name", env.device_name, "", m)
+    if env.device == "cuda":
+        facts.add("device.count", env.device_count, "count", m)
+        cap = env.device_capability
+        facts.add("device.memory_bytes", env.device_memory_bytes, "bytes", m)
         if cap:
             c = f"{cap[0]}.{cap[1]}"
             facts.add("device.capability", float(c), "", m)
@@ -87,21 +118,21 @@ def _machine(facts: Facts, env: dict) -> None:
                      f"CUDA capability {c} < 7.0: no tensor cores, autocast brings little")
             facts.add("device.amp_available", ok, "", m, basis)
             facts.add("device.amp_basis", basis, "", m)
-    elif env.get("device") == "cpu" and env.get("cpu_amx") is not None:
-        amx = bool(env.get("cpu_amx"))
+    elif env.device == "cpu" and env.cpu_amx is not None:
+        amx = bool(env.cpu_amx)
         basis = "CPU with AMX (bf16 autocast)" if amx else "CPU without AMX: autocast brings little"
         facts.add("device.amp_available", amx, "", m, basis)
         facts.add("device.amp_basis", basis, "", m)
 
 
-def _site_key(site: dict | None) -> tuple[str, Location] | None:
-    if not site or not site.get("file"):
+def _site_key(site: Site | None) -> tuple[str, Location] | None:
+    if site is None or not site.file:
         return None
-    loc = Location.from_dict(site)
+    loc = Location(site.file, site.line, site.code, site.function)
     return f"{loc.file}:{loc.line}", loc
 
 
-def _subject(facts: Facts, kind: str, site: dict | None):
+def _subject(facts: Facts, kind: str, site: Site | None):
     k = _site_key(site)
     if k is None:
         return None
@@ -142,23 +173,23 @@ def _hot_lines(file: str, rows: list[dict]) -> list[dict[str, Any]]:
 _INNER_FRAME = re.compile(r"(\.<locals>)?\.<(listcomp|dictcomp|setcomp|genexpr|lambda)>")
 
 
-def worker_hotspots(workers: dict | None) -> list[Hotspot]:
+def worker_hotspots(workers: Workers | None) -> list[Hotspot]:
     """User functions in the DataLoader worker processes (py-spy samples through the window), by
     worker CPU time per step summed over the workers, with their hot lines."""
-    if not workers or not workers.get("samples") or not workers.get("steps"):
+    if workers is None or not workers.samples or not workers.steps:
         return []
-    per_sample_ms = 1000.0 / (workers.get("rate_hz") or 100) / workers["steps"]
+    per_sample_ms = 1000.0 / (workers.rate_hz or 100) / workers.steps
     spans: dict[str, list[tuple[int, int, int]]] = {}  # each file parsed once
     groups: dict[tuple[str, str, int], dict[int, int]] = {}  # (file, function, def line) -> samples per line
-    for x in workers.get("lines") or []:
-        fs = spans.get(x["file"])
+    for x in workers.lines or []:
+        fs = spans.get(x.file)
         if fs is None:
-            fs = spans[x["file"]] = _function_spans(x["file"])
-        start = _enclosing_start(fs, x["line"]) or x["line"]
+            fs = spans[x.file] = _function_spans(x.file)
+        start = _enclosing_start(fs, x.line) or x.line
         # a comprehension or lambda is a frame of its own (`collate.<locals>.<listcomp>`): its time
         # belongs to the function written around it
-        per_line = groups.setdefault((x["file"], _INNER_FRAME.sub("", x["function"]), start), {})
-        per_line[x["line"]] = per_line.get(x["line"], 0) + x["samples"]
+        per_line = groups.setdefault((x.file, _INNER_FRAME.sub("", x.function), start), {})
+        per_line[x.line] = per_line.get(x.line, 0) + x.samples
     out = []
     for (file, func, start), per_line in groups.items():
         rows = [{"line": ln, "samples": n} for ln, n in per_line.items()]
@@ -169,45 +200,46 @@ def worker_hotspots(workers: dict | None) -> list[Hotspot]:
     return [h for h in out if h.ms_per_step >= 0.01][:5]
 
 
-def _worker_hotspot_subject(facts: Facts, workers: dict, h: Hotspot, steps: list[dict], window: dict) -> None:
+def _worker_hotspot_subject(facts: Facts, workers: Workers, h: Hotspot, steps: list[Step],
+                            window: Window | None) -> None:
     """The hottest user function in the DataLoader workers, located at its hottest line (PD014)."""
-    rate, top = workers.get("rate_hz") or 100, h.lines[0]
+    rate, top = workers.rate_hz or 100, h.lines[0]
     s = facts.subject("worker_hotspot", f"{h.file}:{top['line']}")
     s.locations.append(Location(h.file, top["line"], top.get("code", ""), h.function))
     s.add("function", h.function)
     s.add("ms_per_step", h.ms_per_step, "ms", detail="worker CPU time per step in this function, summed over "
-          f"the workers (py-spy, {rate} Hz, {workers['steps']} profiled steps)")
-    all_ms = workers["samples"] * 1000.0 / rate / workers["steps"]
+          f"the workers (py-spy, {rate} Hz, {workers.steps} profiled steps)")
+    all_ms = workers.samples * 1000.0 / rate / workers.steps
     s.add("share", h.ms_per_step / all_ms, "ratio", detail="of all the workers' sampled time")
-    n_workers = len(workers.get("pids") or [])
+    n_workers = len(workers.pids)
     s.add("workers", n_workers, "count")
     # py-spy samples only running threads (not a worker blocked on a full queue), so samples over
     # what the window's wall time allows say how saturated the workers were
-    skip, last = int(window.get("skip") or 0), window.get("last_step")
-    window_s = sum(x["wall_ms"] for x in steps if last is not None and skip < x["i"] <= int(last)) / 1000
+    skip, last = (window.skip or 0, window.last_step) if window is not None else (0, None)
+    window_s = sum(x.wall_ms for x in steps if last is not None and skip < x.i <= last) / 1000
     if window_s > 0 and n_workers:
-        s.add("busy", min(1.0, workers["samples"] / (rate * window_s * n_workers)),
+        s.add("busy", min(1.0, workers.samples / (rate * window_s * n_workers)),
               "ratio", detail=f"sampled running time of the workers over the window's {window_s:.2f} s")
 
 
-def _hotspots(hs: dict) -> list[Hotspot]:
+def _hotspots(hs: Hotspots) -> list[Hotspot]:
     """User functions by time per profiled step (cProfile records no frame entered before it was
     enabled, so the training loop and `main` do not appear), with their hot lines."""
-    steps = hs.get("steps") or 0
+    steps = hs.steps
     if not steps:
         return []
     out = []
-    for f in hs.get("functions") or []:
-        if f["function"] == "<module>":
+    for f in hs.functions:
+        if f.function == "<module>":
             continue
-        ms = f["cumtime_s"] * 1e3 / steps
+        ms = f.cumtime_s * 1e3 / steps
         if ms < 0.01:
             continue
-        h = Hotspot(function=f["function"], file=f["file"], line=int(f["line"]), ms_per_step=ms,
-                    calls_per_step=f["ncalls"] / steps)
+        h = Hotspot(function=f.function, file=f.file, line=f.line, ms_per_step=ms, calls_per_step=f.ncalls / steps)
         end = _function_end(_function_spans(h.file), h.line)
         if end:
-            lines = [x for x in hs.get("lines", []) if x["file"] == h.file and h.line <= x["line"] <= end]
+            lines = [{"line": x.line, "samples": x.samples} for x in hs.lines
+                     if x.file == h.file and h.line <= x.line <= end]
             if lines:
                 h.lines = _hot_lines(h.file, lines)
         out.append(h)
@@ -218,20 +250,18 @@ def _hotspots(hs: dict) -> list[Hotspot]:
 
 def load_run(run_dir: Path) -> RunData:
     run_dir = Path(run_dir)
-    meta = _read(run_dir / "meta.json", None)
-    if not isinstance(meta, dict) or meta.get("schema") != "perfdoctor/run/v1":
-        raise InputError(f"{run_dir} is not a perfdoctor run folder (no meta.json); "
-                         "give a folder that `perfdoctor run` wrote, or a trace file")
-    steps = _read(run_dir / "steps.json", {}).get("steps", [])
-    probes = _read(run_dir / "probes.json", {})
-    hs = _read(run_dir / "hotspots.json", {})
-    env = meta.get("env") or {}
-    window = meta.get("window") or {}
-    exit_ = meta.get("exit") or {}
-    clock = CLOCKS.get(meta.get("step_clock") or "none", "whole-run")
+    meta, raw_meta = _read_meta(run_dir)
+    run_steps = _read(run_dir / "steps.json", Steps).steps
+    probes = _read(run_dir / "probes.json", Probes)
+    hs = _read(run_dir / "hotspots.json", Hotspots)
+    env, win, exit_ = meta.env, meta.window, meta.exit
+    # the steps and the window as perfdoctor.stats takes them (shared with the gate)
+    steps: list[dict[str, Any]] = msgspec.to_builtins(run_steps)
+    window: dict[str, Any] = msgspec.to_builtins(win) if win is not None else {}
+    clock = CLOCKS.get(meta.step_clock or "none", "whole-run")
     facts = Facts()
     notes: list[str] = []
-    profiled = int(window.get("steps_profiled") or 0)
+    profiled = (win.steps_profiled or 0) if win is not None else 0
 
     facts.add("run.steps_observed", len(steps), "count")
     facts.add("run.steps_profiled", profiled, "count")
@@ -276,102 +306,103 @@ def load_run(run_dir: Path) -> RunData:
         facts.add("step.other_ms", rest, "ms", detail="step time not in data, forward, backward, optimizer")
 
     # -- memory -------------------------------------------------------------------------------------
-    mems = [s["mem_bytes"] for s in steps if s.get("mem_bytes") is not None]
-    on_cuda = env.get("device") == "cuda"
+    mems = [s.mem_bytes for s in run_steps if s.mem_bytes is not None]
+    on_cuda = env.device == "cuda"
     mem_kind = "CUDA memory_allocated" if on_cuda else "process RSS"
     if mems:
         facts.add("memory.peak_bytes", max(mems), "bytes", detail=f"max {mem_kind} at step ends")
-    facts.add("memory.total_bytes", env.get("device_memory_bytes") if on_cuda else env.get("total_memory_bytes"),
-              "bytes", "machine")
-    facts.add("memory.free_bytes", env.get("free_memory_bytes"), "bytes", "machine", "free at the end of the run")
+    facts.add("memory.total_bytes", env.device_memory_bytes if on_cuda else env.total_memory_bytes, "bytes", "machine")
+    free = _known(env.free_memory_bytes)
+    facts.add("memory.free_bytes", free, "bytes", "machine", "free at the end of the run")
     growth = memory_growth(steady)
     if growth is not None:
         facts.add("memory.growth_bytes_per_step", growth, "bytes",
                   detail=f"least-squares slope of {mem_kind} over {len(steady)} steady steps")
-        free = env.get("free_memory_bytes")
         if free:
             facts.add("memory.steps_to_oom", int(free / growth), "count", detail="free memory at the end / growth")
 
     # -- probes -> facts and subjects -----------------------------------------------------------
     steady_idx = [s["i"] - 1 for s in steady]
-    for dl in probes.get("dataloaders", []):
-        s = _subject(facts, "dataloader", dl.get("site"))
+    for dl in probes.dataloaders:
+        s = _subject(facts, "dataloader", dl.site)
         if s is None:
             continue
-        kw = dl.get("kwargs") or {}
-        for name in ("num_workers", "pin_memory", "persistent_workers", "batch_size", "prefetch_factor"):
-            s.add(name, kw.get(name), "count" if name in ("num_workers", "batch_size", "prefetch_factor") else "")
-        s.add("multiprocessing_context", kw.get("multiprocessing_context"))
-        s.add("kwargs_style", dl.get("kwargs_style"))
-        s.add("batches", dl.get("batches"), "count")
-        waits = dl.get("wait_ms_per_step") or []
+        kw = dl.kwargs
+        s.add("num_workers", kw.num_workers, "count")
+        s.add("pin_memory", kw.pin_memory)
+        s.add("persistent_workers", kw.persistent_workers)
+        s.add("batch_size", kw.batch_size, "count")
+        s.add("prefetch_factor", kw.prefetch_factor, "count")
+        s.add("multiprocessing_context", kw.multiprocessing_context)
+        s.add("kwargs_style", dl.kwargs_style)
+        s.add("batches", dl.batches, "count")
+        waits = dl.wait_ms_per_step
         ws = [waits[i] for i in steady_idx if 0 <= i < len(waits)]
-        if ws and dl.get("batches"):
+        if ws and dl.batches:
             w = statistics.median(ws)
             s.add("wait_ms", w, "ms", detail=f"median time in DataLoader __next__ over {len(ws)} steady steps")
             s.add("wait_mean_ms", statistics.fmean(ws), "ms")
             if median:
                 s.add("wait_fraction", w / median, "ratio", detail="wait_ms / step.time_ms")
         if on_cuda:
-            s.add("feeds_cuda", bool(dl.get("to_cuda")), detail="a batch was moved to a CUDA device")
-            s.add("non_blocking", dl.get("non_blocking"))
-    for dp in probes.get("dataparallel", []):
-        s = _subject(facts, "dataparallel", dp.get("site"))
+            s.add("feeds_cuda", dl.to_cuda, detail="a batch was moved to a CUDA device")
+            s.add("non_blocking", dl.non_blocking)
+    for dp in probes.dataparallel:
+        s = _subject(facts, "dataparallel", dp.site)
         if s is not None:
             s.add("constructed", True)
-            s.add("device_count", dp.get("device_count"), "count")
-    n_loop = max(1, len(steps) - 1)
-    for ec in probes.get("empty_cache", []):
-        s = _subject(facts, "empty_cache", ec.get("site"))
+            s.add("device_count", dp.device_count, "count")
+    n_loop = max(1, len(run_steps) - 1)
+    for ec in probes.empty_cache:
+        s = _subject(facts, "empty_cache", ec.site)
         if s is not None:
-            s.add("calls_per_step", ec.get("calls_in_steps", 0) / n_loop, "count")
-            s.add("in_loop", ec.get("calls_in_steps", 0) > 0)
-            s.add("calls", ec.get("calls"), "count")
-    for an in probes.get("anomaly", []):
-        if an.get("enabled"):
+            s.add("calls_per_step", ec.calls_in_steps / n_loop, "count")
+            s.add("in_loop", ec.calls_in_steps > 0)
+            s.add("calls", ec.calls, "count")
+    for an in probes.anomaly:
+        if an.enabled:
             facts.add("autograd.anomaly_enabled", True, detail="set_detect_anomaly/detect_anomaly seen")
-            s = _subject(facts, "anomaly", an.get("site"))
+            s = _subject(facts, "anomaly", an.site)
             if s is not None:
                 s.add("enabled", True)
-    models = [f for f in probes.get("forward", []) if f.get("params")]
+    models = [f for f in probes.forward if f.params]
     for f in models:
-        s = _subject(facts, "model", f.get("site"))
+        s = _subject(facts, "model", f.site)
         if s is not None:
-            s.add("autocast", bool(f.get("autocast")))
-            s.add("param_dtype", f.get("param_dtype"))
-            s.add("device", f.get("device"))
-            s.add("params", f.get("params"), "count")
+            s.add("autocast", f.autocast)
+            s.add("param_dtype", f.param_dtype)
+            s.add("device", f.device)
+            s.add("params", f.params, "count")
     if models:
-        main = max(models, key=lambda f: (f.get("params") or 0, f.get("calls") or 0))
-        facts.add("autocast.enabled", bool(main.get("autocast")), detail=f"at the forward of {main.get('module')}")
-        facts.add("model.param_dtype", main.get("param_dtype"), detail=f"parameters of {main.get('module')}")
-    holders = probes.get("loss_holders", [])
+        main = max(models, key=lambda f: (f.params or 0, f.calls))
+        facts.add("autocast.enabled", main.autocast, detail=f"at the forward of {main.module}")
+        facts.add("model.param_dtype", main.param_dtype, detail=f"parameters of {main.module}")
+    holders = probes.loss_holders
     for h in holders:
-        s = _subject(facts, "loss_holder", h.get("site"))
+        s = _subject(facts, "loss_holder", h.site)
         if s is None:
             continue
-        s.add("kind", h.get("kind"))
-        s.add("holder", h.get("holder"))
-        s.add("tensor_name", h.get("tensor_name"))
-        s.add("numel", h.get("numel"), "count")
-        s.add("graphs_retained", h.get("graphs_retained"), "count")
-        s.add("graphs_per_step", h.get("graphs_per_step"), "count",
-              detail=f"steps {h.get('first_step')}..{h.get('last_step')}")
+        s.add("kind", h.kind)
+        s.add("holder", h.holder)
+        s.add("tensor_name", h.tensor_name)
+        s.add("numel", h.numel, "count")
+        s.add("graphs_retained", h.graphs_retained, "count")
+        s.add("graphs_per_step", h.graphs_per_step, "count", detail=f"steps {h.first_step}..{h.last_step}")
         if growth is not None:
             s.add("growth_bytes_per_step", growth, "bytes",
                   detail="memory slope of the whole process" + (" (shared by all holders)" if len(holders) > 1 else ""))
 
     # -- notes --------------------------------------------------------------------------------------
-    n = len(steps) if clock != "whole-run" else 0
+    n = len(run_steps) if clock != "whole-run" else 0
     if clock == "backward":
         notes.append("no optimizer step seen: steps counted by backward() calls")
     elif clock == "dataloader":
         notes.append("no optimizer step or backward() seen: steps counted by DataLoader batches")
     elif clock == "whole-run":
         notes.append("no steps found (no optimizer step, backward() or DataLoader batch): the whole run is one span")
-    reason, code = exit_.get("reason"), exit_.get("code")
+    reason, code = exit_.reason, exit_.code
     if reason == "exception":
-        last = (exit_.get("traceback") or "").strip().splitlines()[-1:] or ["an exception"]
+        last = (exit_.traceback or "").strip().splitlines()[-1:] or ["an exception"]
         notes.append(f"the script failed after {n} steps: {last[0]}")
     elif reason == "sys-exit" and code:
         notes.append(f"the script exited with code {code} after {n} steps")
@@ -380,27 +411,27 @@ def load_run(run_dir: Path) -> RunData:
                      "probes and profile were not saved")
     elif reason == "interrupted":
         notes.append(f"interrupted after {n} steps")
-    if window and clock != "whole-run":
-        if not profiled and not window.get("trace"):
+    if win is not None and clock != "whole-run":
+        if not profiled and not win.trace:
             notes.append(f"profiler window not reached: the run ended after {n} steps, the window starts "
-                         f"after step {window.get('skip')}")
-        elif not window.get("completed"):
-            notes.append(f"profiler window incomplete: {profiled} of {window.get('active')} steps recorded")
-    if window.get("error"):
-        notes.append(f"the profiler failed: {window['error']}")
+                         f"after step {win.skip}")
+        elif not win.completed:
+            notes.append(f"profiler window incomplete: {profiled} of {win.active} steps recorded")
+    if win is not None and win.error:
+        notes.append(f"the profiler failed: {win.error}")
     if steady and len(steady) < 5 and clock != "whole-run":
         notes.append(f"only {len(steady)} steady-state steps: timings are rough")
 
     trace = run_dir / "trace.json.gz"
-    users = [Path(p) for p in meta.get("user_files") or []]
-    if not users and meta.get("script"):
-        users = [Path(meta["script"])]
-    workers = hs.get("workers")
+    users = [Path(p) for p in meta.user_files or []]
+    if not users and meta.script:
+        users = [Path(meta.script)]
+    workers = hs.workers
     worker_hot = worker_hotspots(workers)
-    if worker_hot and worker_hot[0].lines:
-        _worker_hotspot_subject(facts, workers, worker_hot[0], steps, window)
-    if workers and workers.get("error"):
-        notes.append(f"py-spy could not sample every DataLoader worker ({workers['error']}); "
-                     f"hot spots in the workers are {'partial' if workers.get('samples') else 'missing'}")
-    return RunData(meta=meta, facts=facts, summary=summary, hotspots=_hotspots(hs) + worker_hot, notes=notes,
+    if workers is not None and worker_hot and worker_hot[0].lines:
+        _worker_hotspot_subject(facts, workers, worker_hot[0], run_steps, win)
+    if workers is not None and workers.error:
+        notes.append(f"py-spy could not sample every DataLoader worker ({workers.error}); "
+                     f"hot spots in the workers are {'partial' if workers.samples else 'missing'}")
+    return RunData(meta=raw_meta, facts=facts, summary=summary, hotspots=_hotspots(hs) + worker_hot, notes=notes,
                    user_files=[p for p in users if p.is_file()], trace_path=trace if trace.exists() else None)

@@ -24,7 +24,9 @@ import collections
 import types
 from typing import Any
 
-from perfdoctor.capture.sites import code_ast, is_user_file, site_of
+from perfdoctor.capture.sites import code_ast, site_of
+from perfdoctor.contracts.run import LossHolderRecord, Site
+from perfdoctor.usercode import is_user_file
 
 _CHAIN_CAP = 64
 _SEQ = (list, tuple, collections.deque)
@@ -66,7 +68,7 @@ class _Cand:
         self.obs: list[tuple[int, int]] = []  # (step, measure)
         self.numel = 0
         self.increases = 0
-        self.site: dict | None = None
+        self.site: Site | None = None
         self.tensor_name: str | None = None
         self.first_step: int | None = None
 
@@ -144,17 +146,21 @@ class HolderScanner:
             c.site, c.tensor_name = feed_site(frame, expr, self.Tensor)
 
     # -- results ---------------------------------------------------------------------------
-    def records(self) -> list[dict[str, Any]]:
+    def clear(self) -> None:
+        """Forget every candidate (a stronger step clock took over: step numbers start again)."""
+        self.cands.clear()
+
+    def records(self) -> list[LossHolderRecord]:
         out = []
         for c in self.cands.values():
             if c.increases < 2 or c.site is None:
                 continue
             (s0, m0), (s1, m1) = c.obs[0], c.obs[-1]
             retained = m1 + 1 if c.chain else m1  # a chain of m1 links holds m1 + 1 graphs
-            out.append({"site": c.site, "holder": c.expr, "kind": c.kind, "tensor_name": c.tensor_name,
-                        "graphs_retained": int(retained), "first_step": c.first_step or s0, "last_step": s1,
-                        "graphs_per_step": round((m1 - m0) / (s1 - s0), 3) if s1 > s0 else None,
-                        "numel": c.numel})
+            out.append(LossHolderRecord(site=c.site, holder=c.expr, kind=c.kind, tensor_name=c.tensor_name,
+                                        graphs_retained=int(retained), first_step=c.first_step or s0, last_step=s1,
+                                        graphs_per_step=round((m1 - m0) / (s1 - s0), 3) if s1 > s0 else None,
+                                        numel=c.numel))
         return out
 
 
@@ -167,7 +173,7 @@ def _text(node: ast.AST) -> str:
         return ""
 
 
-def feed_site(frame: Any, expr: str, tensor_type: Any) -> tuple[dict | None, str | None]:
+def feed_site(frame: Any, expr: str, tensor_type: Any) -> tuple[Site | None, str | None]:
     """The statement in the frame's function that puts a grad tensor into holder `expr`."""
     code = frame.f_code
     ns = frame.f_globals if code.co_name == "<module>" else frame.f_locals

@@ -1,0 +1,208 @@
+"""The step clock (runs in the child; imports torch through its caller).
+
+A step ends at an optimizer step (a global post hook on every optimizer); a script that never
+steps an optimizer is clocked by `torch.autograd.backward` calls, then by DataLoader batches, else
+the whole run is one span. A stronger clock that appears later takes over: the steps counted so
+far merge into its first step.
+
+The clock keeps the per-step timings: the probes add the time they measure (DataLoader waits,
+forward) to its running totals, the clock itself times backward and the optimizer step. Outside
+the profiled window a step costs a few attribute updates, a /proc read for the RSS and one tuple
+append. The probes' per-step bookkeeping runs in `on_step`, after the step's time was taken.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable
+
+from perfdoctor.capture.patches import ErrorLog, Patches
+from perfdoctor.capture.writer import RunWriter
+
+_PRIORITY = {None: 0, "dataloader": 1, "backward": 2, "optimizer": 3}
+FLUSH_S = 0.5  # the partial steps reach the disk this often
+
+
+class StepsReached(SystemExit):
+    """Raised from the step clock when `--steps N` is reached."""
+
+
+class StepClock:
+    def __init__(self, torch: Any, writer: RunWriter, err: ErrorLog, *, steps_limit: int | None = None):
+        self.torch = torch
+        self.writer = writer
+        self.err = err
+        self.steps_limit = steps_limit
+        self.patches = Patches()
+        self.pc = time.perf_counter
+        self.t0 = self.step_start = self.pc()
+        self.kind: str | None = None  # optimizer | backward | dataloader, None until one is seen
+        # (i, end s since t0, wall ms, data ms, forward ms, backward ms, optimizer ms, memory bytes)
+        self.steps: list[tuple] = []
+        self.data = self.fwd = self.bwd = self.opt = 0.0  # seconds in the current step
+        self.bwd_depth = self.opt_depth = 0
+        self.opt_t0 = 0.0
+        self.clock_opt: int | None = None  # id() of the optimizer whose step ends a step
+        self.opt_seen: set[int] = set()
+        self.dl_calls = 0
+        self.cuda_memory = False  # mem_bytes from torch.cuda.memory_allocated(), else the RSS
+        self.closed = False  # the run folder is written
+        self.stopping = False  # --steps was reached
+        # set by the coordinator: the probes' per-step bookkeeping, a stronger clock's takeover,
+        # and what to do when --steps is reached (write the run folder)
+        self.on_step: Callable[[int], None] = lambda i: None
+        self.on_merge: Callable[[], None] = lambda: None
+        self.on_limit: Callable[[], None] = lambda: None
+        self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+        try:
+            self._statm: int | None = os.open("/proc/self/statm", os.O_RDONLY)
+        except OSError:
+            self._statm = None
+        self._flushed = 0
+        self._last_flush = self.t0
+        self.real_exit = os._exit
+
+    # -- installation ---------------------------------------------------------------------------
+    def install(self) -> None:
+        import torch.optim.optimizer as opt_mod
+
+        self.patches.hook(opt_mod.register_optimizer_step_pre_hook(self._opt_pre))
+        self.patches.hook(opt_mod.register_optimizer_step_post_hook(self._opt_post))
+        self._install_backward()
+
+    def uninstall(self) -> None:
+        self.patches.undo()
+
+    def _install_backward(self) -> None:
+        clock = self
+        orig = self.torch.autograd.backward
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if clock.bwd_depth:
+                return orig(*args, **kwargs)
+            clock.bwd_depth = 1
+            t = clock.pc()
+            try:
+                out = orig(*args, **kwargs)
+            finally:
+                clock.bwd_depth = 0
+                clock.bwd += clock.pc() - t
+            if clock.closed:
+                clock.after_close()
+            elif clock.kind == "backward" or clock.kind is None:
+                if clock.event("backward"):
+                    clock.tick()
+            return out
+
+        backward.__wrapped__ = orig  # type: ignore[attr-defined]
+        self.patches.replace(self.torch.autograd, "backward", backward)
+
+    # -- events ---------------------------------------------------------------------------------
+    def before_batch(self) -> None:
+        """A DataLoader batch is asked for: with the DataLoader clock, the previous one's step ends."""
+        if self.closed:
+            self.after_close()
+        elif self.dl_calls and (self.kind == "dataloader" or self.kind is None):
+            if self.event("dataloader"):
+                self.tick()
+        self.dl_calls += 1
+
+    def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if self.opt_depth == 0:
+            self.opt_t0 = self.pc()
+        self.opt_depth += 1
+
+    def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
+        self.opt_depth = max(0, self.opt_depth - 1)
+        if self.closed:
+            self.after_close()
+            return
+        if self.opt_depth:
+            return
+        self.opt += self.pc() - self.opt_t0
+        oid = id(opt)
+        if self.kind != "optimizer":
+            self.event("optimizer")
+            self.clock_opt = oid
+        elif oid != self.clock_opt:
+            if oid not in self.opt_seen:  # a second optimizer (GAN): time it, do not tick
+                self.opt_seen.add(oid)
+                return
+            self.clock_opt = oid  # stepped twice without the clock optimizer: it replaced it
+        if self.opt_seen:
+            self.opt_seen.clear()
+        self.tick()
+
+    def event(self, kind: str) -> bool:
+        """An event of clock `kind` happened: True if it ends a step (the clock is, or becomes, `kind`)."""
+        c = self.kind
+        if c == kind:
+            return True
+        if _PRIORITY[kind] < _PRIORITY[c]:
+            return False
+        if c is not None and self.steps:
+            self._merge_steps()
+        self.kind = kind
+        self.writer.restart_steps(kind)
+        self._flushed = 0
+        return True
+
+    def _merge_steps(self) -> None:
+        """A stronger clock appeared: what the weaker one counted becomes part of its first step."""
+        first = self.steps[0]
+        self.step_start = self.t0 + first[1] - first[2] / 1e3
+        for s in self.steps:
+            self.data += s[3] / 1e3
+            self.fwd += s[4] / 1e3
+            self.bwd += s[5] / 1e3
+            self.opt += s[6] / 1e3
+        self.steps = []
+        self.on_merge()
+
+    # -- a step ends ----------------------------------------------------------------------------
+    def mem(self) -> int | None:
+        if self.cuda_memory:
+            return int(self.torch.cuda.memory_allocated())
+        if self._statm is not None:
+            return int(os.pread(self._statm, 128, 0).split()[1]) * self._page
+        return None
+
+    def tick(self) -> None:
+        now = self.pc()
+        i = len(self.steps) + 1
+        try:
+            self.steps.append((i, now - self.t0, (now - self.step_start) * 1e3, self.data * 1e3, self.fwd * 1e3,
+                               self.bwd * 1e3, self.opt * 1e3, self.mem()))
+            self.data = self.fwd = self.bwd = self.opt = 0.0
+            self.on_step(i)  # bookkeeping from here on is not part of any step's time
+            if now - self._last_flush > FLUSH_S:
+                self.flush()
+        except Exception as e:  # noqa: BLE001
+            self.err("tick", e)
+        if self.steps_limit and i >= self.steps_limit:
+            self.stopping = True
+            self.on_limit()
+            raise StepsReached(0)
+        self.step_start = self.pc()
+
+    def flush(self) -> None:
+        self._last_flush = self.pc()
+        new = self.steps[self._flushed:]
+        if new:
+            self.writer.append_steps(new)
+            self._flushed = len(self.steps)
+
+    def after_close(self) -> None:
+        """A step event after the run folder was written: if --steps was reached, the script
+        swallowed StepsReached and keeps training; leave now (everything is on disk)."""
+        if self.stopping:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            self.real_exit(0)
+
+    def whole_run(self, end: float) -> tuple:
+        """The whole run as one step (no step clock)."""
+        return (1, end - self.t0, (end - self.t0) * 1e3, self.data * 1e3, self.fwd * 1e3, self.bwd * 1e3,
+                self.opt * 1e3, self.mem())

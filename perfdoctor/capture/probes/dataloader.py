@@ -1,0 +1,160 @@
+"""DataLoaders: where each was built and with what, how long each step waited for its batches,
+and whether its batches went to a CUDA device (with `capture/probes/cuda_batches.py`).
+
+`DataLoader.__next__` is also the DataLoader step clock's event and the step's data time.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
+
+from perfdoctor.capture import sites
+from perfdoctor.capture.clock import StepClock
+from perfdoctor.capture.patches import ErrorLog, Patches
+from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
+from perfdoctor.contracts.run import DataLoaderKwargs, DataLoaderRecord, Site
+
+
+class LoaderState:
+    """One DataLoader construction site, while the run goes on."""
+
+    __slots__ = ("id", "site", "kwargs", "style", "dataset", "batches", "waits", "cur", "to_cuda",
+                 "non_blocking", "constructed", "cuda_seen")
+
+    def __init__(self, i: int, site: Site | None):
+        self.id, self.site = i, site
+        self.kwargs = DataLoaderKwargs()
+        self.style = "literal"
+        self.dataset = ""
+        self.batches = 0
+        self.waits: list[float] = []  # ms per step
+        self.cur = 0.0  # s waited in the current step
+        self.to_cuda = False
+        self.non_blocking: bool | None = None
+        self.constructed = 0
+        self.cuda_seen = 0  # batches seen moved to CUDA
+
+    def record(self) -> DataLoaderRecord:
+        return DataLoaderRecord(id=self.id, site=self.site, kwargs=self.kwargs, kwargs_style=self.style,
+                                dataset=self.dataset, constructed=self.constructed, batches=self.batches,
+                                wait_ms_per_step=[round(w, 4) for w in self.waits], to_cuda=self.to_cuda,
+                                non_blocking=self.non_blocking)
+
+
+class DataLoaderProbe:
+    def __init__(self, torch: Any, clock: StepClock, cuda: CudaBatchProbe, err: ErrorLog):
+        self.torch = torch
+        self.clock = clock
+        self.cuda = cuda
+        self.err = err
+        self.patches = Patches()
+        self.loaders: dict[tuple, LoaderState] = {}
+        self.loader_list: list[LoaderState] = []
+        self.worker_iters: weakref.WeakSet = weakref.WeakSet()  # live multi-process DataLoader iterators
+
+    def install(self) -> None:
+        import torch.utils.data.dataloader  # noqa: F401 - make the submodules attributes
+
+        probe, clock = self, self.clock
+        dl = self.torch.utils.data.dataloader
+        orig_next = dl._BaseDataLoaderIter.__next__
+        orig_iter = dl.DataLoader.__iter__
+        orig_init = dl.DataLoader.__init__
+
+        def __next__(it: Any) -> Any:
+            clock.before_batch()
+            lrec = getattr(it, "_pd_rec", None)
+            t = clock.pc()
+            try:
+                batch = orig_next(it)
+            finally:
+                dt = clock.pc() - t
+                clock.data += dt
+                if lrec is not None:
+                    lrec.cur += dt
+            if lrec is not None:
+                lrec.batches += 1
+                if probe.cuda.active and lrec.cuda_seen < 3:
+                    probe.cuda.tag(batch, lrec)
+            return batch
+
+        def __iter__(loader: Any) -> Any:
+            it = orig_iter(loader)
+            try:
+                it._pd_rec = loader.__dict__.get("_pd_rec")
+                if getattr(it, "_workers", None):
+                    probe.worker_iters.add(it)
+            except Exception:  # noqa: BLE001
+                pass
+            return it
+
+        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            orig_init(loader, *args, **kwargs)
+            if "_pd_rec" not in loader.__dict__:
+                try:
+                    probe._on_loader(loader, sys._getframe(1))
+                except Exception as e:  # noqa: BLE001
+                    probe.err("dataloader", e)
+
+        self.patches.replace(dl._BaseDataLoaderIter, "__next__", __next__)
+        self.patches.replace(dl.DataLoader, "__iter__", __iter__)
+        self.patches.replace(dl.DataLoader, "__init__", __init__)
+
+    def uninstall(self) -> None:
+        self.patches.undo()
+
+    def _on_loader(self, loader: Any, frame: Any) -> None:
+        uf = sites.user_frame(frame)
+        site = sites.site_of(uf)
+        key = (site.file, site.line) if site else ("?", len(self.loaders))
+        lrec = self.loaders.get(key)
+        if lrec is None:
+            lrec = self.loaders[key] = LoaderState(len(self.loaders), site)
+            lrec.waits = [0.0] * len(self.clock.steps)
+            self.loader_list.append(lrec)
+        ctx = loader.multiprocessing_context
+        if ctx is not None and not isinstance(ctx, str):
+            ctx = ctx.get_start_method()
+        lrec.kwargs = DataLoaderKwargs(batch_size=loader.batch_size, num_workers=loader.num_workers,
+                                       pin_memory=bool(loader.pin_memory),
+                                       persistent_workers=bool(loader.persistent_workers),
+                                       prefetch_factor=loader.prefetch_factor, multiprocessing_context=ctx,
+                                       drop_last=bool(loader.drop_last))
+        lrec.style = sites.kwargs_style(uf) if uf is not None else "literal"
+        lrec.dataset = type(loader.dataset).__name__
+        lrec.constructed += 1
+        loader.__dict__["_pd_rec"] = lrec
+
+    def worker_pids(self) -> list[int]:
+        """PIDs of the DataLoader worker processes alive now (py-spy samples them in the window)."""
+        pids = []
+        for it in list(self.worker_iters):
+            for w in getattr(it, "_workers", None) or []:
+                try:
+                    if w.is_alive() and w.pid:
+                        pids.append(int(w.pid))
+                except Exception:  # noqa: BLE001 - a worker that is going away
+                    pass
+        return sorted(set(pids))
+
+    # -- driven by the step clock ---------------------------------------------------------------
+    def end_step(self) -> None:
+        for lrec in self.loader_list:
+            lrec.waits.append(lrec.cur * 1e3)
+            lrec.cur = 0.0
+
+    def merge_steps(self) -> None:
+        """A stronger clock took over: the waits so far belong to its first step."""
+        for lrec in self.loader_list:
+            lrec.cur += sum(lrec.waits) / 1e3
+            lrec.waits = []
+
+    def whole_run(self) -> None:
+        """No step clock: the run is one step, and so are the waits."""
+        for lrec in self.loader_list:
+            lrec.waits = [sum(lrec.waits) + lrec.cur * 1e3]
+
+    def records(self) -> list[DataLoaderRecord]:
+        return [lr.record() for lr in self.loader_list]

@@ -1,0 +1,172 @@
+"""The coordinator of a capture (runs in the child; imports torch through its caller): wires the
+step clock, the probes, the profiled window and the run writer together, installs and uninstalls
+them, and finalises the run folder once, whatever way the script ends.
+
+Per step (after the step clock took the step's time): the probes' per-step bookkeeping, during
+the first steps the switches below, then the profiled window.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from perfdoctor.capture.clock import StepClock
+from perfdoctor.capture.env import collect_env, user_files
+from perfdoctor.capture.patches import ErrorLog, Patches
+from perfdoctor.capture.probes.anomaly import AnomalyProbe
+from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
+from perfdoctor.capture.probes.dataloader import DataLoaderProbe
+from perfdoctor.capture.probes.dataparallel import DataParallelProbe
+from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
+from perfdoctor.capture.probes.forward import ForwardProbe
+from perfdoctor.capture.probes.holders import HolderScanner
+from perfdoctor.capture.window import Window
+from perfdoctor.capture.writer import RunWriter
+from perfdoctor.contracts.run import Exit, Meta, Probes
+
+SCAN_STEPS = 30  # loss holders are looked for during the first steps only
+FWD_GLOBAL_STEPS = 3  # global forward hooks find the top-level modules, then per-module hooks
+CUDA_PROBE_STEPS = 30  # Tensor.to/.cuda are watched (CUDA only) for the first steps only
+
+
+class Recorder:
+    def __init__(self, torch: Any, run_dir: Path, meta: Meta, *, steps_limit: int | None = None,
+                 window: tuple[int, int, int] = (5, 2, 5)):
+        self.torch = torch
+        self.run_dir = run_dir
+        self.meta = meta  # as written when the child started; completed by finalise
+        self.window_cfg = window
+        self.errors = ErrorLog()
+        self.writer = RunWriter(run_dir)
+        self.clock = StepClock(torch, self.writer, self.errors, steps_limit=steps_limit)
+        self.clock.on_step, self.clock.on_merge, self.clock.on_limit = self._on_step, self._on_merge, self._on_limit
+        self.cuda_batches = CudaBatchProbe(torch)
+        self.dataloader = DataLoaderProbe(torch, self.clock, self.cuda_batches, self.errors)
+        self.forward = ForwardProbe(torch, self.clock, self.errors)
+        self.empty_cache = EmptyCacheProbe(torch, self.clock, self.errors)
+        self.anomaly = AnomalyProbe(torch, self.errors)
+        self.dataparallel = DataParallelProbe(torch, self.errors)
+        self.holders = HolderScanner(torch)
+        self.window = self._new_window()
+        self.pid = os.getpid()
+        self.main_ident = threading.get_ident()
+        self.finalised = False
+        self._exit_patch = Patches()
+        # installed in this order, uninstalled in the reverse one
+        self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel)
+
+    @property
+    def stopping(self) -> bool:
+        """--steps was reached (the run folder was written then)."""
+        return self.clock.stopping
+
+    def _new_window(self) -> Window:
+        return Window(self.torch, self.run_dir, *self.window_cfg, worker_pids=self.dataloader.worker_pids)
+
+    # -- installation ---------------------------------------------------------------------------
+    def install(self) -> None:
+        for p in self._probes:
+            p.install()
+        rec, real_exit = self, self.clock.real_exit
+
+        def _exit(code: int = 0) -> None:
+            if os.getpid() == rec.pid and not rec.finalised:
+                try:
+                    rec.finalise("sys-exit", int(code))
+                except BaseException:  # noqa: BLE001
+                    pass
+            real_exit(code)
+
+        self._exit_patch.replace(os, "_exit", _exit)
+        if self.window.next_at == 0:
+            self.window.tick(0)
+
+    def uninstall(self) -> None:
+        self._exit_patch.undo()
+        if self.cuda_batches.active:
+            self.cuda_batches.uninstall()
+        for p in reversed(self._probes):
+            p.uninstall()
+
+    # -- driven by the step clock ---------------------------------------------------------------
+    def _on_step(self, i: int) -> None:
+        self.forward.end_step()
+        self.dataloader.end_step()
+        if i <= CUDA_PROBE_STEPS:
+            self._early(i)
+        if i >= self.window.next_at:
+            self.window.tick(i)
+
+    def _early(self, i: int) -> None:
+        if i == 1:
+            cuda = bool(self.torch.cuda.is_initialized())  # decided now: the script may set CUDA env first
+            self.clock.cuda_memory = cuda
+            if cuda:
+                self.cuda_batches.install()
+        if i == FWD_GLOBAL_STEPS:
+            self.forward.to_roots()
+        if i <= SCAN_STEPS and not self.window.active_now:
+            self.holders.scan(i, sys._getframe())
+        if i == CUDA_PROBE_STEPS and self.cuda_batches.active:
+            self.cuda_batches.uninstall()
+            # as before the split (one flag did both): from here on mem_bytes is the RSS, not CUDA
+            # memory_allocated. Likely unintended; left for a change of its own, not this refactoring
+            self.clock.cuda_memory = False
+
+    def _on_merge(self) -> None:
+        """A stronger step clock took over: what was counted by steps starts again."""
+        self.dataloader.merge_steps()
+        if self.window.state != "wait":
+            self.window.discard()
+        self.window = self._new_window()
+        self.holders.clear()
+
+    def _on_limit(self) -> None:
+        self.finalise("steps-reached", 0)
+
+    # -- the end --------------------------------------------------------------------------------
+    def finalise(self, reason: str, code: int, traceback: str | None = None) -> None:
+        """Stop the profiler and write the run folder. Safe to call once from any exit path."""
+        if self.finalised:
+            return
+        self.finalised = True
+        self.clock.closed = True
+        main = threading.get_ident() == self.main_ident
+        old = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            self._write_all(reason, code, traceback)
+        finally:
+            if old is not None:
+                signal.signal(signal.SIGINT, old)
+
+    def _write_all(self, reason: str, code: int, tb: str | None) -> None:
+        end = self.clock.pc()
+        try:
+            hotspots = self.window.finish()
+            if hotspots is not None:
+                self.writer.hotspots(hotspots)
+        except Exception as e:  # noqa: BLE001
+            self.errors("window", e)
+        steps = self.clock.steps
+        if self.clock.kind is None or not steps:  # no step clock: the whole run is one span
+            steps = [self.clock.whole_run(end)]
+            self.dataloader.whole_run()
+        probes = Probes(dataloaders=self.dataloader.records(), dataparallel=self.dataparallel.records(),
+                        empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
+                        forward=self.forward.records(), loss_holders=self.holders.records())
+        meta = self.meta
+        meta.wall_s = round(end - self.clock.t0, 4)
+        meta.exit = Exit(code=code, reason=reason, traceback=tb)
+        meta.step_clock = self.clock.kind or "none"
+        meta.window = self.window.meta()
+        meta.env = collect_env(self.torch)
+        meta.steps_limit = self.clock.steps_limit
+        meta.user_files = user_files(meta.script, meta.cwd, meta.module)
+        meta.probe_errors = self.errors.items
+        meta.complete = True
+        self.writer.finish(steps, probes, meta)

@@ -1,0 +1,252 @@
+"""The run folder's JSON files: `perfdoctor run` writes them (capture/writer.py), `perfdoctor report
+RUN_DIR` reads them back (facts/run_facts.py). Versioned by meta.json's `schema`, "perfdoctor/run/v1".
+
+Every field has a default, so that an older v1 folder, or one the parent finished after the child
+died, still reads. A few keys are written only in some runs (the CUDA ones, what is known only at
+the end of the run, py-spy's counts when it could not start): they default to `UNSET`, which is
+left out when written (so the files keep the keys they always had) and is falsy when read.
+Cheap to import: the capture child loads it next to torch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+import msgspec
+from msgspec import UNSET, Struct, UnsetType
+
+from perfdoctor.contracts import files
+
+SCHEMA = "perfdoctor/run/v1"
+T = TypeVar("T")
+
+
+# -- meta.json ---------------------------------------------------------------------------------
+
+class Exit(Struct, kw_only=True):
+    code: int | None = None
+    reason: str | None = None  # completed | steps-reached | sys-exit | exception | interrupted | killed
+    traceback: str | None = None
+
+
+class Window(Struct, kw_only=True):
+    """The profiled window: steps skip+1..skip+warmup warm up, first_step..last_step are recorded."""
+    skip: int | None = None
+    warmup: int | None = None
+    active: int | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    completed: bool | None = None
+    steps_profiled: int | None = None
+    trace: bool | None = None  # trace.json.gz was written
+    error: str | None = None
+
+
+class Env(Struct, kw_only=True):
+    """The machine (capture/env.py). `torch`, `rocm` and `free_memory_bytes` are known once the
+    child has imported torch / at the end of the run; the last two keys only on CUDA / on error."""
+    python: str | None = None
+    platform: str | None = None
+    cpu_count: int | None = None  # usable CPUs (sched_getaffinity)
+    cpu_amx: bool | None = None
+    cpu_model: str | None = None
+    total_memory_bytes: int | None = None
+    cuda_available: bool | None = None
+    device: str | None = None  # cpu | cuda
+    device_name: str | None = None
+    device_count: int | None = None
+    device_capability: list[int] | None = None  # [major, minor]
+    device_memory_bytes: int | None = None
+    torch: str | UnsetType = UNSET
+    rocm: bool | UnsetType = UNSET
+    free_memory_bytes: int | None | UnsetType = UNSET
+    device_peak_allocated_bytes: int | UnsetType = UNSET
+    cuda_error: str | UnsetType = UNSET
+
+
+class Meta(Struct, kw_only=True):
+    """meta.json: written when the child starts (`complete` false, the exit `killed`), rewritten
+    when the run ends; the parent completes it if the child died first (`finalised_by`)."""
+    schema: str = ""
+    script: str | None = None
+    module: str | None = None
+    argv: list[str] = []
+    cwd: str | None = None
+    started: str | None = None
+    wall_s: float | None = None
+    exit: Exit = msgspec.field(default_factory=Exit)
+    step_clock: str | None = None  # optimizer | backward | dataloader | none
+    window: Window | None = None
+    env: Env = msgspec.field(default_factory=Env)
+    complete: bool = False
+    steps_limit: int | None | UnsetType = UNSET
+    user_files: list[str] | UnsetType = UNSET  # the script and the user's modules it imported
+    probe_errors: list[str] | UnsetType = UNSET
+    finalised_by: str | UnsetType = UNSET  # "parent"
+
+
+# -- steps.json (and steps.partial.jsonl, one Step per line) -------------------------------------
+
+class Step(Struct, kw_only=True):
+    """One step of the whole run; times in ms, `end_s` since the script started."""
+    i: int
+    end_s: float | None = None
+    wall_ms: float
+    data_ms: float | None = None
+    forward_ms: float | None = None
+    backward_ms: float | None = None
+    optimizer_ms: float | None = None
+    mem_bytes: int | None = None  # torch.cuda.memory_allocated() on CUDA, else the process RSS
+
+
+class Steps(Struct, kw_only=True):
+    steps: list[Step] = []
+
+
+class ClockLine(Struct, kw_only=True):
+    """The first line of steps.partial.jsonl: which step clock the steps after it count."""
+    clock: str
+
+
+# -- probes.json -------------------------------------------------------------------------------
+
+class Site(Struct, kw_only=True):
+    """A line of the user's code: the first frame outside torch, perfdoctor, packages and stdlib."""
+    file: str
+    line: int
+    code: str = ""
+    function: str = ""
+
+
+class DataLoaderKwargs(Struct, kw_only=True):
+    batch_size: int | None = None
+    num_workers: int | None = None
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    prefetch_factor: int | None = None
+    multiprocessing_context: str | None = None
+    drop_last: bool | None = None
+
+
+class DataLoaderRecord(Struct, kw_only=True):
+    id: int = 0
+    site: Site | None = None
+    kwargs: DataLoaderKwargs = msgspec.field(default_factory=DataLoaderKwargs)
+    kwargs_style: str | None = None  # literal | dict | mixed (perfdoctor.usercode.kwargs_style)
+    dataset: str | None = None  # the dataset's class name
+    constructed: int = 0
+    batches: int | None = None
+    wait_ms_per_step: list[float] = []  # 0.0 where it delivered nothing
+    to_cuda: bool = False  # a batch from it was moved to a CUDA device
+    non_blocking: bool | None = None
+
+
+class DataParallelRecord(Struct, kw_only=True):
+    site: Site | None = None
+    device_ids: list[int] | None = None
+    device_count: int | None = None
+
+
+class EmptyCacheRecord(Struct, kw_only=True):
+    site: Site | None = None
+    calls: int = 0
+    calls_in_steps: int = 0
+
+
+class AnomalyRecord(Struct, kw_only=True):
+    site: Site | None = None
+    enabled: bool = False
+
+
+class ForwardRecord(Struct, kw_only=True):
+    """A top-level module's forward calls (the call site is where the script calls the model)."""
+    site: Site | None = None
+    module: str | None = None  # class name
+    calls: int = 0
+    autocast_calls: int = 0
+    param_dtype: str | None = None
+    device: str | None = None
+    params: int | None = None
+    autocast: bool = False  # autocast was on in at least half the calls
+
+
+class LossHolderRecord(Struct, kw_only=True):
+    """A holder of losses with their graphs (capture/probes/holders.py); `site` feeds it."""
+    site: Site | None = None
+    holder: str | None = None  # expr text: "history", "meter.vals"
+    kind: str | None = None  # list | running-sum | attribute
+    tensor_name: str | None = None
+    graphs_retained: int | None = None
+    first_step: int | None = None
+    last_step: int | None = None
+    graphs_per_step: float | None = None
+    numel: int | None = None
+
+
+class Probes(Struct, kw_only=True):
+    dataloaders: list[DataLoaderRecord] = []
+    dataparallel: list[DataParallelRecord] = []
+    empty_cache: list[EmptyCacheRecord] = []
+    anomaly: list[AnomalyRecord] = []
+    forward: list[ForwardRecord] = []
+    loss_holders: list[LossHolderRecord] = []
+
+
+# -- hotspots.json -----------------------------------------------------------------------------
+
+class FunctionStat(Struct, kw_only=True):
+    """cProfile's row of a user function over the window's warm-up steps."""
+    function: str
+    file: str
+    line: int
+    tottime_s: float
+    cumtime_s: float
+    ncalls: int
+
+
+class LineSamples(Struct, kw_only=True):
+    """The line sampler's count of a user line (innermost user frame of the main thread)."""
+    file: str
+    line: int
+    samples: int
+
+
+class WorkerLine(Struct, kw_only=True):
+    file: str
+    line: int
+    function: str
+    samples: int
+
+
+class Workers(Struct, kw_only=True):
+    """py-spy on the DataLoader workers through the window. Where it could not run, only `pids`,
+    `error` and `steps` are written."""
+    pids: list[int] = []
+    rate_hz: int | UnsetType = UNSET
+    samples: int | UnsetType = UNSET
+    other_samples: int | UnsetType = UNSET  # samples with no user frame
+    lines: list[WorkerLine] | UnsetType = UNSET
+    error: str | None = None
+    steps: int | None = None  # profiled steps py-spy ran through
+
+
+class Hotspots(Struct, kw_only=True):
+    functions: list[FunctionStat] = []
+    lines: list[LineSamples] = []
+    samples: int = 0
+    sample_interval_s: float | None = None
+    steps: int = 0  # steps cProfile and the line sampler ran through
+    workers: Workers | None = None
+
+
+# -- encoding and decoding ----------------------------------------------------------------------
+
+def encode(obj: object) -> bytes:
+    """Indented JSON (anything that is not JSON data is written as its str())."""
+    return msgspec.json.format(msgspec.json.encode(obj, enc_hook=str), indent=1)
+
+
+def decode(data: bytes, type: type[T], path: Path) -> T:
+    """`data` (the contents of `path`) as a `type`; InputError with one line saying what is wrong."""
+    return files.decode(path, data, type, "perfdoctor run file", hint="run `perfdoctor run` again")
