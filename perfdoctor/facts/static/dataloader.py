@@ -10,6 +10,7 @@ import ast
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, dotted, has_star_kwargs, kwarg, put, root_name, walk_scope
+from perfdoctor.usercode import kwargs_style
 
 DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # DataLoader's positional parameters, in order (torch 2.x).
@@ -30,9 +31,7 @@ def detect(index: SourceIndex, facts: Facts) -> None:
 def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     s = index.subject(facts, "dataloader", call)
     star_kw = has_star_kwargs(call)
-    explicit_kw = any(k.arg is not None for k in call.keywords)
-    style = "literal" if not star_kw else ("mixed" if explicit_kw else "dict")
-    put(s, "kwargs_style", style)
+    put(s, "kwargs_style", kwargs_style(call))
     given: dict[str, ast.expr] = {k.arg: k.value for k in call.keywords if k.arg is not None}
     star_args = any(isinstance(a, ast.Starred) for a in call.args)
     if not star_args:
