@@ -161,7 +161,7 @@ def _warm_up_analysis() -> None:
 
     def load() -> None:
         for name in ("perfdoctor.facts.run_facts", "perfdoctor.facts.static", "perfdoctor.trace.loader",
-                     "perfdoctor.facts.trace_facts", "perfdoctor.rules.fixes", "perfdoctor.report.text"):
+                     "perfdoctor.facts.trace", "perfdoctor.rules.fixes", "perfdoctor.report.text"):
             try:
                 importlib.import_module(name)
             except ImportError:  # reported properly when the analysis imports it for real

@@ -68,7 +68,7 @@ def analyse_run(run_dir: Path) -> Report:
     analyse_files(user_files, facts)
     trace_summary: dict[str, Any] = {}
     if data.trace_path is not None and Path(data.trace_path).is_file():
-        from perfdoctor.facts.trace_facts import add_trace_facts
+        from perfdoctor.facts.trace import add_trace_facts
         from perfdoctor.trace.loader import load_trace
 
         run_kinds = {k for k, subs in facts.subjects.items() if any("run" in s.sources for s in subs)}
@@ -112,7 +112,7 @@ def analyse_run(run_dir: Path) -> Report:
 
 def analyse_trace(path: Path) -> Report:
     """The report of one trace file, or of a folder of per-rank traces (one distributed run)."""
-    from perfdoctor.facts.trace_facts import add_trace_facts, cross_rank
+    from perfdoctor.facts.trace import add_trace_facts, cross_rank
     from perfdoctor.trace.loader import load_traces
 
     traces = load_traces(path)
