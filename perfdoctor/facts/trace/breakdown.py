@@ -10,7 +10,13 @@ from typing import Any
 
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.intervals import merge, per_window, subtract
-from perfdoctor.stats import median
+from perfdoctor.stats import (
+    breakdown,
+    breakdown_rows,
+    median,
+    quantile,
+    step_time_summary,
+)
 from perfdoctor.trace.model import (
     CPU_OP,
     DRIVER,
@@ -39,54 +45,40 @@ class Breakdown:
 
 
 def add(ctx: TraceContext) -> Breakdown:
-    """The run.* and step.* facts; the summary's step statistics and breakdown."""
+    """The run.* and step.* facts; the summary's step statistics and breakdown (per-category
+    medians scaled to add up to the median step, `perfdoctor.stats.breakdown`)."""
     t, put, windows, step_ms, nsteps = ctx.trace, ctx.put, ctx.windows, ctx.step_ms, ctx.nsteps
     gpu = ctx.gpu
     cats = _spans_by_category(ctx)
     order = GPU_ORDER if gpu else CPU_ORDER
     covered: list[list[float]] = []
-    per_cat: dict[str, list[float]] = {}
+    parts: dict[str, float] = {}  # category -> median ms per step
     for c in order[:-1]:
         if gpu and c in ("optimizer", "backward", "forward"):
             continue
         own = subtract(merge(cats.get(c, [])), covered)
-        per_cat[c] = per_window(own, windows)
+        parts[c] = (median(per_window(own, windows)) or 0.0) / 1000
         # own and covered are disjoint: sorting the two runs by start (linear for timsort) keeps covered
         # disjoint and sorted, as subtract needs (touching intervals need not be joined)
         covered = sorted(covered + own, key=itemgetter(0))
-    in_cats = [sum(v[j] for v in per_cat.values()) / 1000 for j in range(nsteps)]
-    per_cat["other"] = [max(0.0, step_ms[j] * 1000 - in_cats[j] * 1000) for j in range(nsteps)]
-    # medians per category, rescaled so that they add up to the median step
-    step_med = median(step_ms) or 0.0
-    med = {c: (median(v) or 0.0) / 1000 for c, v in per_cat.items()}
-    known = sum(v for c, v in med.items() if c != "other")
-    if known > step_med > 0:
-        med = {c: v * step_med / known for c, v in med.items()}
-        med["other"] = 0.0
-    else:
-        med["other"] = step_med - known
-    breakdown = [{"category": c, "ms": round(med[c], 3), "fraction": round(med[c] / step_med, 4) if step_med else 0.0}
-                 for c in order if c in med and med[c] > 0]
+    step = median(step_ms) or 0.0
+    split = breakdown(parts, step)
 
     clock = {"profiler-step": "profiler-step", "annotation": "annotation"}.get(t.step_source, "whole-run")
     put("run.steps_profiled", nsteps, "count", f"steps in the trace ({t.step_source})")
     put("run.step_clock", clock)
     if step_ms:
-        put("step.time_ms", step_med, "ms", "median step (CPU span + the GPU work it launched)")
-        put("step.time_p90_ms", _pctl(step_ms, 0.9), "ms")
-    for c, v in med.items():
-        if c in _FACT_OF and (c in per_cat):
-            put(_FACT_OF[c], v, "ms", "median per step, each microsecond counted once in priority order")
+        put("step.time_ms", step, "ms", "median step (CPU span + the GPU work it launched)")
+        put("step.time_p90_ms", quantile(step_ms, 0.9), "ms")
+    for c, v in split.items():
+        put(_FACT_OF[c], v, "ms", "median per step, each microsecond counted once in priority order")
 
     summary = {
         "steps_observed": nsteps + (1 if t.dropped_last_step else 0),
         "steps_profiled": nsteps,
         "step_clock": clock,
-        "step_time_ms": {"median": round(step_med, 3), "p90": round(_pctl(step_ms, 0.9), 3) if step_ms else 0.0,
-                         "mean": round(sum(step_ms) / nsteps, 3) if nsteps else 0.0,
-                         "min": round(min(step_ms), 3) if step_ms else 0.0,
-                         "max": round(max(step_ms), 3) if step_ms else 0.0, "n": nsteps},
-        "breakdown": breakdown,
+        "step_time_ms": step_time_summary(step_ms),
+        "breakdown": breakdown_rows(split, step),
     }
     return Breakdown(summary, cats.get("data loading", []))
 
@@ -135,11 +127,6 @@ def _cpu_category(k: int, nm: str, on_main: bool) -> str | None:
     if nm == "## forward ##" or (k == PYFUNC and nm.startswith("nn.Module:") and on_main):
         return "forward"
     return "cpu ops" if k == CPU_OP else None
-
-
-def _pctl(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
 def _main_track(t: Trace) -> int:
