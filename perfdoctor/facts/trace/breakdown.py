@@ -10,24 +10,8 @@ from typing import Any
 
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.intervals import merge, per_window, subtract
-from perfdoctor.stats import (
-    breakdown,
-    breakdown_rows,
-    median,
-    quantile,
-    step_time_summary,
-)
-from perfdoctor.trace.model import (
-    CPU_OP,
-    DRIVER,
-    KERNEL,
-    MEMCPY,
-    MEMSET,
-    PYFUNC,
-    RUNTIME,
-    USER_ANN,
-    Trace,
-)
+from perfdoctor.stats import breakdown, breakdown_rows, median, quantile, step_time_summary
+from perfdoctor.trace.model import CPU_OP, DRIVER, KERNEL, MEMCPY, MEMSET, PYFUNC, RUNTIME, USER_ANN, Trace
 
 # the categories in priority order (a microsecond in two categories counts for the first), "other" last
 GPU_ORDER = ("gpu kernel", "memcpy", "memset", "communication", "runtime", "data loading", "cpu ops", "other")
