@@ -36,7 +36,7 @@ sys.path.insert(0, {root!r})
 t0 = time.perf_counter()
 from perfdoctor.trace import load_traces
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.trace_facts import add_trace_facts
+from perfdoctor.facts.trace import add_trace_facts
 t1 = time.perf_counter()
 ts = load_traces(sys.argv[1]); t2 = time.perf_counter()
 for t in ts:

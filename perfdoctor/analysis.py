@@ -91,7 +91,7 @@ def analyse_run(run_dir: Path) -> Report:
     analyse_files(user_files, facts)
     trace_summary: dict[str, Any] = {}
     if data.trace_path is not None and Path(data.trace_path).is_file():
-        from perfdoctor.facts.trace_facts import add_trace_facts
+        from perfdoctor.facts.trace import add_trace_facts
         from perfdoctor.trace.loader import load_trace
 
         run_kinds = facts.kinds_from("run")
@@ -124,7 +124,7 @@ def analyse_run(run_dir: Path) -> Report:
 
 def analyse_trace(path: Path) -> Report:
     """The report of one trace file, or of a folder of per-rank traces (one distributed run)."""
-    from perfdoctor.facts.trace_facts import add_trace_facts, cross_rank
+    from perfdoctor.facts.trace import add_trace_facts, cross_rank
     from perfdoctor.trace.loader import load_traces
 
     traces = load_traces(path)
@@ -236,7 +236,7 @@ def warm_up() -> None:
 
     def load() -> None:
         for name in ("perfdoctor.facts.run_facts", "perfdoctor.facts.static", "perfdoctor.trace.loader",
-                     "perfdoctor.facts.trace_facts", "perfdoctor.rules.fixes.context", "perfdoctor.report.text"):
+                     "perfdoctor.facts.trace", "perfdoctor.rules.fixes.context", "perfdoctor.report.text"):
             try:
                 importlib.import_module(name)
             except ImportError:  # reported properly when the analysis imports it for real

@@ -1,9 +1,10 @@
-"""Statistics shared by the report and the gate, one definition each: quantiles and the steady-state
-steps of a run."""
+"""Statistics shared by the facts, the report and the gate, one definition each: quantiles and the
+median, the step-time summary and breakdown, and the steady-state steps of a run."""
 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
 
@@ -15,6 +16,45 @@ def quantile(xs: list[float], q: float) -> float:
     k = (len(s) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(xs: list[float]) -> float | None:
+    """The median of xs: the middle value, or the mean of the two middle ones (the 0.5 `quantile`);
+    None for an empty series (nothing was measured)."""
+    return float(statistics.median(xs)) if xs else None
+
+
+def step_time_summary(walls: list[float]) -> dict[str, Any] | None:
+    """The report's step-time statistics of step times in ms: {"median", "p90", "mean", "min",
+    "max", "n"}, times rounded to 4 digits (0.1 µs); None for no steps."""
+    if not walls:
+        return None
+    return {"median": round(median(walls), 4), "p90": round(quantile(walls, 0.9), 4),
+            "mean": round(statistics.fmean(walls), 4), "min": round(min(walls), 4), "max": round(max(walls), 4),
+            "n": len(walls)}
+
+
+def breakdown(parts: dict[str, float], step: float) -> dict[str, float]:
+    """Where the median step `step` goes, from the per-part medians `parts` (ms): the parts as
+    measured, all scaled down by one factor where together they exceed the step (medians of
+    parts need not add up to the median of their sums), then "other", the rest (never negative).
+    The result adds up to `step`."""
+    used = sum(parts.values())
+    scale = step / used if used > step else 1.0
+    split: dict[str, float] = {}
+    rest = step
+    for category, ms in parts.items():
+        split[category] = ms * scale
+        rest -= split[category]
+    split["other"] = max(0.0, rest)
+    return split
+
+
+def breakdown_rows(split: dict[str, float], step: float) -> list[dict[str, Any]]:
+    """The summary's breakdown: one {"category", "ms", "fraction"} row per part of `breakdown`
+    (zero parts included), in its order, rounded to 4 digits."""
+    return [{"category": category, "ms": round(ms, 4), "fraction": round(ms / step, 4) if step else 0.0}
+            for category, ms in split.items()]
 
 
 def warmup_steps(n_total: int) -> int:

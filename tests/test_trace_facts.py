@@ -6,7 +6,7 @@ from pathlib import Path
 from statistics import median
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.trace_facts import add_trace_facts, cross_rank
+from perfdoctor.facts.trace import add_trace_facts, cross_rank
 from perfdoctor.trace import load_trace, load_traces
 
 DATA = Path(__file__).parent / "data" / "traces"
@@ -98,10 +98,10 @@ def test_dlrm_rank_imbalance():
 
 
 def test_interval_helpers_match_a_brute_force_reading():
-    """_merge, _subtract and _per_window (hand-tuned loops) against a unit-grid reading."""
+    """merge, subtract and per_window (hand-tuned loops) against a unit-grid reading."""
     from hypothesis import given, settings, strategies as st
 
-    from perfdoctor.facts.trace_facts import _merge, _per_window, _subtract
+    from perfdoctor.facts.trace.intervals import merge, per_window, subtract
 
     ivs = st.lists(st.tuples(st.integers(0, 40), st.integers(-2, 8)).map(lambda p: (p[0], p[0] + p[1])), max_size=25)
 
@@ -111,17 +111,17 @@ def test_interval_helpers_match_a_brute_force_reading():
     @settings(max_examples=300, deadline=None)
     @given(ivs, ivs, st.lists(st.integers(0, 50), max_size=8))
     def check(a, b, cuts):
-        ma, mb = _merge(list(a)), _merge(list(b))
+        ma, mb = merge(list(a)), merge(list(b))
         assert cells(ma) == cells(a)
         assert all(s < e for s, e in ma) and all(x[1] < y[0] for x, y in zip(ma, ma[1:]))  # disjoint, apart
         # b as disjoint runs that may touch (as the breakdown's `covered` list is)
         touching = [[x, x + 1] for x in sorted(cells(b))]
         for cover in (mb, touching):
-            diff = _subtract(ma, cover)
+            diff = subtract(ma, cover)
             assert cells(diff) == cells(ma) - cells(b)
             assert all(s < e for s, e in diff)
         pts = sorted(set(cuts))
         windows = list(zip(pts, pts[1:]))
-        assert _per_window(ma, windows) == [len({x for x in cells(ma) if s <= x < e}) for s, e in windows]
+        assert per_window(ma, windows) == [len({x for x in cells(ma) if s <= x < e}) for s, e in windows]
 
     check()

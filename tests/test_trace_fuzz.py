@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.trace_facts import add_trace_facts
+from perfdoctor.facts.trace import add_trace_facts
 from perfdoctor.trace import load_trace
 from perfdoctor.trace.model import Trace
 

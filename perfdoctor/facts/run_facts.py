@@ -17,7 +17,8 @@ from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Site, 
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts
 from perfdoctor.model import Hotspot, Location
-from perfdoctor.stats import quantile, steady_steps, step_series
+from perfdoctor.stats import (breakdown, breakdown_rows, median as median_of, quantile, steady_steps, step_series,
+                              step_time_summary)
 
 LOSS_SCAN_STEPS = 30  # capture looks for retained losses on the first steps only (capture/recorder.py)
 CLOCKS = {"optimizer": "optimizer", "backward": "backward", "dataloader": "dataloader", "none": "whole-run"}
@@ -277,33 +278,23 @@ def load_run(run_dir: Path) -> RunData:
     median = None
     if steady:
         walls = [s["wall_ms"] for s in steady]
-        median = statistics.median(walls)
+        median = median_of(walls)
         p90 = quantile(walls, 0.9)
-        summary["step_time_ms"] = {"median": round(median, 4), "p90": round(p90, 4),
-                                   "mean": round(statistics.fmean(walls), 4), "min": round(min(walls), 4),
-                                   "max": round(max(walls), 4), "n": len(walls)}
+        summary["step_time_ms"] = step_time_summary(walls)
         summary["steady_steps"] = [steady[0]["i"], steady[-1]["i"]]
+        facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps")
+        facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {len(walls)} steady-state steps")
+        # per-part medians (robust to noisy steps), scaled down if together they exceed the median step
+        split = breakdown({cat: median_of([min(s.get(k) or 0.0, s["wall_ms"]) for s in steady])
+                           for cat, k in CATEGORIES}, median)
+        summary["breakdown"] = breakdown_rows(split, median)
+        for cat, k in CATEGORIES:
+            facts.add(f"step.{k}", split[cat], "ms", detail="median over steady-state steps")
+        facts.add("step.other_ms", split["other"], "ms", detail="step time not in data, forward, backward, optimizer")
     if steps:  # every step of the run, for the charts: which were steady, which the profiler held
         summary["step_series"] = step_series([s["wall_ms"] for s in steps], [s["i"] for s in steady],
                                              [int(window.get("skip") or 0) + 1, int(window["last_step"])]
                                              if profiled and window.get("last_step") is not None else None)
-        facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps")
-        facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {len(walls)} steady-state steps")
-        # per-part medians (robust to noisy steps), scaled down if together they exceed the median step
-        parts = {k: statistics.median([min(s.get(k) or 0.0, s["wall_ms"]) for s in steady]) for _, k in CATEGORIES}
-        used = sum(parts.values())
-        scale = median / used if used > median else 1.0
-        rest = median
-        for cat, k in CATEGORIES:
-            ms = parts[k] * scale
-            rest -= ms
-            summary["breakdown"].append({"category": cat, "ms": round(ms, 4),
-                                         "fraction": round(ms / median, 4) if median else 0.0})
-            facts.add(f"step.{k}", ms, "ms", detail="median over steady-state steps")
-        rest = max(0.0, rest)
-        summary["breakdown"].append({"category": "other", "ms": round(rest, 4),
-                                     "fraction": round(rest / median, 4) if median else 0.0})
-        facts.add("step.other_ms", rest, "ms", detail="step time not in data, forward, backward, optimizer")
 
     # -- memory -------------------------------------------------------------------------------------
     mems = [s.mem_bytes for s in run_steps if s.mem_bytes is not None]

@@ -1,0 +1,56 @@
+"""Collective communication: all-reduces per step and their size, the share of GPU busy time spent
+in communication kernels, and how much of it compute on other streams overlaps."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from perfdoctor.facts.trace.context import TraceContext
+from perfdoctor.facts.trace.intervals import count_in, merge, subtract
+from perfdoctor.stats import median
+from perfdoctor.trace.model import CPU_OP, KERNEL, USER_ANN
+
+_DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "int": 4, "long int": 8,
+                "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int8": 1, "char": 1}
+
+
+def add(ctx: TraceContext) -> None:
+    """comm.allreduce_per_step, comm.allreduce_bytes_median, comm.share, comm.overlap."""
+    t, put, is_comm = ctx.trace, ctx.put, ctx.is_comm
+    comm, compute = [], []
+    for i in ctx.gpu_events:
+        if t.kind[i] == KERNEL:
+            (comm if is_comm(t.name[i]) else compute).append((t.ts[i], t.ts[i] + t.dur[i], t.stream[i]))
+    ar_ts: dict[str, list[float]] = defaultdict(list)
+    sizes = []
+    ar_names = t.names_where(lambda s: "all_reduce" in s.lower() or "allreduce" in s.lower())
+    ops = [i for i in t.indices(CPU_OP, USER_ANN) if t.name[i] in ar_names]
+    ops += [i for i, c in t.comm.items() if t.name[i] not in ar_names and "all_reduce" in str(c.get("collective"))]
+    for i in ops:  # all-reduce ops (t.comm holds cpu ops and annotations only)
+        nm = t.strings[t.name[i]].lower()
+        c = t.comm.get(i)
+        group = nm.split(":")[0]
+        ar_ts[group].append(t.ts[i])
+        sh = t.shape(i)
+        if c and c.get("in_nelems"):
+            sizes.append(c["in_nelems"] * _DTYPE_BYTES.get(str(c.get("dtype")), 4))
+        elif sh[1] and isinstance(sh[1][0], list) and all(isinstance(d, int) for d in sh[1][0]):
+            nel = 1
+            for d in sh[1][0]:
+                nel *= d
+            sizes.append(nel * _DTYPE_BYTES.get(str(sh[0][0]) if sh[0] else "float", 4))
+    if ar_ts:
+        put("comm.allreduce_per_step", max(median(count_in(v, ctx.cpu_windows)) for v in ar_ts.values()), "count")
+    if sizes:
+        put("comm.allreduce_bytes_median", int(median(sizes)), "bytes")
+    if not comm:
+        return
+    cm = merge([(s, e) for s, e, _ in comm])
+    comm_total = sum(e - s for s, e in cm)
+    busy = merge([(s, e) for s, e, _ in comm + compute])
+    put("comm.share", comm_total / sum(e - s for s, e in busy), "ratio", "communication / GPU busy time")
+    comm_streams = {st for _, _, st in comm}
+    other = merge([(s, e) for s, e, st in compute if st not in comm_streams])
+    over = comm_total - sum(e - s for s, e in subtract(cm, other))
+    put("comm.overlap", over / comm_total if comm_total else 0.0, "ratio",
+        "comm time overlapped by compute kernels on other streams")

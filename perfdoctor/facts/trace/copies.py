@@ -1,0 +1,92 @@
+"""Host-to-device copies per step (pageable ones apart), and tensors made on the CPU only to be
+copied to the GPU from the same line (`cpu_to_device` subjects)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from typing import Any
+
+from perfdoctor.facts.trace.context import SRC, TraceContext
+from perfdoctor.facts.trace.intervals import count_in
+from perfdoctor.facts.trace.stacks import location
+from perfdoctor.stats import median
+from perfdoctor.trace.model import CPU_OP, MEMCPY
+
+_FACTORIES = {"aten::tensor", "aten::randn", "aten::rand", "aten::zeros", "aten::ones", "aten::arange", "aten::full",
+              "aten::empty", "aten::randint", "aten::from_numpy", "aten::linspace", "aten::eye", "aten::scalar_tensor",
+              "aten::lift_fresh", "aten::as_tensor"}
+
+
+def add(ctx: TraceContext) -> None:
+    """copies.h2d_* facts (GPU traces; a copy counts in the step that launched it) and the
+    cpu_to_device subjects."""
+    t, windows, launches, ns = ctx.trace, ctx.cpu_windows, ctx.launches, ctx.per_step
+    name, strings, ts, dur = t.name, t.strings, t.ts, t.dur
+    h2d, h2d_pageable, h2d_ms, h2d_pg_ms = [], [], 0.0, 0.0
+    htod = t.names_where(lambda s: "HtoD" in s)
+    for i in t.indices(MEMCPY):
+        if name[i] in htod:
+            nm = strings[name[i]]
+            r = launches.get(t.corr[i])
+            when = ts[r] if r is not None else ts[i]
+            h2d.append(when)
+            h2d_ms += dur[i]
+            if "Pageable" in nm:
+                h2d_pageable.append(when)
+                h2d_pg_ms += dur[i]
+    ctx.put("copies.h2d_per_step", median(count_in(h2d, windows)), "count")
+    ctx.put("copies.h2d_pageable_per_step", median(count_in(h2d_pageable, windows)), "count")
+    ctx.put("copies.h2d_ms", h2d_ms / 1000 / ns, "ms")
+    ctx.put("copies.h2d_pageable_ms", h2d_pg_ms / 1000 / ns, "ms")
+    _cpu_to_device(ctx, htod)
+
+
+def _cpu_to_device(ctx: TraceContext, htod: set[int]) -> None:
+    """A tensor made by a CPU factory op, then copied HtoD from the same python frame."""
+    t, stacks, launches, ns = ctx.trace, ctx.stacks, ctx.launches, ctx.per_step
+    name, strings = t.name, t.strings
+    factory_frames: dict[Any, str] = {}
+    factories = t.names_where(_FACTORIES.__contains__)
+    cpu_ops = t.indices(CPU_OP)
+    for i in cpu_ops:
+        if name[i] in factories:
+            u = stacks.frame(i)
+            if u:
+                factory_frames[(u[1], u[0][:2]) if u[1] >= 0 else u[0][:2]] = strings[name[i]]
+    if not factory_frames:
+        return
+    cpu_ops_by_track: dict[int, list[int]] = defaultdict(list)
+    for i in cpu_ops:
+        cpu_ops_by_track[t.track[i]].append(i)
+    op_starts = {k: [t.ts[i] for i in v] for k, v in cpu_ops_by_track.items()}  # already in ts order
+    for i in t.indices(MEMCPY):
+        if name[i] not in htod:
+            continue
+        r = launches.get(t.corr[i])
+        if r is None:
+            continue
+        u = stacks.frame(r) if t.call_stack.get(r) is not None or stacks.by_track else None
+        if u is None:  # legacy: the stack is on the innermost cpu op around the runtime call
+            ops = cpu_ops_by_track.get(t.track[r], [])
+            k = bisect_right(op_starts.get(t.track[r], []), t.ts[r]) - 1
+            while k >= 0 and u is None and k > len(ops) - 10_000_000:
+                j = ops[k]
+                if t.ts[r] <= t.ts[j] + t.dur[j] and j in t.call_stack:
+                    u = stacks.frame(j)
+                k -= 1
+                if k >= 0 and t.ts[r] - t.ts[ops[k]] > 1e6:  # no op runs longer than a second here
+                    break
+        if u is None:
+            continue
+        fk = (u[1], u[0][:2]) if u[1] >= 0 else u[0][:2]
+        if fk in factory_frames:
+            key, loc = location(u[0])
+            s = ctx.facts.subject("cpu_to_device", key)
+            if loc not in s.locations:
+                s.locations.append(loc)
+            s.add("factory", factory_frames[fk], "", SRC)
+            s.add("target", "cuda", "", SRC)
+            s.add("in_loop", True, "", SRC)
+            prev = s.facts.get("cpu_to_device.ms")
+            s.add("ms", (prev.value if prev else 0.0) + t.dur[i] / 1000 / ns, "ms", SRC)

@@ -1,0 +1,101 @@
+"""Python stacks in a trace -> the user's file:line for a CPU event.
+
+torch.profiler records Python frames either as `python_function` events (with_stack=True in
+recent versions: nested spans on the CPU tracks, each naming `file(line): function`, chained to its
+caller by id) or, in legacy traces, as a `Call stack` string on the op itself. Either way the
+answer is the innermost frame that is the user's code (`user_frame`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from bisect import bisect_right
+from collections import defaultdict
+
+from perfdoctor.model import Location
+from perfdoctor.trace.model import PYFUNC, Trace
+
+_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
+Frame = tuple[str, int, str]  # (file, line, function)
+
+
+def is_stdlib(path: str) -> bool:
+    """torch.profiler names standard-library frames by a short path (`threading.py`,
+    `multiprocessing/queues.py`): its first part is a standard-library module."""
+    first = path.replace("\\", "/").split("/", 1)[0]
+    return first.removesuffix(".py") in sys.stdlib_module_names
+
+
+def user_frame(frame: str) -> Frame | None:
+    """(file, line, function) of a profiler frame name `file(line): function`, or None where the
+    file is not the user's: torch, perfdoctor, `<...>` pseudo-files, site-/dist-packages, an
+    installed Python's library (`/usr/lib`, `/lib/python`) or the standard library."""
+    m = _FRAME.match(frame.strip())
+    if not m:
+        return None
+    f = m.group(1)
+    if (f.startswith(("torch/", "perfdoctor/", "<", "/usr/lib")) or "site-packages" in f or "dist-packages" in f
+            or "/lib/python" in f or "/torch/" in f or is_stdlib(f)):
+        return None
+    return f, int(m.group(2)), m.group(3)
+
+
+def location(u: Frame) -> tuple[str, Location]:
+    """The subject key ("file:line") and the Location of a user frame."""
+    return f"{u[0]}:{u[1]}", Location(file=u[0], line=u[1], function=u[2])
+
+
+class Stacks:
+    """The user's file:line for a CPU event, from python_function events or legacy `Call stack`."""
+
+    def __init__(self, t: Trace):
+        self.t = t
+        self.by_track: dict[int, list[int]] = defaultdict(list)
+        self.by_id: dict[int, int] = {}
+        track, ext = t.track, t.ext
+        for i in t.indices(PYFUNC):
+            self.by_track[track[i]].append(i)
+            self.by_id[ext[i]] = i
+        for lst in self.by_track.values():
+            lst.sort(key=t.ts.__getitem__)
+        self.starts = {k: [t.ts[i] for i in v] for k, v in self.by_track.items()}
+        self._named: dict[int, Frame | None] = {}  # string index -> user_frame
+        self._legacy: dict[int, tuple[Frame, int] | None] = {}  # call stack index -> frame
+
+    def named_frame(self, si: int) -> Frame | None:
+        """user_frame of t.strings[si], cached (the same frames and stacks repeat every step)."""
+        u = self._named.get(si, 0)
+        if u == 0:
+            u = self._named[si] = user_frame(self.t.strings[si])
+        return u
+
+    def frame(self, i: int) -> tuple[Frame, int] | None:
+        """(file, line, function) of the innermost user frame around event i, and an id of that
+        frame's invocation (python event index, or -1 for legacy call stacks)."""
+        t = self.t
+        cs = t.call_stack.get(i)
+        if cs is not None:
+            if cs not in self._legacy:
+                self._legacy[cs] = next(((u, -1) for fr in t.strings[cs].split(";") if (u := user_frame(fr))), None)
+            return self._legacy[cs]
+        lst = self.by_track.get(t.track[i])
+        if not lst:
+            return None
+        ts = t.ts[i]
+        j = bisect_right(self.starts[t.track[i]], ts) - 1
+        for _ in range(5000):  # the latest-starting python event that contains ts is the innermost
+            if j < 0:
+                return None
+            p = lst[j]
+            if t.ts[p] + t.dur[p] >= ts:
+                break
+            j -= 1
+        else:
+            return None
+        while p is not None:
+            u = self.named_frame(t.name[p])
+            if u:
+                return u, p
+            p = self.by_id.get(t.corr[p])
+        return None
