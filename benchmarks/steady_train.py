@@ -26,7 +26,7 @@ y = torch.randint(0, 10, (1024,))
 loss_fn = nn.CrossEntropyLoss()
 
 times = []
-for step in range(steps):
+for _ in range(steps):
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     loss = loss_fn(model(x), y)

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.capture.runner import RunResult, run_script
-
 from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.facts.model import Facts
 from perfdoctor.gate.baseline import load_baseline, record_from_run_dir, slow_outlier_runs

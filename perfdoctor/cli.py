@@ -6,7 +6,6 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -52,7 +51,7 @@ def _main(
     _state["debug"] = debug or bool(os.environ.get("PERFDOCTOR_DEBUG"))
 
 
-def _write(body: str, output: Optional[Path]) -> None:
+def _write(body: str, output: Path | None) -> None:
     """A machine document: to --output, or to stdout alone."""
     if output is not None:
         output.write_text(body, encoding="utf-8")
@@ -61,7 +60,7 @@ def _write(body: str, output: Optional[Path]) -> None:
         sys.stdout.flush()
 
 
-def _print(renderable, output: Optional[Path]) -> None:
+def _print(renderable, output: Path | None) -> None:
     """Human text: rich on the terminal, or plain text into --output."""
     from rich.console import Console  # not imported for machine formats: start-up time counts in CI
 
@@ -73,7 +72,7 @@ def _print(renderable, output: Optional[Path]) -> None:
     sys.stderr.write(f"perfdoctor: report written to {output}\n")
 
 
-def _emit(fmt: Format, output: Optional[Path], report=None, comparison=None) -> None:
+def _emit(fmt: Format, output: Path | None, report=None, comparison=None) -> None:
     """A report, a comparison, or both, rendered in the chosen format and written."""
     doc = render(fmt.value, report, comparison)
     if FORMATS[fmt.value].console:
@@ -107,19 +106,19 @@ def parse_fraction(text: str) -> float:
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     ctx: typer.Context,
-    script: Optional[str] = typer.Argument(None, help="The training script (arguments for it go after --)."),
-    module: Optional[str] = typer.Option(None, "-m", "--module", help="Run a module, as `python -m` does."),
-    steps: Optional[int] = typer.Option(None, "--steps", min=1, help="Stop the script after N optimizer steps."),
+    script: str | None = typer.Argument(None, help="The training script (arguments for it go after --)."),
+    module: str | None = typer.Option(None, "-m", "--module", help="Run a module, as `python -m` does."),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="Stop the script after N optimizer steps."),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Report format."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
-    out_dir: Optional[Path] = typer.Option(None, "--out-dir", help="The run folder (default .perfdoctor/runs/...)."),
-    save_baseline: Optional[Path] = typer.Option(None, "--save-baseline", help="Record a baseline to this file."),
-    baseline: Optional[Path] = typer.Option(None, "--baseline", help="Compare with this baseline (CI gate)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
+    out_dir: Path | None = typer.Option(None, "--out-dir", help="The run folder (default .perfdoctor/runs/...)."),
+    save_baseline: Path | None = typer.Option(None, "--save-baseline", help="Record a baseline to this file."),
+    baseline: Path | None = typer.Option(None, "--baseline", help="Compare with this baseline (CI gate)."),
     max_regression: str = typer.Option("10%", "--max-regression", help="Slowdown that fails the gate."),
-    repeats: Optional[int] = typer.Option(
+    repeats: int | None = typer.Option(
         None, "--repeats", min=1, max=50,
         help="Run the script this many times (default: 3 with --save-baseline or --baseline, else 1)."),
-    fail_on: Optional[Severity] = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
+    fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
     from perfdoctor.analysis import run_and_gate
@@ -156,9 +155,9 @@ def compare(
     base: Path = typer.Argument(..., help="The baseline: a baseline file, a run folder or a report.json."),
     current: Path = typer.Argument(..., help="The current run: a baseline file, a run folder or a report.json."),
     max_regression: str = typer.Option("10%", "--max-regression", help="Slowdown that fails the gate."),
-    fail_on: Optional[Severity] = typer.Option(None, "--fail-on", help="Fail on new findings of this severity or worse."),
+    fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on new findings of this severity or worse."),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the comparison to this file."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the comparison to this file."),
 ) -> None:
     """Compare two baselines or run reports; exit 1 on a regression."""
     from perfdoctor.analysis import compare_paths
@@ -174,7 +173,7 @@ def compare(
 def report(
     path: Path = typer.Argument(..., help="A trace (.json / .json.gz), a folder of per-rank traces, or a run folder."),
     fmt: Format = typer.Option(Format.text, "--format", "-f", help="Report format."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write the report to this file."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
 ) -> None:
     """Analyse an existing torch.profiler trace or a run folder."""
     from perfdoctor.analysis import analyse_path

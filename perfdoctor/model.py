@@ -13,6 +13,7 @@ from typing import Any
 
 from perfdoctor import __version__
 
+
 @dataclass(frozen=True)
 class Location:
     file: str
@@ -24,7 +25,7 @@ class Location:
         return {"file": self.file, "line": self.line, "code": self.code, "function": self.function}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Location":
+    def from_dict(cls, d: dict[str, Any]) -> Location:
         return cls(file=str(d.get("file", "")), line=int(d.get("line") or 0),
                    code=str(d.get("code") or ""), function=str(d.get("function") or ""))
 

@@ -12,8 +12,8 @@ import pytest
 
 from perfdoctor.contracts.baseline import GateFinding
 from perfdoctor.gate import RunRecord, compare
-from perfdoctor.report import github, markdown, sarif
 from perfdoctor.model import Fact, Finding, Fix, Location, Report
+from perfdoctor.report import github, markdown, sarif
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-2.1.0.json").read_text())
 ROOT = Path("/repo")

@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, SAMPLES, run_cli
+
 from perfdoctor import __version__
 
 PD_RULES = [f"PD00{i}" for i in range(1, 8)]

@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from conftest import SAMPLES, expected_findings, run_cli
+
 from perfdoctor.rules.catalog import load_rules
 
 # the catalog's rules that a sample script plants (sample_scripts/pdNNN_*.py)

@@ -1,7 +1,8 @@
 """The rule expression evaluator: correct arithmetic, absent facts, and hostile input refused."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from perfdoctor.errors import RuleError
 from perfdoctor.rules.expr import Missing, compile_expr, evaluate, names_in

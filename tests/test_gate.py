@@ -11,12 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from perfdoctor.errors import InputError
 from perfdoctor.contracts.baseline import BASELINE_SCHEMA, GateFinding
 from perfdoctor.contracts.report import read_report
-from perfdoctor.gate import (RunRecord, compare, compare_files, load_baseline, noise_floor,
-                             record_from_run_dir, save_baseline, warmup_steps)
-from perfdoctor.gate import stats
+from perfdoctor.errors import InputError
+from perfdoctor.gate import (
+    RunRecord,
+    compare,
+    compare_files,
+    load_baseline,
+    noise_floor,
+    record_from_run_dir,
+    save_baseline,
+    stats,
+    warmup_steps,
+)
 from perfdoctor.gate.baseline import slow_outlier_runs
 
 ENV = {"python": "3.11.7", "torch": "2.13.0", "platform": "Linux", "cpu_count": 2, "cpu_model": "Xeon",

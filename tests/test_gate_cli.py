@@ -11,7 +11,6 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-
 from conftest import REPO, run_cli
 
 SCRIPT = REPO / "benchmarks" / "steady_train.py"

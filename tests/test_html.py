@@ -11,12 +11,12 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_cli
-from perfdoctor.facts.model import Location
-from perfdoctor.report import html
+
 from perfdoctor.analysis import analyse_path
+from perfdoctor.facts.model import Location
 from perfdoctor.model import Hotspot
+from perfdoctor.report import html
 from perfdoctor.report.text import chart_top, sparkline
 
 sys.path.insert(0, str(REPO / "tests" / "golden"))

@@ -15,10 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
-from perfdoctor.report import html
+
 from perfdoctor.analysis import analyse_path
+from perfdoctor.report import html
 
 sys.path.insert(0, str(REPO / "tests" / "golden"))
 import record  # noqa: E402

@@ -1,6 +1,5 @@
 """The rules engine and rules PD001-PD007, judged on hand-built facts."""
 
-from pathlib import Path
 
 import pytest
 

@@ -99,7 +99,8 @@ def test_dlrm_rank_imbalance():
 
 def test_interval_helpers_match_a_brute_force_reading():
     """merge, subtract and per_window (hand-tuned loops) against a unit-grid reading."""
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 
     from perfdoctor.facts.trace.intervals import merge, per_window, subtract
 

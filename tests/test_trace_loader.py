@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.errors import InputError
-from perfdoctor.trace import load_trace, load_traces
-from perfdoctor.trace import loader
+from perfdoctor.trace import load_trace, load_traces, loader
 from perfdoctor.trace.model import CPU_OP, KERNEL, MEMCPY, MEMORY, PYFUNC, RUNTIME
 
 DATA = Path(__file__).parent / "data" / "traces"

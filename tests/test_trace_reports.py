@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from perfdoctor.facts.model import Facts
 from perfdoctor.analysis import analyse_path
+from perfdoctor.facts.model import Facts
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
 

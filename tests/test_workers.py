@@ -9,8 +9,8 @@ from pathlib import Path
 
 import msgspec
 import pytest
-
 from conftest import run_cli
+
 from perfdoctor.capture.workers import find_py_spy, parse_collapsed
 from perfdoctor.contracts.run import WorkerLine, Workers
 from perfdoctor.facts.run_facts import worker_hotspots

@@ -16,7 +16,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.capture.writer import RunWriter

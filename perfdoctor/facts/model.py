@@ -13,8 +13,9 @@ source may set it again and run evidence replaces static evidence.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 from perfdoctor.facts.registry import GLOBAL, SOURCES, check_declared, check_kind
 from perfdoctor.model import Fact, Location

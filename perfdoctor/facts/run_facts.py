@@ -5,7 +5,6 @@ from __future__ import annotations
 import ast
 import linecache
 import re
-import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +16,8 @@ from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Site, 
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts
 from perfdoctor.model import Hotspot, Location
-from perfdoctor.stats import (breakdown, breakdown_rows, median as median_of, quantile, steady_steps, step_series,
-                              step_time_summary)
+from perfdoctor.stats import breakdown, breakdown_rows, quantile, steady_steps, step_series, step_time_summary
+from perfdoctor.stats import median as median_of
 
 LOSS_SCAN_STEPS = 30  # capture looks for retained losses on the first steps only (capture/recorder.py)
 CLOCKS = {"optimizer": "optimizer", "backward": "backward", "dataloader": "dataloader", "none": "whole-run"}

@@ -21,8 +21,17 @@ from typing import Any
 import msgspec
 
 from perfdoctor import __version__
-from perfdoctor.contracts.baseline import (BASELINE_SCHEMA, BaselineDoc, Environment, GateFinding, NoiseDoc, RunDoc,
-                                           SummaryDoc, ToolDoc, read_baseline)
+from perfdoctor.contracts.baseline import (
+    BASELINE_SCHEMA,
+    BaselineDoc,
+    Environment,
+    GateFinding,
+    NoiseDoc,
+    RunDoc,
+    SummaryDoc,
+    ToolDoc,
+    read_baseline,
+)
 from perfdoctor.contracts.report import ReportDoc, read_report
 from perfdoctor.contracts.report import SummaryDoc as ReportSummaryDoc
 from perfdoctor.errors import InputError
@@ -75,7 +84,7 @@ class RunRecord:
                       step_ms=[round(v, 4) for v in self.step_ms])
 
     @classmethod
-    def from_doc(cls, d: RunDoc) -> "RunRecord":
+    def from_doc(cls, d: RunDoc) -> RunRecord:
         return cls(source=d.source, env=dict(d.env), step_ms=list(d.step_ms), median_ms=d.median_ms,
                    batch_size=d.batch_size, peak_memory_bytes=d.peak_memory_bytes, counters=dict(d.counters),
                    findings=list(d.findings), notes=list(d.notes), warmup_dropped=d.warmup_dropped)

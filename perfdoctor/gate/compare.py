@@ -22,8 +22,15 @@ from perfdoctor.contracts.files import read_bytes, schema_of
 from perfdoctor.contracts.report import REPORT_SCHEMA, decode_report
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
-from perfdoctor.gate.baseline import (IDENTITY_KEYS, MIN_STEPS, Baseline, RunRecord, load_baseline, record_from_report,
-                                      record_from_run_dir)
+from perfdoctor.gate.baseline import (
+    IDENTITY_KEYS,
+    MIN_STEPS,
+    Baseline,
+    RunRecord,
+    load_baseline,
+    record_from_report,
+    record_from_run_dir,
+)
 from perfdoctor.model import SEVERITIES, at_or_above
 
 SCHEMA = "perfdoctor/compare/v1"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from typing import Sequence
+from collections.abc import Sequence
 
 from perfdoctor.stats import quantile
 

@@ -11,7 +11,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-
 COMMAND = {"high": "error", "medium": "warning", "low": "notice"}
 MAX_ANNOTATIONS = 10  # GitHub shows at most 10 errors and 10 warnings per step
 

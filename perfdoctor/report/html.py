@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any
 
 from perfdoctor import __version__
 from perfdoctor.model import Finding, Hotspot, Report
@@ -204,10 +205,10 @@ def _step_chart(summary: dict[str, Any]) -> str:
         out.append(f'<polygon class="band-series" points="{" ".join(hi_pts + lo_pts[::-1])}">'
                    f'<title>slowest and fastest step of every {per} steps</title></polygon>')
     # the statistics of the steady-state steps
-    for key, cls, label in (("median", "median", "median"), ("p90", "p90", "p90")):
+    for key in ("median", "p90"):
         v = st.get(key)
         if isinstance(v, (int, float)):
-            out.append(f'<line class="{cls}" x1="{L}" x2="{L + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>')
+            out.append(f'<line class="{key}" x1="{L}" x2="{L + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>')
     med, p90 = st.get("median"), st.get("p90")
     if isinstance(med, (int, float)) and isinstance(p90, (int, float)):
         ym, yp = y(med), y(p90)
@@ -315,8 +316,8 @@ def _ranks(report: Report) -> str:
     if top <= 0:
         return ""
     ticks = _ticks(top, 6)
-    L, R, T, rh = 110, 20, 10, 24
-    W, pw = CHART_W, CHART_W - 110 - 20
+    L, R, T, rh = 110, 20, 10, 24  # left and right margins, top, row height
+    W, pw = CHART_W, CHART_W - L - R
     H = T + rh * len(rows) + 40
     out = []
     for j, r in enumerate(rows):
@@ -381,7 +382,7 @@ def _paras(text: str) -> str:
     return "".join(f"<p>{_e(p.strip())}</p>" for p in text.split("\n\n") if p.strip())
 
 
-def _explain(rule: "Rule | None", finding: Finding) -> str:
+def _explain(rule: Rule | None, finding: Finding) -> str:
     """`perfdoctor explain RULE`, one click away."""
     parts = []
     if rule is not None:
@@ -426,7 +427,7 @@ def _value(v: Any, unit: str) -> str:
     return _e(f"{v:.4g}" if isinstance(v, float) else v) + (f" {_e(unit)}" if unit and unit != "count" else "")
 
 
-def _finding(i: int, f: Finding, rule: "Rule | None", step_ms: Any) -> str:
+def _finding(i: int, f: Finding, rule: Rule | None, step_ms: Any) -> str:
     if f.ms_per_step is not None:
         cost = (f'<span class="saving">saves ~{_data(f"findings.{i - 1}.estimated_saving.ms_per_step", round(f.ms_per_step, 3), _ms(f.ms_per_step))}'
                 f'/step' + (f" ({_pct(f.fraction_of_step)} of the step)" if f.fraction_of_step is not None else "")
@@ -465,7 +466,7 @@ def _finding(i: int, f: Finding, rule: "Rule | None", step_ms: Any) -> str:
     return "".join(out)
 
 
-def _findings(report: Report, rules: "list[Rule] | None") -> str:
+def _findings(report: Report, rules: list[Rule] | None) -> str:
     if not report.findings:
         return '<section id="findings"><h2>Findings</h2><p class="good">No problems found by the rules.</p></section>'
     if rules is None:
@@ -513,7 +514,7 @@ def _hotspots(report: Report) -> str:
 
 # -- the gate ---------------------------------------------------------------------------------------------
 
-def _distributions(sides: tuple[list["RunRecord"], list["RunRecord"]]) -> str:
+def _distributions(sides: tuple[list[RunRecord], list[RunRecord]]) -> str:
     """Each run's steady-state step times as a strip of dots, baseline runs above current ones, on one
     axis; the gate's statistic (a low quantile) and the median of each run marked."""
     base, cur = sides
@@ -529,8 +530,8 @@ def _distributions(sides: tuple[list["RunRecord"], list["RunRecord"]]) -> str:
     t0 = math.floor(lo / step) * step
     ticks = [t0 + i * step for i in range(int(math.ceil((hi - t0) / step - 1e-9)) + 1)]
     a, b = ticks[0], ticks[-1]
-    L, R, T, rh = 130, 20, 10, 30
-    W, pw = CHART_W, CHART_W - 130 - 20
+    L, R, T, rh = 130, 20, 10, 30  # left and right margins, top, row height
+    W, pw = CHART_W, CHART_W - L - R
     H = T + rh * len(rows) + 42
 
     def x(v: float) -> float:
@@ -605,7 +606,7 @@ def _interval(row: Any, t: float, level: float) -> str:
     return _svg(W, H, label, "".join(out))
 
 
-def _gate(c: "Comparison") -> str:
+def _gate(c: Comparison) -> str:
     d = c.as_dict()
     verdict = d["verdict"]
     out = [f'<section id="gate"><h2>Gate: <span class="verdict {VERDICT_CLASS.get(verdict, "")}">'
@@ -800,7 +801,7 @@ def _page(title: str, body: list[str]) -> str:
             f"report.json's numbers.</footer></main><script>{JS}</script></body></html>\n")
 
 
-def render_report(report: Report, comparison: "Comparison | None" = None, rules: "list[Rule] | None" = None) -> str:
+def render_report(report: Report, comparison: Comparison | None = None, rules: list[Rule] | None = None) -> str:
     """The report as one HTML page; with the gate's `comparison`, the verdict and the two sides' step
     times follow the report. `rules` (for the explanations) defaults to perfdoctor's catalog."""
     target = report.run.get("script") or report.run.get("module") or report.run.get("trace") or ""
@@ -811,10 +812,10 @@ def render_report(report: Report, comparison: "Comparison | None" = None, rules:
     return _page(f"perfdoctor: {Path(str(target)).name}", body)
 
 
-def render_both(report: Report, comparison: "Comparison") -> str:
+def render_both(report: Report, comparison: Comparison) -> str:
     return render_report(report, comparison)
 
 
-def render_comparison(comparison: "Comparison") -> str:
+def render_comparison(comparison: Comparison) -> str:
     """`perfdoctor compare --format html`: the verdict, its interval and the two sides' step times."""
     return _page("perfdoctor gate", ['<header><h1>perfdoctor gate</h1></header>', _gate(comparison)])

@@ -6,8 +6,9 @@ Pure: takes a Report (or its dict), a gate Comparison (or its dict), or both, an
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
                 "inconclusive": "❔ inconclusive", "unstable": "〰️ unstable", "not-comparable": "⚠️ not comparable"}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import linecache
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from perfdoctor.errors import RuleError
 from perfdoctor.facts.model import Facts, Subject

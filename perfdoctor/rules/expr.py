@@ -11,8 +11,9 @@ from __future__ import annotations
 import ast
 import math
 import operator
+from collections.abc import Callable, Mapping
 from functools import lru_cache
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from perfdoctor.errors import RuleError
 

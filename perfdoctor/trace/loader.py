@@ -13,8 +13,9 @@ from __future__ import annotations
 import re
 import zlib
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import msgspec
 

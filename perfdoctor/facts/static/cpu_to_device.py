@@ -9,7 +9,7 @@ and two statements (`x = torch.randn(...)` then, a few statements later in the s
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from collections.abc import Iterator
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, has_star_kwargs, kwarg, put

@@ -17,8 +17,9 @@ import ast
 import io
 import re
 import tokenize
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.model import Location

@@ -6,7 +6,7 @@ keeps that same tensor (not `.item()`, not `.detach()`) in a list, a running sum
 from __future__ import annotations
 
 import ast
-from typing import Iterator
+from collections.abc import Iterator
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import LOOPS, SourceIndex, dotted, put, root_name, walk_scope

@@ -13,8 +13,19 @@ from __future__ import annotations
 from typing import Any
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.trace import (breakdown, comm, copies, counters, dataloader, dataparallel, device, empty_cache,
-                                    gpu, matmul, sync)
+from perfdoctor.facts.trace import (
+    breakdown,
+    comm,
+    copies,
+    counters,
+    dataloader,
+    dataparallel,
+    device,
+    empty_cache,
+    gpu,
+    matmul,
+    sync,
+)
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.ranks import cross_rank
 from perfdoctor.trace.model import Trace, gc_paused

@@ -5,8 +5,8 @@ into a `Fix`)."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import libcst as cst
 import libcst.matchers as m

@@ -1,5 +1,6 @@
 """Record a small CPU torch.profiler trace (tiny MLP, DataLoader num_workers=0, 5 steps)."""
-import gzip, json, shutil, sys
+import sys
+
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
