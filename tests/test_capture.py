@@ -52,6 +52,8 @@ import argparse, torch
 from torch.utils.data import DataLoader, Dataset
 from common import make
 
+pytestmark = pytest.mark.e2e  # runs real training scripts under perfdoctor: minutes, not seconds
+
 class Squares(Dataset):
     def __len__(self):
         return 4096

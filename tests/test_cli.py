@@ -99,6 +99,7 @@ sys.meta_path.insert(0, _NoTorch())
 '''
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args", [["rules"], ["explain", "PD002"], ["report", "{trace}"], ["report", "{run}"]])
 def test_commands_without_torch(args: list[str], tmp_path: Path, pd005_run) -> None:
     """`report`, `rules`, `explain` work where `import torch` fails (a sitecustomize forbids it)."""
@@ -119,6 +120,7 @@ def pd005_run(tmp_path_factory) -> dict:
     return {"proc": p, "dir": out}
 
 
+@pytest.mark.e2e
 def test_run_text_report_shows_summary_and_findings(pd005_run) -> None:
     p = pd005_run["proc"]
     assert p.returncode == 0, p.stderr[-3000:]
@@ -130,6 +132,7 @@ def test_run_text_report_shows_summary_and_findings(pd005_run) -> None:
     assert (pd005_run["dir"] / "report.json").is_file(), "report.json is always written"
 
 
+@pytest.mark.e2e
 def test_report_on_run_folder_reproduces_findings(pd005_run) -> None:
     saved = json.loads((pd005_run["dir"] / "report.json").read_text())
     assert "PD005" in {f["rule"] for f in saved["findings"]}
@@ -140,6 +143,7 @@ def test_report_on_run_folder_reproduces_findings(pd005_run) -> None:
     assert [f["rule"] for f in again["findings"]] == [f["rule"] for f in saved["findings"]]
 
 
+@pytest.mark.e2e
 def test_run_crashing_script_exits_3_and_keeps_report(tmp_path: Path) -> None:
     out = tmp_path / "run"
     p = run_cli("run", str(SAMPLES / "crash_midway.py"), "--steps", "50", "--format", "json", "--out-dir", str(out))
@@ -154,6 +158,7 @@ def test_run_crashing_script_exits_3_and_keeps_report(tmp_path: Path) -> None:
     assert len(json.loads((out / "steps.json").read_text())["steps"]) == 8
 
 
+@pytest.mark.e2e
 def test_run_script_that_exits_early_is_ok(tmp_path: Path) -> None:
     out = tmp_path / "run"
     p = run_cli("run", str(SAMPLES / "exits_early.py"), "--steps", "50", "--format", "json", "--out-dir", str(out))
@@ -164,6 +169,7 @@ def test_run_script_that_exits_early_is_ok(tmp_path: Path) -> None:
     assert json.loads((out / "meta.json").read_text())["exit"]["reason"] == "sys-exit"
 
 
+@pytest.mark.e2e
 def test_run_passes_script_args_and_writes_output_file(tmp_path: Path) -> None:
     out, report = tmp_path / "run", tmp_path / "report.json"
     p = run_cli("run", str(SAMPLES / "needs_args.py"), "--steps", "15", "--format", "json", "--output", str(report),
@@ -177,6 +183,7 @@ def test_run_passes_script_args_and_writes_output_file(tmp_path: Path) -> None:
     assert json.loads((out / "meta.json").read_text())["argv"][-4:] == ["--epochs", "3", "--batches-per-epoch", "10"]
 
 
+@pytest.mark.e2e
 def test_run_module(tmp_path: Path) -> None:
     out = tmp_path / "run"
     p = run_cli("run", "-m", "pkg_entry", "--steps", "30", "--format", "json", "--out-dir", str(out),
@@ -189,6 +196,7 @@ def test_run_module(tmp_path: Path) -> None:
     assert meta["module"] == "pkg_entry" and meta["script"] is None
 
 
+@pytest.mark.e2e
 def test_run_script_with_no_optimizer(tmp_path: Path) -> None:
     out = tmp_path / "run"
     p = run_cli("run", str(SAMPLES / "no_optimizer.py"), "--format", "json", "--out-dir", str(out))

@@ -17,6 +17,8 @@ from conftest import SAMPLES, expected_findings, run_cli
 
 from perfdoctor.rules.catalog import load_rules
 
+pytestmark = pytest.mark.e2e  # runs real training scripts under perfdoctor: minutes, not seconds
+
 # the catalog's rules that a sample script plants (sample_scripts/pdNNN_*.py)
 PD_RULES = {r.id for r in load_rules() if any(SAMPLES.glob(f"{r.id.lower()}_*.py"))}
 STEPS = 25

@@ -13,6 +13,8 @@ import jsonschema
 import pytest
 from conftest import REPO, run_cli
 
+pytestmark = pytest.mark.e2e  # runs real training scripts under perfdoctor: minutes, not seconds
+
 SCRIPT = REPO / "benchmarks" / "steady_train.py"
 STEPS = "60"
 SARIF_SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-2.1.0.json").read_text())

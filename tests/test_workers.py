@@ -15,6 +15,8 @@ from perfdoctor.capture.workers import find_py_spy, parse_collapsed
 from perfdoctor.contracts.run import WorkerLine, Workers
 from perfdoctor.facts.run_facts import worker_hotspots
 
+pytestmark = pytest.mark.e2e  # runs real training scripts under perfdoctor: minutes, not seconds
+
 DATASET = textwrap.dedent("""\
     import math
     import torch
