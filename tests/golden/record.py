@@ -12,6 +12,7 @@ reports must not change unless a change means them to. Paths under the repositor
 from __future__ import annotations
 
 import gzip
+import hashlib
 import os
 import shutil
 import subprocess
@@ -45,8 +46,10 @@ def _swap_text(path: Path, pairs: list[tuple[str, str]]) -> None:
         path.write_text(data)
 
 
-# one fixed place, so the text report (which wraps long paths) is the same on every machine
-PLACE = Path(tempfile.gettempdir()) / "perfdoctor-golden"
+# a place whose path has the same length on every machine (the text report wraps long paths), one per
+# checkout (so that checkouts side by side do not overwrite each other's folders)
+PLACE = Path("/tmp" if Path("/tmp").is_dir() else tempfile.gettempdir()) / (
+    "pdgolden-" + hashlib.sha256(str(REPO).encode()).hexdigest()[:8])
 
 
 def materialise(name: str) -> Path:
