@@ -15,7 +15,7 @@ from typing import Any
 
 from perfdoctor.capture.runner import RunResult, run_script
 from perfdoctor.errors import InputError, PerfdoctorError
-from perfdoctor.facts.model import Facts
+from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.gate.baseline import load_baseline, record_from_run_dir, slow_outlier_runs
 from perfdoctor.gate.baseline import save_baseline as write_baseline
 from perfdoctor.gate.compare import Comparison, compare, compare_files
@@ -40,7 +40,7 @@ def _resolve_trace_files(facts: Facts, user_files: list[Path]) -> None:
     the user's files are known: give such locations their full path, and merge a subject into the one
     the run or the source already has for that line."""
     for kind, subjects in facts.subjects.items():
-        kept = []
+        kept: list[Subject] = []
         for s in subjects:
             for i, loc in enumerate(s.locations):
                 if Path(loc.file).is_absolute():

@@ -9,15 +9,16 @@ from pathlib import Path
 
 import typer
 
-try:  # typer >= 0.2x vendors click; older typer uses click itself
-    from typer import TyperException as _UsageError
-except ImportError:  # pragma: no cover
-    from click import ClickException as _UsageError
-
 from perfdoctor import __version__
 from perfdoctor.errors import EXIT_GATE_FAILED, EXIT_SCRIPT_FAILED, EXIT_USAGE, PerfdoctorError
 from perfdoctor.model import SEVERITIES
 from perfdoctor.report.formats import FORMATS, render
+
+_UsageError: type[Exception]
+try:  # typer >= 0.2x vendors click; older typer uses click itself
+    from typer import TyperException as _UsageError
+except ImportError:  # pragma: no cover
+    from click import ClickException as _UsageError
 
 app = typer.Typer(
     name="perfdoctor",
@@ -31,10 +32,11 @@ _state = {"debug": False}
 
 
 # one choice per entry of the format registry (perfdoctor/report/formats.py)
-Format = Enum("Format", {name: name for name in FORMATS}, type=str)
+Format = Enum("Format", {name: name for name in FORMATS}, type=str)  # type: ignore[misc]  # members from the registry
 
 
-Severity = Enum("Severity", {name: name for name in SEVERITIES}, type=str)  # the one order, worst first
+# the one order, worst first
+Severity = Enum("Severity", {name: name for name in SEVERITIES}, type=str)  # type: ignore[misc]  # from SEVERITIES
 
 
 def _version(value: bool) -> None:
@@ -109,7 +111,7 @@ def run(
     script: str | None = typer.Argument(None, help="The training script (arguments for it go after --)."),
     module: str | None = typer.Option(None, "-m", "--module", help="Run a module, as `python -m` does."),
     steps: int | None = typer.Option(None, "--steps", min=1, help="Stop the script after N optimizer steps."),
-    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Report format."),
+    fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Report format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
     out_dir: Path | None = typer.Option(None, "--out-dir", help="The run folder (default .perfdoctor/runs/...)."),
     save_baseline: Path | None = typer.Option(None, "--save-baseline", help="Record a baseline to this file."),
@@ -127,13 +129,14 @@ def run(
     if module is not None and script is not None:
         script_args.insert(0, script)  # `run -m pkg -- args`: the first argument belongs to the module
         script = None
-    if script is None and module is None:
+    target = module if module is not None else script
+    if target is None:
         raise PerfdoctorError("give a script (`perfdoctor run train.py`) or a module (`perfdoctor run -m pkg.train`)")
-    if module is None and not Path(script).is_file():
-        raise PerfdoctorError(f"{script}: no such script")
+    if module is None and not Path(target).is_file():
+        raise PerfdoctorError(f"{target}: no such script")
     human = FORMATS[fmt.value].console
     outcome = run_and_gate(
-        module if module is not None else script, module=module is not None, script_args=script_args,
+        target, module=module is not None, script_args=script_args,
         out_dir=out_dir, steps=steps, script_stdout_to_stderr=not human and output is None,
         show_status=human or output is not None, repeats=repeats, save_baseline=save_baseline, baseline=baseline,
         max_regression=parse_fraction(max_regression), fail_on=fail_on.value if fail_on else None)
@@ -156,7 +159,7 @@ def compare(
     current: Path = typer.Argument(..., help="The current run: a baseline file, a run folder or a report.json."),
     max_regression: str = typer.Option("10%", "--max-regression", help="Slowdown that fails the gate."),
     fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on new findings of this severity or worse."),
-    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Output format."),
+    fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Output format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the comparison to this file."),
 ) -> None:
     """Compare two baselines or run reports; exit 1 on a regression."""
@@ -172,7 +175,7 @@ def compare(
 @app.command()
 def report(
     path: Path = typer.Argument(..., help="A trace (.json / .json.gz), a folder of per-rank traces, or a run folder."),
-    fmt: Format = typer.Option(Format.text, "--format", "-f", help="Report format."),
+    fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Report format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
 ) -> None:
     """Analyse an existing torch.profiler trace or a run folder."""
@@ -182,12 +185,12 @@ def report(
 
 
 @app.command("rules")
-def rules_cmd(fmt: Format = typer.Option(Format.text, "--format", "-f", help="text or json.")) -> None:
+def rules_cmd(fmt: Format = typer.Option(Format("text"), "--format", "-f", help="text or json.")) -> None:
     """List every rule."""
     from perfdoctor.rules.catalog import load_rules
 
     rules = load_rules()
-    if fmt is Format.json:
+    if fmt is Format("json"):
         from perfdoctor.report import jsonfmt
 
         sys.stdout.write(jsonfmt.dumps([r.as_dict() for r in rules]))

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 
-def quantile(xs: list[float], q: float) -> float:
+def quantile(xs: Sequence[float], q: float) -> float:
     """The q-quantile of xs, interpolated between order statistics (numpy's default, type 7)."""
     s = sorted(xs)
     if not s:
@@ -18,7 +19,7 @@ def quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-def median(xs: list[float]) -> float | None:
+def median(xs: Sequence[float]) -> float | None:
     """The median of xs: the middle value, or the mean of the two middle ones (the 0.5 `quantile`);
     None for an empty series (nothing was measured)."""
     return float(statistics.median(xs)) if xs else None
@@ -27,9 +28,10 @@ def median(xs: list[float]) -> float | None:
 def step_time_summary(walls: list[float]) -> dict[str, Any] | None:
     """The report's step-time statistics of step times in ms: {"median", "p90", "mean", "min",
     "max", "n"}, times rounded to 4 digits (0.1 µs); None for no steps."""
-    if not walls:
+    mid = median(walls)
+    if mid is None:
         return None
-    return {"median": round(median(walls), 4), "p90": round(quantile(walls, 0.9), 4),
+    return {"median": round(mid, 4), "p90": round(quantile(walls, 0.9), 4),
             "mean": round(statistics.fmean(walls), 4), "min": round(min(walls), 4), "max": round(max(walls), 4),
             "n": len(walls)}
 

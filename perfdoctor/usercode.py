@@ -38,8 +38,9 @@ def _excluded_prefixes() -> tuple[str, ...]:
             dirs.add(os.path.join(p, ""))
             dirs.add(os.path.join(os.path.realpath(p), ""))
     torch_mod = sys.modules.get("torch")  # never imported here: only where the caller has it
-    if torch_mod is not None and getattr(torch_mod, "__file__", None):
-        dirs.add(os.path.dirname(os.path.abspath(torch_mod.__file__)) + os.sep)
+    torch_file = getattr(torch_mod, "__file__", None) if torch_mod is not None else None
+    if torch_file:
+        dirs.add(os.path.dirname(os.path.abspath(torch_file)) + os.sep)
     return tuple(dirs)
 
 

@@ -156,6 +156,19 @@ def test_comparison_page_shows_the_verdict_its_interval_and_both_sides() -> None
     assert page.count('<rect class="dist cur"') == len(cur[0].step_ms)
 
 
+def test_comparison_page_lists_new_and_resolved_findings() -> None:
+    from perfdoctor.contracts.baseline import GateFinding
+    from perfdoctor.gate.compare import compare, load_side
+
+    side = load_side(record.materialise("pd002_dataloader_workers"))
+    new = GateFinding(rule="PD002", fingerprint="a", title="DataLoader loads in the main process")
+    gone = GateFinding(rule="PD006", fingerprint="b", title=HOSTILE)
+    c = dataclasses.replace(compare(side, side, 0.10), new_findings=[new], resolved_findings=[gone])
+    page = html.render_comparison(c)
+    assert "<li>PD002 DataLoader loads in the main process</li>" in page
+    assert "<li>PD006 &lt;img src=x onerror=alert(1)&gt;</li>" in page
+
+
 def test_a_long_run_stays_small(run_report) -> None:
     r = dataclasses.replace(run_report)
     ms = [50.0 + (i % 100 == 0) * 40 for i in range(50_000)]  # a stall every 100 steps

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(opts["run_dir"])
     target, module = opts["target"], opts["module"]
     script = None if module else os.path.abspath(target)
-    if module:
+    if script is None:
         sys.argv = [target, *opts["args"]]
         sys.path[0] = os.getcwd()
     else:
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
     code, reason, tb = 0, "completed", None
     try:
-        if module:
+        if script is None:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(script, run_name="__main__")

@@ -184,7 +184,8 @@ def _finish_meta(run_dir: Path, target: str, module: bool, argv: list[str], code
             write_meta(run_dir, meta)
         return meta
     partial = run_dir / PARTIAL
-    steps, clock = [], meta.step_clock or "none"
+    steps: list[Step] = []
+    clock = meta.step_clock or "none"
     if partial.exists():
         steps, clock = _read_partial(partial, clock)
         partial.unlink()

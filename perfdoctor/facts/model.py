@@ -13,7 +13,7 @@ source may set it again and run evidence replaces static evidence.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,7 +101,7 @@ class Facts:
     def __contains__(self, name: str) -> bool:
         return name in self._facts
 
-    def __iter__(self) -> Iterable[Fact]:
+    def __iter__(self) -> Iterator[Fact]:
         return iter(self._facts.values())
 
     def as_mapping(self) -> dict[str, Fact]:

@@ -63,7 +63,7 @@ def _read_meta(run_dir: Path) -> tuple[Meta, dict[str, Any]]:
         raw = None if data is None else msgspec.json.decode(data)
     except msgspec.DecodeError as e:
         raise InputError(f"{path} is not readable JSON ({e}); run `perfdoctor run` again") from None
-    if not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+    if data is None or not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
         raise InputError(f"{run_dir} is not a perfdoctor run folder (no meta.json); "
                          "give a folder that `perfdoctor run` wrote, or a trace file")
     return decode(data, Meta, path), raw
@@ -204,12 +204,14 @@ def _worker_hotspot_subject(facts: Facts, workers: Workers, h: Hotspot, steps: l
                             window: Window | None) -> None:
     """The hottest user function in the DataLoader workers, located at its hottest line (PD014)."""
     rate, top = workers.rate_hz or 100, h.lines[0]
+    samples, n_steps = workers.samples, workers.steps
+    assert isinstance(samples, int) and n_steps  # worker_hotspots found h: both are known and non-zero
     s = facts.subject("worker_hotspot", f"{h.file}:{top['line']}")
     s.locations.append(Location(h.file, top["line"], top.get("code", ""), h.function))
     s.add("function", h.function)
     s.add("ms_per_step", h.ms_per_step, "ms", detail="worker CPU time per step in this function, summed over "
-          f"the workers (py-spy, {rate} Hz, {workers.steps} profiled steps)")
-    all_ms = workers.samples * 1000.0 / rate / workers.steps
+          f"the workers (py-spy, {rate} Hz, {n_steps} profiled steps)")
+    all_ms = samples * 1000.0 / rate / n_steps
     s.add("share", h.ms_per_step / all_ms, "ratio", detail="of all the workers' sampled time")
     n_workers = len(workers.pids)
     s.add("workers", n_workers, "count")
@@ -218,7 +220,7 @@ def _worker_hotspot_subject(facts: Facts, workers: Workers, h: Hotspot, steps: l
     skip, last = (window.skip or 0, window.last_step) if window is not None else (0, None)
     window_s = sum(x.wall_ms for x in steps if last is not None and skip < x.i <= last) / 1000
     if window_s > 0 and n_workers:
-        s.add("busy", min(1.0, workers.samples / (rate * window_s * n_workers)),
+        s.add("busy", min(1.0, samples / (rate * window_s * n_workers)),
               "ratio", detail=f"sampled running time of the workers over the window's {window_s:.2f} s")
 
 
@@ -274,17 +276,17 @@ def load_run(run_dir: Path) -> RunData:
     steady = steady_steps(steps, window)
     summary: dict[str, Any] = {"steps_observed": len(steps), "steps_profiled": profiled, "step_clock": clock,
                                "step_time_ms": None, "breakdown": []}
-    median = None
-    if steady:
-        walls = [s["wall_ms"] for s in steady]
-        median = median_of(walls)
+    walls = [s["wall_ms"] for s in steady]
+    median = median_of(walls)
+    if median is not None:
         p90 = quantile(walls, 0.9)
         summary["step_time_ms"] = step_time_summary(walls)
         summary["steady_steps"] = [steady[0]["i"], steady[-1]["i"]]
         facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps")
         facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {len(walls)} steady-state steps")
         # per-part medians (robust to noisy steps), scaled down if together they exceed the median step
-        split = breakdown({cat: median_of([min(s.get(k) or 0.0, s["wall_ms"]) for s in steady])
+        # (`or 0.0` never applies: steady is not empty)
+        split = breakdown({cat: median_of([min(s.get(k) or 0.0, s["wall_ms"]) for s in steady]) or 0.0
                            for cat, k in CATEGORIES}, median)
         summary["breakdown"] = breakdown_rows(split, median)
         for cat, k in CATEGORIES:

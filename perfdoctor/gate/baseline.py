@@ -278,8 +278,8 @@ def slow_outlier_runs(records: list[RunRecord], margin: float) -> list[tuple[int
     """(1-based run number, fraction above the others' median) of runs whose judged value lies
     more than `margin` above the median of the other runs: something outside the script (another
     job) likely held the machine for most of that run. Needs three runs or more to say."""
-    vals = [r.gate_ms for r in records]
-    if len(vals) < 3 or any(v is None for v in vals):
+    vals = [r.gate_ms for r in records if r.gate_ms is not None]
+    if len(vals) < 3 or len(vals) < len(records):
         return []
     out = []
     for i, v in enumerate(vals):

@@ -132,7 +132,9 @@ def _timing_row(base: list[RunRecord], cur: list[RunRecord], t: float, between: 
         verdict = "inconclusive" if (point > up or point < down) else "no-change"
         return Row("step time (median)", "ms", b0, c0, (point - 1) * 100, None, verdict, "timing")
     metric = timing_metric()
-    b0, c0 = stats.side_center([r.gate_ms for r in base]), stats.side_center([r.gate_ms for r in cur])
+    # every run has per-step timings here, so every gate_ms is known
+    b0 = stats.side_center([r.gate_ms for r in base if r.gate_ms is not None])
+    c0 = stats.side_center([r.gate_ms for r in cur if r.gate_ms is not None])
     if between is None:
         notes.append("run-to-run noise is unknown (one run on each side): the interval covers the noise "
                      "within a run only; record the baseline with --repeats 3 for an honest interval")
@@ -238,8 +240,8 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
     failing = [f for f in new if fail_on is not None and at_or_above(f.severity, fail_on)]
 
     if not comparable:
-        for r in rows:
-            r.verdict = "not-comparable"
+        for row in rows:
+            row.verdict = "not-comparable"
         notes.insert(0, "NOT COMPARABLE: the baseline was recorded in a different environment ("
                      + "; ".join(f"{d['key']}: {d['baseline']} vs {d['current']}" for d in diffs)
                      + "). Timings are shown but not judged; record a new baseline in this environment.")

@@ -153,7 +153,7 @@ def _step_chart(summary: dict[str, Any]) -> str:
     def y(v: float) -> float:
         return T + ph - min(v, y_hi) / y_hi * ph
 
-    steady = set()
+    steady: set[int] = set()
     for lo, hi in series.get("steady") or []:
         steady.update(range(lo, hi + 1))
     out = []
@@ -206,9 +206,9 @@ def _step_chart(summary: dict[str, Any]) -> str:
                    f'<title>slowest and fastest step of every {per} steps</title></polygon>')
     # the statistics of the steady-state steps
     for key in ("median", "p90"):
-        v = st.get(key)
-        if isinstance(v, (int, float)):
-            out.append(f'<line class="{key}" x1="{L}" x2="{L + pw}" y1="{y(v):.1f}" y2="{y(v):.1f}"/>')
+        stat = st.get(key)
+        if isinstance(stat, (int, float)):
+            out.append(f'<line class="{key}" x1="{L}" x2="{L + pw}" y1="{y(stat):.1f}" y2="{y(stat):.1f}"/>')
     med, p90 = st.get("median"), st.get("p90")
     if isinstance(med, (int, float)) and isinstance(p90, (int, float)):
         ym, yp = y(med), y(p90)
@@ -641,7 +641,7 @@ def _gate(c: Comparison) -> str:
                               ("Findings resolved since the baseline", c.resolved_findings, "good")):
         if items:
             out.append(f'<h3>{title}</h3><ul class="{cls}">'
-                       + "".join(f"<li>{_e(f.get('rule'))} {_e(f.get('title', ''))}</li>" for f in items) + "</ul>")
+                       + "".join(f"<li>{_e(f.rule)} {_e(f.title)}</li>" for f in items) + "</ul>")
     out.append(_notes(c.notes))
     out.append("</section>")
     return "".join(out)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rich.console import Group, RenderableType
+from rich.console import Group, JustifyMethod, RenderableType
 from rich.padding import Padding
 from rich.panel import Panel
 from rich.table import Table
@@ -220,8 +220,10 @@ def render_comparison(comparison: Comparison) -> RenderableType:
     t = Table(title=f"gate: {verdict.upper()} (threshold {100 * c.get('max_regression', 0):.0f}%, "
                     f"{c.get('baseline_runs')} baseline run(s) vs {c.get('current_runs')})",
               title_justify="left", title_style=style, show_edge=False)
-    for col, just in (("metric", "left"), ("baseline", "right"), ("current", "right"), ("change", "right"),
-                      (f"{c.get('ci_level', 0.95):.0%} CI", "right"), ("verdict", "left")):
+    columns: list[tuple[str, JustifyMethod]] = [
+        ("metric", "left"), ("baseline", "right"), ("current", "right"), ("change", "right"),
+        (f"{c.get('ci_level', 0.95):.0%} CI", "right"), ("verdict", "left")]
+    for col, just in columns:
         t.add_column(col, justify=just)
     for r in c.get("rows", []):
         ci = r.get("ci_pct")

@@ -80,10 +80,10 @@ def builtin_rules_dir() -> Path:
     raise RuleError("perfdoctor's rule files are missing from this installation; reinstall perfdoctor")
 
 
-def _req(d: dict, key: str, where: str, typ: type = str) -> Any:
+def _req(d: dict, key: str, where: str) -> str:
     v = d.get(key)
-    if not isinstance(v, typ) or (typ is str and not v.strip()):
-        raise RuleError(f"{where}: '{key}' must be a non-empty {typ.__name__}")
+    if not isinstance(v, str) or not v.strip():
+        raise RuleError(f"{where}: '{key}' must be a non-empty str")
     return v
 
 

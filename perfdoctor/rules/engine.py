@@ -186,7 +186,7 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None) -> 
         if not settings.enabled(rule.id):
             continue
         thresholds = {**rule.thresholds, **settings.thresholds.get(rule.id, {})}
-        subjects: list[Subject | None] = facts.of_kind(rule.subject) if rule.subject else [None]
+        subjects: list[Subject | None] = list(facts.of_kind(rule.subject)) if rule.subject else [None]
         if rule.subject and not subjects and rule.subject_optional:
             subjects = [None]  # e.g. a trace with no source locations: judge once, globally
         for subject in subjects:

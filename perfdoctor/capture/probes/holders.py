@@ -183,7 +183,9 @@ def feed_site(frame: Any, expr: str, tensor_type: Any) -> tuple[Site | None, str
     best: tuple | None = None
     if tree is not None:
         for n in ast.walk(tree):
-            payload: list[ast.AST] = []
+            if not isinstance(n, (ast.Call, ast.AugAssign, ast.Assign)):
+                continue
+            payload: list[ast.expr] = []
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
                 owner = _text(n.func.value)
                 if owner == expr or (owner == base and expr != base) or (owner and expr.startswith(owner + "[")):

@@ -97,7 +97,7 @@ def _passed_to(index: SourceIndex, name: str, scope: ast.AST | None) -> list[tup
     """(parameter, function, False) for each call in `scope` that passes `name` to a function of
     this file: `train(model, loader)` with `def train(model, train_loader)` -> "train_loader"."""
     out: list[tuple[str, ast.AST, bool]] = []
-    defs: dict[str, list[ast.AST]] = {}
+    defs: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
     for n in index.nodes:
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
             defs.setdefault(n.name, []).append(n)

@@ -17,7 +17,7 @@ import ast
 import io
 import re
 import tokenize
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,8 @@ DTYPE_NAMES = frozenset({
 _DEVICE_NAME = re.compile(r"device|(^|_)(dev|gpu|gpus|cuda|rank)(_|$)", re.I)
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
+Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda  # the enclosing function of a node
+Located = ast.stmt | ast.expr  # a node with a position in the source
 _DETAIL = "static read of the source"
 
 
@@ -74,7 +76,7 @@ def root_name(node: ast.AST) -> str | None:
             return node.id if isinstance(node, ast.Name) else None
 
 
-def walk_scope(nodes: list[ast.AST]) -> Iterator[ast.AST]:
+def walk_scope(nodes: Sequence[ast.AST]) -> Iterator[ast.AST]:
     """All nodes under `nodes`, not entering nested functions, lambdas or classes."""
     stack = list(reversed(nodes))
     while stack:
@@ -112,7 +114,7 @@ class SourceIndex:
         self.tree = tree
         self.parents: dict[ast.AST, ast.AST] = {}
         # node -> (enclosing function or None, directly in a for/while body of that function)
-        self.ctx: dict[ast.AST, tuple[ast.AST | None, bool]] = {tree: (None, False)}
+        self.ctx: dict[ast.AST, tuple[Scope | None, bool]] = {tree: (None, False)}
         stack: list[ast.AST] = [tree]
         self.nodes: list[ast.AST] = []  # every node, parents before children
         while stack:
@@ -164,7 +166,7 @@ class SourceIndex:
             return None
         return self.aliases[head] + ("." + rest if rest else "")
 
-    def context(self, node: ast.AST) -> tuple[ast.AST | None, bool]:
+    def context(self, node: ast.AST) -> tuple[Scope | None, bool]:
         """(enclosing function or None, directly inside a for/while body of that function)."""
         return self.ctx.get(node, (None, False))
 
@@ -189,7 +191,7 @@ class SourceIndex:
             return "<module>"
         return "<lambda>" if isinstance(scope, ast.Lambda) else scope.name
 
-    def text(self, node: ast.AST) -> str:
+    def text(self, node: Located) -> str:
         """The node's source text on one line (whitespace runs collapsed)."""
         end_line, end_col = getattr(node, "end_lineno", None), getattr(node, "end_col_offset", None)
         if end_line is None or end_col is None or end_line > len(self.lines):
@@ -202,14 +204,14 @@ class SourceIndex:
         return " ".join(b"\n".join(rows).decode(errors="replace").split())
 
     # -- subjects ------------------------------------------------------------------------
-    def subject(self, facts: Facts, kind: str, node: ast.AST) -> Subject:
+    def subject(self, facts: Facts, kind: str, node: Located) -> Subject:
         """The subject of `kind` keyed on `node`'s line (merged with the run's and the trace's
         subject of that line), located there."""
         s = facts.subject(kind, f"{self.file}:{node.lineno}")
         self.locate(s, node)
         return s
 
-    def locate(self, s: Subject, node: ast.AST) -> None:
+    def locate(self, s: Subject, node: Located) -> None:
         """Add `node`'s line to the subject's locations, once."""
         line = node.lineno
         if not any(loc.file == self.file and loc.line == line for loc in s.locations):

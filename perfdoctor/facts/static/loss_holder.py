@@ -21,7 +21,7 @@ def detect(index: SourceIndex, facts: Facts) -> None:
             _loop(index, facts, node)
 
 
-def _loop(index: SourceIndex, facts: Facts, loop: ast.AST) -> None:
+def _loop(index: SourceIndex, facts: Facts, loop: ast.For | ast.AsyncFor | ast.While) -> None:
     body = list(walk_scope(loop.body))
     assigns: dict[str, list[int]] = {}  # name -> lines where the loop (re)binds it
     backward: list[tuple[str, int]] = []  # (name, line) of what is `.backward()`-ed
@@ -49,6 +49,8 @@ def _loop(index: SourceIndex, facts: Facts, loop: ast.AST) -> None:
 
     losses = {(name, last_bind(name, line)) for name, line in backward if last_bind(name, line) is not None}
     for n in body:
+        if not isinstance(n, ast.stmt):
+            continue
         found = _holder(n)
         if found is None:
             continue
@@ -62,11 +64,11 @@ def _loop(index: SourceIndex, facts: Facts, loop: ast.AST) -> None:
                 break
 
 
-def _holder(n: ast.AST) -> tuple[str, ast.expr, list[ast.Name]] | None:
+def _holder(n: ast.stmt) -> tuple[str, ast.expr, list[ast.Name]] | None:
     """(kind, holder node, bare names it takes) for `X.append(a)`, `X += a`, `X = X + a`, `m.update(a)`."""
     if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute):
-        call = n.value
-        attr = call.func.attr
+        call, func = n.value, n.value.func
+        attr = func.attr
         if attr in _LIST_METHODS:
             kind = "list"
         elif attr == "add_":
@@ -76,7 +78,7 @@ def _holder(n: ast.AST) -> tuple[str, ast.expr, list[ast.Name]] | None:
         else:
             return None
         refs = [m for a in call.args for m in _bare_names(a)]
-        return kind, call.func.value, refs
+        return kind, func.value, refs
     if isinstance(n, ast.AugAssign) and isinstance(n.op, ast.Add):
         return "running-sum", n.target, list(_bare_names(n.value))
     if (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.value, ast.BinOp)

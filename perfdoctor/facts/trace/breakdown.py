@@ -124,4 +124,4 @@ def _main_track(t: Trace) -> int:
     if first is not None:
         return track[first]
     counts = Counter(track[i] for i in ops)  # ties: the track seen first, as max() keeps the first
-    return max(counts, key=counts.get) if counts else -1
+    return max(counts, key=counts.__getitem__) if counts else -1

@@ -17,12 +17,13 @@ _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "in
 def add(ctx: TraceContext) -> None:
     """comm.allreduce_per_step, comm.allreduce_bytes_median, comm.share, comm.overlap."""
     t, put, is_comm = ctx.trace, ctx.put, ctx.is_comm
-    comm, compute = [], []
+    comm: list[tuple[float, float, int]] = []  # (start, end, stream) of the kernels
+    compute: list[tuple[float, float, int]] = []
     for i in ctx.gpu_events:
         if t.kind[i] == KERNEL:
             (comm if is_comm(t.name[i]) else compute).append((t.ts[i], t.ts[i] + t.dur[i], t.stream[i]))
     ar_ts: dict[str, list[float]] = defaultdict(list)
-    sizes = []
+    sizes: list[int] = []
     ar_names = t.names_where(lambda s: "all_reduce" in s.lower() or "allreduce" in s.lower())
     ops = [i for i in t.indices(CPU_OP, USER_ANN) if t.name[i] in ar_names]
     ops += [i for i, c in t.comm.items() if t.name[i] not in ar_names and "all_reduce" in str(c.get("collective"))]
@@ -39,10 +40,12 @@ def add(ctx: TraceContext) -> None:
             for d in sh[1][0]:
                 nel *= d
             sizes.append(nel * _DTYPE_BYTES.get(str(sh[0][0]) if sh[0] else "float", 4))
-    if ar_ts:
-        put("comm.allreduce_per_step", max(median(count_in(v, ctx.cpu_windows)) for v in ar_ts.values()), "count")
-    if sizes:
-        put("comm.allreduce_bytes_median", int(median(sizes)), "bytes")
+    per_step = [m for v in ar_ts.values() if (m := median(count_in(v, ctx.cpu_windows))) is not None]
+    if per_step:
+        put("comm.allreduce_per_step", max(per_step), "count")
+    size_med = median(sizes)
+    if size_med is not None:
+        put("comm.allreduce_bytes_median", int(size_med), "bytes")
     if not comm:
         return
     cm = merge([(s, e) for s, e, _ in comm])

@@ -33,10 +33,11 @@ def add(ctx: TraceContext, data_loading: list[tuple[float, float]]) -> None:
     if loc and loc not in s.locations:
         s.locations.append(loc)
     wait = [x / 1000 for x in data_us] if data_us else []
-    if wait:
-        s.add("wait_ms", round(median(wait), 4), "ms", SRC, "DataLoader __next__ time per step (median)")
-        fr = [w / sm for w, sm in zip(wait, step_ms) if sm]
-        s.add("wait_fraction", round(median(fr), 4) if fr else None, "ratio", SRC)
+    wait_med = median(wait)
+    if wait_med is not None:
+        s.add("wait_ms", round(wait_med, 4), "ms", SRC, "DataLoader __next__ time per step (median)")
+        fr_med = median([w / sm for w, sm in zip(wait, step_ms) if sm])
+        s.add("wait_fraction", round(fr_med, 4) if fr_med is not None else None, "ratio", SRC)
     if single and not multi:
         s.add("num_workers", 0, "count", SRC, "_SingleProcessDataLoaderIter in the trace")
         ctx.put("dataloader.num_workers", 0, "count", "_SingleProcessDataLoaderIter in the trace")

@@ -9,10 +9,10 @@ def add(ctx: TraceContext) -> None:
     """A `dataparallel` subject where the trace names DataParallel and nothing of DDP."""
     t = ctx.trace
     dp = ddp = False
-    for s in t.strings:
-        if "DistributedDataParallel" in s or s.startswith(("c10d::", "nccl:all_reduce")) or "Reducer" in s:
+    for nm in t.strings:
+        if "DistributedDataParallel" in nm or nm.startswith(("c10d::", "nccl:all_reduce")) or "Reducer" in nm:
             ddp = True
-        elif s in ("DataParallel.forward", "nn.Module: DataParallel") or s.startswith("nn.Module: DataParallel_"):
+        elif nm in ("DataParallel.forward", "nn.Module: DataParallel") or nm.startswith("nn.Module: DataParallel_"):
             dp = True
     if dp and not ddp:
         s = ctx.facts.subject("dataparallel", "trace:dataparallel")

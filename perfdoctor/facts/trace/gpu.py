@@ -47,13 +47,14 @@ def add(ctx: TraceContext) -> dict[str, Any]:
         host.append(h_ms / 1000)
         gap.append(g_ms / 1000)
         util.append(b_ms / 1000 / sm if sm else 0.0)
-    if not windows:
-        return {}
     idle = [sm - b for sm, b in zip(step_ms, busy)]
-    put("gpu.utilization", median(util), "ratio", "GPU busy (kernels, copies, memsets) / step")
-    put("step.idle_ms", median(idle), "ms", "GPU idle per step")
+    util_med, idle_med = median(util), median(idle)
+    if util_med is None or idle_med is None:  # no steps
+        return {}
+    put("gpu.utilization", util_med, "ratio", "GPU busy (kernels, copies, memsets) / step")
+    put("step.idle_ms", idle_med, "ms", "GPU idle per step")
     put("gpu.idle_host_wait_ms", median(host), "ms", "GPU idle while the next work was not launched yet")
     put("gpu.idle_gap_ms", median(gap), "ms", "GPU idle although the next work was already launched")
     tot_idle = sum(host) + sum(gap)
-    return {"gpu": {"utilization": round(median(util), 4), "idle_ms": round(median(idle), 3),
+    return {"gpu": {"utilization": round(util_med, 4), "idle_ms": round(idle_med, 3),
                     "idle_host_wait_fraction": round(sum(host) / tot_idle, 4) if tot_idle else 0.0}}

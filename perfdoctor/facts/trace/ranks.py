@@ -23,8 +23,9 @@ def cross_rank(traces: list[Trace], per_rank: list[Facts]) -> tuple[Facts, list[
     out.add("ranks.count", len(traces), "count", SRC)
     key = "compute_ms" if all(r["compute_ms"] for r in rows) else "step_ms"
     vals = [r[key] for r in rows if r[key] is not None]
-    if len(vals) >= 2 and median(vals) > 0:
-        out.add("ranks.imbalance_ratio", round(max(vals) / median(vals), 4), "ratio", SRC, f"max/median {key}")
+    mid = median(vals)
+    if len(vals) >= 2 and mid is not None and mid > 0:
+        out.add("ranks.imbalance_ratio", round(max(vals) / mid, 4), "ratio", SRC, f"max/median {key}")
         out.add("ranks.straggler", max(rows, key=lambda r: r[key] or 0)["rank"], "", SRC, f"rank with most {key}")
     idles = [r["idle_fraction"] for r in rows if r["idle_fraction"] is not None]
     if len(idles) >= 2:

@@ -65,10 +65,9 @@ class Stacks:
 
     def named_frame(self, si: int) -> Frame | None:
         """user_frame of t.strings[si], cached (the same frames and stacks repeat every step)."""
-        u = self._named.get(si, 0)
-        if u == 0:
-            u = self._named[si] = user_frame(self.t.strings[si])
-        return u
+        if si not in self._named:
+            self._named[si] = user_frame(self.t.strings[si])
+        return self._named[si]
 
     def frame(self, i: int) -> tuple[Frame, int] | None:
         """(file, line, function) of the innermost user frame around event i, and an id of that
@@ -93,9 +92,10 @@ class Stacks:
             j -= 1
         else:
             return None
-        while p is not None:
-            u = self.named_frame(t.name[p])
+        caller: int | None = p
+        while caller is not None:
+            u = self.named_frame(t.name[caller])
             if u:
-                return u, p
-            p = self.by_id.get(t.corr[p])
+                return u, caller
+            caller = self.by_id.get(t.corr[caller])
         return None

@@ -5,7 +5,7 @@ into a `Fix`)."""
 from __future__ import annotations
 
 import ast
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import libcst as cst
@@ -20,8 +20,12 @@ _COMPOUND = (cst.For, cst.While, cst.If, cst.With)
 Fixer = Callable[["Context", dict], "tuple[cst.CSTNode | str, str] | None"]
 
 
+class NoStatement(Exception):
+    """No statement (simple, or a compound statement's header) spans the location's line."""
+
+
 class Context:
-    """The parsed file and the statement at the location's line."""
+    """The parsed file and the statement at the location's line (NoStatement where there is none)."""
 
     def __init__(self, path: Path, source: bytes, line: int):
         self.module_wrapper = MetadataWrapper(cst.parse_module(source))
@@ -32,9 +36,12 @@ class Context:
         self.lines = text.splitlines()
         self.index = SourceIndex(path.resolve(), self.lines, ast.parse(text))
         self.line = line
-        self.stmt, self.scan = self._statement(line)
+        found = self._statement(line)
+        if found is None:
+            raise NoStatement(f"no statement at line {line}")
+        self.stmt, self.scan = found
 
-    def _statement(self, line: int) -> tuple[cst.CSTNode | None, cst.CSTNode | None]:
+    def _statement(self, line: int) -> tuple[cst.BaseStatement, cst.CSTNode] | None:
         """(statement, the part of it to search): a simple statement line, or a compound
         statement whose header (not its body) spans the line."""
         header = None
@@ -42,11 +49,16 @@ class Context:
             if isinstance(node, cst.SimpleStatementLine) and r.start.line <= line <= r.end.line:
                 return node, node
             if isinstance(node, _COMPOUND) and isinstance(node.body, cst.IndentedBlock):
-                key = {cst.For: "iter", cst.While: "test", cst.If: "test"}.get(type(node))
-                end = self.pos[getattr(node, key)].end.line if key else self.pos[node.items[-1]].end.line
+                scan: cst.CSTNode
+                last: cst.CSTNode
+                if isinstance(node, cst.With):  # the header ends with the last item; search it whole
+                    scan, last = node, node.items[-1]
+                else:  # the header ends with the iterable or the condition; search that only
+                    scan = last = node.iter if isinstance(node, cst.For) else node.test
+                end = self.pos[last].end.line
                 if r.start.line <= line <= end:
-                    header = (node, getattr(node, key) if key else node)
-        return header or (None, None)
+                    header = (node, scan)
+        return header
 
     def code(self, node: cst.CSTNode) -> str:
         return self.module.code_for_node(node)
@@ -66,7 +78,7 @@ class Context:
         if isinstance(stmt, _COMPOUND):
             n -= 1  # the stub body line
         start = self.pos[self.stmt].start.line
-        lines = self.module.deep_replace(self.stmt, stmt).code.split("\n")
+        lines = self.code(self.module.deep_replace(self.stmt, stmt)).split("\n")
         return "\n".join(lines[start - 1:start - 1 + n])
 
     def to_ast(self, expr: cst.BaseExpression) -> ast.expr:
@@ -79,7 +91,7 @@ class Context:
             return None
 
     def calls(self) -> list[cst.Call]:
-        return list(m.findall(self.scan, m.Call())) if self.scan is not None else []
+        return [c for c in m.findall(self.scan, m.Call()) if isinstance(c, cst.Call)]
 
     def block(self) -> tuple[list[cst.CSTNode], int]:
         """The statement list that holds the statement, and its index there."""
@@ -98,9 +110,9 @@ def render(fixer: Fixer, location: Location, params: dict) -> Fix | None:
     path = Path(location.file)
     try:
         ctx = Context(path, path.read_bytes(), location.line)
-    except (OSError, cst.ParserSyntaxError, SyntaxError, ValueError, RecursionError):
+    except (OSError, cst.ParserSyntaxError, SyntaxError, ValueError, RecursionError, NoStatement):
         return None
-    if ctx.stmt is None or location.line > len(ctx.lines):
+    if location.line > len(ctx.lines):
         return None
     if location.code and ctx.lines[location.line - 1].strip() != location.code.strip():
         return None  # the file changed since the run
@@ -142,7 +154,7 @@ def kwarg(name: str, value: str | cst.BaseExpression) -> cst.Arg:
     return cst.Arg(value=v, keyword=cst.Name(name), equal=tight)
 
 
-def set_kwargs(args: list[cst.Arg], new: dict[str, cst.BaseExpression]) -> list[cst.Arg]:
+def set_kwargs(args: Sequence[cst.Arg], new: dict[str, cst.BaseExpression]) -> list[cst.Arg]:
     """Replace the keyword arguments named in `new` in place; append the others, copying the
     separator style of the existing arguments (one per line stays one per line)."""
     args = list(args)
@@ -164,4 +176,4 @@ def set_kwargs(args: list[cst.Arg], new: dict[str, cst.BaseExpression]) -> list[
 
 
 def names(ctx: Context, node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name())}
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
