@@ -98,6 +98,32 @@ def memory_growth(steady: list[dict]) -> float | None:
     return None
 
 
+def _part(step: dict[str, Any], key: str) -> float:
+    """A step's time in one part (ms), never more than the step."""
+    return min(step.get(key) or 0.0, step["wall_ms"])
+
+
+def composition(steady: list[dict[str, Any]], median: float) -> dict[str, float]:
+    """Where the median step goes: each part's mean share of the steady steps (every step's parts
+    as shares of its own time, scaled down where a step's parts exceed it), times the median step;
+    "other" is the rest. Shares add up step by step, so the parts add up to the median step and
+    "other" is only the time no part measured, also when a part is bimodal (a loader that delivers
+    every few steps: per-part medians miss it and do not add up). Each step weighs the same, so a
+    single slow step (a checkpoint, a collection) moves the shares by 1/n at most."""
+    shares = dict.fromkeys((cat for cat, _ in CATEGORIES), 0.0)
+    n = 0
+    for s in steady:
+        wall = s["wall_ms"]
+        if wall <= 0:
+            continue
+        parts = {cat: _part(s, k) / wall for cat, k in CATEGORIES}
+        scale = min(1.0, 1.0 / (sum(parts.values()) or 1.0))
+        for cat, v in parts.items():
+            shares[cat] += v * scale
+        n += 1
+    return breakdown({cat: median * v / n if n else 0.0 for cat, v in shares.items()}, median)
+
+
 def _machine(facts: Facts, env: Env) -> None:
     m = "machine"
     facts.add("cpu.count", env.cpu_count, "count", m)
@@ -282,15 +308,14 @@ def load_run(run_dir: Path) -> RunData:
         p90 = quantile(walls, 0.9)
         summary["step_time_ms"] = step_time_summary(walls)
         summary["steady_steps"] = [steady[0]["i"], steady[-1]["i"]]
-        facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps")
         facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {len(walls)} steady-state steps")
-        # per-part medians (robust to noisy steps), scaled down if together they exceed the median step
-        # (`or 0.0` never applies: steady is not empty)
-        split = breakdown({cat: median_of([min(s.get(k) or 0.0, s["wall_ms"]) for s in steady]) or 0.0
-                           for cat, k in CATEGORIES}, median)
+        split = composition(steady, median)
         summary["breakdown"] = breakdown_rows(split, median)
+        facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps",
+                  per_step=tuple(walls))
         for cat, k in CATEGORIES:
-            facts.add(f"step.{k}", split[cat], "ms", detail="median over steady-state steps")
+            facts.add(f"step.{k}", split[cat], "ms", detail=f"mean share of {len(walls)} steady-state steps "
+                      "x the median step", per_step=tuple(_part(s, k) for s in steady))
         facts.add("step.other_ms", split["other"], "ms", detail="step time not in data, forward, backward, optimizer")
     if steps:  # every step of the run, for the charts: which were steady, which the profiler held
         summary["step_series"] = step_series([s["wall_ms"] for s in steps], [s["i"] for s in steady],
@@ -332,10 +357,14 @@ def load_run(run_dir: Path) -> RunData:
         ws = [waits[i] for i in steady_idx if 0 <= i < len(waits)]
         if ws and dl.batches:
             w = statistics.median(ws)
-            s.add("wait_ms", w, "ms", detail=f"median time in DataLoader __next__ over {len(ws)} steady steps")
+            aligned = len(ws) == len(steady)  # a per-step series only where it covers every steady step
+            s.add("wait_ms", w, "ms", detail=f"median time in DataLoader __next__ over {len(ws)} steady steps",
+                  per_step=tuple(ws) if aligned else ())
             s.add("wait_mean_ms", statistics.fmean(ws), "ms")
             if median:
-                s.add("wait_fraction", w / median, "ratio", detail="wait_ms / step.time_ms")
+                s.add("wait_fraction", w / median, "ratio", detail="wait_ms / step.time_ms",
+                      per_step=tuple(x / st["wall_ms"] if st["wall_ms"] > 0 else 0.0 for x, st in zip(ws, steady))
+                      if aligned else ())
         if on_cuda:
             s.add("feeds_cuda", dl.to_cuda, detail="a batch was moved to a CUDA device")
             s.add("non_blocking", dl.non_blocking)
