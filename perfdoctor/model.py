@@ -121,7 +121,7 @@ class Finding:
         return finding_identity(self.rule, loc.file if loc else None, loc.code if loc else None, self.subject)
 
     def as_dict(self) -> dict[str, Any]:
-        saving = None
+        saving: dict[str, Any] | None = None
         if self.ms_per_step is not None:
             saving = {"ms_per_step": round(self.ms_per_step, 3),
                       "fraction_of_step": None if self.fraction_of_step is None else round(self.fraction_of_step, 4)}

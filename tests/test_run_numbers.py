@@ -7,14 +7,13 @@ import json
 import math
 
 import pytest
+from test_run_facts import make_run
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.run_facts import load_run
 from perfdoctor.model import Location
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge, saving_range
-
-from test_run_facts import make_run
 
 RULES = {r.id: r for r in load_rules()}
 
@@ -108,3 +107,45 @@ def test_text_shows_the_range():
     c = Console(width=200, record=True)
     c.print(_cost(finding))
     assert "saves ~8.0 ms/step (7.5 ms–8.5 ms across steps)" in c.export_text()
+
+
+def _cpu_run_of_gpu_script(load_ms, step_ms, targets_cuda=True, cpus=4):
+    f = Facts()
+    f.add("step.time_ms", step_ms, "ms")
+    f.add("cpu.count", cpus, "count", "machine")
+    f.add("device.type", "cpu", "", "machine")
+    f.add("script.targets_cuda", targets_cuda, "", "static")
+    gpu = (step_ms - load_ms) / 10
+    f.add("step.gpu_compute_ms", gpu, "ms")
+    s = f.subject("dataloader", "train.py:10")
+    s.add("num_workers", 0, "count")
+    s.add("pin_memory", False)
+    s.add("wait_ms", load_ms, "ms")
+    s.add("wait_fraction", load_ms / step_ms, "ratio")
+    s.add("load_ms", load_ms, "ms")
+    s.add("gpu_wait_fraction", load_ms / (load_ms + gpu), "ratio")
+    s.locations.append(Location("train.py", 10, "loader = DataLoader(ds)"))
+    return f
+
+
+def test_pd002_projects_a_cpu_run_onto_a_gpu():
+    # 5 ms of loading beside 200 ms of CPU compute: 2 % here, 5 / (5 + 19.5) = 20 % of a GPU step
+    (finding,) = judge(_cpu_run_of_gpu_script(5.0, 200.0), [RULES["PD002"]])
+    assert finding.title.startswith("On a GPU, loading batches would take 20% of the step: 5 ms per step")
+    assert "Projected for a GPU, not measured" in finding.message and "19.5 ms on a GPU (10x faster" in finding.message
+    # with 4 workers the GPU step hides 5/4 ms of loading behind 19.5 ms of compute: all 5 ms saved
+    assert finding.ms_per_step == pytest.approx(5.0)
+    assert judge(_cpu_run_of_gpu_script(5.0, 200.0, targets_cuda=False), [RULES["PD002"]]) == []
+    assert judge(_cpu_run_of_gpu_script(0.5, 20.0), [RULES["PD002"]]) == []  # below 1 ms: in-memory data
+
+
+def test_run_facts_project_the_loading_cost(tmp_path):
+    probes = {"dataloaders": [{"id": 0, "site": {"file": str(tmp_path / "train.py"), "line": 3, "code": "",
+                                                 "function": "main"},
+                               "kwargs": {"num_workers": 0, "batch_size": 8}, "batches": 40,
+                               "wait_ms_per_step": [2.0] * 40}]}
+    r = load_run(make_run(tmp_path, n=40, wall=lambda i: 50.0, probes=probes))
+    (dl,) = r.facts.of_kind("dataloader")
+    assert dl.facts["dataloader.load_ms"].value == pytest.approx(2.0)
+    assert r.facts.value("step.gpu_compute_ms") == pytest.approx(4.8)
+    assert dl.facts["dataloader.gpu_wait_fraction"].value == pytest.approx(2.0 / 6.8)

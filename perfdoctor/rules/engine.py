@@ -189,7 +189,8 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
         basis = " and ".join(words) if words else "estimated from machine facts"
         if rule.saving_note:
             basis += f": {rule.saving_note}"
-        spread = saving_range(rule.saving_ms, saving_names, facts, subject, lookup)
+        if rule.saving_ms:
+            spread = saving_range(rule.saving_ms, saving_names, facts, subject, lookup)
 
     used = names_in(rule.when) | saving_names | set(rule.evidence)
     evidence = [f for n in sorted(used) if not n.startswith("threshold.") and (f := _fact(facts, subject, n))]
