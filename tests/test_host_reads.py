@@ -44,7 +44,6 @@ for step, (x, y) in enumerate(loader):
         break
     if step % 10 == 0:
         print(f"step {step} loss {loss}")
-torch.save(model.state_dict(), "model.pt")
 print("total", round(total, 3))
 """
 
