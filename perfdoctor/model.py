@@ -37,6 +37,9 @@ class Fact:
     unit: str = ""  # "ms", "bytes", "count", "ratio", "" for plain values
     source: str = "run"  # one of SOURCES
     detail: str = ""  # how it was measured, in a few words
+    # the value at each steady-state step (the run's per-step measures, aligned on the same steps):
+    # a rule's saving evaluated step by step gives the saving's spread; never written out
+    per_step: tuple[float, ...] = field(default=(), compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {"fact": self.name, "value": self.value, "unit": self.unit,
@@ -105,6 +108,8 @@ class Finding:
     fix: Fix | None = None
     references: list[str] = field(default_factory=list)
     subject: str = ""  # the subject key the rule was judged on
+    saving_range: tuple[float, float] | None = None  # p25..p75 of the saving evaluated step by step
+
 
     def sort_key(self) -> tuple:
         measured = self.ms_per_step is not None
@@ -116,10 +121,12 @@ class Finding:
         return finding_identity(self.rule, loc.file if loc else None, loc.code if loc else None, self.subject)
 
     def as_dict(self) -> dict[str, Any]:
-        saving = None
+        saving: dict[str, Any] | None = None
         if self.ms_per_step is not None:
             saving = {"ms_per_step": round(self.ms_per_step, 3),
                       "fraction_of_step": None if self.fraction_of_step is None else round(self.fraction_of_step, 4)}
+            if self.saving_range is not None:
+                saving["range_ms"] = [round(self.saving_range[0], 3), round(self.saving_range[1], 3)]
         return {
             "rule": self.rule,
             "name": self.name,

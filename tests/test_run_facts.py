@@ -48,8 +48,13 @@ def test_summary_uses_steady_steps_and_breakdown_adds_up(tmp_path):
     assert st["n"] == 27 and st["median"] == 11.0 and r.summary["steady_steps"] == [14, 40]
     assert r.facts.value("step.time_ms") == 11.0 and 11.0 < r.facts.value("step.time_p90_ms") <= 12.0
     parts = {b["category"]: b["ms"] for b in r.summary["breakdown"]}
-    assert parts == {"data loading": 2.0, "forward": 3.0, "backward": 4.0, "optimizer": 0.5, "other": 1.5}
-    assert math.isclose(sum(parts.values()), st["median"])
+    # each part's mean share of the steady steps (10, 11 and 12 ms in turn), times the median step
+    inv = sum(1 / (10.0 + i % 3) for i in range(14, 41)) / 27
+    expect = {"data loading": 2.0, "forward": 3.0, "backward": 4.0, "optimizer": 0.5}
+    for cat, ms in expect.items():
+        assert parts[cat] == pytest.approx(11.0 * ms * inv, abs=1e-4)
+    assert parts["other"] == pytest.approx(11.0 - 11.0 * 9.5 * inv, abs=1e-3)
+    assert math.isclose(sum(parts.values()), st["median"], rel_tol=1e-6)
     assert math.isclose(sum(b["fraction"] for b in r.summary["breakdown"]), 1.0, abs_tol=1e-3)
     assert r.facts.value("run.step_clock") == "optimizer" and r.facts.value("run.steps_observed") == 40
     assert r.trace_path is None and r.user_files == [tmp_path / "train.py"] and r.notes == []

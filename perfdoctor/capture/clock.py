@@ -6,7 +6,10 @@ the whole run is one span. A stronger clock that appears later takes over: the s
 far merge into its first step.
 
 The clock keeps the per-step timings: the probes add the time they measure (DataLoader waits,
-forward) to its running totals, the clock itself times backward and the optimizer step. Outside
+forward) to its running totals, the clock itself times backward and the optimizer step (less the
+forward, backward and data time of a closure run inside it: LBFGS, Lightning). perfdoctor's own
+work inside a step (`exclude`) is taken out of the step's time; its per-step bookkeeping runs after
+the step's time was taken. Outside
 the profiled window a step costs a few attribute updates, a /proc read for the RSS and one tuple
 append. The probes' per-step bookkeeping runs in `on_step`, after the step's time was taken.
 """
@@ -45,6 +48,8 @@ class StepClock:
         self.data = self.fwd = self.bwd = self.opt = 0.0  # seconds in the current step
         self.bwd_depth = self.opt_depth = 0
         self.opt_t0 = 0.0
+        self.opt_inner0 = 0.0  # data + forward + backward so far when the optimizer step began
+        self.own = 0.0  # s of perfdoctor's own work inside the current step (`exclude`), taken out of it
         self.clock_opt: int | None = None  # id() of the optimizer whose step ends a step
         self.opt_seen: set[int] = set()
         self.dl_calls = 0
@@ -113,6 +118,7 @@ class StepClock:
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
         if self.opt_depth == 0:
             self.opt_t0 = self.pc()
+            self.opt_inner0 = self.data + self.fwd + self.bwd
         self.opt_depth += 1
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
@@ -122,7 +128,10 @@ class StepClock:
             return
         if self.opt_depth:
             return
-        self.opt += self.pc() - self.opt_t0
+        # a closure (LBFGS, Lightning's automatic optimisation: optimizer.step(closure)) runs forward
+        # and backward inside the step: that time is forward and backward, measured as such, not optimizer
+        inner = self.data + self.fwd + self.bwd - self.opt_inner0
+        self.opt += max(0.0, self.pc() - self.opt_t0 - max(0.0, inner))
         oid = id(opt)
         if self.kind != "optimizer":
             self.event("optimizer")
@@ -170,13 +179,20 @@ class StepClock:
             return int(os.pread(self._statm, 128, 0).split()[1]) * self._page
         return None
 
+    def exclude(self, t0: float) -> None:
+        """perfdoctor's own work since `t0` (a probe's site lookup, a stack walk) happened inside the
+        current step: it is taken out of the step's time."""
+        self.own += self.pc() - t0
+
     def tick(self) -> None:
         now = self.pc()
         i = len(self.steps) + 1
         try:
-            self.steps.append((i, now - self.t0, (now - self.step_start) * 1e3, self.data * 1e3, self.fwd * 1e3,
+            wall = max(0.0, now - self.step_start - self.own)
+            self.steps.append((i, now - self.t0, wall * 1e3, self.data * 1e3, self.fwd * 1e3,
                                self.bwd * 1e3, self.opt * 1e3, self.mem()))
-            self.data = self.fwd = self.bwd = self.opt = 0.0
+            self.data = self.fwd = self.bwd = self.opt = self.own = 0.0
+            self.opt_inner0 = 0.0  # a step that ends inside an optimizer step: what follows is the next one's
             self.on_step(i)  # bookkeeping from here on is not part of any step's time
             if now - self._last_flush > FLUSH_S:
                 self.flush()

@@ -25,6 +25,7 @@ from perfdoctor.capture.probes.dataparallel import DataParallelProbe
 from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
 from perfdoctor.capture.probes.forward import ForwardProbe
 from perfdoctor.capture.probes.holders import HolderScanner
+from perfdoctor.capture.probes.host_reads import HostReadProbe
 from perfdoctor.capture.window import Window
 from perfdoctor.capture.writer import RunWriter
 from perfdoctor.contracts.run import Exit, Meta, Probes
@@ -52,13 +53,15 @@ class Recorder:
         self.anomaly = AnomalyProbe(torch, self.errors)
         self.dataparallel = DataParallelProbe(torch, self.errors)
         self.holders = HolderScanner(torch)
+        self.host_reads = HostReadProbe(torch, self.clock, self.errors)
         self.window = self._new_window()
         self.pid = os.getpid()
         self.main_ident = threading.get_ident()
         self.finalised = False
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
-        self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel)
+        self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
+                        self.host_reads)
 
     @property
     def stopping(self) -> bool:
@@ -97,6 +100,7 @@ class Recorder:
     def _on_step(self, i: int) -> None:
         self.forward.end_step()
         self.dataloader.end_step()
+        self.host_reads.end_step()
         if i <= CUDA_PROBE_STEPS:
             self._early(i)
         if i >= self.window.next_at:
@@ -106,11 +110,12 @@ class Recorder:
         if i == 1:
             cuda = bool(self.torch.cuda.is_initialized())  # decided now: the script may set CUDA env first
             self.clock.cuda_memory = cuda
+            self.host_reads.cuda_run = cuda
             if cuda:
                 self.cuda_batches.install()
         if i == FWD_GLOBAL_STEPS:
             self.forward.to_roots()
-        if i <= SCAN_STEPS and not self.window.active_now:
+        if i <= SCAN_STEPS and self.window.state in ("wait", "done"):  # never inside a profiled step
             self.holders.scan(i, sys._getframe())
         if i == CUDA_PROBE_STEPS and self.cuda_batches.active:
             self.cuda_batches.uninstall()
@@ -121,6 +126,7 @@ class Recorder:
     def _on_merge(self) -> None:
         """A stronger step clock took over: what was counted by steps starts again."""
         self.dataloader.merge_steps()
+        self.host_reads.merge_steps()
         if self.window.state != "wait":
             self.window.discard()
         self.window = self._new_window()
@@ -156,9 +162,11 @@ class Recorder:
         if self.clock.kind is None or not steps:  # no step clock: the whole run is one span
             steps = [self.clock.whole_run(end)]
             self.dataloader.whole_run()
+            self.host_reads.whole_run()
         probes = Probes(dataloaders=self.dataloader.records(), dataparallel=self.dataparallel.records(),
                         empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
-                        forward=self.forward.records(), loss_holders=self.holders.records())
+                        forward=self.forward.records(), loss_holders=self.holders.records(),
+                        host_reads=self.host_reads.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb)

@@ -158,10 +158,6 @@ class Window:
             self.error = f"{type(e).__name__}: {e}"
             self._abort()
 
-    @property
-    def active_now(self) -> bool:
-        return self.state == "active"
-
     def _start_profiler(self) -> None:
         tp = self.torch.profiler
         acts = [tp.ProfilerActivity.CPU]

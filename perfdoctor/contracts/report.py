@@ -79,6 +79,7 @@ class LocationDoc(msgspec.Struct):
 class SavingDoc(msgspec.Struct):
     ms_per_step: float
     fraction_of_step: float | None = None
+    range_ms: list[float] | None = None  # [p25, p75] of the saving evaluated step by step
 
 
 class FixDoc(msgspec.Struct):

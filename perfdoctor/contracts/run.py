@@ -184,6 +184,14 @@ class LossHolderRecord(Struct, kw_only=True):
     numel: int | None = None
 
 
+class HostReadRecord(Struct, kw_only=True):
+    """A line of the user's code that reads tensors on the host (.item(), .cpu(), print, ...)."""
+    site: Site | None = None
+    kind: str | None = None  # item | cpu | numpy | tolist | float | int | bool | print
+    device: str | None = None  # the device of the first tensor read there
+    counts_per_step: list[int] = []  # reads per step, step i at index i - 1
+
+
 class Probes(Struct, kw_only=True):
     dataloaders: list[DataLoaderRecord] = []
     dataparallel: list[DataParallelRecord] = []
@@ -191,6 +199,7 @@ class Probes(Struct, kw_only=True):
     anomaly: list[AnomalyRecord] = []
     forward: list[ForwardRecord] = []
     loss_holders: list[LossHolderRecord] = []
+    host_reads: list[HostReadRecord] = []
 
 
 # -- hotspots.json -----------------------------------------------------------------------------

@@ -45,9 +45,11 @@ class Subject:
     facts: dict[str, Fact] = field(default_factory=dict)
     locations: list[Location] = field(default_factory=list)
 
-    def add(self, name: str, value: Any, unit: str = "", source: str = "run", detail: str = "") -> None:
+    def add(self, name: str, value: Any, unit: str = "", source: str = "run", detail: str = "",
+            per_step: tuple[float, ...] = ()) -> None:
         """Record a fact of this subject (`name` with or without the kind's prefix), unless a fact of
-        that name from a source it does not supersede is already there. `None` records nothing."""
+        that name from a source it does not supersede is already there. `None` records nothing.
+        `per_step`: its value at each steady-state step (`Fact.per_step`)."""
         if value is None:
             return
         if not name.startswith(self.kind + "."):
@@ -56,7 +58,7 @@ class Subject:
         _check_source(source)
         old = self.facts.get(name)
         if old is None or supersedes(source, old.source):
-            self.facts[name] = Fact(name, value, unit, source, detail)
+            self.facts[name] = Fact(name, value, unit, source, detail, tuple(per_step))
 
     def merge(self, other: Subject) -> None:
         """Take in the facts of `other`, a second view of the same site (the trace's, found to be on
@@ -80,16 +82,18 @@ class Facts:
         self.subjects: dict[str, list[Subject]] = {}
 
     # -- global facts --------------------------------------------------------------------
-    def add(self, name: str, value: Any, unit: str = "", source: str = "run", detail: str = "") -> None:
+    def add(self, name: str, value: Any, unit: str = "", source: str = "run", detail: str = "",
+            per_step: tuple[float, ...] = ()) -> None:
         """Record a global fact, unless a fact of that name from a source it does not supersede is
-        already there. `None` means "not measured" and records nothing."""
+        already there. `None` means "not measured" and records nothing. `per_step`: its value at
+        each steady-state step (`Fact.per_step`)."""
         if value is None:
             return
         check_declared(name, GLOBAL)
         _check_source(source)
         old = self._facts.get(name)
         if old is None or supersedes(source, old.source):
-            self._facts[name] = Fact(name, value, unit, source, detail)
+            self._facts[name] = Fact(name, value, unit, source, detail, tuple(per_step))
 
     def get(self, name: str) -> Fact | None:
         return self._facts.get(name)

@@ -53,10 +53,12 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
      "steps on which the probes looked for retained losses (PD006 then trusts the run over the source)"),
     ("step.time_ms", "ms", "run/trace", "median step over the steady-state steps"),
     ("step.time_p90_ms", "ms", "run/trace", "90th percentile step over the steady-state steps"),
-    ("step.data_ms", "ms", "run/trace", "median data loading per step (the parts add up to about step.time_ms)"),
-    ("step.forward_ms", "ms", "run/trace", "median forward per step (a trace: CPU traces only)"),
-    ("step.backward_ms", "ms", "run/trace", "median backward per step (a trace: CPU traces only)"),
-    ("step.optimizer_ms", "ms", "run/trace", "median optimizer step (a trace: CPU traces only)"),
+    ("step.data_ms", "ms", "run/trace", "data loading per step (the parts add up to step.time_ms; a run: mean share x median step, a trace: median)"),
+    ("step.forward_ms", "ms", "run/trace", "forward per step (a run: mean share x median step; a trace: median, CPU traces only)"),
+    ("step.backward_ms", "ms", "run/trace", "backward per step (a run: mean share x median step; a trace: median, CPU traces only)"),
+    ("step.optimizer_ms", "ms", "run/trace", "optimizer step, without the closure's forward and backward (a run: mean share x median step; a trace: median, CPU traces only)"),
+    ("step.gpu_compute_ms", "ms", "run", "a CPU run of a CUDA script: the step's measured compute (step less data "
+                                          "loading) / GPU_SPEEDUP, what a GPU would need"),
     ("step.other_ms", "ms", "run/trace", "step time in none of the other parts"),
     ("step.gpu_kernel_ms", "ms", "trace", "GPU compute kernels per step (communication left out)"),
     ("step.memcpy_ms", "ms", "trace", "GPU copies per step"),
@@ -130,6 +132,9 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("wait_ms", "ms", "run/trace", "median time per step the loop waits in its __next__"),
         ("wait_mean_ms", "ms", "run", "mean time per step the loop waits in its __next__"),
         ("wait_fraction", "ratio", "run/trace", "wait_ms / step time"),
+        ("load_ms", "ms", "run", "num_workers=0: loading one step's batches in the training process (mean wait)"),
+        ("gpu_wait_fraction", "ratio", "run", "a CPU run of a CUDA script: load_ms / (load_ms + step.gpu_compute_ms), "
+                                              "the share of a GPU step spent loading"),
         ("feeds_cuda", "bool", "run/static", "its batches are moved to a CUDA device (absent, never False, "
                                                "in a static read without a move)"),
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),
@@ -170,6 +175,11 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
     "sync": _declare("sync", [
         ("count_per_step", "count", "trace", "syncs per step at this line (python stacks name it)"),
         ("ms", "ms", "trace", "time blocked in syncs at this line, per step"),
+    ]),
+    "host_read": _declare("host_read", [
+        ("kind", "str", "run/static", "how the value is read to the host: item, cpu, numpy, tolist, float, int, print"),
+        ("count_per_step", "count", "run", "reads at this line per training step"),
+        ("in_loop", "bool", "static", "in the training loop (a loop that runs backward), not behind a periodic guard"),
     ]),
     "anomaly": _declare("anomaly", [
         ("enabled", "bool", "run", "set_detect_anomaly(True) / detect_anomaly() seen here"),

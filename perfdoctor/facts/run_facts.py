@@ -14,11 +14,16 @@ import msgspec
 
 from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Site, Step, Steps, Window, Workers, decode
 from perfdoctor.errors import InputError
-from perfdoctor.facts.model import Facts
+from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.model import Hotspot, Location
 from perfdoctor.stats import breakdown, breakdown_rows, quantile, steady_steps, step_series, step_time_summary
 from perfdoctor.stats import median as median_of
 
+# How much faster a GPU runs a training step's forward, backward and optimizer than this machine's
+# CPU cores, for projecting a CPU run of a CUDA script onto a GPU (PD002). Small CNNs, MLPs and
+# transformers train 10-50x faster on a current GPU than on a few CPU cores; the low end is taken,
+# so the projected GPU step is long and a data stall is only projected where it is clear.
+GPU_SPEEDUP = 10.0
 LOSS_SCAN_STEPS = 30  # capture looks for retained losses on the first steps only (capture/recorder.py)
 CLOCKS = {"optimizer": "optimizer", "backward": "backward", "dataloader": "dataloader", "none": "whole-run"}
 CATEGORIES = (("data loading", "data_ms"), ("forward", "forward_ms"), ("backward", "backward_ms"),
@@ -96,6 +101,49 @@ def memory_growth(steady: list[dict]) -> float | None:
     if slope > 0 and r2 >= 0.7 and total >= 1 << 20:
         return slope
     return None
+
+
+def _part(step: dict[str, Any], key: str) -> float:
+    """A step's time in one part (ms), never more than the step."""
+    return min(step.get(key) or 0.0, step["wall_ms"])
+
+
+def composition(steady: list[dict[str, Any]], median: float) -> dict[str, float]:
+    """Where the median step goes: each part's mean share of the steady steps (every step's parts
+    as shares of its own time, scaled down where a step's parts exceed it), times the median step;
+    "other" is the rest. Shares add up step by step, so the parts add up to the median step and
+    "other" is only the time no part measured, also when a part is bimodal (a loader that delivers
+    every few steps: per-part medians miss it and do not add up). Each step weighs the same, so a
+    single slow step (a checkpoint, a collection) moves the shares by 1/n at most."""
+    shares = dict.fromkeys((cat for cat, _ in CATEGORIES), 0.0)
+    n = 0
+    for s in steady:
+        wall = s["wall_ms"]
+        if wall <= 0:
+            continue
+        parts = {cat: _part(s, k) / wall for cat, k in CATEGORIES}
+        scale = min(1.0, 1.0 / (sum(parts.values()) or 1.0))
+        for cat, v in parts.items():
+            shares[cat] += v * scale
+        n += 1
+    return breakdown({cat: median * v / n if n else 0.0 for cat, v in shares.items()}, median)
+
+
+def _project_to_gpu(facts: Facts, s: Subject, load: float, step: float, env: Env) -> None:
+    """A loader with num_workers=0: the loop's wait in its __next__ is the cost of loading the batch
+    (`load_ms`, the mean: every step pays it). On a CPU run, what a GPU would see: the step's
+    compute (the step less that loading) divided by GPU_SPEEDUP, and the share of such a GPU step
+    the loading would take (PD002 judges it for scripts that target CUDA)."""
+    s.add("load_ms", load, "ms", detail="mean wait in DataLoader __next__ with num_workers=0 over the steady steps")
+    if env.device != "cpu":
+        return
+    gpu = max(0.0, step - load) / GPU_SPEEDUP
+    facts.add("step.gpu_compute_ms", gpu, "ms",
+              detail=f"(median step {step:.1f} ms - data loading {load:.1f} ms) on this CPU / {GPU_SPEEDUP:g}, "
+                     "the low end of a GPU's speed-up over a few CPU cores")
+    if load + gpu > 0:
+        s.add("gpu_wait_fraction", load / (load + gpu), "ratio",
+              detail=f"load_ms / (load_ms + projected GPU compute {gpu:.1f} ms)")
 
 
 def _machine(facts: Facts, env: Env) -> None:
@@ -250,6 +298,30 @@ def _hotspots(hs: Hotspots) -> list[Hotspot]:
     return out
 
 
+HOST_READ_ORDER = ("item", "cpu", "tolist", "numpy", "float", "int", "bool", "print")
+
+
+def _host_reads(facts: Facts, probes: Probes, steady_idx: list[int]) -> None:
+    """One `host_read` subject per line of the user's code that read tensors on the host in the
+    steady steps: its reads per step (the mean over the steady steps) and how. Several kinds on one
+    line (`loss.cpu().numpy()`) are one value read once: the line counts its most frequent kind."""
+    per_line: dict[tuple[str, int], list[tuple[float, str, Site]]] = {}
+    for r in probes.host_reads:
+        if r.site is None or not r.kind or not steady_idx:
+            continue
+        counts = r.counts_per_step
+        mean = sum(counts[i] for i in steady_idx if 0 <= i < len(counts)) / len(steady_idx)
+        if mean > 0:
+            per_line.setdefault((r.site.file, r.site.line), []).append((mean, r.kind, r.site))
+    for rows in per_line.values():
+        mean, kind, site = max(rows, key=lambda x: (x[0], -HOST_READ_ORDER.index(x[1])
+                                                      if x[1] in HOST_READ_ORDER else -99))
+        s = _subject(facts, "host_read", site)
+        if s is not None:
+            s.add("kind", kind)
+            s.add("count_per_step", mean, "count", detail=f"mean over {len(steady_idx)} steady steps")
+
+
 def load_run(run_dir: Path) -> RunData:
     run_dir = Path(run_dir)
     meta, raw_meta = _read_meta(run_dir)
@@ -282,15 +354,14 @@ def load_run(run_dir: Path) -> RunData:
         p90 = quantile(walls, 0.9)
         summary["step_time_ms"] = step_time_summary(walls)
         summary["steady_steps"] = [steady[0]["i"], steady[-1]["i"]]
-        facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps")
         facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {len(walls)} steady-state steps")
-        # per-part medians (robust to noisy steps), scaled down if together they exceed the median step
-        # (`or 0.0` never applies: steady is not empty)
-        split = breakdown({cat: median_of([min(s.get(k) or 0.0, s["wall_ms"]) for s in steady]) or 0.0
-                           for cat, k in CATEGORIES}, median)
+        split = composition(steady, median)
         summary["breakdown"] = breakdown_rows(split, median)
+        facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps",
+                  per_step=tuple(walls))
         for cat, k in CATEGORIES:
-            facts.add(f"step.{k}", split[cat], "ms", detail="median over steady-state steps")
+            facts.add(f"step.{k}", split[cat], "ms", detail=f"mean share of {len(walls)} steady-state steps "
+                      "x the median step", per_step=tuple(_part(s, k) for s in steady))
         facts.add("step.other_ms", split["other"], "ms", detail="step time not in data, forward, backward, optimizer")
     if steps:  # every step of the run, for the charts: which were steady, which the profiler held
         summary["step_series"] = step_series([s["wall_ms"] for s in steps], [s["i"] for s in steady],
@@ -332,10 +403,16 @@ def load_run(run_dir: Path) -> RunData:
         ws = [waits[i] for i in steady_idx if 0 <= i < len(waits)]
         if ws and dl.batches:
             w = statistics.median(ws)
-            s.add("wait_ms", w, "ms", detail=f"median time in DataLoader __next__ over {len(ws)} steady steps")
+            aligned = len(ws) == len(steady)  # a per-step series only where it covers every steady step
+            s.add("wait_ms", w, "ms", detail=f"median time in DataLoader __next__ over {len(ws)} steady steps",
+                  per_step=tuple(ws) if aligned else ())
             s.add("wait_mean_ms", statistics.fmean(ws), "ms")
             if median:
-                s.add("wait_fraction", w / median, "ratio", detail="wait_ms / step.time_ms")
+                s.add("wait_fraction", w / median, "ratio", detail="wait_ms / step.time_ms",
+                      per_step=tuple(x / st["wall_ms"] if st["wall_ms"] > 0 else 0.0 for x, st in zip(ws, steady))
+                      if aligned else ())
+        if ws and dl.batches and kw.num_workers == 0 and median is not None:
+            _project_to_gpu(facts, s, statistics.fmean(ws), median, env)
         if on_cuda:
             s.add("feeds_cuda", dl.to_cuda, detail="a batch was moved to a CUDA device")
             s.add("non_blocking", dl.non_blocking)
@@ -383,6 +460,8 @@ def load_run(run_dir: Path) -> RunData:
         if growth is not None:
             s.add("growth_bytes_per_step", growth, "bytes",
                   detail="memory slope of the whole process" + (" (shared by all holders)" if len(holders) > 1 else ""))
+
+    _host_reads(facts, probes, steady_idx)
 
     # -- notes --------------------------------------------------------------------------------------
     n = len(run_steps) if clock != "whole-run" else 0

@@ -119,6 +119,9 @@ def _cost(f: Finding) -> Text:
     if f.ms_per_step is None:
         return Text("cost not measured here", style="dim")
     t = Text(f"saves ~{_ms(f.ms_per_step)}/step", style="bold green")
+    if f.saving_range is not None:
+        lo, hi = f.saving_range
+        t.append(f" ({_ms(lo)}–{_ms(hi)} across steps)", style="green")
     if f.fraction_of_step is not None:
         t.append(f" ({f.fraction_of_step:.0%} of the step)", style="green")
     return t

@@ -14,6 +14,7 @@ from perfdoctor.model import Fact, Finding, Fix
 from perfdoctor.rules.catalog import TEMPLATE_RE, Rule, split_placeholder
 from perfdoctor.rules.config import Settings
 from perfdoctor.rules.expr import Missing, evaluate, names_in
+from perfdoctor.stats import quantile
 
 IGNORE_RE = re.compile(r"#\s*perfdoctor:\s*ignore(?:\[([A-Za-z0-9_,\s-]+)\])?")
 SOURCE_WORDS = {"run": "measured in this run", "trace": "measured in this trace"}
@@ -129,6 +130,33 @@ def _fix(rule: Rule, subject: Subject | None, lookup: Callable[[str], Any]) -> F
     return None
 
 
+MIN_RANGE_STEPS = 4  # fewer steady steps give no saving range
+
+
+def saving_range(expr: str, names: set[str], facts: Facts, subject: Subject | None,
+                 lookup: Callable[[str], Any]) -> tuple[float, float] | None:
+    """The saving's spread: `expr` evaluated at each steady-state step, with every fact that has a
+    per-step series (`Fact.per_step`) read at that step and the others at their value; p25..p75 of
+    those per-step savings (each floored at 0). None where no fact in it has a series."""
+    series = {n: f.per_step for n in names if (f := _fact(facts, subject, n)) is not None and f.per_step}
+    lengths = {len(v) for v in series.values()}
+    if len(lengths) != 1 or (n := lengths.pop()) < MIN_RANGE_STEPS:
+        return None  # no series, or series of different steps: no per-step reading
+    values: list[float] = []
+    for k in range(n):
+        def at(name: str, k: int = k) -> Any:
+            return series[name][k] if name in series else lookup(name)
+        try:
+            v = evaluate(expr, at)
+        except (Missing, RuleError):
+            continue
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
+            values.append(max(0.0, float(v)))
+    if len(values) < MIN_RANGE_STEPS:
+        return None
+    return quantile(values, 0.25), quantile(values, 0.75)
+
+
 def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dict[str, Any]) -> Finding | None:
     lookup = make_lookup(facts, subject, thresholds)
     try:
@@ -140,6 +168,7 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
         raise RuleError(f"rule {rule.id}: {e.message}") from None
 
     ms: float | None = None
+    spread: tuple[float, float] | None = None
     basis = render_template(rule.unmeasured, lookup) if rule.unmeasured else "not estimated"
     saving_names: set[str] = set()
     if rule.saving_ms:
@@ -160,6 +189,8 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
         basis = " and ".join(words) if words else "estimated from machine facts"
         if rule.saving_note:
             basis += f": {rule.saving_note}"
+        if rule.saving_ms:
+            spread = saving_range(rule.saving_ms, saving_names, facts, subject, lookup)
 
     used = names_in(rule.when) | saving_names | set(rule.evidence)
     evidence = [f for n in sorted(used) if not n.startswith("threshold.") and (f := _fact(facts, subject, n))]
@@ -172,7 +203,7 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
         why=rule.doc.why.strip(), ms_per_step=ms, fraction_of_step=frac, saving_basis=basis,
         confidence=_confidence(sources), locations=list(subject.locations) if subject else [],
         evidence=evidence, fix=_fix(rule, subject, lookup), references=list(rule.doc.references),
-        subject=subject.key if subject else "",
+        subject=subject.key if subject else "", saving_range=spread,
     )
     return None if suppressed(finding) else finding
 

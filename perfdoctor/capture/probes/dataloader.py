@@ -93,10 +93,12 @@ class DataLoaderProbe:
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             orig_init(loader, *args, **kwargs)
             if "_pd_rec" not in loader.__dict__:
+                t = clock.pc()
                 try:
                     probe._on_loader(loader, sys._getframe(1))
                 except Exception as e:  # noqa: BLE001
                     probe.err("dataloader", e)
+                clock.exclude(t)  # a loader built every epoch: its site lookup is not the step's time
 
         self.patches.replace(dl._BaseDataLoaderIter, "__next__", __next__)
         self.patches.replace(dl.DataLoader, "__iter__", __iter__)
