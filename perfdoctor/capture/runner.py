@@ -278,7 +278,7 @@ def _finish_meta(run_dir: Path, target: str, module: bool, argv: list[str], code
 
 
 def _rate_text(rate: float) -> str:
-    if rate >= 10:
+    if rate >= 9.95:  # what would round to 10.0
         return f"{rate:.0f} steps/s"
     if rate >= 1:
         return f"{rate:.1f} steps/s"
