@@ -217,27 +217,30 @@ def test_kill_tree_kills_the_processes_under_the_child() -> None:
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 def test_child_whose_parent_is_already_gone_exits_at_once() -> None:
-    code = "from perfdoctor.capture.child import die_with_parent; die_with_parent(1); print('still here')"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that has ended (and was reaped)
+    code = f"from perfdoctor.capture.child import die_with_parent; die_with_parent({gone.pid}); print('still here')"
     p = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True, timeout=60)
     assert p.returncode == 128 + signal.SIGKILL and "still here" not in p.stdout
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
-def test_child_dies_with_its_parent() -> None:
-    # parent: starts the "child" (die_with_parent, then sleeps), prints its pid, then is killed with -9
+@pytest.mark.parametrize("wrapper", [False, True])
+def test_child_dies_with_its_parent(wrapper: bool) -> None:
+    # parent: starts the "child" (die_with_parent, then sleeps), prints its pid, then is killed with -9;
+    # with a wrapper, a shell forks the child: its parent is the shell, which lives on
     child = ("import os, sys, time; from perfdoctor.capture.child import die_with_parent; "
-             "print(die_with_parent(int(sys.argv[1])), flush=True); time.sleep(60)")
-    parent = ("import os, subprocess, sys, time; "
-              f"c = subprocess.Popen([sys.executable, '-c', {child!r}, str(os.getpid())]); "
-              "print(c.pid, flush=True); time.sleep(60)")
+             "print(os.getpid(), die_with_parent(int(sys.argv[1])), flush=True); time.sleep(60)")
+    start = (f"['sh', '-c', '\"$0\" -c \"$1\" \"$2\"; true', sys.executable, {child!r}, str(os.getpid())]"
+             if wrapper else f"[sys.executable, '-c', {child!r}, str(os.getpid())]")
+    parent = f"import os, subprocess, sys, time; c = subprocess.Popen({start}); time.sleep(60)"
     p = subprocess.Popen([sys.executable, "-c", parent], env=_env(), stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None
-    pid = int(p.stdout.readline())
-    how = p.stdout.readline().strip()
-    assert how == ("prctl" if sys.platform.startswith("linux") else "watchdog")
+    pid, how = p.stdout.readline().split()
+    assert how == ("prctl" if sys.platform.startswith("linux") and not wrapper else "watchdog")
     p.kill()
     p.wait(timeout=10)
-    _wait_for(lambda: not _alive(pid), timeout=10)
+    _wait_for(lambda: not _alive(int(pid)), timeout=10)
 
 
 # -- end to end: real scripts under `perfdoctor run` -----------------------------------------------

@@ -53,10 +53,21 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: it exists
+        pass
+    return True
+
+
 def die_with_parent(parent_pid: int) -> str:
     """Make this process end when perfdoctor (`parent_pid`) does, however it ends (`kill -9`
     included). Linux: the kernel sends SIGKILL at the parent's death (prctl PR_SET_PDEATHSIG);
-    elsewhere a daemon thread checks the parent every second. Returns which ("prctl" or "watchdog")."""
+    elsewhere, or where the interpreter was started through a wrapper that is our parent instead,
+    a daemon thread checks every second. Returns how ("prctl" or "watchdog")."""
     how = "watchdog"
     if sys.platform.startswith("linux"):
         try:
@@ -65,18 +76,20 @@ def die_with_parent(parent_pid: int) -> str:
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
                 how = "prctl"
-        except (OSError, AttributeError):  # no libc prctl (musl without it, a sandbox): the thread
+        except (OSError, AttributeError):  # no libc prctl (a sandbox): the thread does it
             pass
-    if os.getppid() != parent_pid:  # perfdoctor died before the line above: nobody is left to wait
+    ppid = os.getppid()
+    if ppid != parent_pid and not _exists(parent_pid):  # perfdoctor died before the lines above
         os._exit(128 + signal.SIGKILL)
-    if how == "watchdog":
+    if how == "watchdog" or ppid != parent_pid:
 
         def watch() -> None:
-            while os.getppid() == parent_pid:
+            while os.getppid() == ppid and _exists(parent_pid):
                 time.sleep(1.0)
             os.kill(os.getpid(), signal.SIGKILL)
 
         threading.Thread(target=watch, name="perfdoctor-parent-watchdog", daemon=True).start()
+        how = "watchdog"
     return how
 
 
