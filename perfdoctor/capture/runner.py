@@ -3,7 +3,9 @@
 Never imports torch. The script runs in a child process (`python -m perfdoctor.capture.child`),
 so its `sys.exit`, crash, `os._exit`, signals and DataLoader workers cannot take perfdoctor down.
 The script's stdout/stderr are the child's own file descriptors (inherited, no pipes: orphaned
-DataLoader workers that keep them open cannot make us hang).
+DataLoader workers that keep them open cannot make us hang). The child dies with perfdoctor (see
+`child.die_with_parent`); signals to perfdoctor reach it once each, then it is killed (`_wait`).
+While it runs, a status line on stderr reads its steps.partial.jsonl (`Progress`, `_Status`).
 """
 
 from __future__ import annotations
