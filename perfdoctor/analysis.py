@@ -7,13 +7,16 @@ Never imports torch: the script runs in the child process that capture.runner st
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import os
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfdoctor.capture.runner import RunResult, run_script
+from perfdoctor.capture.runner import RunResult, clear_run_files, run_script
 from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.gate.baseline import load_baseline, record_from_run_dir, slow_outlier_runs
@@ -249,6 +252,72 @@ def write_run_reports(report: Report, run_dir: Path) -> None:
     --format."""
     (run_dir / "report.json").write_text(jsonfmt.render_report(report), encoding="utf-8")
     (run_dir / "report.html").write_text(html.render_report(report), encoding="utf-8")
+
+
+def check_writable(path: Path, option: str) -> None:
+    """`path` (given as `option`: --output, --save-baseline) can be written: checked before anything
+    runs, so that a typo does not lose the report after minutes of running. Missing parent folders
+    are made (as writing it would); the file is opened for appending, never truncated, and removed
+    again if this made it. One InputError line (exit 2) when it cannot be written."""
+    path = Path(os.path.abspath(path))
+    if path.is_dir():
+        raise InputError(f"{option} {path}: is a folder, give a file name")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise InputError(f"{option} {path}: cannot write it ({e.strerror or e})") from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+def _previous_runs(out_dir: Path) -> list[Path]:
+    """The run folders a previous `perfdoctor run --out-dir out_dir` left: itself, or its repeat-N."""
+    return [d for d in (out_dir, *sorted(out_dir.glob("repeat-*"))) if (d / "meta.json").is_file()]
+
+
+@contextlib.contextmanager
+def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Path | None]:
+    """`--out-dir` for the whole of one `perfdoctor run` (every repeat): made absolute (the script may
+    change directory) and created, then locked (flock on the folder, released when the run ends or
+    perfdoctor dies), so that a second perfdoctor on the same folder stops with one line instead of
+    writing over the first one's files. A folder that holds a previous run is refused, unless
+    `overwrite`: then that run's files (perfdoctor's own, nothing else) are removed first. Without
+    --out-dir every run gets a fresh folder of its own: nothing to claim."""
+    if out_dir is None:
+        yield None
+        return
+    out_dir = Path(os.path.abspath(out_dir))
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out_dir, os.O_RDONLY)
+    except OSError as e:
+        raise InputError(f"--out-dir {out_dir}: cannot create it ({e.strerror or e})") from None
+    try:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock, the previous-run check still holds
+            pass
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise InputError(f"--out-dir {out_dir}: another perfdoctor run is writing there; "
+                                 f"give each run its own folder") from None
+        previous = _previous_runs(out_dir)
+        if previous and not overwrite:
+            raise InputError(f"--out-dir {out_dir}: holds a previous run; give another folder, "
+                             f"or --overwrite to replace it")
+        for d in previous:
+            clear_run_files(d)
+            if d != out_dir:
+                with contextlib.suppress(OSError):  # a repeat folder is removed when nothing else is in it
+                    d.rmdir()
+        yield out_dir
+    finally:
+        os.close(fd)
 
 
 def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: Path | None, steps: int | None,

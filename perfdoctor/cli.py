@@ -114,6 +114,7 @@ def run(
     fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Report format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
     out_dir: Path | None = typer.Option(None, "--out-dir", help="The run folder (default .perfdoctor/runs/...)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the previous run in --out-dir."),
     save_baseline: Path | None = typer.Option(None, "--save-baseline", help="Record a baseline to this file."),
     baseline: Path | None = typer.Option(None, "--baseline", help="Compare with this baseline (CI gate)."),
     max_regression: str = typer.Option("10%", "--max-regression", help="Slowdown that fails the gate."),
@@ -123,7 +124,7 @@ def run(
     fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
-    from perfdoctor.analysis import run_and_gate
+    from perfdoctor.analysis import check_writable, claim_out_dir, run_and_gate
 
     script_args = list(ctx.args)
     if module is not None and script is not None:
@@ -134,12 +135,17 @@ def run(
         raise PerfdoctorError("give a script (`perfdoctor run train.py`) or a module (`perfdoctor run -m pkg.train`)")
     if module is None and not Path(target).is_file():
         raise PerfdoctorError(f"{target}: no such script")
+    fraction = parse_fraction(max_regression)
+    for path, option in ((output, "--output"), (save_baseline, "--save-baseline")):
+        if path is not None:
+            check_writable(path, option)  # before minutes of running, not after
     human = FORMATS[fmt.value].console
-    outcome = run_and_gate(
-        target, module=module is not None, script_args=script_args,
-        out_dir=out_dir, steps=steps, script_stdout_to_stderr=not human and output is None,
-        show_status=human or output is not None, repeats=repeats, save_baseline=save_baseline, baseline=baseline,
-        max_regression=parse_fraction(max_regression), fail_on=fail_on.value if fail_on else None)
+    with claim_out_dir(out_dir, overwrite) as run_root:
+        outcome = run_and_gate(
+            target, module=module is not None, script_args=script_args,
+            out_dir=run_root, steps=steps, script_stdout_to_stderr=not human and output is None,
+            show_status=True, repeats=repeats, save_baseline=save_baseline, baseline=baseline,
+            max_regression=fraction, fail_on=fail_on.value if fail_on else None)
     for line in outcome.messages:
         sys.stderr.write(f"perfdoctor: {line}\n")
     if outcome.comparison is not None:
@@ -163,8 +169,10 @@ def compare(
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the comparison to this file."),
 ) -> None:
     """Compare two baselines or run reports; exit 1 on a regression."""
-    from perfdoctor.analysis import compare_paths
+    from perfdoctor.analysis import check_writable, compare_paths
 
+    if output is not None:
+        check_writable(output, "--output")
     c = compare_paths(base, current, parse_fraction(max_regression), fail_on.value if fail_on else None)
     _emit(fmt, output, comparison=c)
     _step_summary(c)
@@ -179,8 +187,10 @@ def report(
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
 ) -> None:
     """Analyse an existing torch.profiler trace or a run folder."""
-    from perfdoctor.analysis import analyse_path
+    from perfdoctor.analysis import analyse_path, check_writable
 
+    if output is not None:
+        check_writable(output, "--output")
     _emit(fmt, output, analyse_path(path))
 
 

@@ -1,8 +1,10 @@
-"""The child process: `python -m perfdoctor.capture.child --run-dir D [--steps N] [--module] TARGET -- ARGS`.
+"""The child process: `python -m perfdoctor.capture.child --run-dir D [--parent-pid P] [--steps N] [--module]
+TARGET -- ARGS`.
 
 Sets up `sys.argv` and `sys.path` as `python TARGET ARGS` (or `python -m TARGET ARGS`) would,
 installs the probes, runs the script as `__main__` (so spawn-started DataLoader workers find
-classes defined in it) and always finalises the run folder, whatever way the script ends.
+classes defined in it) and always finalises the run folder, whatever way the script ends. It dies
+with perfdoctor (`--parent-pid`): a `kill -9` of perfdoctor must not leave the script training on.
 """
 
 from __future__ import annotations
@@ -11,21 +13,28 @@ import os
 import runpy
 import signal
 import sys
+import threading
+import time
 import traceback
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from perfdoctor.capture.recorder import Recorder
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the perfdoctor package
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
-    opts: dict[str, Any] = {"steps": None, "module": False, "window": None}
+    opts: dict[str, Any] = {"steps": None, "module": False, "window": None, "parent_pid": None}
     rest = list(argv)
     while rest and rest[0].startswith("--") and rest[0] != "--":
         flag = rest.pop(0)
         if flag == "--run-dir":
             opts["run_dir"] = rest.pop(0)
+        elif flag == "--parent-pid":
+            opts["parent_pid"] = int(rest.pop(0))
         elif flag == "--steps":
             opts["steps"] = int(rest.pop(0))
         elif flag == "--window":
@@ -39,6 +48,49 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
         rest.pop(0)
     opts["args"] = rest
     return opts
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # someone else's process: it exists
+        pass
+    return True
+
+
+def die_with_parent(parent_pid: int) -> str:
+    """Make this process end when perfdoctor (`parent_pid`) does, however it ends (`kill -9`
+    included). Linux: the kernel sends SIGKILL at the parent's death (prctl PR_SET_PDEATHSIG);
+    elsewhere, or where the interpreter was started through a wrapper that is our parent instead,
+    a daemon thread checks every second. Returns how ("prctl" or "watchdog")."""
+    how = "watchdog"
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0:
+                how = "prctl"
+        except (OSError, AttributeError):  # no libc prctl (a sandbox): the thread does it
+            pass
+    ppid = os.getppid()
+    if ppid != parent_pid and not _exists(parent_pid):  # perfdoctor died before the lines above
+        os._exit(128 + signal.SIGKILL)
+    if how == "watchdog" or ppid != parent_pid:
+
+        def watch() -> None:
+            while os.getppid() == ppid and _exists(parent_pid):
+                time.sleep(1.0)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        threading.Thread(target=watch, name="perfdoctor-parent-watchdog", daemon=True).start()
+        how = "watchdog"
+    return how
 
 
 def _ours(filename: str) -> bool:
@@ -62,9 +114,25 @@ def _exit_code(e: SystemExit) -> int:
     return 1
 
 
+def _finalise(rec: Recorder, run_dir: Path, reason: str, code: int, tb: str | None) -> None:
+    """Write the run folder; a script that deleted it gets it back with what perfdoctor still holds
+    (steps, probes, meta: the files written before the deletion, the trace among them, are lost).
+    A folder that cannot be written is one line: the parent finalises what it can."""
+    try:
+        if not run_dir.is_dir():
+            run_dir.mkdir(parents=True, exist_ok=True)
+            print(f"perfdoctor: the script deleted its run folder {run_dir}; written again with what was "
+                  "still in memory (the files written before, the trace among them, are lost)", file=sys.stderr)
+        rec.finalise(reason, code, tb)
+    except OSError as e:
+        print(f"perfdoctor: cannot write the run folder {run_dir}: {e.strerror or e}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(sys.argv[1:] if argv is None else argv)
-    run_dir = Path(opts["run_dir"])
+    if opts["parent_pid"] is not None:
+        die_with_parent(opts["parent_pid"])
+    run_dir = Path(os.path.abspath(opts["run_dir"]))  # the script may change directory
     target, module = opts["target"], opts["module"]
     script = None if module else os.path.abspath(target)
     if script is None:
@@ -120,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(tb)
     if rec.stopping:  # finalised when --steps was reached; the script may have done more after
         code, reason = 0, "steps-reached"
-    rec.finalise(reason, code, tb)
+    _finalise(rec, run_dir, reason, code, tb)
     sys.stdout.flush()
     sys.stderr.flush()
     return code

@@ -3,7 +3,9 @@
 Never imports torch. The script runs in a child process (`python -m perfdoctor.capture.child`),
 so its `sys.exit`, crash, `os._exit`, signals and DataLoader workers cannot take perfdoctor down.
 The script's stdout/stderr are the child's own file descriptors (inherited, no pipes: orphaned
-DataLoader workers that keep them open cannot make us hang).
+DataLoader workers that keep them open cannot make us hang). The child dies with perfdoctor (see
+`child.die_with_parent`); signals to perfdoctor reach it once each, then it is killed (`_wait`).
+While it runs, a status line on stderr reads its steps.partial.jsonl (`Progress`, `_Status`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -27,7 +30,7 @@ from perfdoctor.errors import InputError
 
 _SI_KERNEL = 0x80  # siginfo si_code of a signal the kernel sent (the terminal's Ctrl-C)
 RUN_FILES = ("meta.json", "steps.json", "probes.json", "trace.json.gz", "hotspots.json", "profile.pstats",
-             "report.json", "steps.partial.jsonl")
+             "report.json", "report.html", "steps.partial.jsonl")
 
 
 @dataclass
@@ -38,16 +41,18 @@ class RunResult:
 
 
 def new_run_dir(target: str, module: bool, out_dir: Path | None, base: Path | None = None) -> Path:
-    """`out_dir` itself (emptied of old run files), else a fresh `.perfdoctor/runs/<stem>-<stamp>[-n]`."""
+    """`out_dir` itself (emptied of old run files), else a fresh `.perfdoctor/runs/<stem>-<stamp>[-n]`
+    under `base` (the current directory). Always absolute: the child gets it as it is, and a script
+    that changes directory must not lose its run folder. A folder that cannot be made is one
+    InputError line, before anything runs."""
     if out_dir is not None:
-        out_dir = Path(out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for f in RUN_FILES:
-            (out_dir / f).unlink(missing_ok=True)
+        out_dir = Path(os.path.abspath(out_dir))
+        _mkdir(out_dir, "the run folder", exist_ok=True)
+        clear_run_files(out_dir)
         return out_dir
     stem = target.rsplit(".", 1)[-1] if module else Path(target).stem
-    root = (base or Path.cwd()) / ".perfdoctor" / "runs"
-    root.mkdir(parents=True, exist_ok=True)
+    root = Path(os.path.abspath(base or Path.cwd())) / ".perfdoctor" / "runs"
+    _mkdir(root, "the run folder", exist_ok=True)
     name = f"{stem}-{datetime.now():%Y%m%d-%H%M%S}"
     for n in range(1, 1000):
         d = root / (name if n == 1 else f"{name}-{n}")
@@ -56,7 +61,26 @@ def new_run_dir(target: str, module: bool, out_dir: Path | None, base: Path | No
             return d
         except FileExistsError:
             continue
-    raise InputError(f"cannot create a run folder under {root}")
+        except OSError as e:
+            raise _cannot_make(d, "the run folder", e) from None
+    raise InputError(f"cannot create a run folder under {root}: 999 runs this second already")
+
+
+def clear_run_files(run_dir: Path) -> None:
+    """Remove a previous run's files from `run_dir` (perfdoctor's own files only, nothing else)."""
+    for f in RUN_FILES:
+        (run_dir / f).unlink(missing_ok=True)
+
+
+def _mkdir(path: Path, what: str, exist_ok: bool) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=exist_ok)
+    except OSError as e:
+        raise _cannot_make(path, what, e) from None
+
+
+def _cannot_make(path: Path, what: str, e: OSError) -> InputError:
+    return InputError(f"cannot create {what} {path} ({e.strerror or e}): give --out-dir DIR in a writable place")
 
 
 def _child_env() -> dict[str, str]:
@@ -70,7 +94,7 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def _last_step(partial: Path) -> int:
+def _last_step(partial: Path) -> Step | None:
     """The last step the child flushed (it appends one JSON line per step every half second)."""
     try:
         with open(partial, "rb") as f:
@@ -79,43 +103,99 @@ def _last_step(partial: Path) -> int:
             f.seek(max(0, size - 512))
             lines = f.read().splitlines()
     except OSError:
-        return 0
+        return None
     for line in reversed(lines):
         if line.startswith(b'{"i":'):
             try:
-                return msgspec.json.decode(line, type=Step).i
+                return msgspec.json.decode(line, type=Step)
             except msgspec.MsgspecError:  # a line cut short
                 continue
-    return 0
+    return None
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes under `pid` (its DataLoader workers, py-spy, whatever the script started), from
+    /proc; none where there is no /proc."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for e in entries:
+        try:
+            with open(f"/proc/{e}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])  # the name in brackets may hold anything
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(e))
+    found, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.append(c)
+            todo.append(c)
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the child and every process under it. The child shares perfdoctor's process group (a
+    terminal's Ctrl-C and the script's own reads from the terminal must keep working), so the group
+    cannot be killed: its processes are found first, then killed with it."""
+    below = _descendants(proc.pid)
+    proc.kill()
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:  # gone already
+            pass
+
+
+GRACE_S = 10.0  # after the first signal, the script's time to finish; the same again after SIGTERM
 
 
 def _wait(proc: subprocess.Popen, on_poll: Callable[[], None], on_start: Callable[[], None]) -> int:
     """Wait for the child; forward Ctrl-C / SIGTERM to it once. Returns how many we received.
 
-    `on_start` runs once the signals are set up (threads it starts inherit the blocked mask)."""
+    The first signal asks the child to stop as Ctrl-C does (SIGINT: it finalises the run folder); a
+    child still running GRACE_S later, or at a second signal, gets one SIGTERM; GRACE_S after that,
+    or at a third signal, it and its processes are killed. `on_start` runs once the signals are set
+    up (threads it starts inherit the blocked mask)."""
     received = 0
-    since = [0.0]  # when the first signal came
+    since = 0.0  # when the first signal came
+    termed = 0.0  # when SIGTERM was sent
+    killed = False
+
+    def terminate() -> None:
+        nonlocal termed
+        if not termed and proc.poll() is None:
+            termed = time.monotonic()
+            proc.terminate()
+
+    def kill() -> None:
+        nonlocal killed
+        if not killed and proc.poll() is None:
+            killed = True
+            _kill_tree(proc)
 
     def forward(sig: int, from_terminal: bool) -> None:
-        nonlocal received
+        nonlocal received, since
         received += 1
-        since[0] = since[0] or time.monotonic()
+        since = since or time.monotonic()
         if received >= 3:
-            proc.kill()
+            kill()
         elif received == 2:
-            proc.terminate()
+            terminate()
         elif not from_terminal and proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # the child finalises the run folder on SIGINT
 
     def escalate() -> None:
         # A child that ignores SIGINT (started with it ignored, or a script's own handler that
-        # keeps going) is asked with SIGTERM after 10 s and killed after 20 s.
-        if since[0] and proc.poll() is None:
-            waited = time.monotonic() - since[0]
-            if waited > 20:
-                proc.kill()
-            elif waited > 10 and received < 2:
-                proc.terminate()
+        # keeps going) gets one SIGTERM, then SIGKILL.
+        if since and proc.poll() is None:
+            now = time.monotonic()
+            if termed and now - termed > GRACE_S:
+                kill()
+            elif not termed and now - since > GRACE_S:
+                terminate()
 
     in_main = threading.current_thread() is threading.main_thread()
     sigs = {signal.SIGINT, signal.SIGTERM}
@@ -170,7 +250,9 @@ def _read_partial(partial: Path, clock: str) -> tuple[list[Step], str]:
 
 def _finish_meta(run_dir: Path, target: str, module: bool, argv: list[str], code: int, interrupted: bool,
                  wall_s: float) -> Meta:
-    """Make sure meta.json and steps.json exist: the child may have died before writing them."""
+    """Make sure meta.json and steps.json exist: the child may have died before writing them (or the
+    script deleted the run folder, and the child could not write it again)."""
+    _mkdir(run_dir, "the run folder", exist_ok=True)
     meta_path = run_dir / "meta.json"
     try:
         meta = decode(meta_path.read_bytes(), Meta, meta_path)
@@ -197,6 +279,118 @@ def _finish_meta(run_dir: Path, target: str, module: bool, argv: list[str], code
     return meta
 
 
+def _rate_text(rate: float) -> str:
+    if rate >= 9.95:  # what would round to 10.0
+        return f"{rate:.0f} steps/s"
+    if rate >= 1:
+        return f"{rate:.1f} steps/s"
+    return f"{1 / rate:.1f} s/step"
+
+
+def _duration(s: float) -> str:
+    if s < 1:
+        return "<1 s"
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 3600:
+        return f"{int(s // 60)} min {int(s % 60):02d} s"
+    return f"{int(s // 3600)} h {int(s % 3600 // 60):02d} min"
+
+
+class Progress:
+    """What the status line says while `run` is going: steps done, steps/s over the last RATE_WINDOW_S
+    of the script's own clock (the first steps are slower: warm-up, compilation), and an ETA when
+    the end is known: `--steps N`, else the end of the profiled window (the script may go on after
+    it, but the report's evidence is complete then)."""
+
+    RATE_WINDOW_S = 10.0
+
+    def __init__(self, steps_limit: int | None, window_end: int | None):
+        self.steps_limit = steps_limit
+        self.window_end = window_end
+        self.seen: deque[tuple[int, float]] = deque()  # (step, its end in the script's seconds)
+
+    def update(self, step: Step | None) -> bool:
+        """Take the last step flushed; True when it is a new one."""
+        if step is None or step.end_s is None:
+            return False
+        if self.seen and step.i < self.seen[-1][0]:
+            self.seen.clear()  # a stronger step clock took over: the count starts again
+        if self.seen and step.i == self.seen[-1][0]:
+            return False
+        self.seen.append((step.i, step.end_s))
+        while len(self.seen) > 2 and step.end_s - self.seen[1][1] >= self.RATE_WINDOW_S:
+            self.seen.popleft()
+        return True
+
+    @property
+    def rate(self) -> float | None:
+        if len(self.seen) < 2:
+            return None
+        (i0, t0), (i1, t1) = self.seen[0], self.seen[-1]
+        return (i1 - i0) / (t1 - t0) if t1 > t0 else None
+
+    def parts(self) -> list[str]:
+        if not self.seen:
+            return ["starting"]
+        i = self.seen[-1][0]
+        rate = self.rate
+        out = [f"step {i}/{self.steps_limit}" if self.steps_limit else f"step {i}"]
+        if rate:
+            out.append(_rate_text(rate))
+        if self.steps_limit:
+            if rate:
+                out.append(f"ETA {_duration(max(0, self.steps_limit - i) / rate)}")
+        elif self.window_end and i < self.window_end:
+            out.append(f"profiled window ends at step {self.window_end}"
+                       + (f", ETA {_duration((self.window_end - i) / rate)}" if rate else ""))
+        return out
+
+
+class _Status:
+    """The status line on stderr, never on stdout: on a terminal, rich's status updated in place;
+    elsewhere (a CI log) a plain line at most every LOG_EVERY_S, and only when a step was added."""
+
+    LOG_EVERY_S = 10.0
+
+    def __init__(self, target: str, partial: Path, progress: Progress):
+        self.target, self.partial, self.progress = target, partial, progress
+        self.tty = sys.stderr.isatty()
+        self.live = None
+        if self.tty:
+            from rich.console import Console
+
+            self.live = Console(stderr=True).status(f"perfdoctor: running {target}", spinner="dots")
+        self.read_at = 0.0
+        self.logged_at = time.monotonic()
+        self.changed = False
+
+    def start(self) -> None:
+        if self.live is not None:
+            self.live.start()
+
+    def stop(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+
+    def poll(self) -> None:
+        now = time.monotonic()
+        if now - self.read_at < 0.5:
+            return
+        self.read_at = now
+        self.changed |= self.progress.update(_last_step(self.partial))
+        if not self.changed:
+            return
+        if self.live is not None:
+            self.live.update(f"perfdoctor: running {self.target}: " + " · ".join(self.progress.parts()))
+            self.changed = False
+        elif now - self.logged_at >= self.LOG_EVERY_S:
+            self.logged_at = now
+            self.changed = False
+            sys.stderr.write(f"perfdoctor: running {self.target}: " + ", ".join(self.progress.parts()) + "\n")
+            sys.stderr.flush()
+
+
 def run_script(target: str, *, module: bool = False, script_args: list[str] | tuple[str, ...] = (),
                out_dir: Path | None = None, steps: int | None = None, script_stdout_to_stderr: bool = False,
                show_status: bool = False, window: tuple[int, int, int] | None = None) -> RunResult:
@@ -206,7 +400,7 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
     if steps is not None and steps < 1:
         raise InputError("--steps must be 1 or more")
     run_dir = new_run_dir(target, module, out_dir)
-    cmd = [sys.executable, "-m", "perfdoctor.capture.child", "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "perfdoctor.capture.child", "--run-dir", str(run_dir), "--parent-pid", str(os.getpid())]
     if steps:
         cmd += ["--steps", str(steps)]
     if window:
@@ -221,28 +415,16 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
         except (AttributeError, OSError, ValueError):
             stdout = 2
     status = None
-    if show_status and sys.stderr.isatty():
-        from rich.console import Console
+    if show_status:
+        from perfdoctor.capture.window import plan
 
-        status = Console(stderr=True).status(f"perfdoctor: running {target}", spinner="dots")
-    partial = run_dir / PARTIAL
-    last = [0, 0.0]
-
-    def on_poll() -> None:
-        if status is None:
-            return
-        now = time.monotonic()
-        if now - last[1] >= 0.5:
-            last[1] = now
-            n = _last_step(partial)
-            if n > last[0]:
-                last[0] = n
-                status.update(f"perfdoctor: running {target}: step {n}")
-
+        skip, warmup, active = plan(steps, window)
+        status = _Status(target, run_dir / PARTIAL, Progress(steps, skip + warmup + active))
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=_child_env(), stdout=stdout)
     try:
-        received = _wait(proc, on_poll, status.start if status is not None else lambda: None)
+        received = _wait(proc, status.poll if status is not None else lambda: None,
+                         status.start if status is not None else lambda: None)
     finally:
         if status is not None:
             status.stop()
