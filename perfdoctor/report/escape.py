@@ -140,7 +140,8 @@ def markdown_html(value: Any) -> str:
 
 def github_data(value: Any) -> str:
     """A workflow command's message: % CR LF become %25 %0D %0A (the runner's rules)."""
-    s = _CONTROL.sub("", _LINE_BREAK.sub("\n", "" if value is None else str(value)))
+    s = _CONTROL.sub(lambda m: m.group() if m.group() == "\r" else "", "" if value is None else str(value))
+    s = s.replace("\u2028", "\n").replace("\u2029", "\n")
     return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
