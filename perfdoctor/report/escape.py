@@ -17,10 +17,13 @@ perfdoctor writes into terminals, CI logs and GitHub step summaries, where input
   quote, list, table or fence) started by input, no link or image; code spans and fences from input
   are delimited by a backtick run longer than any inside them (`markdown_code`, `markdown_fence`);
   text inside a `<details>` block is HTML-escaped (`markdown_html`).
-- `github`: workflow-command data and properties escaped by the runner's rules.
+- `github`: workflow-command data and properties escaped by the runner's rules (and `##[` defused,
+  though the runner, having read the line as a `::` command, would not look for one).
 - JSON and SARIF: the JSON encoder escapes; `json_doc` drops the control characters first, so a
-  consumer that prints a field (`jq -r`) never writes them to a terminal.
-- HTML: `html.escape` of the cleaned text (`html_text`).
+  consumer that prints a field (`jq -r`) never writes them to a terminal, and `json_text` writes the
+  `#` of a `##[` as `\u0023` (the same string once decoded, inert in a log).
+- HTML: `html.escape` of the cleaned text, its line breaks and the `#` of a `##[` as character
+  references (the same page, and no line of the file starts with input: `html_text`).
 - the stderr error line (`error_line`): one line, whatever the message holds: controls are shown as
   visible escapes (`\\n`, `\\x1b`).
 
@@ -141,7 +144,7 @@ def markdown_html(value: Any) -> str:
 def github_data(value: Any) -> str:
     """A workflow command's message: % CR LF become %25 %0D %0A (the runner's rules)."""
     s = _CONTROL.sub(lambda m: m.group() if m.group() == "\r" else "", "" if value is None else str(value))
-    s = s.replace("\u2028", "\n").replace("\u2029", "\n")
+    s = defuse(s.replace("\u2028", "\n").replace("\u2029", "\n"))
     return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
 
 
@@ -164,11 +167,17 @@ def json_doc(doc: Any) -> Any:
     return doc
 
 
+def json_text(encoded: str) -> str:
+    """Encoded JSON with no `##[` in it (`##[` occurs only inside strings, where `\u0023` is `#`)."""
+    return encoded.replace("##[", "#\\u0023[")
+
+
 # --- HTML ----------------------------------------------------------------------------------------
 
 def html_text(value: Any) -> str:
     """Input text in the HTML page, in element content or a quoted attribute."""
-    return html.escape(clean(value, multiline=True), quote=True)
+    s = html.escape(clean(value, multiline=True), quote=True)
+    return s.replace("\n", "&#10;").replace("##[", "#&#35;[")
 
 
 # --- the stderr error line -----------------------------------------------------------------------

@@ -110,7 +110,7 @@ def render_report(report: Any) -> str:
                 out += [f"**Why:** {md(f['why'], multiline=True)}", ""]
             locs = f.get("locations") or []
             if locs and locs[0].get("code"):
-                out += [_code(f"{locs[0].get('file')}:{locs[0].get('line')}"), "", _fence(locs[0]["code"], "python"), ""]
+                out += [_code(f"{locs[0].get('file')}:{locs[0].get('line')}"), "", _fence(escape.clean(locs[0]["code"]), "python"), ""]
             fix = f.get("fix")
             if fix:
                 out += ["**Fix, for example:**" if fix.get("example") else "**Fix:**", ""]

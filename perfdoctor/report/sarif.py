@@ -159,8 +159,9 @@ def comparison_findings(comparison: Any) -> dict[str, Any]:
 
 
 def _text(doc: dict[str, Any]) -> str:
-    """The SARIF log as JSON, its strings without control characters (`escape.json_doc`)."""
-    return json.dumps(escape.json_doc(doc), indent=2, ensure_ascii=False) + "\n"
+    """The SARIF log as JSON, its strings without control characters (`escape.json_doc`,
+    `escape.json_text`)."""
+    return escape.json_text(json.dumps(escape.json_doc(doc), indent=2, ensure_ascii=False)) + "\n"
 
 
 def render_report(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> str:
