@@ -34,9 +34,9 @@ def _t(value: Any, style: str = "", multiline: bool = False) -> Text:
     return Text(escape.text(value, multiline), style=style)
 
 
-def _cell(value: Any) -> Text:
+def _cell(value: Any, multiline: bool = False) -> Text:
     """Input text in a table cell, highlighted as rich highlights a plain string there."""
-    return _HIGHLIGHT(_t(value, multiline=True))
+    return _HIGHLIGHT(_t(value, multiline=multiline))
 
 
 class CommandSafe:
@@ -246,10 +246,10 @@ def _report(report: Report) -> Group:
         main = [h for h in report.hotspots if h.process == "main"]
         workers = [h for h in report.hotspots if h.process != "main"]
         for h in main[:8] + workers[:4]:
-            lines = "\n".join(f"{escape.text(l['line'])}: {escape.text(l.get('code', ''))[:48]} ({l.get('share', 0):.0%})"
-                              for l in h.lines[:3])
-            name = f"{escape.text(h.function)} [DataLoader workers]" if h.process == "dataloader-workers" else h.function
-            t.add_row(_cell(name), _cell(f"{_short(h.file)}:{h.line}"), f"{h.ms_per_step:.2f}", _cell(lines))
+            lines = "\n".join(f"{escape.clean(l['line'])}: {escape.clean(l.get('code', ''))[:48]} ({l.get('share', 0):.0%})"
+                              for l in h.lines[:3])  # one line each: the line breaks are these
+            name = f"{h.function} [DataLoader workers]" if h.process == "dataloader-workers" else h.function
+            t.add_row(_cell(name), _cell(f"{_short(h.file)}:{h.line}"), f"{h.ms_per_step:.2f}", _cell(lines, multiline=True))
         parts.append(t)
     for n in report.notes:
         parts.append(_t(f"note: {n}", style="dim"))
