@@ -12,6 +12,7 @@ import typer
 from perfdoctor import __version__
 from perfdoctor.errors import EXIT_GATE_FAILED, EXIT_SCRIPT_FAILED, EXIT_USAGE, PerfdoctorError
 from perfdoctor.model import SEVERITIES
+from perfdoctor.report.escape import error_line
 from perfdoctor.report.formats import FORMATS, render
 
 _UsageError: type[Exception]
@@ -147,7 +148,7 @@ def run(
             show_status=True, repeats=repeats, save_baseline=save_baseline, baseline=baseline,
             max_regression=fraction, fail_on=fail_on.value if fail_on else None)
     for line in outcome.messages:
-        sys.stderr.write(f"perfdoctor: {line}\n")
+        _err(line)
     if outcome.comparison is not None:
         _step_summary(outcome.comparison)
     _emit(fmt, output, outcome.report, outcome.comparison)
@@ -248,8 +249,9 @@ def explain(rule: str = typer.Argument(..., help="A rule id (PD002) or name (dat
 
 
 def _err(msg: str) -> None:
-    """One line on stderr, never wrapped."""
-    sys.stderr.write(f"perfdoctor: {msg}\n")
+    """One line on stderr, never wrapped: line breaks and control characters in `msg` (a file name
+    from input, say) are shown as escapes (`escape.error_line`)."""
+    sys.stderr.write(f"perfdoctor: {error_line(msg)}\n")
     sys.stderr.flush()
 
 

@@ -13,7 +13,7 @@ import pytest
 from perfdoctor.contracts.baseline import GateFinding
 from perfdoctor.gate import RunRecord, compare
 from perfdoctor.model import Fact, Finding, Fix, Location, Report
-from perfdoctor.report import github, markdown, sarif
+from perfdoctor.report import escape, github, markdown, sarif
 
 SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-2.1.0.json").read_text())
 ROOT = Path("/repo")
@@ -102,8 +102,8 @@ def test_sarif_without_catalog_entry_or_location_still_valid(tmp_path):
 
 
 def test_github_escaping_rules():
-    assert github.escape_data("50% done\r\nnext") == "50%25 done%0D%0Anext"
-    assert github.escape_property("a:b,c%\n") == "a%3Ab%2Cc%25%0A"
+    assert escape.github_data("50% done\r\nnext") == "50%25 done%0D%0Anext"
+    assert escape.github_property("a:b,c%\n") == "a%3Ab%2Cc%25%0A"
     line = github.command("error", "x: y, z", file="src/a,b.py", line=3, title="PD002: slow, really")
     assert line == "::error file=src/a%2Cb.py,line=3,title=PD002%3A slow%2C really::x: y, z"
 

@@ -1,8 +1,9 @@
 """GitHub Actions workflow commands: annotations on the user's lines and a failed-gate error.
 
 Pure: takes a Report, a Comparison, or both (objects or dicts) and returns the command lines.
-Escaping follows the runner's rules: in the message, % CR LF become %25 %0D %0A; in a property
-value, also : and , become %3A and %2C.
+Every message and property value goes through `perfdoctor.report.escape` (`github_data`,
+`github_property`): control characters dropped, then the runner's rules: in the message, % CR LF
+become %25 %0D %0A; in a property value, also : and , become %3A and %2C.
 """
 
 from __future__ import annotations
@@ -11,21 +12,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.report.escape import github_data, github_property
+
 COMMAND = {"high": "error", "medium": "warning", "low": "notice"}
 MAX_ANNOTATIONS = 10  # GitHub shows at most 10 errors and 10 warnings per step
 
 
-def escape_data(s: str) -> str:
-    return s.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-
-
-def escape_property(s: str) -> str:
-    return escape_data(s).replace(":", "%3A").replace(",", "%2C")
-
-
 def command(kind: str, message: str, **props: Any) -> str:
-    parts = ",".join(f"{k}={escape_property(str(v))}" for k, v in props.items() if v not in (None, ""))
-    return f"::{kind}{' ' + parts if parts else ''}::{escape_data(message)}"
+    parts = ",".join(f"{k}={github_property(v)}" for k, v in props.items() if v not in (None, ""))
+    return f"::{kind}{' ' + parts if parts else ''}::{github_data(message)}"
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:

@@ -4,14 +4,14 @@ viewer. Renders only; never measures: every number comes from the Report, the ga
 and its run records.
 
 Every string that came from input (paths, trace and device names, code lines, finding and rule text)
-goes through `_e` (html.escape) before it reaches the page; numbers are formatted here. Key numbers
+goes through `_e` (`perfdoctor.report.escape.html_text`: control characters dropped, then
+html.escape) before it reaches the page; numbers are formatted here. Key numbers
 also sit in `<data value="...">` elements with the report's own unrounded value, so that a test (or
 a script) reads the page's numbers back and checks them against report.json.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from perfdoctor import __version__
 from perfdoctor.model import Finding, Hotspot, Report
+from perfdoctor.report import escape
 from perfdoctor.report.text import chart_top
 
 if TYPE_CHECKING:
@@ -41,7 +42,7 @@ VERDICT_CLASS = {"regression": "bad", "improvement": "good", "no-change": "", "i
 
 def _e(v: Any) -> str:
     """Text from input, safe in element content and in quoted attributes."""
-    return html.escape("" if v is None else str(v), quote=True)
+    return escape.html_text(v)
 
 
 def _ms(v: Any) -> str:
@@ -488,7 +489,7 @@ def _hotspot_table(hs: list[tuple[int, Hotspot]], top: float) -> str:
     rows = []
     for k, h in hs:
         w = 0 if top <= 0 else h.ms_per_step / top * 120
-        lines = "".join(f'<li><code>{l.get("line")}: {_e(l.get("code", ""))}</code> '
+        lines = "".join(f'<li><code>{_e(l.get("line"))}: {_e(l.get("code", ""))}</code> '
                         f'<span class="dim">({_e(_pct(l.get("share", 0)))})</span></li>' for l in h.lines[:3])
         ms = _data(f"hotspots.{k}.ms_per_step", round(h.ms_per_step, 3), f"{h.ms_per_step:.2f}")
         rows.append(f"<tr><td><code>{_e(h.function)}</code></td><td><code>{_e(_short(h.file))}:{h.line}</code></td>"

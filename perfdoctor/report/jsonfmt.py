@@ -9,10 +9,13 @@ import orjson
 
 from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import Report
+from perfdoctor.report import escape
 
 
 def dumps(doc: Any) -> str:
-    return orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n"
+    """The document as indented JSON, its strings without control characters (`escape.json_doc`,
+    `escape.json_text`)."""
+    return escape.json_text(orjson.dumps(escape.json_doc(doc), option=orjson.OPT_INDENT_2).decode()) + "\n"
 
 
 def render_report(report: Report) -> str:

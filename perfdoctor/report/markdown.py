@@ -1,6 +1,9 @@
 """Markdown: a readable summary for a pull request comment or $GITHUB_STEP_SUMMARY.
 
 Pure: takes a Report (or its dict), a gate Comparison (or its dict), or both, and returns text.
+Every string that came from input goes through `perfdoctor.report.escape` where it enters the
+document: `md` in prose, `cell` in a table, `_code` in a code span, `_fence` in a code block,
+`escape.markdown_html` inside the `<details>` summary.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.report import escape
+
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
                 "inconclusive": "❔ inconclusive", "unstable": "〰️ unstable", "not-comparable": "⚠️ not comparable"}
 
@@ -18,28 +23,41 @@ def _as_dict(obj: Any) -> dict[str, Any]:
     return obj.as_dict() if hasattr(obj, "as_dict") else dict(obj)
 
 
+def md(text: Any, multiline: bool = False) -> str:
+    """Input text in prose: single-line unless `multiline`."""
+    return escape.markdown(text, multiline)
+
+
 def cell(text: Any) -> str:
-    """One table cell: no line breaks, pipes escaped."""
-    return str(text if text is not None else "").replace("\\", "\\\\").replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    """Input text in one table cell: no line breaks, pipes escaped."""
+    return escape.markdown(text, table=True)
+
+
+def _code(text: Any, table: bool = False) -> str:
+    """Input text as an inline code span."""
+    return escape.markdown_code(text, table)
 
 
 def _ms(v: Any) -> str:
     return "–" if v is None else f"{v:,.2f} ms"
 
 
-def _loc(f: Mapping[str, Any]) -> str:
+def _where(f: Mapping[str, Any]) -> str:
+    """`file name:line` of a finding's first location, unescaped; "" without one."""
     locs = f.get("locations") or []
     if not locs:
         return ""
     loc = locs[0]
-    return f"`{Path(loc.get('file', '')).name}:{loc.get('line', '')}`"
+    return f"{Path(str(loc.get('file', ''))).name}:{loc.get('line', '')}"
+
+
+def _loc(f: Mapping[str, Any], table: bool = False) -> str:
+    where = _where(f)
+    return _code(where, table) if where else ""
 
 
 def _fence(text: str, lang: str = "") -> str:
-    ticks = "```"
-    while ticks in text:
-        ticks += "`"
-    return f"{ticks}{lang}\n{text}\n{ticks}"
+    return escape.markdown_fence(text, lang)
 
 
 def _diff(before: str, after: str) -> str:
@@ -51,8 +69,8 @@ def render_report(report: Any) -> str:
     r = _as_dict(report)
     run, summary = r.get("run") or {}, r.get("summary") or {}
     st = summary.get("step_time_ms") or {}
-    script = Path(run.get("script") or "").name or "trace"
-    out = [f"## perfdoctor: {script}", ""]
+    script = Path(str(run.get("script") or "")).name or "trace"
+    out = [f"## perfdoctor: {md(script)}", ""]
     facts = [f"**Step time** {_ms(st.get('median'))} median"]
     if st.get("p90") is not None:
         facts.append(f"p90 {_ms(st.get('p90'))}")
@@ -60,7 +78,7 @@ def render_report(report: Any) -> str:
         facts.append(f"{st['n']} steps")
     for key, label in (("device", "device"), ("torch", "torch")):
         if run.get(key):
-            facts.append(f"{label} {run[key]}")
+            facts.append(f"{label} {md(run[key])}")
     out += [" · ".join(facts), ""]
     breakdown = summary.get("breakdown") or []
     if breakdown:
@@ -80,30 +98,32 @@ def render_report(report: Any) -> str:
             cost = "–" if not saving else f"{saving['ms_per_step']:,.1f} ms/step" + (
                 f" ({saving['fraction_of_step']:.0%})" if saving.get("fraction_of_step") is not None else "")
             out.append(f"| {i} | {cell(f.get('rule'))} {cell(f.get('name'))} | {cell(f.get('severity'))} | {cost} "
-                       f"| {_loc(f)} | {cell(f.get('title'))} |")
+                       f"| {_loc(f, table=True)} | {cell(f.get('title'))} |")
         out.append("")
         for f in findings:
-            out += [f"<details><summary><b>{f.get('rule')}</b> {cell(f.get('title'))} ({_loc(f) or 'no location'})</summary>", ""]
+            where = f"`{_where(f)}`" if _where(f) else "no location"
+            out += [f"<details><summary><b>{escape.markdown_html(f.get('rule'))}</b> {escape.markdown_html(f.get('title'))} "
+                    f"({escape.markdown_html(where)})</summary>", ""]
             if f.get("message"):
-                out += [str(f["message"]), ""]
+                out += [md(f["message"], multiline=True), ""]
             if f.get("why"):
-                out += [f"**Why:** {f['why']}", ""]
+                out += [f"**Why:** {md(f['why'], multiline=True)}", ""]
             locs = f.get("locations") or []
             if locs and locs[0].get("code"):
-                out += [f"`{locs[0].get('file')}:{locs[0].get('line')}`", "", _fence(locs[0]["code"], "python"), ""]
+                out += [_code(f"{locs[0].get('file')}:{locs[0].get('line')}"), "", _fence(escape.clean(locs[0]["code"]), "python"), ""]
             fix = f.get("fix")
             if fix:
                 out += ["**Fix, for example:**" if fix.get("example") else "**Fix:**", ""]
                 if fix.get("before") or fix.get("after"):
-                    out += [_diff(fix.get("before", ""), fix.get("after", "")), ""]
+                    out += [_diff(fix.get("before") or "", fix.get("after") or ""), ""]
                 if fix.get("note"):
-                    out += [fix["note"], ""]
+                    out += [md(fix["note"], multiline=True), ""]
             refs = f.get("references") or []
             if refs:
-                out += ["References: " + ", ".join(refs), ""]
+                out += ["References: " + ", ".join(md(r) for r in refs), ""]
             out += ["</details>", ""]
     for n in r.get("notes") or []:
-        out.append(f"> {n}")
+        out.append(f"> {md(n)}")
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -126,7 +146,7 @@ def render_comparison(comparison: Any) -> str:
            + (f" · fail on new findings at or above {c['fail_on']}" if c.get("fail_on") else ""), ""]
     for n in c.get("notes") or []:
         if n.startswith("NOT COMPARABLE"):
-            out += [f"> **{n}**", ""]
+            out += [f"> **{md(n)}**", ""]
     out += [f"| Metric | Baseline | Current | Change | {c.get('ci_level', 0.95):.0%} CI | Verdict |", "|---|---:|---:|---:|---:|---|"]
     for r in c.get("rows") or []:
         change = "–" if r.get("change_pct") is None else f"{r['change_pct']:+.1f}%"
@@ -139,14 +159,14 @@ def render_comparison(comparison: Any) -> str:
         out += ["### New findings", ""]
         for f in c["new_findings"]:
             mark = "❌ " if f["fingerprint"] in failing else ""
-            where = f" at `{Path(f.get('file') or '').name}:{f.get('line')}`" if f.get("file") else ""
-            out.append(f"- {mark}**{f.get('rule')}** ({f.get('severity')}) {cell(f.get('title'))}{where}")
+            where = f" at {_code(Path(str(f['file'])).name + ':' + str(f.get('line')))}" if f.get("file") else ""
+            out.append(f"- {mark}**{md(f.get('rule'))}** ({md(f.get('severity'))}) {md(f.get('title'))}{where}")
         out.append("")
     if c.get("resolved_findings"):
-        out += ["### Resolved findings", ""] + [f"- ✅ **{f.get('rule')}** {cell(f.get('title'))}" for f in c["resolved_findings"]] + [""]
+        out += ["### Resolved findings", ""] + [f"- ✅ **{md(f.get('rule'))}** {md(f.get('title'))}" for f in c["resolved_findings"]] + [""]
     rest = [n for n in c.get("notes") or [] if not n.startswith("NOT COMPARABLE")]
     if rest:
-        out += [f"> {n}" for n in rest] + [""]
+        out += [f"> {md(n)}" for n in rest] + [""]
     return "\n".join(out).rstrip() + "\n"
 
 

@@ -20,6 +20,7 @@ from urllib.parse import quote
 
 from perfdoctor import __version__
 from perfdoctor.model import identity_of
+from perfdoctor.report import escape
 from perfdoctor.rules.catalog import load_rules
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -158,7 +159,9 @@ def comparison_findings(comparison: Any) -> dict[str, Any]:
 
 
 def _text(doc: dict[str, Any]) -> str:
-    return json.dumps(doc, indent=2, ensure_ascii=False) + "\n"
+    """The SARIF log as JSON, its strings without control characters (`escape.json_doc`,
+    `escape.json_text`)."""
+    return escape.json_text(json.dumps(escape.json_doc(doc), indent=2, ensure_ascii=False)) + "\n"
 
 
 def render_report(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> str:

@@ -1,24 +1,78 @@
 """The human report: one screen, most costly problem first. Renders only; never measures.
 
-Renders to rich renderables; the CLI prints them on the terminal, or as plain text into a file."""
+Renders to rich renderables; the CLI prints them on the terminal, or as plain text into a file.
+Every string that came from input enters as a `Text` (never parsed as rich markup) through `_t` or
+`_cell` (`perfdoctor.report.escape.text`), and the whole document is wrapped in `CommandSafe`, which
+guards the lines that rich's wrapping happens to start with `::` (a workflow command in a CI log)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
-from rich.console import Group, JustifyMethod, RenderableType
+from rich.console import Console, ConsoleOptions, Group, JustifyMethod, RenderableType, RenderResult
+from rich.highlighter import ReprHighlighter
 from rich.padding import Padding
 from rich.panel import Panel
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
 from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import Finding, Report
+from perfdoctor.report import escape
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]
 BAR_WIDTH = 50
+_HIGHLIGHT = ReprHighlighter()  # what rich does to a plain string in a table cell
+
+
+def _t(value: Any, style: str = "", multiline: bool = False) -> Text:
+    """Input text as rich Text: control characters and line breaks (unless `multiline`) dropped,
+    never read as markup."""
+    return Text(escape.text(value, multiline), style=style)
+
+
+def _cell(value: Any, multiline: bool = False) -> Text:
+    """Input text in a table cell, highlighted as rich highlights a plain string there."""
+    return _HIGHLIGHT(_t(value, multiline=multiline))
+
+
+class CommandSafe:
+    """Renders `renderable` as it would print, then guards every line that a CI runner would read
+    as a workflow command (`::` after leading whitespace: rich's word wrap can start a line with any
+    word of the input) with a backslash in front of the `::`, taking a trailing space to keep the width."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        for line in console.render_lines(self.renderable, options, pad=False, new_lines=True):
+            yield from _guard(line)
+
+
+def _guard(line: list[Segment]) -> list[Segment]:
+    plain = "".join(seg.text for seg in line if not seg.control)
+    if not escape.command_line_start(plain):
+        return line
+    at = len(plain) - len(plain.lstrip())  # where the `::` starts
+    out: list[Segment] = []
+    for seg in line:
+        if not seg.control and 0 <= at < len(seg.text):
+            seg = Segment(seg.text[:at] + "\\" + seg.text[at:], seg.style)
+        if not seg.control:
+            at -= len(seg.text)
+        out.append(seg)
+    for i in range(len(out) - 1, -1, -1):  # keep the width: one trailing space less, where there is one
+        seg = out[i]
+        body = seg.text.rstrip("\n")
+        if seg.control or not body:
+            continue
+        if body.endswith(" "):
+            out[i] = Segment(body[:-1] + seg.text[len(body):], seg.style)
+        break
+    return out
 
 
 def _ms(v: Any) -> str:
@@ -78,7 +132,7 @@ def breakdown_bar(breakdown: list[dict[str, Any]]) -> Text:
     for i, b in enumerate(breakdown):
         frac = (b.get("ms") or 0.0) / total
         text.append("■ ", style=BAR_COLORS[i % len(BAR_COLORS)])
-        text.append(f"{b['category']} {_ms(b.get('ms'))} ({frac:.0%})")
+        text.append(f"{escape.text(b['category'])} {_ms(b.get('ms'))} ({frac:.0%})")
         text.append("   " if i < len(breakdown) - 1 else "")
     return text
 
@@ -89,12 +143,12 @@ def _summary(report: Report) -> Panel:
     rows.add_column(style="bold")
     rows.add_column()
     target = run.get("script") or run.get("module") or run.get("trace") or ""
-    rows.add_row("analysed", _short(str(target)) + (f"  ({run.get('device')})" if run.get("device") else ""))
+    rows.add_row("analysed", _t(_short(str(target)) + (f"  ({run.get('device')})" if run.get("device") else "")))
     steps = s.get("steps_observed")
     if steps is not None:
         clock = run.get("step_clock") or s.get("step_clock") or ""
-        rows.add_row("steps", f"{steps} seen, {s.get('steps_profiled') or 0} profiled"
-                     + (f"  (counted by {clock})" if clock else ""))
+        rows.add_row("steps", _t(f"{steps} seen, {s.get('steps_profiled') or 0} profiled"
+                                 + (f"  (counted by {clock})" if clock else "")))
     st = s.get("step_time_ms") or {}
     if st.get("median") is not None:
         rows.add_row("step time", f"median {_ms(st.get('median'))}, p90 {_ms(st.get('p90'))}"
@@ -107,7 +161,7 @@ def _summary(report: Report) -> Panel:
                             style="dim"))
     exit_info = run.get("exit") or {}
     if exit_info.get("reason") and exit_info.get("reason") not in ("completed", "steps-reached"):
-        rows.add_row("script", Text(f"{exit_info['reason']} (exit code {exit_info.get('code')})", style="bold red"))
+        rows.add_row("script", _t(f"{exit_info['reason']} (exit code {exit_info.get('code')})", style="bold red"))
     parts: list[Any] = [rows]
     for key, label in (("breakdown", "where a step goes"), ("gpu_breakdown", "GPU timeline per step")):
         if s.get(key):
@@ -133,37 +187,42 @@ def _indent(r: Any) -> Padding:
 
 def _finding(i: int, f: Finding) -> Group:
     head = Text(f"{i}. ", style="bold")
-    head.append(f"{f.rule} {f.name}", style="bold")
+    head.append(escape.text(f"{f.rule} {f.name}"), style="bold")
     head.append("  ")
-    head.append(f.severity.upper(), style=SEVERITY_STYLE.get(f.severity, ""))
+    head.append(escape.text(f.severity.upper()), style=SEVERITY_STYLE.get(f.severity, ""))
     head.append("  ")
     head.append_text(_cost(f))
-    parts: list[Any] = [head, _indent(Text(f.title, style="bold"))]
+    parts: list[Any] = [head, _indent(_t(f.title, style="bold"))]
     for loc in f.locations[:2]:
-        where = Text(f"{_short(loc.file)}:{loc.line}", style="cyan")
+        where = _t(f"{_short(loc.file)}:{loc.line}", style="cyan")
         if loc.code:
-            where.append(f"   {loc.code}", style="dim")
+            where.append(f"   {escape.text(loc.code)}", style="dim")
         parts.append(_indent(where))
-    parts.append(_indent(Text(f.message)))
+    parts.append(_indent(_t(f.message, multiline=True)))
     if f.ms_per_step is None and f.saving_basis:
-        parts.append(_indent(Text(f"({f.saving_basis})", style="dim")))
+        parts.append(_indent(_t(f"({f.saving_basis})", style="dim")))
     if f.fix and (f.fix.before or f.fix.after or f.fix.note):
         diff = Text("fix, for example:\n" if f.fix.example else "fix:\n", style="bold")
-        before, after = (f.fix.before or "").splitlines(), (f.fix.after or "").splitlines()
+        before = escape.text(f.fix.before, multiline=True).splitlines()
+        after = escape.text(f.fix.after, multiline=True).splitlines()
         indent = min((len(l) - len(l.lstrip()) for l in before + after if l.strip()), default=0)
         for line in before:
             diff.append(f"- {line[indent:]}\n", style="red")
         for line in after or ([""] if before else []):
             diff.append(f"+ {line[indent:]}\n", style="green")
         if f.fix.note:
-            diff.append(f"{f.fix.note}", style="dim")
+            diff.append(escape.text(f.fix.note, multiline=True), style="dim")
         parts.append(_indent(diff))
-    parts.append(_indent(Text(f"confidence {f.confidence} · `perfdoctor explain {f.rule}` for why and references\n",
-                              style="dim")))
+    parts.append(_indent(_t(f"confidence {f.confidence} · `perfdoctor explain {f.rule}` for why and references\n",
+                            style="dim", multiline=True)))
     return Group(*parts)
 
 
 def render_report(report: Report) -> RenderableType:
+    return CommandSafe(_report(report))
+
+
+def _report(report: Report) -> Group:
     parts: list[RenderableType] = [_summary(report)]
     if report.ranks:
         t = Table(title="ranks", title_justify="left")
@@ -173,7 +232,7 @@ def render_report(report: Report) -> RenderableType:
             t.add_column(k, justify="right")
         for r in report.ranks:
             t.add_row(*[(f"{r[k]:.0%}" if k.endswith("fraction") else f"{r[k]:.1f}")
-                        if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys])
+                        if isinstance(r.get(k), float) else _cell(r.get(k, "")) for k in keys])
         parts.append(t)
     if report.findings:
         parts.append(Text(f"{len(report.findings)} finding(s), most costly first", style="bold"))
@@ -190,16 +249,17 @@ def render_report(report: Report) -> RenderableType:
         main = [h for h in report.hotspots if h.process == "main"]
         workers = [h for h in report.hotspots if h.process != "main"]
         for h in main[:8] + workers[:4]:
-            lines = "\n".join(f"{l['line']}: {l.get('code', '')[:48]} ({l.get('share', 0):.0%})" for l in h.lines[:3])
+            lines = "\n".join(f"{escape.clean(l['line'])}: {escape.clean(l.get('code', ''))[:48]} ({l.get('share', 0):.0%})"
+                              for l in h.lines[:3])  # one line each: the line breaks are these
             name = f"{h.function} [DataLoader workers]" if h.process == "dataloader-workers" else h.function
-            t.add_row(name, f"{_short(h.file)}:{h.line}", f"{h.ms_per_step:.2f}", lines)
+            t.add_row(_cell(name), _cell(f"{_short(h.file)}:{h.line}"), f"{h.ms_per_step:.2f}", _cell(lines, multiline=True))
         parts.append(t)
     for n in report.notes:
-        parts.append(Text(f"note: {n}", style="dim"))
+        parts.append(_t(f"note: {n}", style="dim"))
     run_dir = report.run.get("run_dir")
     if run_dir:
         hint = " (trace.json.gz opens in https://ui.perfetto.dev)" if report.run.get("trace_file") else ""
-        parts.append(Text(f"run folder: {_short(run_dir)}{hint}", style="dim"))
+        parts.append(_t(f"run folder: {_short(str(run_dir))}{hint}", style="dim"))
     return Group(*parts)
 
 
@@ -217,6 +277,10 @@ def _num(v: Any, unit: str) -> str:
 
 def render_comparison(comparison: Comparison) -> RenderableType:
     """The CI gate's verdict: one row per metric, new findings, and why it failed or passed."""
+    return CommandSafe(_comparison(comparison))
+
+
+def _comparison(comparison: Comparison) -> Group:
     c = comparison.as_dict()
     verdict = c.get("verdict", "")
     style = {"failed": "bold red", "passed": "bold green"}.get(verdict, "bold magenta")
@@ -230,21 +294,21 @@ def render_comparison(comparison: Comparison) -> RenderableType:
         t.add_column(col, justify=just)
     for r in c.get("rows", []):
         ci = r.get("ci_pct")
-        t.add_row(r["metric"], _num(r.get("baseline"), r.get("unit", "")), _num(r.get("current"), r.get("unit", "")),
+        t.add_row(_cell(r["metric"]), _num(r.get("baseline"), r.get("unit", "")), _num(r.get("current"), r.get("unit", "")),
                   "" if r.get("change_pct") is None else f"{r['change_pct']:+.1f}%",
                   "" if not ci else f"{ci[0]:+.1f}%..{ci[1]:+.1f}%",
                   Text(r["verdict"], style=VERDICT_STYLE.get(r["verdict"], "")))
     parts: list[RenderableType] = [t]
     for f in c.get("failing_findings", []):
-        parts.append(Text(f"new finding fails the gate: {f.get('rule')} {f.get('title', '')}", style="bold red"))
+        parts.append(_t(f"new finding fails the gate: {f.get('rule')} {f.get('title', '')}", style="bold red"))
     for f in c.get("new_findings", []):
         if f not in c.get("failing_findings", []):
-            parts.append(Text(f"new finding: {f.get('rule')} {f.get('title', '')}", style="yellow"))
+            parts.append(_t(f"new finding: {f.get('rule')} {f.get('title', '')}", style="yellow"))
     for n in c.get("notes", []):
-        parts.append(Text(f"note: {n}", style="dim"))
+        parts.append(_t(f"note: {n}", style="dim"))
     return Group(*parts)
 
 
 def render_both(report: Report, comparison: Comparison) -> RenderableType:
     """The report, then the gate's verdict."""
-    return Group(render_report(report), render_comparison(comparison))
+    return CommandSafe(Group(_report(report), _comparison(comparison)))
