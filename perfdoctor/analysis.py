@@ -73,15 +73,16 @@ def _line(path: Path, line: int) -> str:
 
 def _run_info(kind: str, what: dict[str, Any], summary: dict[str, Any], *, step_clock: str | None,
               device: str | None, torch: str | None, settings: Settings, changes: dict[str, Any],
-              **extra: Any) -> dict[str, Any]:
+              dropped: dict[str, int], **extra: Any) -> dict[str, Any]:
     """`Report.run`, one shape for a run folder and a trace: what was analysed (`what`), the step
     counts of its summary, the step clock, device and torch, anything `extra` (a run's exit), the
-    settings file used, and `config`, what it changed (only where it changed something). Key order
-    is the JSON report's."""
+    settings file used, `config`, what it changed (only where it changed something), and
+    `dropped_events`, the trace events dropped or repaired by reason (only where there are any).
+    Key order is the JSON report's."""
     return {"kind": kind, **what, "steps_observed": summary.get("steps_observed"),
             "steps_profiled": summary.get("steps_profiled"), "step_clock": step_clock, "device": device,
             "torch": torch, **extra, "settings": str(settings.source) if settings.source else None,
-            **({"config": changes} if changes else {})}
+            **({"config": changes} if changes else {}), **({"dropped_events": dropped} if dropped else {})}
 
 
 def _input_notes(changes: dict[str, Any], dropped: dict[str, int]) -> list[str]:
@@ -135,7 +136,7 @@ def analyse_run(run_dir: Path, config: Path | None = None) -> Report:
                             "run_dir": str(run_dir), "trace_file": str(data.trace_path) if data.trace_path else None},
                     summary, step_clock=summary.get("step_clock") or data.meta.get("step_clock"),
                     device=env.get("device_name") or env.get("device"), torch=env.get("torch"), settings=settings,
-                    changes=changes, exit=data.meta.get("exit", {}))
+                    changes=changes, dropped=dropped, exit=data.meta.get("exit", {}))
     return Report(run=run, summary=summary, findings=findings, hotspots=list(data.hotspots), notes=notes,
                   facts=facts.as_mapping())
 
@@ -196,7 +197,7 @@ def analyse_trace(path: Path, config: Path | None = None) -> Report:
         findings.sort(key=Finding.sort_key)
     run = _run_info("trace", {"trace": str(path), "files": [str(t.path) for t in traces]}, summary,
                     step_clock=first.step_source, device=facts.value("device.name") or facts.value("device.type"),
-                    torch=None, settings=settings, changes=changes)
+                    torch=None, settings=settings, changes=changes, dropped=dropped)
     return Report(run=run, summary=summary, findings=findings, notes=notes, ranks=ranks,
                   facts=facts.as_mapping())
 

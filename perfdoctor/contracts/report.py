@@ -65,6 +65,8 @@ class RunInfoDoc(msgspec.Struct):
     settings: str | None = None
     # present when the project's config changed what is checked (rules.config.check_settings)
     config: ConfigDoc | None = None
+    # present when the loader dropped or repaired trace events: how many, by reason
+    dropped_events: dict[str, int] = {}
 
 
 class StepTimeDoc(msgspec.Struct):
