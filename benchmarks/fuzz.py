@@ -18,6 +18,7 @@ import gzip
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,29 +31,37 @@ DATA = ROOT / "tests" / "data" / "traces"
 SOURCES = sorted(p for p in DATA.glob("*.json.gz"))
 
 
+# Runs perfdoctor in a grandchild and writes its peak RSS (KB) to the file argv[1]. The fuzzer's own
+# memory would otherwise count: Linux carries a process's peak RSS across fork and exec.
+_LAUNCH = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execv(sys.executable, [sys.executable, "-m", "perfdoctor", *sys.argv[2:]])
+_, status, usage = os.wait4(pid, 0)
+open(sys.argv[1], "w").write(str(usage.ru_maxrss))
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_rss(args: list[str], cwd: Path, timeout: float) -> tuple[int, float, int, str]:
-    """(exit code, seconds, peak RSS in MB, stderr) of `perfdoctor ARGS` (124 on a timeout); the
-    peak RSS is the child's own, from wait4 (Linux: ru_maxrss in KB)."""
+    """(exit code, seconds, peak RSS in MB, stderr) of `perfdoctor ARGS` (124 on a timeout)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    rss_file = cwd / "rss.txt"
+    rss_file.unlink(missing_ok=True)
     start = time.monotonic()
-    errf = tempfile.TemporaryFile()
-    p = subprocess.Popen([sys.executable, "-m", "perfdoctor", *args], cwd=cwd, env=env,
-                         stdout=subprocess.DEVNULL, stderr=errf)
-    deadline = start + timeout
-    while True:
-        pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.monotonic() > deadline:
-            p.kill()
-            pid, status, usage = os.wait4(p.pid, 0)
-            p.returncode = 124
-            errf.seek(0)
-            return 124, time.monotonic() - start, usage.ru_maxrss // 1024, errf.read().decode(errors="replace")
-        time.sleep(0.01)
-    p.returncode = os.waitstatus_to_exitcode(status)
-    errf.seek(0)
-    return p.returncode, time.monotonic() - start, usage.ru_maxrss // 1024, errf.read().decode(errors="replace")
+    p = subprocess.Popen([sys.executable, "-c", _LAUNCH, str(rss_file), *args], cwd=cwd, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _, err = p.communicate(timeout=timeout)
+        code = p.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        _, err = p.communicate()
+        code = 124
+    secs = time.monotonic() - start
+    rss = int(rss_file.read_text()) // 1024 if rss_file.exists() else 0
+    return code, secs, rss, err.decode(errors="replace")
 
 
 def ev(name, cat, ts, dur, **args) -> dict:
