@@ -200,11 +200,11 @@ class _Builder:
         ks = [k for _, k in pairs]
         base = len(t.kind)
         cut = sidx.cut
-        names = [sidx[e.name] for e in keep]  # type: ignore[index]  # not None: checked above
+        names = [sidx[e.name] for e in keep]  # never None: checked above
         args = [e.args or _NO_ARGS for e in keep]
         t.kind += array("b", ks)
         t.name += array("i", names)
-        t.ts += array("d", [e.ts for e in keep])  # type: ignore[misc]  # not None: checked above
+        t.ts += array("d", [e.ts for e in keep])  # never None: checked above
         durs = [e.dur for e in keep]
         t.dur += array("d", [d if d is not None and d > 0 else 0.0 for d in durs])
         self.count("with a negative duration set to 0", sum(1 for d in durs if d is not None and d < 0))
