@@ -25,13 +25,16 @@ from perfdoctor.gate.compare import Comparison, compare, compare_files
 from perfdoctor.model import Finding, Location, Report, at_or_above
 from perfdoctor.report import html, jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
-from perfdoctor.rules.config import Settings, load_settings
+from perfdoctor.rules.config import Settings, check_settings, describe_changes, load_settings
 from perfdoctor.rules.engine import judge
 
 
-def _rules_for(start: Path | None) -> tuple[Settings, list[Rule]]:
-    settings = load_settings(start)
-    return settings, load_rules(settings.extra_rule_dirs)
+def _rules_for(config: Path | None) -> tuple[Settings, list[Rule], dict[str, Any]]:
+    """The settings (`config`, else pyproject.toml in the current directory: never the analysed
+    folder's), the rules, and what the settings change (rules.config.check_settings)."""
+    settings = load_settings(config)
+    rules = load_rules(settings.extra_rule_dirs)
+    return settings, rules, check_settings(settings, rules)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -72,17 +75,30 @@ def _line(path: Path, line: int) -> str:
 
 
 def _run_info(kind: str, what: dict[str, Any], summary: dict[str, Any], *, step_clock: str | None,
-              device: str | None, torch: str | None, settings: Settings, **extra: Any) -> dict[str, Any]:
+              device: str | None, torch: str | None, settings: Settings, changes: dict[str, Any],
+              dropped: dict[str, int], **extra: Any) -> dict[str, Any]:
     """`Report.run`, one shape for a run folder and a trace: what was analysed (`what`), the step
-    counts of its summary, the step clock, device and torch, anything `extra` (a run's exit), and
-    the settings file used. Key order is the JSON report's."""
+    counts of its summary, the step clock, device and torch, anything `extra` (a run's exit), the
+    settings file used, `config`, what it changed (only where it changed something), and
+    `dropped_events`, the trace events dropped or repaired by reason (only where there are any).
+    Key order is the JSON report's."""
     return {"kind": kind, **what, "steps_observed": summary.get("steps_observed"),
             "steps_profiled": summary.get("steps_profiled"), "step_clock": step_clock, "device": device,
-            "torch": torch, **extra, "settings": str(settings.source) if settings.source else None}
+            "torch": torch, **extra, "settings": str(settings.source) if settings.source else None,
+            **({"config": changes} if changes else {}), **({"dropped_events": dropped} if dropped else {})}
 
 
-def analyse_run(run_dir: Path) -> Report:
-    """The report of a run folder written by `perfdoctor run`."""
+def _input_notes(changes: dict[str, Any], dropped: dict[str, int]) -> list[str]:
+    """Notes on the input every format shows: what the config changed, the trace events dropped or repaired."""
+    notes = [describe_changes(changes)] if changes else []
+    if dropped:
+        notes.append("trace events dropped or repaired: "
+                     + ", ".join(f"{n} {why}" for why, n in sorted(dropped.items())))
+    return notes
+
+
+def analyse_run(run_dir: Path, config: Path | None = None) -> Report:
+    """The report of a run folder written by `perfdoctor run`; `config`: `--config`."""
     from perfdoctor.facts.run_facts import load_run
     from perfdoctor.facts.static import analyse_files
 
@@ -92,13 +108,16 @@ def analyse_run(run_dir: Path) -> Report:
     user_files = [Path(p) for p in data.user_files if Path(p).is_file()]
     analyse_files(user_files, facts)
     trace_summary: dict[str, Any] = {}
+    dropped: dict[str, int] = {}
     if data.trace_path is not None and Path(data.trace_path).is_file():
         from perfdoctor.facts.trace import add_trace_facts
         from perfdoctor.trace.loader import load_trace
 
         run_kinds = facts.kinds_from("run")
         try:
-            trace_summary = add_trace_facts(load_trace(Path(data.trace_path)), facts)
+            trace = load_trace(Path(data.trace_path))
+            dropped = trace.dropped
+            trace_summary = add_trace_facts(trace, facts)
         except InputError as e:
             notes.append(f"the profiler trace could not be read: {e.message}")
         # where the run's probes measured a kind of thing (its DataLoaders, say), the trace's coarser
@@ -106,8 +125,9 @@ def analyse_run(run_dir: Path) -> Report:
         facts.drop_subjects_only_from("trace", run_kinds)
         _resolve_trace_files(facts, user_files)
     script = data.meta.get("script")
-    settings, rules = _rules_for(Path(script).parent if script else Path.cwd())
-    findings = judge(facts, rules, settings)
+    settings, rules, changes = _rules_for(config)
+    findings = judge(facts, rules, settings, user_files)
+    notes += _input_notes(changes, dropped)
     amp = facts.get("device.amp_available")
     if amp is not None and amp.value is False and facts.value("autocast.enabled") is False:
         notes.append(f"the model trains in fp32 without autocast, not flagged (PD007): {amp.detail}")
@@ -119,18 +139,19 @@ def analyse_run(run_dir: Path) -> Report:
                             "run_dir": str(run_dir), "trace_file": str(data.trace_path) if data.trace_path else None},
                     summary, step_clock=summary.get("step_clock") or data.meta.get("step_clock"),
                     device=env.get("device_name") or env.get("device"), torch=env.get("torch"), settings=settings,
-                    exit=data.meta.get("exit", {}))
+                    changes=changes, dropped=dropped, exit=data.meta.get("exit", {}))
     return Report(run=run, summary=summary, findings=findings, hotspots=list(data.hotspots), notes=notes,
                   facts=facts.as_mapping())
 
 
-def analyse_trace(path: Path) -> Report:
-    """The report of one trace file, or of a folder of per-rank traces (one distributed run)."""
+def analyse_trace(path: Path, config: Path | None = None) -> Report:
+    """The report of one trace file, or of a folder of per-rank traces (one distributed run);
+    `config`: `--config`."""
     from perfdoctor.facts.trace import add_trace_facts, cross_rank
     from perfdoctor.trace.loader import load_traces
 
     traces = load_traces(path)
-    settings, rules = _rules_for(path if path.is_dir() else path.parent)
+    settings, rules, changes = _rules_for(config)
     per_rank: list[tuple[Facts, dict[str, Any]]] = []
     for t in traces:
         f = Facts()
@@ -142,6 +163,11 @@ def analyse_trace(path: Path) -> Report:
                      + ("other step annotations" if first.step_source == "annotation" else "the whole trace as one span"))
     if first.dropped_last_step:
         notes.append("the last step was cut off by the end of profiling and is left out")
+    dropped: dict[str, int] = {}
+    for t in traces:
+        for why, n in t.dropped.items():
+            dropped[why] = dropped.get(why, 0) + n
+    notes += _input_notes(changes, dropped)
 
     if len(traces) == 1:
         facts, summary = per_rank[0]
@@ -174,19 +200,19 @@ def analyse_trace(path: Path) -> Report:
         findings.sort(key=Finding.sort_key)
     run = _run_info("trace", {"trace": str(path), "files": [str(t.path) for t in traces]}, summary,
                     step_clock=first.step_source, device=facts.value("device.name") or facts.value("device.type"),
-                    torch=None, settings=settings)
+                    torch=None, settings=settings, changes=changes, dropped=dropped)
     return Report(run=run, summary=summary, findings=findings, notes=notes, ranks=ranks,
                   facts=facts.as_mapping())
 
 
-def analyse_path(path: Path) -> Report:
+def analyse_path(path: Path, config: Path | None = None) -> Report:
     """`perfdoctor report PATH`: a run folder, a trace file, or a folder of per-rank traces."""
     if not path.exists():
         raise InputError(f"{path}: no such file or folder")
     if is_run_dir(path):
-        return analyse_run(path)
+        return analyse_run(path, config)
     try:
-        return analyse_trace(path)
+        return analyse_trace(path, config)
     except PerfdoctorError:
         raise
     except OSError as e:
@@ -323,7 +349,7 @@ def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Pat
 def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: Path | None, steps: int | None,
                  script_stdout_to_stderr: bool, show_status: bool, repeats: int | None = None,
                  save_baseline: Path | None = None, baseline: Path | None = None, max_regression: float = 0.10,
-                 fail_on: str | None = None) -> RunOutcome:
+                 fail_on: str | None = None, config: Path | None = None) -> RunOutcome:
     """`perfdoctor run`: run the script `repeats` times (default: GATE_REPEATS with a baseline to save
     or to compare with, else once; a failed or interrupted run is not repeated), analyse each run and
     write its report.json, then, unless the script failed, save the runs as a baseline and/or compare
@@ -331,6 +357,7 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
     if repeats is None:
         repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
     warm_up()
+    _rules_for(config)  # a bad config fails now, before minutes of running
     base = load_baseline(baseline) if baseline is not None else None  # fail early, before minutes of running
     results: list[RunResult] = []
     report: Report | None = None
@@ -339,7 +366,7 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
         result = run_script(target, module=module, script_args=script_args, out_dir=run_out, steps=steps,
                             script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status)
         results.append(result)
-        report = analyse_run(result.run_dir)
+        report = analyse_run(result.run_dir, config)
         write_run_reports(report, result.run_dir)
         if result.exit_code != 0 or result.reason == "interrupted":
             break  # a failed or interrupted run is not repeated

@@ -40,6 +40,9 @@ Format = Enum("Format", {name: name for name in FORMATS}, type=str)  # type: ign
 Severity = Enum("Severity", {name: name for name in SEVERITIES}, type=str)  # type: ignore[misc]  # from SEVERITIES
 
 
+CONFIG_HELP = "Settings file ([tool.perfdoctor]); default: pyproject.toml in the current directory."
+
+
 def _version(value: bool) -> None:
     if value:
         print(f"perfdoctor {__version__}")
@@ -123,6 +126,7 @@ def run(
         None, "--repeats", min=1, max=50,
         help="Run the script this many times (default: 3 with --save-baseline or --baseline, else 1)."),
     fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
+    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
     from perfdoctor.analysis import check_writable, claim_out_dir, run_and_gate
@@ -146,7 +150,7 @@ def run(
             target, module=module is not None, script_args=script_args,
             out_dir=run_root, steps=steps, script_stdout_to_stderr=not human and output is None,
             show_status=True, repeats=repeats, save_baseline=save_baseline, baseline=baseline,
-            max_regression=fraction, fail_on=fail_on.value if fail_on else None)
+            max_regression=fraction, fail_on=fail_on.value if fail_on else None, config=config)
     for line in outcome.messages:
         _err(line)
     if outcome.comparison is not None:
@@ -186,13 +190,14 @@ def report(
     path: Path = typer.Argument(..., help="A trace (.json / .json.gz), a folder of per-rank traces, or a run folder."),
     fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Report format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
+    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Analyse an existing torch.profiler trace or a run folder."""
     from perfdoctor.analysis import analyse_path, check_writable
 
     if output is not None:
         check_writable(output, "--output")
-    _emit(fmt, output, analyse_path(path))
+    _emit(fmt, output, analyse_path(path, config))
 
 
 @app.command("rules")

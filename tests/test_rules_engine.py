@@ -194,11 +194,11 @@ def test_inline_ignore_comment(tmp_path):
     src.write_text("\n" * 9 + "loader = DataLoader(ds)  # perfdoctor: ignore[PD002]\n")
     f = cpu_run(step_ms=20.0, cpus=4)
     loader(f, workers=0, wait_ms=8.0, tmp=tmp_path)
-    assert judge(f, RULES) == []
+    project = Settings(project=tmp_path)  # the ignore comment is read in the project's own sources
+    assert judge(f, RULES, project) == []
+    assert ids(judge(f, RULES)) == ["PD002"]  # outside the project (the current directory): not read
     src.write_text("\n" * 9 + "loader = DataLoader(ds)  # perfdoctor: ignore[PD005]\n")
-    import linecache
-    linecache.clearcache()
-    assert ids(judge(f, RULES)) == ["PD002"]
+    assert ids(judge(f, RULES, project)) == ["PD002"]
 
 
 def test_settings_from_pyproject_and_user_rules(tmp_path):
@@ -225,7 +225,7 @@ extend-rules = ["myrules"]
 [tool.perfdoctor.thresholds.XY100]
 budget_ms = 15
 ''')
-    settings = load_settings(tmp_path)
+    settings = load_settings(cwd=tmp_path)
     rules = load_rules(settings.extra_rule_dirs)
     f = cpu_run(step_ms=20.0, cpus=4)
     loader(f, workers=0, wait_ms=8.0)

@@ -6,10 +6,11 @@ baseline reads in a diff) and the reader (validated here; a bad file is one Inpu
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import msgspec
 
-from perfdoctor.contracts.files import decode, read_bytes, schema_of
+from perfdoctor.contracts.files import Count, StepMs, check_schema, decode, read_bytes, schema_of
 from perfdoctor.errors import InputError
 
 BASELINE_SCHEMA = "perfdoctor/baseline/v1"
@@ -17,6 +18,9 @@ BASELINE_SCHEMA = "perfdoctor/baseline/v1"
 # The environment identity of a run: torch, device, device_name, device_count, cpu_count, cpu_model,
 # python, platform, script (its file name), script_sha256, args (the script's own; None: unknown).
 Environment = dict[str, str | int | list[str] | None]
+Rate = Annotated[float, msgspec.Meta(gt=0, le=1e12)]  # steps or samples per second
+Counter = Annotated[float, msgspec.Meta(ge=0, le=1e15)]  # a per-step count
+Ratio = Annotated[float, msgspec.Meta(ge=0, le=1e6)]  # a relative spread or error
 
 
 class ToolDoc(msgspec.Struct):
@@ -42,36 +46,36 @@ class RunDoc(msgspec.Struct):
 
     source: str = ""
     env: Environment = {}
-    median_ms: float | None = None
-    steps_per_s: float | None = None
-    samples_per_s: float | None = None
-    batch_size: float | None = None
-    peak_memory_bytes: int | None = None
-    counters: dict[str, float] = {}
+    median_ms: StepMs | None = None
+    steps_per_s: Rate | None = None
+    samples_per_s: Rate | None = None
+    batch_size: Rate | None = None
+    peak_memory_bytes: Count | None = None
+    counters: dict[str, Counter] = {}
     findings: list[GateFinding] = []
     notes: list[str] = []
-    warmup_dropped: int = 0
-    step_ms: list[float] = []
+    warmup_dropped: Count = 0
+    step_ms: list[StepMs] = []
 
 
 class SummaryDoc(msgspec.Struct):
-    step_time_ms: float | None = None
-    steps_per_s: float | None = None
-    peak_memory_bytes: int | None = None
-    counters: dict[str, float] = {}
+    step_time_ms: StepMs | None = None
+    steps_per_s: Rate | None = None
+    peak_memory_bytes: Count | None = None
+    counters: dict[str, Counter] = {}
 
 
 class NoiseDoc(msgspec.Struct):
     """The noise floor measured when the baseline was recorded (gate.baseline.noise_floor)."""
 
-    runs: int = 0
+    runs: Count = 0
     statistic: str = ""
-    run_values_ms: list[float] = []
-    within_run_rel_se: float | None = None
-    between_run_rel_sd: float | None = None
-    spread: float | None = None
-    single_run_halfwidth: float | None = None
-    block_lengths: list[int | None] = []
+    run_values_ms: list[StepMs] = []
+    within_run_rel_se: Ratio | None = None
+    between_run_rel_sd: Ratio | None = None
+    spread: Ratio | None = None
+    single_run_halfwidth: Ratio | None = None
+    block_lengths: list[Count | None] = []
     method: str = ""
 
 
@@ -87,15 +91,19 @@ class BaselineDoc(msgspec.Struct):
 
 
 def is_baseline(path: Path, raw: bytes) -> bool:
-    return schema_of(path, raw) == BASELINE_SCHEMA
+    """A baseline of any version (`read_baseline` refuses the ones this perfdoctor cannot read)."""
+    schema = schema_of(path, raw)
+    return isinstance(schema, str) and schema.startswith("perfdoctor/baseline/")
 
 
 def read_baseline(path: Path) -> BaselineDoc:
     """A baseline file, validated: InputError (exit 2) naming the file and what is wrong otherwise."""
     raw = read_bytes(path)
+    schema = schema_of(path, raw)
     if not is_baseline(path, raw):
         raise InputError(f"{path}: not a perfdoctor baseline (expected schema {BASELINE_SCHEMA!r}); "
                          f"record one with `perfdoctor run SCRIPT --save-baseline {path.name}`")
+    check_schema(path, schema, BASELINE_SCHEMA, "perfdoctor baseline")
     doc = decode(path, raw, BaselineDoc, f"perfdoctor baseline ({BASELINE_SCHEMA})")
     if not doc.runs:
         raise InputError(f"{path}: the baseline holds no runs")

@@ -1,10 +1,13 @@
-"""Reading a contract file: JSON decoded and validated into its Struct at the edge, every failure one
-InputError line (exit 2) that names the file and what is wrong."""
+"""Reading input files at the edge: a contract file's JSON decoded and validated into its Struct, every
+failure one InputError line (exit 2) that names the file and what is wrong; and the one way to read a
+source file that an input names (`read_source`: regular files only, capped)."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
 import msgspec
 
@@ -12,14 +15,77 @@ from perfdoctor.errors import InputError
 
 T = TypeVar("T")
 
+# Value limits of the numbers perfdoctor reads back: a step time is a positive, finite number of
+# milliseconds below a day (1e308 or a negative time is a broken or hostile file, not a slow run)
+MAX_MS = 86_400_000.0
+StepMs = Annotated[float, msgspec.Meta(gt=0, le=MAX_MS)]  # one step, or a median of steps
+Ms = Annotated[float, msgspec.Meta(ge=0, le=MAX_MS)]  # a part of a step: may be 0
+Count = Annotated[int, msgspec.Meta(ge=0)]
 
-def read_bytes(path: Path) -> bytes:
+
+MAX_SOURCE_BYTES = 4 << 20  # a source file bigger than this is not read (the user's own code is far smaller)
+MAX_FILE_BYTES = 256 << 20  # a run file, report.json or baseline bigger than this is refused
+
+
+def _open_regular(path: Path | str) -> tuple[int, int] | None:
+    """(fd, size) of `path` opened for reading when it is a regular file, else None. Opened
+    non-blocking and checked on the open descriptor, so that a FIFO, a device (/dev/zero) or a
+    socket named by an input is never read and never blocks."""
     try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except OSError as e:
-        raise InputError(f"{path}: cannot read it ({e.strerror or e})") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except (OSError, ValueError):  # ValueError: a NUL byte in the name
+        return None
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return None
+    return fd, st.st_size
+
+
+def read_source(path: Path | str, limit: int = MAX_SOURCE_BYTES) -> bytes | None:
+    """The bytes of a source file that an input (a trace's frame, a run's hotspots, its script) names:
+    None unless it is a regular file of at most `limit` bytes that can be read."""
+    opened = _open_regular(path)
+    if opened is None:
+        return None
+    fd, size = opened
+    if size > limit:
+        os.close(fd)
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError:
+        return None
+    return data if len(data) <= limit else None  # it grew while being read
+
+
+def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """A perfdoctor JSON file (run file, report.json, baseline): regular files only, at most `limit`
+    bytes; InputError otherwise."""
+    if not path.exists():
+        raise InputError(f"{path}: no such file")
+    opened = _open_regular(path)
+    if opened is None:
+        if path.is_dir():
+            raise InputError(f"{path} is a folder, not a file")
+        try:  # the reason it could not be opened, or that it is not a regular file
+            path.open("rb").close()
+        except OSError as e:
+            raise InputError(f"{path}: cannot read it ({e.strerror or e})") from None
+        raise InputError(f"{path}: not a regular file")
+    fd, size = opened
+    with os.fdopen(fd, "rb") as f:
+        if size > limit:
+            raise InputError(f"{path}: {size} bytes, over the {limit >> 20} MB perfdoctor reads in such a file")
+        try:
+            return f.read(limit + 1)
+        except OSError as e:
+            raise InputError(f"{path}: cannot read it ({e.strerror or e})") from None
 
 
 def decode(path: Path, raw: bytes, type: type[T], what: str, hint: str = "") -> T:
@@ -29,9 +95,33 @@ def decode(path: Path, raw: bytes, type: type[T], what: str, hint: str = "") -> 
     try:
         return msgspec.json.decode(raw, type=type)
     except msgspec.ValidationError as e:
-        raise InputError(f"{path}: not a valid {what}: {e}{tail}") from None
+        raise InputError(f"{path}: not a valid {what}: {one_line(e)}{tail}") from None
     except msgspec.DecodeError as e:
-        raise InputError(f"{path}: not readable JSON ({e}){tail}") from None
+        raise InputError(f"{path}: not readable JSON ({one_line(e)}){tail}") from None
+    except RecursionError:
+        raise InputError(f"{path}: {TOO_DEEP}") from None
+
+
+# msgspec decodes nested JSON recursively, as deep as the interpreter's recursion limit (1000 frames
+# by default, less what is already on the stack): deeper JSON is refused with this message
+TOO_DEEP = "JSON nested too deeply (perfdoctor reads at most about 900 levels of arrays and objects)"
+
+
+def one_line(e: Exception, limit: int = 200) -> str:
+    """An exception's message as one short line (a decoder's message may quote the input)."""
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def check_schema(path: Path, found: str | None, expected: str, what: str) -> None:
+    """InputError unless `found` is `expected`; a later version of the same kind of file says so."""
+    if found == expected:
+        return
+    family = expected.rsplit("/", 1)[0] + "/"
+    if isinstance(found, str) and found.startswith(family):
+        raise InputError(f"{path}: a {what} of schema {found[:80]!r}, which this perfdoctor does not read "
+                         f"(it reads {expected!r}); use the perfdoctor version that wrote it, or record it again")
+    raise InputError(f"{path}: not a {what} (expected schema {expected!r})")
 
 
 class Header(msgspec.Struct):
@@ -47,4 +137,6 @@ def schema_of(path: Path, raw: bytes) -> str | None:
     except msgspec.ValidationError:
         return None
     except msgspec.DecodeError as e:
-        raise InputError(f"{path}: not readable JSON ({e})") from None
+        raise InputError(f"{path}: not readable JSON ({one_line(e)})") from None
+    except RecursionError:
+        raise InputError(f"{path}: {TOO_DEEP}") from None

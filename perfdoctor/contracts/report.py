@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from perfdoctor.contracts.files import decode, read_bytes
+from perfdoctor.contracts.files import Count, Ms, StepMs, check_schema, decode, read_bytes, schema_of
 from perfdoctor.model import SCHEMA as REPORT_SCHEMA
 from perfdoctor.model import identity_of
 
@@ -22,6 +22,27 @@ from perfdoctor.model import identity_of
 class ToolDoc(msgspec.Struct):
     name: str = "perfdoctor"
     version: str = ""
+
+
+class ThresholdDoc(msgspec.Struct):
+    rule: str
+    name: str
+    default: Any = None
+    value: Any = None
+
+
+class ProjectRuleDoc(msgspec.Struct):
+    id: str
+    file: str = ""
+
+
+class ConfigDoc(msgspec.Struct):
+    """What the project's `[tool.perfdoctor]` changed: rules turned off, thresholds moved, rules added."""
+
+    file: str | None = None
+    rules_off: list[str] = []
+    thresholds: list[ThresholdDoc] = []
+    project_rules: list[ProjectRuleDoc] = []
 
 
 class RunInfoDoc(msgspec.Struct):
@@ -42,20 +63,24 @@ class RunInfoDoc(msgspec.Struct):
     torch: str | None = None
     exit: dict[str, Any] = {}
     settings: str | None = None
+    # present when the project's config changed what is checked (rules.config.check_settings)
+    config: ConfigDoc | None = None
+    # present when the loader dropped or repaired trace events: how many, by reason
+    dropped_events: dict[str, int] = {}
 
 
 class StepTimeDoc(msgspec.Struct):
-    median: float | None = None
-    p90: float | None = None
-    mean: float | None = None
-    min: float | None = None
-    max: float | None = None
-    n: int | None = None
+    median: StepMs | None = None
+    p90: StepMs | None = None
+    mean: StepMs | None = None
+    min: StepMs | None = None
+    max: StepMs | None = None
+    n: Count | None = None
 
 
 class BreakdownDoc(msgspec.Struct):
     category: str
-    ms: float | None = None
+    ms: Ms | None = None
     fraction: float | None = None
 
 
@@ -145,8 +170,15 @@ class ReportDoc(msgspec.Struct):
         return None if f is None else f.value
 
 
+def is_report(path: Path, raw: bytes) -> bool:
+    """A report.json of any version (`decode_report` refuses the ones this perfdoctor cannot read)."""
+    schema = schema_of(path, raw)
+    return isinstance(schema, str) and schema.startswith("perfdoctor/report/")
+
+
 def decode_report(path: Path, raw: bytes) -> ReportDoc:
     """A report.json's bytes, validated (InputError naming the file and the bad field otherwise)."""
+    check_schema(path, schema_of(path, raw), REPORT_SCHEMA, "perfdoctor report.json")
     return decode(path, raw, ReportDoc, f"perfdoctor report ({REPORT_SCHEMA})")
 
 

@@ -17,6 +17,7 @@ import msgspec
 from msgspec import UNSET, Struct, UnsetType
 
 from perfdoctor.contracts import files
+from perfdoctor.errors import InputError
 
 SCHEMA = "perfdoctor/run/v1"
 T = TypeVar("T")
@@ -90,14 +91,14 @@ class Meta(Struct, kw_only=True):
 
 class Step(Struct, kw_only=True):
     """One step of the whole run; times in ms, `end_s` since the script started."""
-    i: int
+    i: files.Count
     end_s: float | None = None
-    wall_ms: float
-    data_ms: float | None = None
-    forward_ms: float | None = None
-    backward_ms: float | None = None
-    optimizer_ms: float | None = None
-    mem_bytes: int | None = None  # torch.cuda.memory_allocated() on CUDA, else the process RSS
+    wall_ms: files.Ms
+    data_ms: files.Ms | None = None
+    forward_ms: files.Ms | None = None
+    backward_ms: files.Ms | None = None
+    optimizer_ms: files.Ms | None = None
+    mem_bytes: files.Count | None = None  # torch.cuda.memory_allocated() on CUDA, else the process RSS
 
 
 class Steps(Struct, kw_only=True):
@@ -259,3 +260,22 @@ def encode(obj: object) -> bytes:
 def decode(data: bytes, type: type[T], path: Path) -> T:
     """`data` (the contents of `path`) as a `type`; InputError with one line saying what is wrong."""
     return files.decode(path, data, type, "perfdoctor run file", hint="run `perfdoctor run` again")
+
+
+def read(path: Path, type: type[T]) -> T | None:
+    """A run file as its contract (regular files only, capped), None where there is no such file."""
+    if not path.exists() and not path.is_symlink():
+        return None
+    return decode(files.read_bytes(path), type, path)
+
+
+def read_meta(run_dir: Path) -> Meta:
+    """meta.json of a run folder, validated; InputError when the folder is not a run folder, or one
+    of a schema this perfdoctor does not read."""
+    path = run_dir / "meta.json"
+    if not path.exists():
+        raise InputError(f"{run_dir} is not a perfdoctor run folder (no meta.json); "
+                         "give a folder that `perfdoctor run` wrote, or a trace file")
+    data = files.read_bytes(path)
+    files.check_schema(path, files.schema_of(path, data), SCHEMA, "perfdoctor run folder's meta.json")
+    return decode(data, Meta, path)

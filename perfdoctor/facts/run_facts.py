@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import ast
-import linecache
 import re
 import statistics
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
 
+from perfdoctor.contracts.files import TOO_DEEP, check_schema, read_bytes, read_source
 from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Site, Step, Steps, Window, Workers, decode
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts, Subject
@@ -45,13 +46,10 @@ class RunData:
 
 
 def _bytes(path: Path) -> bytes | None:
-    """The file's contents, None if there is no such file."""
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
+    """The file's contents (regular files only, capped: contracts.files.read_bytes), None if there is no such file."""
+    if not path.exists() and not path.is_symlink():
         return None
-    except OSError as e:
-        raise InputError(f"{path} is not readable JSON ({e}); run `perfdoctor run` again") from None
+    return read_bytes(path)
 
 
 def _read(path: Path, type: type[T]) -> T:
@@ -68,9 +66,13 @@ def _read_meta(run_dir: Path) -> tuple[Meta, dict[str, Any]]:
         raw = None if data is None else msgspec.json.decode(data)
     except msgspec.DecodeError as e:
         raise InputError(f"{path} is not readable JSON ({e}); run `perfdoctor run` again") from None
-    if data is None or not isinstance(raw, dict) or raw.get("schema") != SCHEMA:
+    except RecursionError:
+        raise InputError(f"{path}: {TOO_DEEP}") from None
+    if data is None or not isinstance(raw, dict):
         raise InputError(f"{run_dir} is not a perfdoctor run folder (no meta.json); "
                          "give a folder that `perfdoctor run` wrote, or a trace file")
+    schema = raw.get("schema")
+    check_schema(path, schema if isinstance(schema, str) else None, SCHEMA, "perfdoctor run folder's meta.json")
     return decode(data, Meta, path), raw
 
 
@@ -190,11 +192,18 @@ def _subject(facts: Facts, kind: str, site: Site | None):
     return s
 
 
+@lru_cache(maxsize=128)
+def _source_lines(file: str) -> list[str]:
+    """The lines of a user file the run names (regular files only, capped: contracts.files.read_source)."""
+    data = read_source(file)
+    return [] if data is None else data.decode("utf-8", "replace").splitlines(keepends=True)
+
+
 def _function_spans(file: str) -> list[tuple[int, int, int]]:
     """(def line, first body line, end line) of every function in `file`, outer ones first."""
     try:
-        tree = ast.parse("".join(linecache.getlines(file)))
-    except (SyntaxError, ValueError):
+        tree = ast.parse("".join(_source_lines(file)))
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []
     return [(n.lineno, n.body[0].lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -213,7 +222,8 @@ def _enclosing_start(spans: list[tuple[int, int, int]], line: int) -> int | None
 def _hot_lines(file: str, rows: list[dict]) -> list[dict[str, Any]]:
     """A function's hottest lines (up to 5, each at least 5% of its samples) with their code."""
     total = sum(x["samples"] for x in rows)
-    return [{"line": x["line"], "code": linecache.getline(file, x["line"]).strip(),
+    lines = _source_lines(file)
+    return [{"line": x["line"], "code": lines[x["line"] - 1].strip() if 0 < x["line"] <= len(lines) else "",
              "share": round(x["samples"] / total, 3), "samples": x["samples"]}
             for x in sorted(rows, key=lambda x: -x["samples"])[:5] if x["samples"] / total >= 0.05]
 

@@ -32,8 +32,11 @@ from perfdoctor.contracts.baseline import (
     ToolDoc,
     read_baseline,
 )
+from perfdoctor.contracts.files import read_source
 from perfdoctor.contracts.report import ReportDoc, read_report
 from perfdoctor.contracts.report import SummaryDoc as ReportSummaryDoc
+from perfdoctor.contracts.run import Steps, read_meta
+from perfdoctor.contracts.run import read as read_run_file
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
 from perfdoctor.stats import steady_steps, warmup_steps
@@ -94,22 +97,9 @@ def _r(v: float | None, nd: int = 4) -> float | None:
     return None if v is None else round(v, nd)
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: not readable JSON ({e})") from None
-
-
 def _sha256(path: str | None) -> str | None:
-    if not path:
-        return None
-    try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return None
+    data = read_source(path) if path else None  # the script the run names: a regular file, capped
+    return hashlib.sha256(data).hexdigest() if data is not None else None
 
 
 def _script_args(argv: list[str], script: str | None) -> list[str]:
@@ -166,15 +156,18 @@ def _identity(env: dict[str, Any], script: str | None, argv: list[str] | None, s
 def record_from_run_dir(run_dir: Path | str) -> RunRecord:
     """A run record from a run folder (meta.json, steps.json, report.json)."""
     run_dir = Path(run_dir)
-    meta = _read_json(run_dir / "meta.json")
-    steps = (_read_json(run_dir / "steps.json") or {}).get("steps") or []
+    meta = read_meta(run_dir)
+    run_steps = read_run_file(run_dir / "steps.json", Steps)
+    steps: list[dict[str, Any]] = msgspec.to_builtins(run_steps.steps) if run_steps is not None else []
+    window: dict[str, Any] | None = msgspec.to_builtins(meta.window) if meta.window is not None else None
     report = read_report(run_dir / "report.json") if (run_dir / "report.json").exists() else ReportDoc(
         schema="", summary=ReportSummaryDoc(), findings=[])
     notes: list[str] = []
     timed = [s for s in steps if s.get("wall_ms") is not None]
-    steady = [float(s["wall_ms"]) for s in steady_steps(timed, meta.get("window"), min_steps=MIN_STEPS)]
+    # a step of 0 ms (a clock too coarse to see it) has no place in the log-scale statistics
+    steady = [float(s["wall_ms"]) for s in steady_steps(timed, window, min_steps=MIN_STEPS) if s["wall_ms"] > 0]
     drop = warmup_steps(len(timed))
-    if timed and len(steady) != len(steady_steps(timed, meta.get("window"), min_steps=0)):
+    if timed and len(steady) != len(steady_steps(timed, window, min_steps=0)):
         notes.append(f"{run_dir.name}: too few steady-state steps outside the profiler window and warm-up; "
                      f"the gate used {len(steady)} steps that include some of them. "
                      f"Run more steps (--steps) for a cleaner gate.")
@@ -185,9 +178,9 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
     mems = [int(s["mem_bytes"]) for s in steps if s.get("mem_bytes") is not None]
     peak = _peak(report)
     peak = peak if peak is not None else (max(mems) if mems else None)
-    script = meta.get("script") or meta.get("module")
-    sha = meta.get("script_sha256") or _sha256(meta.get("script"))
-    return RunRecord(source=str(run_dir), env=_identity(meta.get("env") or {}, script, list(meta.get("argv") or []), sha),
+    script = meta.script or meta.module
+    sha = _sha256(meta.script)
+    return RunRecord(source=str(run_dir), env=_identity(msgspec.to_builtins(meta.env), script, list(meta.argv), sha),
                      step_ms=steady, median_ms=median, batch_size=_batch_size(report), peak_memory_bytes=peak,
                      counters=_counters(report), findings=_findings(report), notes=notes, warmup_dropped=drop)
 

@@ -18,8 +18,8 @@ from typing import Any
 import msgspec
 
 from perfdoctor.contracts.baseline import Environment, GateFinding, is_baseline
-from perfdoctor.contracts.files import read_bytes, schema_of
-from perfdoctor.contracts.report import REPORT_SCHEMA, decode_report
+from perfdoctor.contracts.files import read_bytes
+from perfdoctor.contracts.report import decode_report, is_report
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
 from perfdoctor.gate.baseline import (
@@ -264,7 +264,7 @@ def load_side(path: Path | str) -> Baseline | list[RunRecord]:
     raw = read_bytes(path)
     if is_baseline(path, raw):
         return load_baseline(path)
-    if schema_of(path, raw) == REPORT_SCHEMA:
+    if is_report(path, raw):
         if (path.parent / "meta.json").exists() and (path.parent / "steps.json").exists():
             return [record_from_run_dir(path.parent)]
         return [record_from_report(decode_report(path, raw), str(path))]

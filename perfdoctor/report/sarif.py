@@ -138,13 +138,18 @@ def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str |
     run: dict[str, Any] = {"tool": {"driver": {"name": "perfdoctor", "version": __version__, "semanticVersion": __version__,
                                                "informationUri": INFO_URI, "rules": descriptors}},
                            "results": results, "columnKind": "unicodeCodePoints"}
+    info = r.get("run") or {}
+    props = {k: info[key] for k, key in (("perfdoctorConfig", "config"), ("perfdoctorDroppedEvents", "dropped_events"))
+             if info.get(key)}  # what the project's config changed; trace events dropped or repaired
+    if props:
+        run["properties"] = props
     if comparison is not None:
         c = _as_dict(comparison)
         new = {f["fingerprint"] for f in c.get("new_findings") or []}
         for res, f in zip(results, findings):
             res["baselineState"] = "new" if identity_of(f) in new else "unchanged"
-        run["properties"] = {"perfdoctorGate": {k: c.get(k) for k in ("verdict", "failed", "max_regression", "ci_level",
-                                                                      "rows", "resolved_findings", "notes")}}
+        run.setdefault("properties", {})["perfdoctorGate"] = {k: c.get(k) for k in ("verdict", "failed", "max_regression", "ci_level",
+                                                                      "rows", "resolved_findings", "notes")}
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": [run]}
 
 

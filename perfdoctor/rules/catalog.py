@@ -200,27 +200,40 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     )
 
 
+MAX_RULE_BYTES = 1 << 20  # a rule file bigger than this is refused
+
+
 def load_rule_file(path: Path) -> Rule:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()[:MAX_RULE_BYTES + 1]
+        if len(raw) > MAX_RULE_BYTES:
+            raise RuleError(f"rule file {path} is over {MAX_RULE_BYTES >> 20} MB")
+        data = tomllib.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise RuleError(f"cannot read rule file {path}: {e}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise RuleError(f"rule file {path} is not valid TOML: {e}") from None
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        raise RuleError(f"rule file {path} is not valid TOML: {' '.join(str(e).split())[:200]}") from None
     rule = parse_rule(data, str(path))
     rule.path = path
     return rule
 
 
 def load_rules(extra_dirs: list[Path] | None = None) -> list[Rule]:
-    """The built-in rules plus the user's own rule folders; a user rule with a built-in id replaces it."""
+    """The built-in rules plus the project's own rule folders. A project rule may not take a
+    built-in rule's id (it would replace what the CI gate checks), nor two project rules one id."""
     rules: dict[str, Rule] = {}
-    for d in [builtin_rules_dir(), *(extra_dirs or [])]:
+    builtin: set[str] = set()
+    for n, d in enumerate([builtin_rules_dir(), *(extra_dirs or [])]):
         if not d.is_dir():
             raise RuleError(f"rules folder {d} does not exist")
         for p in sorted(d.glob("*.toml")):
             r = load_rule_file(p)
+            if n > 0 and r.id in rules:
+                what = "a built-in rule" if r.id in builtin else f"{rules[r.id].path}"
+                raise RuleError(f"{p}: rule id {r.id} is already taken by {what}; give the project rule its own id")
             rules[r.id] = r
+        if n == 0:
+            builtin = set(rules)
     return sorted(rules.values(), key=lambda r: r.id)
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import linecache
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.contracts.files import read_source
 from perfdoctor.errors import RuleError
 from perfdoctor.facts.model import Facts, Subject
-from perfdoctor.model import Fact, Finding, Fix
+from perfdoctor.model import Fact, Finding, Fix, Location
 from perfdoctor.rules.catalog import TEMPLATE_RE, Rule, split_placeholder
 from perfdoctor.rules.config import Settings
 from perfdoctor.rules.expr import Missing, evaluate, names_in
@@ -47,11 +48,13 @@ def _fmt(value: Any, spec: str) -> str:
     if spec:
         try:
             return format(value, spec)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return str(value)
     if isinstance(value, bool):
         return "True" if value else "False"
     if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
         if value == int(value) and abs(value) < 1e15:
             return str(int(value))
         return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
@@ -87,11 +90,45 @@ def _render_params(params: Any, lookup: Callable[[str], Any]) -> Any:
     return params
 
 
-def suppressed(finding: Finding) -> bool:
+class Sources:
+    """The user's own source files, the only files a finding's locations may make perfdoctor read
+    (for ignore comments and fixes). A location comes from the input (a trace's frame names any
+    path it likes, `/dev/zero` included): a file is read only when it lies inside the project
+    folder (where the config was read: the current directory or `--config`'s folder) or is one of
+    the run's user files, and `contracts.files.read_source` reads it (regular files only, at most
+    MAX_SOURCE_BYTES). A relative path is taken from the project folder."""
+
+    def __init__(self, project: Path, user_files: Iterable[Path | str] = ()):
+        self.project = project.resolve()
+        self.user_files = {Path(p).resolve() for p in user_files}
+        self._lines: dict[str, list[str] | None] = {}
+
+    def path(self, file: str) -> Path | None:
+        """The file's resolved path when perfdoctor may read it, else None."""
+        if not file or "\0" in file:
+            return None
+        try:
+            p = (self.project / file).resolve()
+        except (OSError, RuntimeError, ValueError):  # a symlink loop, an odd name
+            return None
+        return p if p in self.user_files or p.is_relative_to(self.project) else None
+
+    def lines(self, file: str) -> list[str] | None:
+        if file not in self._lines:
+            p = self.path(file)
+            data = read_source(p) if p is not None else None
+            self._lines[file] = None if data is None else data.decode("utf-8", "replace").splitlines()
+        return self._lines[file]
+
+    def line(self, file: str, line: int) -> str:
+        lines = self.lines(file)
+        return lines[line - 1] if lines is not None and 0 < line <= len(lines) else ""
+
+
+def suppressed(finding: Finding, sources: Sources) -> bool:
     """An inline `# perfdoctor: ignore[PD005]` (or a bare `# perfdoctor: ignore`) on a flagged line."""
     for loc in finding.locations:
-        line = linecache.getline(loc.file, loc.line) if loc.file and loc.line else ""
-        text = line or loc.code
+        text = sources.line(loc.file, loc.line) or loc.code
         m = IGNORE_RE.search(text or "")
         if m:
             if m.group(1) is None:
@@ -110,12 +147,17 @@ def _confidence(sources: set[str]) -> str:
     return "low"
 
 
-def _fix(rule: Rule, subject: Subject | None, lookup: Callable[[str], Any]) -> Fix | None:
+def _fix(rule: Rule, subject: Subject | None, lookup: Callable[[str], Any], files: Sources) -> Fix | None:
+    # a trace from elsewhere, or a location outside the user's sources: no source to rewrite
     if (rule.fix_kind and rule.fix_kind != "text" and subject is not None and subject.locations
-            and Path(subject.locations[0].file).is_file()):  # a trace from elsewhere: no source to rewrite
+            and files.lines(subject.locations[0].file) is not None):
         from perfdoctor.rules.fixes import render_fix  # imports libcst: only when there is code to fix
 
-        fix = render_fix(rule.fix_kind, subject.locations[0], _render_params(rule.fix_params, lookup))
+        loc = subject.locations[0]
+        path = files.path(loc.file)
+        assert path is not None  # lines() read it
+        fix = render_fix(rule.fix_kind, Location(str(path), loc.line, loc.code, loc.function),
+                         _render_params(rule.fix_params, lookup))
         if fix is not None:
             if not fix.note and "note" in rule.fix_text:
                 fix.note = render_template(rule.fix_text["note"], lookup)
@@ -157,7 +199,8 @@ def saving_range(expr: str, names: set[str], facts: Facts, subject: Subject | No
     return quantile(values, 0.25), quantile(values, 0.75)
 
 
-def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dict[str, Any]) -> Finding | None:
+def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dict[str, Any],
+              files: Sources) -> Finding | None:
     lookup = make_lookup(facts, subject, thresholds)
     try:
         if not evaluate(rule.when, lookup):
@@ -202,15 +245,19 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
         title=render_template(rule.title, lookup), message=render_template(rule.message, lookup),
         why=rule.doc.why.strip(), ms_per_step=ms, fraction_of_step=frac, saving_basis=basis,
         confidence=_confidence(sources), locations=list(subject.locations) if subject else [],
-        evidence=evidence, fix=_fix(rule, subject, lookup), references=list(rule.doc.references),
+        evidence=evidence, fix=_fix(rule, subject, lookup, files), references=list(rule.doc.references),
         subject=subject.key if subject else "", saving_range=spread,
     )
-    return None if suppressed(finding) else finding
+    return None if suppressed(finding, files) else finding
 
 
-def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None) -> list[Finding]:
-    """All findings, best first: measured savings (largest first), then severity."""
+def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
+          user_files: Iterable[Path | str] = ()) -> list[Finding]:
+    """All findings, best first: measured savings (largest first), then severity. The findings'
+    locations are read (ignore comments, fixes) only inside the settings' project folder or among
+    `user_files` (a run's own files): `Sources`."""
     settings = settings or Settings()
+    files = Sources(settings.project, user_files)
     findings: list[Finding] = []
     seen: set[str] = set()
     for rule in rules:
@@ -221,7 +268,7 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None) -> 
         if rule.subject and not subjects and rule.subject_optional:
             subjects = [None]  # e.g. a trace with no source locations: judge once, globally
         for subject in subjects:
-            f = judge_one(rule, facts, subject, thresholds)
+            f = judge_one(rule, facts, subject, thresholds, files)
             if f is not None and f.fingerprint() not in seen:
                 seen.add(f.fingerprint())
                 findings.append(f)

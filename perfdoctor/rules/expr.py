@@ -4,6 +4,12 @@ Expressions are parsed with `ast` and walked node by node over a whitelist; noth
 passed to `eval`. Names are fact names (`dataloader.wait_ms` parses as an attribute chain and
 is looked up as the dotted name) or rule thresholds (`threshold.min_wait_ms`). A name whose fact
 was not measured raises `Missing`, so a rule over an unmeasured fact does not fire.
+
+Limits (a project's rule files are input too; each keeps an expression's cost bounded):
+`MAX_SOURCE` characters of source, `MAX_DEPTH` levels of nesting, `MAX_POW` as an exponent,
+integers of at most `MAX_INT_BITS` bits (constants and every result: `(9**64)**64` is refused, not
+computed), `round()` to at most `MAX_ROUND_DIGITS` digits either side, strings of at most
+`MAX_STR` characters, and `MAX_EVAL_S` seconds per evaluation. Going past one is a RuleError.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import time
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -20,6 +27,10 @@ from perfdoctor.errors import RuleError
 MAX_SOURCE = 2000
 MAX_DEPTH = 40
 MAX_POW = 64
+MAX_INT_BITS = 256  # about 77 decimal digits: far beyond any measured quantity
+MAX_ROUND_DIGITS = 20
+MAX_STR = 10_000
+MAX_EVAL_S = 0.25
 
 
 class Missing(Exception):
@@ -73,6 +84,8 @@ def _fn_clamp(x: Any, lo: Any, hi: Any) -> Any:
 
 def _fn_round(x: Any, n: Any = 0) -> Any:
     _num(x, n)
+    if not -MAX_ROUND_DIGITS <= n <= MAX_ROUND_DIGITS:
+        raise RuleError(f"round() takes at most {MAX_ROUND_DIGITS} digits")
     return round(x, int(n))
 
 
@@ -109,7 +122,7 @@ def _fn_pct(x: Any) -> str:
 def _fn_str(x: Any) -> str:
     if not isinstance(x, (int, float, str, bool)):
         raise TypeError("str() takes a plain value")
-    if isinstance(x, float) and x == int(x) and abs(x) < 1e15:
+    if isinstance(x, float) and math.isfinite(x) and abs(x) < 1e15 and x == int(x):
         return str(int(x))
     return str(x)
 
@@ -150,7 +163,9 @@ def _check(node: ast.AST, depth: int = 0) -> None:
         return _check(node.body, depth + 1)
     if isinstance(node, ast.Constant):
         if not isinstance(node.value, (int, float, str, bool)) or node.value is None:
-            raise RuleError(f"constant {node.value!r} is not allowed")
+            raise RuleError(f"constant {str(node.value)[:40]!r} is not allowed")
+        if isinstance(node.value, int) and node.value.bit_length() > MAX_INT_BITS:
+            raise RuleError(f"integer constant over {MAX_INT_BITS} bits")
         if isinstance(node.value, str) and len(node.value) > 200:
             raise RuleError("string constant too long")
         return
@@ -212,7 +227,7 @@ def compile_expr(source: str) -> ast.Expression:
         # parenthesised so that rule files may break long expressions over several lines
         tree = ast.parse("(" + source.strip() + "\n)", mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        raise RuleError(f"cannot parse expression {source!r}: {e}") from None
+        raise RuleError(f"cannot parse expression {source[:80]!r}: {' '.join(str(e).split())[:120]}") from None
     _check(tree)
     return tree
 
@@ -232,16 +247,46 @@ def evaluate(source: str, lookup: Callable[[str], Any] | Mapping[str, Any]) -> A
             raise Missing(name)
 
     try:
-        return _eval(tree.body, lookup)
+        return _eval(tree.body, lookup, time.perf_counter() + MAX_EVAL_S)
     except Missing:
         raise
-    except RuleError:
-        raise
+    except RuleError as e:
+        raise RuleError(f"expression {source[:80]!r}: {e.message}") from None
     except (ArithmeticError, TypeError, ValueError, RecursionError) as e:
-        raise RuleError(f"expression {source!r} failed: {e}") from None
+        raise RuleError(f"expression {source[:80]!r} failed: {' '.join(str(e).split())[:120]}") from None
 
 
-def _eval(node: ast.AST, lookup: Callable[[str], Any]) -> Any:
+def _bounded(v: Any) -> Any:
+    """`v`, unless it is an integer or a string past the limits."""
+    if type(v) is int and v.bit_length() > MAX_INT_BITS:
+        raise RuleError(f"an integer over {MAX_INT_BITS} bits")
+    if type(v) is str and len(v) > MAX_STR:
+        raise RuleError(f"a string over {MAX_STR} characters")
+    return v
+
+
+def _pow(a: Any, b: Any) -> Any:
+    _num(a, b)
+    if abs(b) > MAX_POW:
+        raise RuleError("exponent too large")
+    if type(a) is int and type(b) is int and b > 0 and a.bit_length() * b > MAX_INT_BITS + b:
+        raise RuleError(f"an integer over {MAX_INT_BITS} bits")
+    v = a**b
+    if isinstance(v, complex):
+        raise ValueError("a negative number to a fractional power")
+    return v
+
+
+def _eval(node: ast.AST, lookup: Callable[[str], Any], deadline: float) -> Any:
+    if time.perf_counter() > deadline:
+        raise RuleError(f"evaluation took over {MAX_EVAL_S} s")
+    return _bounded(_eval_node(node, lookup, deadline))
+
+
+def _eval_node(node: ast.AST, lookup: Callable[[str], Any], deadline: float) -> Any:
+    def ev(n: ast.AST) -> Any:
+        return _eval(n, lookup, deadline)
+
     if isinstance(node, ast.Constant):
         return node.value
     if isinstance(node, (ast.Name, ast.Attribute)):
@@ -254,29 +299,26 @@ def _eval(node: ast.AST, lookup: Callable[[str], Any]) -> Any:
         if isinstance(node.op, ast.And):
             result: Any = True
             for v in node.values:
-                result = _eval(v, lookup)
+                result = ev(v)
                 if not result:
                     return result
             return result
         result = False
         for v in node.values:
-            result = _eval(v, lookup)
+            result = ev(v)
             if result:
                 return result
         return result
     if isinstance(node, ast.UnaryOp):
-        v = _eval(node.operand, lookup)
+        v = ev(node.operand)
         if isinstance(node.op, ast.Not):
             return not v
         _num(v)
         return -v if isinstance(node.op, ast.USub) else +v
     if isinstance(node, ast.BinOp):
-        a, b = _eval(node.left, lookup), _eval(node.right, lookup)
+        a, b = ev(node.left), ev(node.right)
         if isinstance(node.op, ast.Pow):
-            _num(a, b)
-            if abs(b) > MAX_POW:
-                raise RuleError("exponent too large")
-            return a**b
+            return _pow(a, b)
         if isinstance(a, str) or isinstance(b, str):
             if isinstance(node.op, ast.Add) and isinstance(a, str) and isinstance(b, str):
                 return a + b
@@ -284,17 +326,17 @@ def _eval(node: ast.AST, lookup: Callable[[str], Any]) -> Any:
         _num(a, b)
         return _BINOPS[type(node.op)](a, b)
     if isinstance(node, ast.Compare):
-        left = _eval(node.left, lookup)
+        left = ev(node.left)
         for op, comp in zip(node.ops, node.comparators):
-            right = _eval(comp, lookup)
+            right = ev(comp)
             if not _CMPOPS[type(op)](left, right):
                 return False
             left = right
         return True
     if isinstance(node, ast.IfExp):
-        return _eval(node.body, lookup) if _eval(node.test, lookup) else _eval(node.orelse, lookup)
+        return ev(node.body) if ev(node.test) else ev(node.orelse)
     if isinstance(node, (ast.Tuple, ast.List)):
-        return tuple(_eval(e, lookup) for e in node.elts)
+        return tuple(ev(e) for e in node.elts)
     if isinstance(node, ast.Call):
         fname = node.func.id  # type: ignore[attr-defined]
         if fname == "has":
@@ -303,7 +345,7 @@ def _eval(node: ast.AST, lookup: Callable[[str], Any]) -> Any:
                 return True
             except Missing:
                 return False
-        return FUNCTIONS[fname](*(_eval(a, lookup) for a in node.args))
+        return FUNCTIONS[fname](*(ev(a) for a in node.args))
     raise RuleError(f"{type(node).__name__} is not allowed")  # unreachable after _check
 
 

@@ -6,11 +6,27 @@ structs that declare only the fields analysis keeps (msgspec skips the rest in C
 falls inside a string does not decode and is simply extended with the next bytes. Whatever is
 before the array (and the last chunk with whatever follows it) is decoded as one small JSON
 object, which also yields `deviceProperties` and `distributedInfo`.
+
+Limits (a trace may come from anywhere; each keeps time and memory proportional to the file):
+- `MAX_HEAD`: the bytes before `"traceEvents": [` (torch.profiler writes a few KB there);
+- `MAX_EVENT_BYTES`: one event's JSON;
+- `MAX_STRING`: a name, track or call stack longer than this is cut to it (counted as repaired);
+- `MAX_EXPANSION`: a gzip file expands at most this many times (real traces: 10-30x), with a floor
+  of `MIN_EXPANDED` bytes;
+- `EVENTS_PER_MB`: events per MB of the file on disk (real traces: 4,000-70,000), with a floor of
+  `MIN_EVENTS`;
+- JSON nesting: as deep as msgspec decodes within the interpreter's recursion limit (about 900).
+Going past a limit is an InputError (exit 2) naming the file and the limit, except `MAX_STRING`.
+Events that cannot be used (no timestamp, no name, no duration on a complete event, wrong-typed
+fields, times beyond `MAX_TIME`) are dropped, and odd values (negative durations, ids beyond
+64 bits) repaired; both are counted by reason in `Trace.dropped`.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import zlib
 from array import array
 from collections.abc import Iterator
@@ -19,6 +35,7 @@ from typing import Any
 
 import msgspec
 
+from perfdoctor.contracts.files import TOO_DEEP
 from perfdoctor.errors import InputError
 from perfdoctor.trace.model import CATEGORY_KIND, CPU_OP, MEMORY, PYFUNC, USER_ANN, Trace, gc_paused
 from perfdoctor.trace.steps import find_steps
@@ -26,6 +43,14 @@ from perfdoctor.trace.steps import find_steps
 READ_SIZE = 4 << 20  # bytes per read of a plain file
 GZ_READ_SIZE = 1 << 20  # compressed bytes per read of a gzip file
 CHUNK = 8 << 20  # decode the events array in pieces of about this many bytes
+MAX_HEAD = 64 << 20  # bytes before the events array
+MAX_EVENT_BYTES = 64 << 20  # one event
+MAX_STRING = 64 << 10  # characters of one name, track or call stack (longer ones are cut)
+MAX_EXPANSION = 200  # decompressed bytes per byte of a gzip file...
+MIN_EXPANDED = 256 << 20  # ...or this many, whichever is more
+EVENTS_PER_MB = 1_000_000  # events per MB of the file on disk...
+MIN_EVENTS = 2_000_000  # ...or this many, whichever is more
+MAX_TIME = 1e20  # |ts| and dur (µs; ns in some dialects): beyond is not a time, and sums of it stay finite
 
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 _RANK_IN_NAME = re.compile(r"(?:worker|rank)[-_]?(\d+)", re.IGNORECASE)
@@ -60,11 +85,11 @@ class Args(msgspec.Struct, gc=False):
 class Ev(msgspec.Struct, gc=False):
     ph: str = ""
     cat: str = ""
-    name: str = ""
+    name: str | None = None  # None: absent (the event is dropped)
     pid: int | str = 0
     tid: int | str = 0
-    ts: float = 0.0
-    dur: float = 0.0
+    ts: float | None = None
+    dur: float | None = None
     args: Args | None = None
 
 
@@ -89,13 +114,18 @@ _any_decoder = msgspec.json.Decoder()
 
 
 class _Interner(dict):
-    """str -> index into `strings`, adding unseen strings on lookup."""
+    """str -> index into `strings`, adding unseen strings on lookup. A string over MAX_STRING is
+    stored cut to it (and never kept whole as a key); `cut` counts them."""
 
     def __init__(self, strings: list[str]):
         super().__init__()
         self.strings = strings
+        self.cut = 0
 
     def __missing__(self, s: str) -> int:
+        if len(s) > MAX_STRING:
+            self.cut += 1
+            return self[s[:MAX_STRING]]
         i = self[s] = len(self.strings)
         self.strings.append(s)
         return i
@@ -122,14 +152,18 @@ def _kind_of(cat: str) -> int:
 _NO_ARGS = Args()
 
 
-def _extend(col: array, values: list, default: int = -1) -> None:
-    """Append a chunk's values to a column; a null (None) or an out-of-range number becomes `default`."""
+def _extend(col: array, values: list, default: int = -1) -> int:
+    """Append a chunk's values to a column; a null (None) or an out-of-range number becomes `default`.
+    Returns how many out-of-range numbers were replaced."""
     try:
         part = array(col.typecode, values)
     except (TypeError, OverflowError):
         lim = 1 << (8 * col.itemsize - 1)
         part = array(col.typecode, [v if type(v) is int and -lim <= v < lim else default for v in values])
+        col += part
+        return sum(1 for v in values if v is not None and not (type(v) is int and -lim <= v < lim))
     col += part
+    return 0
 
 
 class _Builder:
@@ -142,46 +176,74 @@ class _Builder:
         self.tracks = _Lazy(lambda tk: self.sidx[f"{tk[0]}/{tk[1]}"])
         self.kinds = _Lazy(_kind_of)
         self.want_shape = _Lazy(lambda ni: any(w in trace.strings[ni].lower() for w in _SHAPE_WORDS))
-        self.skipped = 0
+        self.dropped = trace.dropped
+        self.seen = 0  # events decoded, kept or not (EVENTS_PER_MB)
+
+    def count(self, why: str, n: int = 1) -> None:
+        if n:
+            self.dropped[why] = self.dropped.get(why, 0) + n
 
     def add(self, events: list[Ev]) -> None:
         t, kinds_of, sidx, tracks = self.t, self.kinds, self.sidx, self.tracks
+        self.seen += len(events)
         # complete events of known categories, and "[memory]" instant events (name checked below)
         ks = [kinds_of[e.cat] if e.ph == "X" else MEMORY if e.ph == "i" else -1 for e in events]
-        keep = [e for e, k in zip(events, ks) if k >= 0 and (k != MEMORY or e.name == "[memory]")]
-        if not keep:
+        cand = [(e, k) for e, k in zip(events, ks) if k >= 0 and (k != MEMORY or e.name == "[memory]")]
+        # usable: a name, a timestamp, and a duration on a complete event, all within MAX_TIME
+        pairs = [(e, k) for e, k in cand if e.name is not None and e.ts is not None and -MAX_TIME < e.ts < MAX_TIME
+                 and (k == MEMORY or e.dur is not None and e.dur < MAX_TIME)]
+        if len(pairs) < len(cand):
+            self._count_unusable(cand)
+        if not pairs:
             return
-        if len(keep) < len(events):
-            ks = [k for e, k in zip(events, ks) if k >= 0 and (k != MEMORY or e.name == "[memory]")]
+        keep = [e for e, _ in pairs]
+        ks = [k for _, k in pairs]
         base = len(t.kind)
-        names = [sidx[e.name] for e in keep]
+        cut = sidx.cut
+        names = [sidx[e.name] for e in keep]  # never None: checked above
         args = [e.args or _NO_ARGS for e in keep]
         t.kind += array("b", ks)
         t.name += array("i", names)
-        t.ts += array("d", [e.ts for e in keep])
-        t.dur += array("d", [e.dur if e.dur > 0 else 0.0 for e in keep])
+        t.ts += array("d", [e.ts for e in keep])  # never None: checked above
+        durs = [e.dur for e in keep]
+        t.dur += array("d", [d if d is not None and d > 0 else 0.0 for d in durs])
+        self.count("with a negative duration set to 0", sum(1 for d in durs if d is not None and d < 0))
         t.track += array("i", [tracks[e.pid, e.tid] for e in keep])
         # python_function events carry their own id and their parent's in place of External id/correlation
-        _extend(t.ext, [a.py_id if k == PYFUNC else a.ext if a.ext != -1 else a.ext_legacy
-                        for a, k in zip(args, ks)])
-        _extend(t.corr, [a.py_parent if k == PYFUNC else a.correlation for a, k in zip(args, ks)])
-        _extend(t.stream, [a.stream for a in args])
-        _extend(t.device, [a.device for a in args])
-        _extend(t.nbytes, [b if type(b) is int else _as_int(b)
-                           for b in (a.bytes if a.bytes is not None else a.mem_bytes for a in args)], 0)
+        odd = _extend(t.ext, [a.py_id if k == PYFUNC else a.ext if a.ext != -1 else a.ext_legacy
+                              for a, k in zip(args, ks)])
+        odd += _extend(t.corr, [a.py_parent if k == PYFUNC else a.correlation for a, k in zip(args, ks)])
+        odd += _extend(t.stream, [a.stream for a in args])
+        odd += _extend(t.device, [a.device for a in args])
+        odd += _extend(t.nbytes, [b if type(b) is int else _as_int(b)
+                                  for b in (a.bytes if a.bytes is not None else a.mem_bytes for a in args)], 0)
+        self.count("with an id or size beyond 64 bits ignored", odd)
         want = self.want_shape
         for j, a in enumerate(args):
             if a is _NO_ARGS or not (ks[j] == CPU_OP or ks[j] == USER_ANN):
                 continue
             if a.call_stack:
                 t.call_stack[base + j] = sidx[a.call_stack]
-            if want[names[j]]:
+            if want[names[j]] and len(a.input_type) + len(a.input_dims) <= MAX_STRING:
                 types = bytes(a.input_type)
                 if types[:1] == b"[":
                     t.shapes[base + j] = (types, bytes(a.input_dims))
                 if a.in_nelems is not None or a.collective is not None:
                     t.comm[base + j] = {"in_nelems": a.in_nelems, "out_nelems": a.out_nelems,
-                                        "dtype": a.dtype, "collective": a.collective}
+                                        "dtype": a.dtype[:MAX_STRING] if a.dtype else a.dtype,
+                                        "collective": a.collective[:MAX_STRING] if a.collective else a.collective}
+        self.count("with a string over 64 KB cut", sidx.cut - cut)
+
+    def _count_unusable(self, cand: list[tuple[Ev, int]]) -> None:
+        for e, k in cand:
+            if e.name is None:
+                self.count("without a name")
+            elif e.ts is None:
+                self.count("without a timestamp")
+            elif k != MEMORY and e.dur is None:
+                self.count("without a duration")
+            elif not -MAX_TIME < e.ts < MAX_TIME or e.dur is not None and e.dur >= MAX_TIME:
+                self.count("with a time beyond 1e20")
 
     def add_lenient(self, raw: Any) -> None:
         """Events that msgspec could not type in bulk: convert one by one, skip the bad ones."""
@@ -192,7 +254,10 @@ class _Builder:
             try:  # through JSON again, as `Raw` fields only decode from JSON
                 good.append(_one_decoder.decode(msgspec.json.encode(e)))
             except (msgspec.ValidationError, msgspec.DecodeError):
-                self.skipped += 1
+                self.seen += 1
+                if isinstance(e, dict) and (e.get("ph") == "X" and _kind_of(str(e.get("cat", ""))) >= 0
+                                            or e.get("ph") == "i" and e.get("name") == "[memory]"):
+                    self.count("with wrong-typed fields")  # an event analysis would have used
         self.add(good)
 
 
@@ -204,7 +269,8 @@ def _as_int(v: Any) -> int:
 
 
 def _pieces(path: Path) -> Iterator[bytes]:
-    """The file's bytes, decompressed if it is gzip (by magic number, not by name)."""
+    """The file's bytes, decompressed if it is gzip (by magic number, not by name), at most
+    MAX_EXPANSION times the file's size (or MIN_EXPANDED bytes) out of a gzip file."""
     try:
         f = open(path, "rb")
     except IsADirectoryError:
@@ -212,6 +278,8 @@ def _pieces(path: Path) -> Iterator[bytes]:
     except OSError as e:
         raise InputError(f"cannot read {path}: {e.strerror or e}; check the path and its permissions") from None
     with f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise InputError(f"{path}: not a regular file; give a torch.profiler trace (.json or .json.gz)")
         first = f.read(GZ_READ_SIZE)
         if first[:2] != b"\x1f\x8b":
             data = first
@@ -219,6 +287,7 @@ def _pieces(path: Path) -> Iterator[bytes]:
                 yield data
                 data = f.read(READ_SIZE)
             return
+        budget = max(MIN_EXPANDED, MAX_EXPANSION * os.fstat(f.fileno()).st_size)
         d = zlib.decompressobj(47)
         data = first
         try:
@@ -233,6 +302,10 @@ def _pieces(path: Path) -> Iterator[bytes]:
                 # make the events decoded at once (and the memory they take) as big
                 out = d.decompress(data, READ_SIZE)
                 data = d.unconsumed_tail or d.unused_data
+                budget -= len(out)
+                if budget < 0:
+                    raise InputError(f"{path}: the gzip data expands more than {MAX_EXPANSION} times (a trace "
+                                     f"compresses 10-30 times); not a torch.profiler trace")
                 yield out
             yield d.flush()
         except zlib.error as e:
@@ -247,29 +320,47 @@ def load_trace(path: Path | str) -> Trace:
     if not path.exists():
         raise InputError(f"{path} does not exist; give the path of a torch.profiler trace (.json or .json.gz)")
     with gc_paused():
-        return _load(path)
+        try:
+            return _load(path)
+        except RecursionError:
+            raise InputError(f"{path}: {TOO_DEEP}") from None
 
 
 def _load(path: Path) -> Trace:
     trace = Trace(path=path)
     b = _Builder(trace)
+    try:
+        max_events = max(MIN_EVENTS, EVENTS_PER_MB * path.stat().st_size // (1 << 20))
+    except OSError as e:
+        raise InputError(f"cannot read {path}: {e.strerror or e}") from None
     head = bytearray()  # bytes before the events array (then: the object's head up to `traceEvents:`)
     buf: bytearray | None = None  # the events array so far, always starting with "["
     next_try = CHUNK
     for piece in _pieces(path):
         if buf is None:
+            searched = max(0, len(head) - 4096)  # search the new bytes (the key may straddle two pieces)
             head += piece
-            m = _ARRAY_START.search(head)
-            if m is None:
-                continue
-            buf = bytearray(head[m.end() - 1:])
-            del head[m.end() - 1:]
+            start = head.lstrip()[:1]
+            if start == b"[":  # a bare Chrome-trace event array: streamed like the object's array
+                buf = bytearray(head.lstrip())
+                head.clear()
+            else:
+                m = _ARRAY_START.search(head, searched)
+                if m is None:
+                    if len(head) > MAX_HEAD:
+                        raise InputError(f"{path}: no `traceEvents` array in its first {MAX_HEAD >> 20} MB; "
+                                         "it is not a torch.profiler Chrome trace")
+                    continue
+                buf = bytearray(head[m.end() - 1:])
+                del head[m.end() - 1:]
         else:
             buf += piece
         if len(buf) < next_try:
             continue
         c = _last_split(buf)
         if c <= 0:
+            if len(buf) > MAX_EVENT_BYTES + CHUNK:
+                raise InputError(f"{path}: an event over {MAX_EVENT_BYTES >> 20} MB; not a torch.profiler trace")
             next_try = len(buf) + CHUNK
             continue
         buf[c] = 0x5D  # "]": close the array after the last whole event
@@ -280,16 +371,28 @@ def _load(path: Path) -> Trace:
             b.add_lenient(_try_any(buf, c + 1))
         except (msgspec.DecodeError, UnicodeDecodeError):  # the cut fell inside a string: extend with the next bytes
             buf[c] = 0x2C
+            if len(buf) > MAX_EVENT_BYTES + CHUNK:
+                raise InputError(f"{path}: an event over {MAX_EVENT_BYTES >> 20} MB, or JSON that does not "
+                                 "decode; not a torch.profiler trace") from None
             next_try = len(buf) + CHUNK
             continue
         if events is not None:
             b.add(events)
             del events
+        if b.seen > max_events:
+            raise _too_many(path, max_events)
         del buf[:c]
         buf[0] = 0x5B  # "["
         next_try = CHUNK
     _finish(trace, b, head, buf)
+    if b.seen > max_events:
+        raise _too_many(path, max_events)
     return trace
+
+
+def _too_many(path: Path, n: int) -> InputError:
+    return InputError(f"{path}: more than {n} events, over {EVENTS_PER_MB} per MB of the file "
+                      "(real traces hold under 100,000 per MB); not a torch.profiler trace")
 
 
 def _try_any(buf: bytearray, end: int) -> Any:
@@ -322,18 +425,13 @@ def _last_split(buf: bytearray) -> int:
 def _finish(trace: Trace, b: _Builder, head: bytearray, buf: bytearray | None) -> None:
     path = trace.path
     if buf is None:  # no "traceEvents": [ found
-        text = bytes(head).strip()
-        if not text:
+        doc = bytes(head).strip()
+        if not doc:
             raise InputError(f"{path} is empty; give a torch.profiler trace (.json or .json.gz)")
-        if text[:1] == b"[":  # a bare Chrome-trace event array
-            doc = text
-            top = None
-        else:
-            doc = text
-            top = True
-    else:
-        doc = bytes(head) + bytes(buf)
         top = True
+    else:  # the events array, after the object's head; or a bare Chrome-trace event array (no head)
+        top = bool(head.strip())
+        doc = bytes(head) + bytes(buf)
     del buf
     if top:
         try:

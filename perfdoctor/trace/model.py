@@ -93,6 +93,8 @@ class Trace:
     cpu_steps: list[tuple[float, float]] = field(default_factory=list)  # the steps' CPU-side spans µs
     step_source: str = "whole-run"  # "profiler-step", "annotation" or "whole-run"
     dropped_last_step: bool = False
+    # events the loader dropped or repaired, by reason (a note in every format says so)
+    dropped: dict[str, int] = field(default_factory=dict)
     _by_kind: list[array] | None = field(default=None, repr=False, compare=False)  # see indices()
 
     def __len__(self) -> int:

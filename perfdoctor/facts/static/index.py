@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.contracts.files import read_source
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.model import Location
 
@@ -40,8 +41,10 @@ _DETAIL = "static read of the source"
 
 def read(path: Path) -> SourceIndex | None:
     """The index of one file, or None when it cannot be read, decoded or parsed."""
+    raw = read_source(path)  # regular files only, capped: the run folder names these files
+    if raw is None:
+        return None
     try:
-        raw = path.read_bytes()
         encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
         text = raw.decode(encoding)
     except (OSError, SyntaxError, UnicodeDecodeError, LookupError):

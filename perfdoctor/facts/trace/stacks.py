@@ -56,7 +56,8 @@ class Stacks:
         track, ext = t.track, t.ext
         for i in t.indices(PYFUNC):
             self.by_track[track[i]].append(i)
-            self.by_id[ext[i]] = i
+            if ext[i] >= 0:  # -1: the trace gave no Python id (then the event has no known caller)
+                self.by_id[ext[i]] = i
         for lst in self.by_track.values():
             lst.sort(key=t.ts.__getitem__)
         self.starts = {k: [t.ts[i] for i in v] for k, v in self.by_track.items()}
@@ -93,7 +94,9 @@ class Stacks:
         else:
             return None
         caller: int | None = p
-        while caller is not None:
+        seen: set[int] = set()  # a hostile or broken trace may chain ids into a cycle (an event its own parent)
+        while caller is not None and caller not in seen:
+            seen.add(caller)
             u = self.named_frame(t.name[caller])
             if u:
                 return u, caller
