@@ -162,9 +162,32 @@ def test_remove_call(script):
     f = fix(script, "remove-call", 28)
     assert (f.before, f.after) == ("    torch.cuda.empty_cache()", "")
     assert "empty_cache" in f.note
-    f = fix(script, "remove-call", 30)  # the only statement of its block
-    assert (f.before, f.after) == ("        torch.cuda.empty_cache()", "        pass")
+    f = fix(script, "remove-call", 30)  # the only statement of an `if`: the `if` goes too
+    assert (f.before, f.after) == ("    if i % 10 == 0:\n        torch.cuda.empty_cache()", "")
     assert fix(script, "remove-call", 27) is None
+
+
+def test_remove_call_never_leaves_an_empty_block(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("import torch\nfor i in r:\n    if i:\n        torch.cuda.empty_cache()\n"
+                 "if a:\n    torch.cuda.empty_cache()\nelse:\n    b()\n")
+    f = render_fix("remove-call", Location(str(p), 4), {})
+    assert (f.before, f.after) == ("    if i:\n        torch.cuda.empty_cache()", "    pass")
+    f = render_fix("remove-call", Location(str(p), 6), {})  # an `if` with an `else` stays
+    assert (f.before, f.after) == ("    torch.cuda.empty_cache()", "    pass")
+
+
+def test_detach_loss_follows_how_the_holder_is_used(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("def train(loader):\n    total = 0\n    for x in loader:\n        loss = f(x)\n"
+                 "        loss.backward()\n        total += loss\n    avg = total / len(loader)\n"
+                 "    return avg.item()\n\n"
+                 "def train2(loader):\n    total = 0\n    for x in loader:\n        loss = f(x)\n"
+                 "        loss.backward()\n        total += loss\n    print(total / 3)\n")
+    f = render_fix("detach-loss", Location(str(p), 6), {"name": "loss", "method": "item"})
+    assert f.after == "        total += loss.detach()"  # avg.item() later: total must stay a tensor
+    f = render_fix("detach-loss", Location(str(p), 15), {"name": "loss", "method": "item"})
+    assert f.after == "        total += loss.item()"  # used only as a number
 
 
 def test_remove_call_keeps_other_statements(tmp_path):

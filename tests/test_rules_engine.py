@@ -99,11 +99,24 @@ def test_pd003_only_where_batches_go_to_cuda():
     f = cpu_run()
     loader(f, workers=2, wait_ms=0.0, pin=True, feeds_cuda=True)
     assert "PD003" not in ids(judge(f, RULES))
+    # a CPU run's pin_memory=False says nothing of the GPU path: only the source's value there counts
     f = cpu_run()
     loader(f, workers=2, wait_ms=0.0, pin=False, feeds_cuda=True)
+    assert "PD003" not in ids(judge(f, RULES))
+    for on_cuda, fires in ((True, False), (False, True)):
+        f = cpu_run()
+        f.add("script.targets_cuda", True, "", "static")
+        loader(f, workers=2, wait_ms=0.0, pin=False, feeds_cuda=True).add("pin_memory_on_cuda", on_cuda, "", "static")
+        assert ("PD003" in ids(judge(f, RULES))) is fires
     (finding,) = judge(f, RULES)
     assert finding.rule == "PD003" and finding.ms_per_step is None
-    assert "no number" in finding.saving_basis
+    assert finding.saving_basis.startswith("GPU-only, not measured on this run: this run had no GPU")
+    assert "no number" in finding.saving_basis and finding.confidence == "medium"
+    # on a GPU run the run's own value decides
+    f = cpu_run()
+    f.add("device.type", "cuda", "", "machine")
+    loader(f, workers=2, wait_ms=0.0, pin=False, feeds_cuda=True).add("pin_memory_on_cuda", True, "", "static")
+    assert "PD003" in ids(judge(f, RULES))
 
 
 def test_pd003_measured_on_gpu_trace():

@@ -182,7 +182,8 @@ def test_dataloader_literal_kwargs_and_feeds_cuda(tmp_path):
         """)
     assert by_line(facts, "dataloader") == {6: {
         "batch_size": 64, "num_workers": 2, "pin_memory": True, "persistent_workers": True,
-        "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": True}}
+        "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": True,
+        "pin_memory_on_cuda": True}}
 
 
 def test_dataloader_defaults_positional_and_blocking(tmp_path):
@@ -197,7 +198,8 @@ def test_dataloader_defaults_positional_and_blocking(tmp_path):
         """)
     assert by_line(facts, "dataloader") == {3: {
         "batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
-        "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": False}}
+        "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": False,
+        "pin_memory_on_cuda": False}}
 
 
 def test_dataloader_dict_and_mixed_kwargs_leave_unknowns_absent(tmp_path):
@@ -212,7 +214,8 @@ def test_dataloader_dict_and_mixed_kwargs_leave_unknowns_absent(tmp_path):
     assert got[3] == {"kwargs_style": "dict"}
     assert got[4] == {"kwargs_style": "mixed", "batch_size": 8}
     # a non-literal value is absent; the others take the documented defaults
-    assert got[5] == {"kwargs_style": "literal", "pin_memory": False, "persistent_workers": False}
+    assert got[5] == {"kwargs_style": "literal", "pin_memory": False, "persistent_workers": False,
+                      "pin_memory_on_cuda": False}
 
 
 def test_dataloader_no_feeds_cuda_without_a_device_move(tmp_path):
@@ -396,5 +399,6 @@ def test_dataloader_passed_to_a_train_function(tmp_path):
                 evaluate(model, loader=test_loader)
         """)
     got = by_line(facts, "dataloader")
-    assert got[14] == {"kwargs_style": "dict", "feeds_cuda": True, "non_blocking": False}
+    # the kwargs dict never gets pin_memory: False on the GPU too
+    assert got[14] == {"kwargs_style": "dict", "feeds_cuda": True, "non_blocking": False, "pin_memory_on_cuda": False}
     assert "feeds_cuda" not in got[15]

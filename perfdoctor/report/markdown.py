@@ -35,6 +35,11 @@ def _loc(f: Mapping[str, Any]) -> str:
     return f"`{Path(loc.get('file', '')).name}:{loc.get('line', '')}`"
 
 
+def _minor(f: Mapping[str, Any]) -> bool:
+    """`perfdoctor.rules.engine.minor` on a finding read back as a dict."""
+    return f.get("severity") == "low" and bool(f.get("estimated_saving"))
+
+
 def _fence(text: str, lang: str = "") -> str:
     ticks = "```"
     while ticks in text:
@@ -69,10 +74,11 @@ def render_report(report: Any) -> str:
             frac = b.get("fraction")
             out.append(f"| {cell(b.get('category'))} | {b.get('ms', 0):,.2f} | {'' if frac is None else f'{frac:.0%}'} |")
         out.append("")
-    findings = r.get("findings") or []
-    if not findings:
+    findings = [f for f in r.get("findings") or [] if not _minor(f)]
+    small = [f for f in r.get("findings") or [] if _minor(f)]
+    if not findings and not small:
         out += ["No findings. ✅", ""]
-    else:
+    elif findings:
         out += [f"### Findings ({len(findings)})", "",
                 "| # | Rule | Severity | Saves | Location | Finding |", "|---:|---|---|---:|---|---|"]
         for i, f in enumerate(findings, 1):
@@ -86,6 +92,8 @@ def render_report(report: Any) -> str:
             out += [f"<details><summary><b>{f.get('rule')}</b> {cell(f.get('title'))} ({_loc(f) or 'no location'})</summary>", ""]
             if f.get("message"):
                 out += [str(f["message"]), ""]
+            if not f.get("estimated_saving") and f.get("saving_basis"):
+                out += [f"*{cell(f['saving_basis'])}*", ""]
             if f.get("why"):
                 out += [f"**Why:** {f['why']}", ""]
             locs = f.get("locations") or []
@@ -102,6 +110,13 @@ def render_report(report: Any) -> str:
             if refs:
                 out += ["References: " + ", ".join(refs), ""]
             out += ["</details>", ""]
+    if small:  # measured, and worth under 1 % of the step or 0.2 ms: one line each
+        out += [f"**Minor ({len(small)})**: measured, under 1% of the step or 0.2 ms each", ""]
+        for f in small:
+            saving = f.get("estimated_saving") or {}
+            out.append(f"- {cell(f.get('rule'))} {cell(f.get('name'))}: {saving.get('ms_per_step', 0):,.3f} ms/step "
+                       f"{_loc(f)} {cell(f.get('title'))}")
+        out.append("")
     for n in r.get("notes") or []:
         out.append(f"> {n}")
     return "\n".join(out).rstrip() + "\n"

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import Finding, Report
+from perfdoctor.rules.engine import minor
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]
@@ -173,9 +174,21 @@ def render_report(report: Report) -> RenderableType:
                         if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys])
         parts.append(t)
     if report.findings:
-        parts.append(Text(f"{len(report.findings)} finding(s), most costly first", style="bold"))
-        for i, f in enumerate(report.findings, 1):
+        main = [f for f in report.findings if not minor(f)]
+        small = [f for f in report.findings if minor(f)]
+        if main:
+            parts.append(Text(f"{len(main)} finding(s), most costly first", style="bold"))
+        for i, f in enumerate(main, 1):
             parts.append(_finding(i, f))
+        if small:  # measured, and worth under 1 % of the step or 0.2 ms: one line each
+            parts.append(Text(f"minor ({len(small)}): measured, under 1% of the step or 0.2 ms each", style="bold"))
+            for f in small:
+                line = Text(f"{f.rule} {f.name}  ", style="dim")
+                line.append_text(_cost(f))
+                loc = f.locations[0] if f.locations else None
+                line.append(f"  {_short(loc.file)}:{loc.line}" if loc else "", style="cyan")
+                line.append(f"  {f.title}")
+                parts.append(_indent(line))
     else:
         parts.append(Text("No problems found by the rules.", style="bold green"))
     if report.hotspots:
