@@ -19,6 +19,7 @@ from perfdoctor.facts.static.index import LOOPS, SourceIndex, put, walk_scope
 
 _METHODS = ("item", "cpu", "numpy", "tolist")
 _CASTS = ("float", "int")
+_ORDER = (*_METHODS, *_CASTS, "print")
 _LOSS_NAME = re.compile(r"(^|_)loss(es)?($|_)|^(err|error)(_|$)", re.I)
 
 
@@ -36,7 +37,7 @@ def detect(index: SourceIndex, facts: Facts) -> None:
             _reads(index, fn.body, fn, reads)
     for node, kinds in reads.values():
         s = index.subject(facts, "host_read", node)
-        put(s, "kind", ", ".join(kinds))
+        put(s, "kind", ", ".join(sorted(kinds, key=_ORDER.index)))
         put(s, "in_loop", True)
 
 
