@@ -295,3 +295,13 @@ def test_static_locations_feed_fixes(tmp_path):
 def test_wrap_autocast_only_wraps_computation(script):
     assert fix(script, "wrap-autocast", 1, {}) is None  # an import
     assert fix(script, "wrap-autocast", 18, {}) is None  # `y = 2`: nothing to compute
+
+
+def test_apply_fix_replaces_the_statement_and_removes_a_line(tmp_path):
+    from perfdoctor.model import Fix
+    from perfdoctor.rules.fixes import apply_fix
+    src = "for i in r:\n    x = 1\n    if i:\n        torch.cuda.empty_cache()\n    y = 2\n"
+    assert apply_fix(src, Fix("    if i:\n        torch.cuda.empty_cache()", "")) == "for i in r:\n    x = 1\n    y = 2\n"
+    assert apply_fix(src, Fix("    x = 1", "    x = 3")) == src.replace("x = 1", "x = 3")
+    assert apply_fix(src, Fix("    z = 1", "")) is None
+    assert apply_fix(src, Fix("    x = 1", "    x = 3", example=True)) is None

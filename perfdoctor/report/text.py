@@ -174,11 +174,11 @@ def render_report(report: Report) -> RenderableType:
                         if isinstance(r.get(k), float) else str(r.get(k, "")) for k in keys])
         parts.append(t)
     if report.findings:
-        main = [f for f in report.findings if not minor(f)]
+        major = [f for f in report.findings if not minor(f)]
         small = [f for f in report.findings if minor(f)]
-        if main:
-            parts.append(Text(f"{len(main)} finding(s), most costly first", style="bold"))
-        for i, f in enumerate(main, 1):
+        if major:
+            parts.append(Text(f"{len(major)} finding(s), most costly first", style="bold"))
+        for i, f in enumerate(major, 1):
             parts.append(_finding(i, f))
         if small:  # measured, and worth under 1 % of the step or 0.2 ms: one line each
             parts.append(Text(f"minor ({len(small)}): measured, under 1% of the step or 0.2 ms each", style="bold"))

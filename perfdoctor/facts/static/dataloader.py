@@ -172,26 +172,26 @@ def _dict_key_on_cuda(index: SourceIndex, d: ast.expr, key: str, scope: ast.AST 
     if depth > 3:
         return UNKNOWN
     if isinstance(d, ast.Dict):
-        found: object = None
-        for k, v in zip(d.keys, d.values):
+        value: object = None
+        for k, item in zip(d.keys, d.values):
             if k is None:
-                sub = _dict_key_on_cuda(index, v, key, scope, depth + 1)
+                sub = _dict_key_on_cuda(index, item, key, scope, depth + 1)
                 if sub is UNKNOWN:
                     return UNKNOWN
-                found = sub if sub is not None else found
+                value = sub if sub is not None else value
             elif isinstance(k, ast.Constant) and k.value == key:
-                found = index.on_cuda(v)
-                if found is UNKNOWN:
+                value = index.on_cuda(item)
+                if value is UNKNOWN:
                     return UNKNOWN
-        return found
+        return value
     if isinstance(d, ast.IfExp):
         test = index.on_cuda(d.test)
         return UNKNOWN if test is UNKNOWN else _dict_key_on_cuda(index, d.body if test else d.orelse, key, scope, depth + 1)
     if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "dict" and not d.args:
         if has_star_kwargs(d):
             return UNKNOWN
-        v = kwarg(d, key)
-        return None if v is None else index.on_cuda(v)
+        given = kwarg(d, key)
+        return None if given is None else index.on_cuda(given)
     if not isinstance(d, ast.Name):
         return UNKNOWN
     name = d.id
@@ -219,11 +219,11 @@ def _dict_key_on_cuda(index: SourceIndex, d: ast.expr, key: str, scope: ast.AST 
         guard = _guard_on_cuda(index, stmt)
         if guard is False:
             continue
-        v = _dict_key_on_cuda(index, source, key, scope, depth + 1) if source is not None else UNKNOWN
-        if v is UNKNOWN or (guard is UNKNOWN and v is not None):
+        got = _dict_key_on_cuda(index, source, key, scope, depth + 1) if source is not None else UNKNOWN
+        if got is UNKNOWN or (guard is UNKNOWN and got is not None):
             return UNKNOWN
-        if v is not None:
-            found, seen = v, True
+        if got is not None:
+            found, seen = got, True
         elif isinstance(stmt, ast.Assign) and not isinstance(stmt.targets[0], ast.Subscript) and guard is True:
             found, seen = None, False  # rebinding the name to a dict without the key
     return found if seen else None

@@ -78,7 +78,7 @@ class Context:
         indentation (libcst keeps continuation lines relative to the block); a compound
         statement renders its header only."""
         header = isinstance(stmt, _COMPOUND) and not self.whole
-        if header:
+        if isinstance(stmt, _COMPOUND) and header:
             stub = stmt.body.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
             stmt = stmt.with_changes(body=stub, **({"orelse": None} if hasattr(stmt, "orelse") else {}))
         n = self.code(stmt.with_changes(leading_lines=())).rstrip("\n").count("\n") + 1
