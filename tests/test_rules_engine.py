@@ -151,7 +151,7 @@ def test_gpu_only_costs_have_no_number_and_rank_below_measured(tmp_path):
 
 
 def test_pd007_on_a_cpu_run_of_a_cuda_script():
-    def run(uses_amp, targets=True, autocast=False):
+    def run(uses_amp, targets=True, autocast=False, params=5_000_000):
         f = cpu_run()
         f.add("script.targets_cuda", targets, "", "static")
         f.add("script.uses_amp", uses_amp, "", "static")
@@ -159,6 +159,7 @@ def test_pd007_on_a_cpu_run_of_a_cuda_script():
         f.add("model.param_dtype", "float32", "", "run")
         m = f.subject("model", "train.py:40")
         m.add("autocast", autocast, "", "run")
+        m.add("params", params, "count", "run")
         m.locations.append(Location("train.py", 40, "out = model(x)"))
         return judge(f, RULES)
     (finding,) = run(uses_amp=False)  # a CPU without AMX: still a GPU problem of a CUDA script
@@ -168,6 +169,7 @@ def test_pd007_on_a_cpu_run_of_a_cuda_script():
     assert run(uses_amp=True) == []  # nanoGPT: autocast on the CUDA path only counts as autocast
     assert run(uses_amp=False, targets=False) == []  # a CPU script on a CPU without AMX
     assert run(uses_amp=False, autocast=True) == []
+    assert run(uses_amp=False, params=500_000) == []  # a tiny MLP: launch-bound on a GPU
 
 
 def test_pd008_host_reads_of_a_cuda_script_on_a_cpu_run():

@@ -322,6 +322,17 @@ def test_targets_cuda(tmp_path):
     assert facts.value("script.targets_cuda") is False
 
 
+def test_targets_cuda_by_device_selection(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        use_accel = not args.no_accel and torch.accelerator.is_available()
+        device = torch.accelerator.current_accelerator() if use_accel else torch.device("cpu")
+        """)
+    assert facts.value("script.targets_cuda") is True
+    facts, _ = analyse(tmp_path, "import torch\nx = torch.zeros(3, device='cpu')\n")
+    assert facts.value("script.targets_cuda") is False
+
+
 def test_targets_cuda_is_the_union_over_the_files(tmp_path):
     plain = tmp_path / "data.py"
     plain.write_text("import torch\nx = torch.zeros(3)\n")
