@@ -491,6 +491,10 @@ def test_host_reads_in_the_training_step(tmp_path):
 
         for x in data:
             step(model, x)
+
+        for epoch in range(3):
+            train(model, loader, opt)
+            sample = model.decode(z).cpu()
         """)
     got = by_line(facts, "host_read")
     assert got == {10: {"kind": "item", "in_loop": True}, 11: {"kind": "cpu, numpy", "in_loop": True},

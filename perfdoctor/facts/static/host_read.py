@@ -24,8 +24,11 @@ _LOSS_NAME = re.compile(r"(^|_)loss(es)?($|_)|^(err|error)(_|$)", re.I)
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
+    # step functions: a backward outside any loop of theirs (`def train_step(...)`); a function whose
+    # backward is inside its own loop (`def train(epoch)`) is the step loop itself, and a loop that
+    # calls it is an epoch loop
     training_fns = {fn.name for fn in index.nodes if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
-                    and _runs_backward(fn.body)}
+                    and _runs_backward(fn.body, loops=False)}
     reads: dict[int, tuple[ast.expr, list[str]]] = {}  # line -> (first read node, kinds)
     for node in index.nodes:
         if not isinstance(node, LOOPS) or not _is_training(index, node, training_fns):
@@ -41,9 +44,18 @@ def detect(index: SourceIndex, facts: Facts) -> None:
         put(s, "in_loop", True)
 
 
-def _runs_backward(body: list[ast.stmt]) -> bool:
-    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward"
-               for n in walk_scope(body))
+def _runs_backward(body: list[ast.stmt], loops: bool = True) -> bool:
+    """A `.backward()` call in `body` (with `loops=False`: not inside a loop of it)."""
+    stack: list[ast.AST] = list(body)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "backward":
+            return True
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)) or (
+                not loops and isinstance(n, LOOPS)):
+            continue
+        stack.extend(ast.iter_child_nodes(n))
+    return False
 
 
 def _is_training(index: SourceIndex, loop: ast.AST, training_fns: set[str]) -> bool:
