@@ -21,7 +21,7 @@ class Block(nn.Module):
 
 
 class MLPClassifier(nn.Module):
-    def __init__(self, dim: int = 256, depth: int = 2, classes: int = 10):
+    def __init__(self, dim: int = 512, depth: int = 2, classes: int = 10):
         super().__init__()
         self.blocks = nn.Sequential(*[Block(dim) for _ in range(depth)])
         self.head = nn.Linear(dim, classes)
@@ -35,7 +35,7 @@ def main():
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = MLPClassifier().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    inputs = torch.randn(8192, 256, device=device)
+    inputs = torch.randn(8192, 512, device=device)
     targets = torch.randint(0, 10, (8192,), device=device)
 
     for step in range(STEPS):

@@ -162,9 +162,32 @@ def test_remove_call(script):
     f = fix(script, "remove-call", 28)
     assert (f.before, f.after) == ("    torch.cuda.empty_cache()", "")
     assert "empty_cache" in f.note
-    f = fix(script, "remove-call", 30)  # the only statement of its block
-    assert (f.before, f.after) == ("        torch.cuda.empty_cache()", "        pass")
+    f = fix(script, "remove-call", 30)  # the only statement of an `if`: the `if` goes too
+    assert (f.before, f.after) == ("    if i % 10 == 0:\n        torch.cuda.empty_cache()", "")
     assert fix(script, "remove-call", 27) is None
+
+
+def test_remove_call_never_leaves_an_empty_block(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("import torch\nfor i in r:\n    if i:\n        torch.cuda.empty_cache()\n"
+                 "if a:\n    torch.cuda.empty_cache()\nelse:\n    b()\n")
+    f = render_fix("remove-call", Location(str(p), 4), {})
+    assert (f.before, f.after) == ("    if i:\n        torch.cuda.empty_cache()", "    pass")
+    f = render_fix("remove-call", Location(str(p), 6), {})  # an `if` with an `else` stays
+    assert (f.before, f.after) == ("    torch.cuda.empty_cache()", "    pass")
+
+
+def test_detach_loss_follows_how_the_holder_is_used(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("def train(loader):\n    total = 0\n    for x in loader:\n        loss = f(x)\n"
+                 "        loss.backward()\n        total += loss\n    avg = total / len(loader)\n"
+                 "    return avg.item()\n\n"
+                 "def train2(loader):\n    total = 0\n    for x in loader:\n        loss = f(x)\n"
+                 "        loss.backward()\n        total += loss\n    print(total / 3)\n")
+    f = render_fix("detach-loss", Location(str(p), 6), {"name": "loss", "method": "item"})
+    assert f.after == "        total += loss.detach()"  # avg.item() later: total must stay a tensor
+    f = render_fix("detach-loss", Location(str(p), 15), {"name": "loss", "method": "item"})
+    assert f.after == "        total += loss.item()"  # used only as a number
 
 
 def test_remove_call_keeps_other_statements(tmp_path):
@@ -272,3 +295,13 @@ def test_static_locations_feed_fixes(tmp_path):
 def test_wrap_autocast_only_wraps_computation(script):
     assert fix(script, "wrap-autocast", 1, {}) is None  # an import
     assert fix(script, "wrap-autocast", 18, {}) is None  # `y = 2`: nothing to compute
+
+
+def test_apply_fix_replaces_the_statement_and_removes_a_line(tmp_path):
+    from perfdoctor.model import Fix
+    from perfdoctor.rules.fixes import apply_fix
+    src = "for i in r:\n    x = 1\n    if i:\n        torch.cuda.empty_cache()\n    y = 2\n"
+    assert apply_fix(src, Fix("    if i:\n        torch.cuda.empty_cache()", "")) == "for i in r:\n    x = 1\n    y = 2\n"
+    assert apply_fix(src, Fix("    x = 1", "    x = 3")) == src.replace("x = 1", "x = 3")
+    assert apply_fix(src, Fix("    z = 1", "")) is None
+    assert apply_fix(src, Fix("    x = 1", "    x = 3", example=True)) is None

@@ -8,7 +8,7 @@ from perfdoctor.facts.model import Facts
 from perfdoctor.model import Location
 from perfdoctor.rules.catalog import load_rule_file, load_rules
 from perfdoctor.rules.config import Settings, load_settings
-from perfdoctor.rules.engine import judge
+from perfdoctor.rules.engine import judge, minor
 
 RULES = load_rules()
 
@@ -99,11 +99,24 @@ def test_pd003_only_where_batches_go_to_cuda():
     f = cpu_run()
     loader(f, workers=2, wait_ms=0.0, pin=True, feeds_cuda=True)
     assert "PD003" not in ids(judge(f, RULES))
+    # a CPU run's pin_memory=False says nothing of the GPU path: only the source's value there counts
     f = cpu_run()
     loader(f, workers=2, wait_ms=0.0, pin=False, feeds_cuda=True)
+    assert "PD003" not in ids(judge(f, RULES))
+    for on_cuda, fires in ((True, False), (False, True)):
+        f = cpu_run()
+        f.add("script.targets_cuda", True, "", "static")
+        loader(f, workers=2, wait_ms=0.0, pin=False, feeds_cuda=True).add("pin_memory_on_cuda", on_cuda, "", "static")
+        assert ("PD003" in ids(judge(f, RULES))) is fires
     (finding,) = judge(f, RULES)
     assert finding.rule == "PD003" and finding.ms_per_step is None
-    assert "no number" in finding.saving_basis
+    assert finding.saving_basis.startswith("GPU-only, not measured on this run: this run had no GPU")
+    assert "no number" in finding.saving_basis and finding.confidence == "medium"
+    # on a GPU run the run's own value decides
+    f = cpu_run()
+    f.add("device.type", "cuda", "", "machine")
+    loader(f, workers=2, wait_ms=0.0, pin=False, feeds_cuda=True).add("pin_memory_on_cuda", True, "", "static")
+    assert "PD003" in ids(judge(f, RULES))
 
 
 def test_pd003_measured_on_gpu_trace():
@@ -132,8 +145,83 @@ def test_gpu_only_costs_have_no_number_and_rank_below_measured(tmp_path):
     assert findings[0].rule == "PD002" and findings[0].ms_per_step is not None
     for x in findings[1:]:
         assert x.ms_per_step is None and x.fraction_of_step is None
-        assert "CPU" in x.saving_basis or "GPU" in x.saving_basis
+        assert x.saving_basis.startswith("GPU-only, not measured on this run: this run had no GPU")
     assert [x.confidence for x in findings if x.rule == "PD004"] == ["medium"]  # static evidence only
+    assert "seen in the source" in [x for x in findings if x.rule == "PD004"][0].saving_basis
+
+
+def test_pd007_on_a_cpu_run_of_a_cuda_script():
+    def run(uses_amp, targets=True, autocast=False, params=5_000_000):
+        f = cpu_run()
+        f.add("script.targets_cuda", targets, "", "static")
+        f.add("script.uses_amp", uses_amp, "", "static")
+        f.add("autocast.enabled", autocast, "", "run")
+        f.add("model.param_dtype", "float32", "", "run")
+        m = f.subject("model", "train.py:40")
+        m.add("autocast", autocast, "", "run")
+        m.add("params", params, "count", "run")
+        m.locations.append(Location("train.py", 40, "out = model(x)"))
+        return judge(f, RULES)
+    (finding,) = run(uses_amp=False)  # a CPU without AMX: still a GPU problem of a CUDA script
+    assert finding.rule == "PD007" and finding.ms_per_step is None
+    assert finding.saving_basis.startswith("GPU-only") and "n/a" not in finding.title
+    assert "CUDA-targeting" in finding.title
+    assert run(uses_amp=True) == []  # nanoGPT: autocast on the CUDA path only counts as autocast
+    assert run(uses_amp=False, targets=False) == []  # a CPU script on a CPU without AMX
+    assert run(uses_amp=False, autocast=True) == []
+    assert run(uses_amp=False, params=500_000) == []  # a tiny MLP: launch-bound on a GPU
+
+
+def test_pd008_host_reads_of_a_cuda_script_on_a_cpu_run():
+    def run(targets=True, count=None, device="cpu"):
+        f = cpu_run()
+        f.add("device.type", device, "", "machine")
+        f.add("script.targets_cuda", targets, "", "static")
+        s = f.subject("host_read", "train.py:12")
+        s.add("kind", "item", "", "static")
+        s.add("in_loop", True, "", "static")
+        s.add("count_per_step", count, "count", "run")
+        s.locations.append(Location("train.py", 12, "total += loss.item()"))
+        return judge(f, RULES)
+    (finding,) = run()
+    assert finding.rule == "PD008" and finding.locations[0].line == 12
+    assert finding.title == ("A host read of a device tensor (item) on every training step: "
+                             "a host-device sync each time on the GPU")
+    assert finding.saving_basis.startswith("GPU-only") and finding.confidence == "medium"
+    (finding,) = run(count=2.0)
+    assert "2 time(s) per step" in finding.title and "in the source and in this run" in finding.saving_basis
+    assert run(count=0.1) == []  # the probe saw it once every ten steps: logging, not a step cost
+    assert run(targets=False) == []  # a CPU-only script: .item() is no device sync
+    assert run(device="cuda") == []  # on a GPU the trace's measured syncs decide
+
+
+def test_severity_follows_the_measured_cost():
+    f = cpu_run(step_ms=1000.0, cpus=4)
+    loader(f, workers=0, wait_ms=150.0)
+    (finding,) = judge(f, RULES)
+    assert finding.severity == "high"
+    # a measured saving under 1 % of the step (or 0.2 ms) is minor: low, and listed last
+    f = Facts()
+    f.add("step.time_ms", 1211.0, "ms", "trace")
+    f.add("device.type", "cuda", "", "trace")
+    f.add("copies.h2d_pageable_per_step", 2, "count", "trace")
+    f.add("copies.h2d_pageable_ms", 1.66, "ms", "trace")
+    f.add("step.comm_ms", 400.0, "ms", "trace")
+    findings = judge(f, RULES)
+    assert [x.rule for x in findings] == ["PD010", "PD003"]
+    assert findings[1].severity == "low" and findings[1].ms_per_step == pytest.approx(0.83)
+    assert minor(findings[1]) and not minor(findings[0])
+
+
+def test_no_template_prints_n_a():
+    f = cpu_run()
+    f.add("script.targets_cuda", True, "", "static")
+    ec = f.subject("empty_cache", "t.py:9")
+    ec.add("in_loop", True, "", "static")
+    ec.locations.append(Location("t.py", 9, "torch.cuda.empty_cache()"))
+    (finding,) = judge(f, RULES)
+    assert finding.title == "torch.cuda.empty_cache() is called inside the training loop"
+    assert "n/a" not in finding.message + finding.saving_basis
 
 
 def test_pd004_silent_when_script_never_targets_cuda():

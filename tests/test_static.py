@@ -182,7 +182,8 @@ def test_dataloader_literal_kwargs_and_feeds_cuda(tmp_path):
         """)
     assert by_line(facts, "dataloader") == {6: {
         "batch_size": 64, "num_workers": 2, "pin_memory": True, "persistent_workers": True,
-        "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": True}}
+        "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": True,
+        "pin_memory_on_cuda": True}}
 
 
 def test_dataloader_defaults_positional_and_blocking(tmp_path):
@@ -197,7 +198,8 @@ def test_dataloader_defaults_positional_and_blocking(tmp_path):
         """)
     assert by_line(facts, "dataloader") == {3: {
         "batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
-        "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": False}}
+        "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": False,
+        "pin_memory_on_cuda": False}}
 
 
 def test_dataloader_dict_and_mixed_kwargs_leave_unknowns_absent(tmp_path):
@@ -212,7 +214,8 @@ def test_dataloader_dict_and_mixed_kwargs_leave_unknowns_absent(tmp_path):
     assert got[3] == {"kwargs_style": "dict"}
     assert got[4] == {"kwargs_style": "mixed", "batch_size": 8}
     # a non-literal value is absent; the others take the documented defaults
-    assert got[5] == {"kwargs_style": "literal", "pin_memory": False, "persistent_workers": False}
+    assert got[5] == {"kwargs_style": "literal", "pin_memory": False, "persistent_workers": False,
+                      "pin_memory_on_cuda": False}
 
 
 def test_dataloader_no_feeds_cuda_without_a_device_move(tmp_path):
@@ -319,6 +322,17 @@ def test_targets_cuda(tmp_path):
     assert facts.value("script.targets_cuda") is False
 
 
+def test_targets_cuda_by_device_selection(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        use_accel = not args.no_accel and torch.accelerator.is_available()
+        device = torch.accelerator.current_accelerator() if use_accel else torch.device("cpu")
+        """)
+    assert facts.value("script.targets_cuda") is True
+    facts, _ = analyse(tmp_path, "import torch\nx = torch.zeros(3, device='cpu')\n")
+    assert facts.value("script.targets_cuda") is False
+
+
 def test_targets_cuda_is_the_union_over_the_files(tmp_path):
     plain = tmp_path / "data.py"
     plain.write_text("import torch\nx = torch.zeros(3)\n")
@@ -396,5 +410,107 @@ def test_dataloader_passed_to_a_train_function(tmp_path):
                 evaluate(model, loader=test_loader)
         """)
     got = by_line(facts, "dataloader")
-    assert got[14] == {"kwargs_style": "dict", "feeds_cuda": True, "non_blocking": False}
+    # the kwargs dict never gets pin_memory: False on the GPU too
+    assert got[14] == {"kwargs_style": "dict", "feeds_cuda": True, "non_blocking": False, "pin_memory_on_cuda": False}
     assert "feeds_cuda" not in got[15]
+
+
+# -- values on the device the script targets ----------------------------------------------------
+def test_pin_memory_on_cuda_reads_conditional_values(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader
+
+        def main(args, ds):
+            use_cuda = not args.no_cuda and torch.cuda.is_available()
+            device = torch.device("cuda" if use_cuda else "cpu")
+            train_kwargs = {'batch_size': 64}
+            if use_cuda:
+                cuda_kwargs = {'num_workers': 1, 'pin_memory': True, 'shuffle': True}
+                train_kwargs.update(cuda_kwargs)
+            a = DataLoader(ds, **train_kwargs)
+            b = DataLoader(ds, pin_memory=use_cuda)
+            c = DataLoader(ds, pin_memory=torch.cuda.is_available())
+            d = DataLoader(ds, pin_memory=(device.type == "cuda"))
+            e = DataLoader(ds, batch_size=3)
+            f = DataLoader(ds, pin_memory=False)
+            kw = {'num_workers': 1, 'pin_memory': True} if use_cuda else {}
+            g = DataLoader(ds, **kw)
+            h = DataLoader(ds, pin_memory=args.device != "cpu")
+            cpu_kwargs = {}
+            if not use_cuda:
+                cpu_kwargs.update({'pin_memory': True})
+            i = DataLoader(ds, **cpu_kwargs)
+            j = DataLoader(ds, **args.loader_kwargs)
+            k = DataLoader(ds, pin_memory=args.pin)
+        """)
+    got = {line: v.get("pin_memory_on_cuda") for line, v in by_line(facts, "dataloader").items()}
+    assert got == {11: True, 12: True, 13: True, 14: True, 15: False, 16: False, 18: True, 19: True,
+                   23: False, 24: None, 25: None}
+
+
+def test_pin_memory_on_cuda_unknown_guard_stays_absent(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        from torch.utils.data import DataLoader
+        kwargs = {}
+        if args.fast:
+            kwargs["pin_memory"] = True
+        loader = DataLoader(ds, **kwargs)
+        """)
+    assert "pin_memory_on_cuda" not in by_line(facts, "dataloader")[5]
+
+
+def test_host_reads_in_the_training_step(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+
+        def train(model, loader, opt):
+            total = 0
+            for i, (x, y) in enumerate(loader):
+                loss = model(x, y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                total += loss.item()
+                acc = (model(x).argmax(1) == y).float().mean().cpu().numpy()
+                print("loss", loss)
+                if i % 100 == 0:
+                    print(loss.item())
+                lv = float(loss)
+                lr = float(args.lr)
+
+        def test(model, loader):
+            with torch.no_grad():
+                for x, y in loader:
+                    correct = model(x).eq(y).sum().item()
+
+        def step(model, x):
+            loss = model(x)
+            loss.backward()
+            return loss.item()
+
+        for x in data:
+            step(model, x)
+
+        for epoch in range(3):
+            train(model, loader, opt)
+            sample = model.decode(z).cpu()
+        """)
+    got = by_line(facts, "host_read")
+    assert got == {10: {"kind": "item", "in_loop": True}, 11: {"kind": "cpu, numpy", "in_loop": True},
+                   12: {"kind": "print", "in_loop": True}, 15: {"kind": "float", "in_loop": True},
+                   26: {"kind": "item", "in_loop": True}}
+
+
+def test_uses_amp_counts_autocast_on_any_path(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from contextlib import nullcontext
+        device_type = 'cuda' if 'cuda' in device else 'cpu'
+        ctx = nullcontext() if device_type == 'cpu' else torch.amp.autocast(device_type=device_type, dtype=ptdtype)
+        """)
+    assert facts.value("script.uses_amp") is True
+    facts, _ = analyse(tmp_path, "import torch\nmodel = Net().cuda()\nout = model(x)\n")
+    assert facts.value("script.uses_amp") is False
+    facts, _ = analyse(tmp_path, "import lightning as L\ntrainer = L.Trainer(precision='bf16-mixed')\n")
+    assert facts.value("script.uses_amp") is True

@@ -50,8 +50,12 @@ def base_env() -> Env:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = None
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
     return Env(python=platform.python_version(), platform=platform.platform(), cpu_count=cpus, cpu_amx=amx,
-               cpu_model=model, total_memory_bytes=total, cuda_available=False, device="cpu", device_name=model,
+               local_world_size=local, cpu_model=model, total_memory_bytes=total, cuda_available=False, device="cpu", device_name=model,
                device_count=0, device_capability=None, device_memory_bytes=None)
 
 

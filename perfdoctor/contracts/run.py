@@ -51,6 +51,7 @@ class Env(Struct, kw_only=True):
     platform: str | None = None
     cpu_count: int | None = None  # usable CPUs (sched_getaffinity)
     cpu_amx: bool | None = None
+    local_world_size: int | None = None  # torchrun's LOCAL_WORLD_SIZE: processes sharing the CPUs
     cpu_model: str | None = None
     total_memory_bytes: int | None = None
     cuda_available: bool | None = None

@@ -74,6 +74,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     # the machine
     ("cpu.count", "count", "machine", "usable CPUs (sched_getaffinity)"),
     ("cpu.amx", "bool", "machine", "the CPU has AMX tiles (bf16 autocast is fast)"),
+    ("cpu.local_world_size", "count", "machine",
+     "processes sharing this machine's CPUs: torchrun's LOCAL_WORLD_SIZE, 1 without it"),
     ("device.type", "str", "machine/trace", "cpu, cuda or rocm"),
     ("device.name", "str", "machine/trace", "the device's name"),
     ("device.count", "count", "machine/trace", "devices in the run, or deviceProperties entries of the trace"),
@@ -108,6 +110,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("memory.steps_to_oom", "count", "run", "free memory at the end / growth per step"),
     # the source
     ("script.targets_cuda", "bool", "static", "the user's files name a CUDA device"),
+    ("script.uses_amp", "bool", "static",
+     "the user's files use low precision on some path: autocast, GradScaler, .half()/.bfloat16(), a 16-bit precision setting"),
     # communication and ranks
     ("comm.share", "ratio", "trace", "communication / GPU busy time"),
     ("comm.overlap", "ratio", "trace", "share of communication time overlapped by compute on other streams"),
@@ -138,6 +142,9 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("feeds_cuda", "bool", "run/static", "its batches are moved to a CUDA device (absent, never False, "
                                                "in a static read without a move)"),
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),
+        ("pin_memory_on_cuda", "bool", "static",
+         "pin_memory as it would be on a CUDA device: `use_cuda`, `torch.cuda.is_available()`, a kwargs dict "
+         "filled on the accelerator path (absent where the source does not say)"),
         ("multiprocess", "bool", "trace", "the trace shows a multi-process iterator"),
     ]),
     "dataparallel": _declare("dataparallel", [

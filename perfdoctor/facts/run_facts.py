@@ -152,6 +152,7 @@ def _machine(facts: Facts, env: Env) -> None:
     m = "machine"
     facts.add("cpu.count", env.cpu_count, "count", m)
     facts.add("cpu.amx", env.cpu_amx, "", m, "amx_tile in /proc/cpuinfo flags")
+    facts.add("cpu.local_world_size", env.local_world_size, "count", m, "LOCAL_WORLD_SIZE (torchrun)")
     dev = "rocm" if env.rocm and env.device == "cuda" else env.device
     facts.add("device.type", dev, "", m)
     facts.add("device.name", env.device_name, "", m)

@@ -56,6 +56,11 @@ def _loc(f: Mapping[str, Any], table: bool = False) -> str:
     return _code(where, table) if where else ""
 
 
+def _minor(f: Mapping[str, Any]) -> bool:
+    """`perfdoctor.rules.engine.minor` on a finding read back as a dict."""
+    return f.get("severity") == "low" and bool(f.get("estimated_saving"))
+
+
 def _fence(text: str, lang: str = "") -> str:
     return escape.markdown_fence(text, lang)
 
@@ -87,10 +92,11 @@ def render_report(report: Any) -> str:
             frac = b.get("fraction")
             out.append(f"| {cell(b.get('category'))} | {b.get('ms', 0):,.2f} | {'' if frac is None else f'{frac:.0%}'} |")
         out.append("")
-    findings = r.get("findings") or []
-    if not findings:
+    findings = [f for f in r.get("findings") or [] if not _minor(f)]
+    small = [f for f in r.get("findings") or [] if _minor(f)]
+    if not findings and not small:
         out += ["No findings. ✅", ""]
-    else:
+    elif findings:
         out += [f"### Findings ({len(findings)})", "",
                 "| # | Rule | Severity | Saves | Location | Finding |", "|---:|---|---|---:|---|---|"]
         for i, f in enumerate(findings, 1):
@@ -106,6 +112,8 @@ def render_report(report: Any) -> str:
                     f"({escape.markdown_html(where)})</summary>", ""]
             if f.get("message"):
                 out += [md(f["message"], multiline=True), ""]
+            if not f.get("estimated_saving") and f.get("saving_basis"):
+                out += [f"*{md(f['saving_basis'])}*", ""]
             if f.get("why"):
                 out += [f"**Why:** {md(f['why'], multiline=True)}", ""]
             locs = f.get("locations") or []
@@ -122,6 +130,13 @@ def render_report(report: Any) -> str:
             if refs:
                 out += ["References: " + ", ".join(md(r) for r in refs), ""]
             out += ["</details>", ""]
+    if small:  # measured, and worth under 1 % of the step or 0.2 ms: one line each
+        out += [f"**Minor ({len(small)})**: measured, under 1% of the step or 0.2 ms each", ""]
+        for f in small:
+            saving = f.get("estimated_saving") or {}
+            out.append(f"- {md(f.get('rule'))} {md(f.get('name'))}: {saving.get('ms_per_step', 0):,.3f} ms/step "
+                       f"{_loc(f)} {md(f.get('title'))}")
+        out.append("")
     for n in r.get("notes") or []:
         out.append(f"> {md(n)}")
     return "\n".join(out).rstrip() + "\n"

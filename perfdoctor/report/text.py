@@ -21,6 +21,7 @@ from rich.text import Text
 from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import Finding, Report
 from perfdoctor.report import escape
+from perfdoctor.rules.engine import minor
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]
@@ -235,9 +236,22 @@ def _report(report: Report) -> Group:
                         if isinstance(r.get(k), float) else _cell(r.get(k, "")) for k in keys])
         parts.append(t)
     if report.findings:
-        parts.append(Text(f"{len(report.findings)} finding(s), most costly first", style="bold"))
-        for i, f in enumerate(report.findings, 1):
+        major = [f for f in report.findings if not minor(f)]
+        small = [f for f in report.findings if minor(f)]
+        if major:
+            parts.append(Text(f"{len(major)} finding(s), most costly first", style="bold"))
+        for i, f in enumerate(major, 1):
             parts.append(_finding(i, f))
+        if small:  # measured, and worth under 1 % of the step or 0.2 ms: one line each
+            parts.append(Text(f"minor ({len(small)}): measured, under 1% of the step or 0.2 ms each", style="bold"))
+            for f in small:
+                line = Text(f"{f.rule} {f.name}  ", style="dim")
+                line.append_text(_cost(f))
+                loc = f.locations[0] if f.locations else None
+                if loc:
+                    line.append_text(_t(f"  {_short(loc.file)}:{loc.line}", style="cyan"))
+                line.append_text(_t(f"  {f.title}"))
+                parts.append(_indent(line))
     else:
         parts.append(Text("No problems found by the rules.", style="bold green"))
     if report.hotspots:

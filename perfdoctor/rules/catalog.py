@@ -49,7 +49,7 @@ class Rule:
     title: str  # template
     message: str  # template
     when: str  # expression
-    subject: str | None  # judged once per subject of this kind, else once
+    subject: str | None  # judged once per subject of this kind (the first of `subjects`), else once
     subject_optional: bool  # with no subject of that kind, judge once on the global facts
     saving_ms: str | None  # expression; None = never estimated
     unmeasured: str  # why there is no number, when saving_ms cannot be evaluated
@@ -61,6 +61,12 @@ class Rule:
     evidence: list[str]  # fact names shown as evidence (beyond those the condition reads)
     doc: Doc
     path: Path | None = None
+    # every subject kind it is judged on (`subject = ["sync", "host_read"]`: the trace's syncs and
+    # the source's and the probe's host reads are one problem); () without a subject
+    subjects: tuple[str, ...] = ()
+    # the problem exists only on a GPU: on a CPU run of a script that targets CUDA it is reported
+    # from the source and the run's evidence, unmeasured, and marked (perfdoctor.rules.engine)
+    gpu_only: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "severity": self.severity, "summary": self.summary,
@@ -111,9 +117,10 @@ def _param_names(params: Any) -> set[str]:
     return template_names(params) if isinstance(params, str) else set()
 
 
-def check_names(names: dict[str, set[str]], subject: str | None, thresholds: dict[str, Any], where: str) -> None:
+def check_names(names: dict[str, set[str]], subjects: tuple[str, ...], thresholds: dict[str, Any], where: str) -> None:
     """Every name a rule reads (by the field that reads it) must be a declared fact it can see
-    (perfdoctor.facts.registry: the global facts, and its subject kind's) or one of its own thresholds."""
+    (perfdoctor.facts.registry: the global facts, and its subject kinds') or one of its own thresholds."""
+    subject = subjects[0] if subjects else None
     for field_name, used in names.items():
         for name in sorted(used):
             if name.startswith(registry.THRESHOLD_PREFIX):
@@ -122,10 +129,10 @@ def check_names(names: dict[str, set[str]], subject: str | None, thresholds: dic
                     raise RuleError(f"{where}: {field_name} reads {name!r}, which is not in the rule's "
                                     f"[thresholds] ({', '.join(sorted(thresholds)) or 'none'})")
                 continue
-            if registry.readable(name, subject):
+            if registry.readable(name, None) or any(registry.readable(name, k) for k in subjects):
                 continue
             kind = name.split(".", 1)[0]
-            if kind in registry.SUBJECT_FACTS and name in registry.SUBJECT_FACTS[kind] and kind != subject:
+            if kind in registry.SUBJECT_FACTS and name in registry.SUBJECT_FACTS[kind] and kind not in subjects:
                 hint = f"it is a fact of {kind} subjects, and this rule's subject is {subject or 'none'}"
             else:
                 seen = [*registry.GLOBAL_FACTS, *registry.SUBJECT_FACTS.get(subject or "", {})]
@@ -183,12 +190,18 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         raise RuleError(f"{where}: evidence must be a list of fact names")
     used["evidence"] = set(evidence)
     subject = data.get("subject")
-    if subject is not None and subject not in registry.SUBJECT_KINDS:
-        raise RuleError(f"{where}: subject must be one of {', '.join(registry.SUBJECT_KINDS)}")
-    check_names(used, subject, thresholds, where)
+    subjects = tuple(subject) if isinstance(subject, list) else (subject,) if subject is not None else ()
+    if not all(isinstance(k, str) and k in registry.SUBJECT_KINDS for k in subjects) or (
+            isinstance(subject, list) and not subjects):
+        raise RuleError(f"{where}: subject must be one of {', '.join(registry.SUBJECT_KINDS)}, or a list of them")
+    gpu_only = data.get("gpu_only", False)
+    if not isinstance(gpu_only, bool):
+        raise RuleError(f"{where}: gpu_only must be true or false")
+    check_names(used, subjects, thresholds, where)
     return Rule(
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
-        title=data["title"], message=data["message"], when=when, subject=subject,
+        title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
+        subjects=subjects, gpu_only=gpu_only,
         subject_optional=bool(data.get("subject_optional", False)),
         saving_ms=data.get("saving_ms"), unmeasured=str(data.get("unmeasured", "")),
         saving_note=str(data.get("saving_note", "")),

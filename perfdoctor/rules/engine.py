@@ -19,6 +19,11 @@ from perfdoctor.stats import quantile
 
 IGNORE_RE = re.compile(r"#\s*perfdoctor:\s*ignore(?:\[([A-Za-z0-9_,\s-]+)\])?")
 SOURCE_WORDS = {"run": "measured in this run", "trace": "measured in this trace"}
+# Severity follows the measured cost: a saving below both floors' worth is minor (severity "low",
+# collapsed under "minor" in the text report), whatever the rule's own severity.
+MINOR_FRACTION = 0.01  # of the step
+MINOR_MS = 0.2
+GPU_ONLY = "GPU-only, not measured on this run"
 
 
 def make_lookup(facts: Facts, subject: Subject | None, thresholds: dict[str, Any]) -> Callable[[str], Any]:
@@ -147,6 +152,28 @@ def _confidence(sources: set[str]) -> str:
     return "low"
 
 
+def gpu_only_context(facts: Facts) -> str | None:
+    """The one policy for GPU-only problems on a CPU run: where the run (or trace) was on the CPU and
+    the script targets CUDA (`script.targets_cuda`, read from the source: a `"cuda"` device, `.cuda()`),
+    what the source and the run show of a GPU-only problem is reported, unmeasured, marked
+    `GPU_ONLY`, ranked below the measured findings. Returns why the cost is not measured, or None
+    where this run can measure it (a GPU run) or the script does not target CUDA."""
+    if facts.value("device.type") == "cpu" and facts.value("script.targets_cuda") is True:
+        return "this run had no GPU and the script targets CUDA"
+    return None
+
+
+def minor(finding: Finding) -> bool:
+    """A measured finding worth too little to list with the others (the text report collapses it)."""
+    return finding.severity == "low" and finding.ms_per_step is not None
+
+
+def _severity(rule: Rule, ms: float | None, frac: float | None) -> str:
+    if ms is not None and (ms < MINOR_MS or (frac is not None and frac < MINOR_FRACTION)):
+        return "low"
+    return rule.severity
+
+
 def _fix(rule: Rule, subject: Subject | None, lookup: Callable[[str], Any], files: Sources) -> Fix | None:
     # a trace from elsewhere, or a location outside the user's sources: no source to rewrite
     if (rule.fix_kind and rule.fix_kind != "text" and subject is not None and subject.locations
@@ -224,6 +251,9 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
             ms = None
         except RuleError as e:
             raise RuleError(f"rule {rule.id}: {e.message}") from None
+    gpu_only = gpu_only_context(facts) if rule.gpu_only else None
+    if gpu_only:
+        ms = None  # what a CPU run measures is not what the problem costs on the GPU
     step = facts.value("step.time_ms")
     frac = ms / step if ms is not None and isinstance(step, (int, float)) and step > 0 else None
     if ms is not None:
@@ -240,11 +270,17 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
     sources = {f.source for f in evidence if f.source != "machine"}
     if subject is not None:
         sources |= {f.source for f in subject.facts.values()}
+    confidence = _confidence(sources)
+    if gpu_only:
+        seen = "in the source and in this run" if sources >= {"static", "run"} else (
+            "in this run" if "run" in sources else "in the source")
+        basis = f"{GPU_ONLY}: {gpu_only}; the problem was seen {seen}. {basis[:1].upper()}{basis[1:]}"
+        confidence = "medium" if sources & {"static", "run"} else "low"
     finding = Finding(
-        rule=rule.id, name=rule.name, severity=rule.severity,
+        rule=rule.id, name=rule.name, severity=_severity(rule, ms, frac),
         title=render_template(rule.title, lookup), message=render_template(rule.message, lookup),
         why=rule.doc.why.strip(), ms_per_step=ms, fraction_of_step=frac, saving_basis=basis,
-        confidence=_confidence(sources), locations=list(subject.locations) if subject else [],
+        confidence=confidence, locations=list(subject.locations) if subject else [],
         evidence=evidence, fix=_fix(rule, subject, lookup, files), references=list(rule.doc.references),
         subject=subject.key if subject else "", saving_range=spread,
     )
@@ -253,9 +289,9 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
 
 def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
           user_files: Iterable[Path | str] = ()) -> list[Finding]:
-    """All findings, best first: measured savings (largest first), then severity. The findings'
-    locations are read (ignore comments, fixes) only inside the settings' project folder or among
-    `user_files` (a run's own files): `Sources`."""
+    """All findings, best first: measured savings (largest first), then severity; minor ones last.
+    The findings' locations are read (ignore comments, fixes) only inside the settings' project
+    folder or among `user_files` (a run's own files): `Sources`."""
     settings = settings or Settings()
     files = Sources(settings.project, user_files)
     findings: list[Finding] = []
@@ -264,13 +300,13 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
         if not settings.enabled(rule.id):
             continue
         thresholds = {**rule.thresholds, **settings.thresholds.get(rule.id, {})}
-        subjects: list[Subject | None] = list(facts.of_kind(rule.subject)) if rule.subject else [None]
-        if rule.subject and not subjects and rule.subject_optional:
+        subjects: list[Subject | None] = [s for kind in rule.subjects for s in facts.of_kind(kind)]
+        if not rule.subjects or (not subjects and rule.subject_optional):
             subjects = [None]  # e.g. a trace with no source locations: judge once, globally
         for subject in subjects:
             f = judge_one(rule, facts, subject, thresholds, files)
             if f is not None and f.fingerprint() not in seen:
                 seen.add(f.fingerprint())
                 findings.append(f)
-    findings.sort(key=Finding.sort_key)
+    findings.sort(key=lambda f: (minor(f), *f.sort_key()))
     return findings

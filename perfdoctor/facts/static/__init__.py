@@ -16,7 +16,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static import cpu_to_device, dataloader, dataparallel, empty_cache, loss_holder, targets_cuda
+from perfdoctor.facts.static import (
+    cpu_to_device,
+    dataloader,
+    dataparallel,
+    empty_cache,
+    host_read,
+    loss_holder,
+    targets_cuda,
+    uses_amp,
+)
 from perfdoctor.facts.static.index import read
 
 # Every detector is a `detect(index, facts)` that adds what it finds in one file.
@@ -26,7 +35,9 @@ DETECTORS = (
     dataloader.detect,
     cpu_to_device.detect,
     loss_holder.detect,
+    host_read.detect,
     targets_cuda.detect,
+    uses_amp.detect,
 )
 
 

@@ -2,14 +2,28 @@
 written as literals (`num_workers`, `pin_memory`, `persistent_workers`, `batch_size`; torch's
 default where the argument is absent and no `*args` / `**kwargs` could carry it), how the keyword
 arguments were passed (`kwargs_style`), and, where the loop over it moves a batch to a device,
-`feeds_cuda` and `non_blocking` (absent, never False, when no move is found)."""
+`feeds_cuda` and `non_blocking` (absent, never False, when no move is found).
+
+`pin_memory_on_cuda` is the value pin_memory takes when the script runs on a CUDA device:
+`pin_memory=use_cuda`, `pin_memory=torch.cuda.is_available()` and a kwargs dict that gets
+`pin_memory: True` on the accelerator path (`if use_cuda: kwargs.update({"pin_memory": True})`)
+are True there, whatever a CPU run passed (`SourceIndex.on_cuda`); absent where the source does not say."""
 
 from __future__ import annotations
 
 import ast
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import SourceIndex, dotted, has_star_kwargs, kwarg, put, root_name, walk_scope
+from perfdoctor.facts.static.index import (
+    UNKNOWN,
+    SourceIndex,
+    dotted,
+    has_star_kwargs,
+    kwarg,
+    put,
+    root_name,
+    walk_scope,
+)
 from perfdoctor.usercode import kwargs_style
 
 DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -47,6 +61,9 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
                 put(s, name, value, "count" if typ is int else "")
         elif default is not None and not star_kw and not star_args:
             put(s, name, default, "count" if typ is int else "")
+    on_cuda = _pin_memory_on_cuda(index, call, given, star_kw or star_args)
+    if isinstance(on_cuda, bool):
+        put(s, "pin_memory_on_cuda", on_cuda)
     moves = _batch_moves(index, call)
     if moves:
         put(s, "feeds_cuda", True)
@@ -128,3 +145,103 @@ def _derived(value: ast.expr, tracked: set[str]) -> bool:
         return (isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda", "values", "items")
                 and root_name(value.func.value) in tracked)
     return isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)) and root_name(value) in tracked
+
+
+def _pin_memory_on_cuda(index: SourceIndex, call: ast.Call, given: dict[str, ast.expr], star: bool) -> object:
+    """pin_memory on a CUDA device: the argument as written, or what the `**kwargs` dicts put in it."""
+    if "pin_memory" in given:
+        return index.on_cuda(given["pin_memory"])
+    dicts = [k.value for k in call.keywords if k.arg is None]
+    if not star:
+        return False
+    if any(isinstance(a, ast.Starred) for a in call.args) or not all(isinstance(d, (ast.Name, ast.Dict)) for d in dicts):
+        return UNKNOWN
+    values = []
+    for d in dicts:
+        v = _dict_key_on_cuda(index, d, "pin_memory", index.context(call)[0], 0)
+        if v is UNKNOWN:
+            return UNKNOWN
+        if v is not None:
+            values.append(v)
+    return values[-1] if values else False
+
+
+def _dict_key_on_cuda(index: SourceIndex, d: ast.expr, key: str, scope: ast.AST | None, depth: int) -> object:
+    """`key` of the dict `d` on a CUDA device: its value, None where no path sets it, UNKNOWN where
+    a contribution cannot be read (a dict built elsewhere, a guard the source does not decide)."""
+    if depth > 3:
+        return UNKNOWN
+    if isinstance(d, ast.Dict):
+        value: object = None
+        for k, item in zip(d.keys, d.values):
+            if k is None:
+                sub = _dict_key_on_cuda(index, item, key, scope, depth + 1)
+                if sub is UNKNOWN:
+                    return UNKNOWN
+                value = sub if sub is not None else value
+            elif isinstance(k, ast.Constant) and k.value == key:
+                value = index.on_cuda(item)
+                if value is UNKNOWN:
+                    return UNKNOWN
+        return value
+    if isinstance(d, ast.IfExp):
+        test = index.on_cuda(d.test)
+        return UNKNOWN if test is UNKNOWN else _dict_key_on_cuda(index, d.body if test else d.orelse, key, scope, depth + 1)
+    if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "dict" and not d.args:
+        if has_star_kwargs(d):
+            return UNKNOWN
+        given = kwarg(d, key)
+        return None if given is None else index.on_cuda(given)
+    if not isinstance(d, ast.Name):
+        return UNKNOWN
+    name = d.id
+    found: object = None
+    seen = False
+    contributions: list[tuple[int, ast.AST, ast.expr | None]] = []  # (line, statement, dict or value)
+    for node in index.nodes:
+        if index.context(node)[0] is not scope:
+            continue
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            contributions.append((node.lineno, node, node.value))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update"
+              and isinstance(node.func.value, ast.Name) and node.func.value.id == name):
+            if node.args:
+                contributions.append((node.lineno, node, node.args[0]))
+            if node.keywords:
+                contributions.append((node.lineno, node, ast.Call(func=ast.Name("dict"), args=[], keywords=node.keywords)))
+        elif (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(t := node.targets[0], ast.Subscript)
+              and isinstance(t.value, ast.Name) and t.value.id == name):
+            if isinstance(t.slice, ast.Constant) and t.slice.value == key:
+                contributions.append((node.lineno, node, ast.Dict(keys=[t.slice], values=[node.value])))
+    if not contributions:
+        return UNKNOWN  # a parameter or a global built elsewhere
+    for _, stmt, source in sorted(contributions, key=lambda c: c[0]):  # `nodes` is not in source order
+        guard = _guard_on_cuda(index, stmt)
+        if guard is False:
+            continue
+        got = _dict_key_on_cuda(index, source, key, scope, depth + 1) if source is not None else UNKNOWN
+        if got is UNKNOWN or (guard is UNKNOWN and got is not None):
+            return UNKNOWN
+        if got is not None:
+            found, seen = got, True
+        elif isinstance(stmt, ast.Assign) and not isinstance(stmt.targets[0], ast.Subscript) and guard is True:
+            found, seen = None, False  # rebinding the name to a dict without the key
+    return found if seen else None
+
+
+def _guard_on_cuda(index: SourceIndex, node: ast.AST) -> object:
+    """Whether the `if`s around `node` (within its function) let it run on a CUDA device."""
+    verdict: object = True
+    child, parent = node, index.parents.get(node)
+    while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if isinstance(parent, ast.If):
+            test = index.on_cuda(parent.test)
+            if test is not UNKNOWN:
+                test = bool(test)
+                taken = test if child in parent.body else (not test if child in parent.orelse else True)
+                if not taken:
+                    return False
+            elif child in parent.body or child in parent.orelse:
+                verdict = UNKNOWN
+        child, parent = parent, index.parents.get(parent)
+    return verdict

@@ -32,11 +32,18 @@ DTYPE_NAMES = frozenset({
 })
 # identifiers that name a device: `device`, `self.device`, `dev`, `gpu`, `local_rank`, `rank`
 _DEVICE_NAME = re.compile(r"device|(^|_)(dev|gpu|gpus|cuda|rank)(_|$)", re.I)
+# flags and names that are true exactly on the accelerator path (`use_cuda`, `args.cuda`, `use_accel`)
+# and those true exactly off it (`args.no_cuda`, `use_cpu`)
+_ON_CUDA_NAME = re.compile(r"^(use_|has_|with_|is_|on_)?(cuda|gpu|gpus|accel|accelerator)(_available|_enabled)?$", re.I)
+_OFF_CUDA_NAME = re.compile(r"^(no_(cuda|gpu|accel|accelerator)|(use_|force_|only_)?cpu(_only)?)$", re.I)
+_CUDA_AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available",
+                             "torch.backends.mps.is_available", "torch.xpu.is_available"})
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda  # the enclosing function of a node
 Located = ast.stmt | ast.expr  # a node with a position in the source
 _DETAIL = "static read of the source"
+UNKNOWN: Any = object()  # `SourceIndex.on_cuda`: the source does not say
 
 
 def read(path: Path) -> SourceIndex | None:
@@ -259,6 +266,74 @@ class SourceIndex:
                 return True
         last = name.rsplit(".", 1)[-1]
         return True if _DEVICE_NAME.search(last) else None
+
+    def on_cuda(self, node: ast.AST, depth: int = 0) -> Any:
+        """The value `node` has when the script runs on a CUDA device, where the source says:
+        `torch.cuda.is_available()` and flags like `use_cuda` / `args.cuda` are True there,
+        `args.no_cuda` False, `device.type == "cuda"` True, constants are themselves, and names
+        assigned in the file are followed (all their assignments must agree). `UNKNOWN` otherwise."""
+        if depth > 6:
+            return UNKNOWN
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Call):
+            q = self.qual(node.func)
+            if q in _CUDA_AVAILABLE:
+                return True
+            if isinstance(node.func, ast.Name) and node.func.id == "bool" and len(node.args) == 1:
+                v = self.on_cuda(node.args[0], depth + 1)
+                return UNKNOWN if v is UNKNOWN else bool(v)
+            return UNKNOWN
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            v = self.on_cuda(node.operand, depth + 1)
+            return UNKNOWN if v is UNKNOWN else not v
+        if isinstance(node, ast.BoolOp):
+            vals = [self.on_cuda(v, depth + 1) for v in node.values]
+            if isinstance(node.op, ast.And):
+                if any(v is not UNKNOWN and not v for v in vals):
+                    return False
+                return True if all(v is not UNKNOWN for v in vals) else UNKNOWN
+            if any(v is not UNKNOWN and v for v in vals):
+                return True
+            return False if all(v is not UNKNOWN for v in vals) else UNKNOWN
+        if isinstance(node, ast.IfExp):
+            test = self.on_cuda(node.test, depth + 1)
+            if test is UNKNOWN:
+                body, orelse = self.on_cuda(node.body, depth + 1), self.on_cuda(node.orelse, depth + 1)
+                return body if body is not UNKNOWN and body == orelse else UNKNOWN
+            return self.on_cuda(node.body if test else node.orelse, depth + 1)
+        if isinstance(node, ast.Compare) and len(node.ops) == 1:
+            return self._device_compare(node)
+        if isinstance(node, ast.Name) and node.id in self.assigned:
+            vals = [self.on_cuda(v, depth + 1) for v in self.assigned[node.id]]
+            if vals and all(v is not UNKNOWN for v in vals) and all(v == vals[0] for v in vals):
+                return vals[0]
+        name = dotted(node)
+        if name is not None:
+            last = name.rsplit(".", 1)[-1]
+            if _ON_CUDA_NAME.match(last):
+                return True
+            if _OFF_CUDA_NAME.match(last):
+                return False
+        return UNKNOWN
+
+    def _device_compare(self, node: ast.Compare) -> Any:
+        """`device.type == "cuda"`, `args.device != "cpu"`, `"cuda" in str(device)` on a CUDA device."""
+        left, op, right = node.left, node.ops[0], node.comparators[0]
+        const, other = (right, left) if isinstance(right, ast.Constant) else (left, right)
+        if not isinstance(const, ast.Constant) or not isinstance(const.value, str):
+            return UNKNOWN
+        if isinstance(other, ast.Constant):
+            return UNKNOWN
+        kind = const.value.split(":")[0].lower()
+        if kind not in ("cuda", "cpu"):
+            return UNKNOWN
+        is_cuda = kind == "cuda"
+        if isinstance(op, (ast.Eq, ast.Is, ast.In)):
+            return is_cuda
+        if isinstance(op, (ast.NotEq, ast.IsNot, ast.NotIn)):
+            return not is_cuda
+        return UNKNOWN
 
     def move_target(self, call: ast.Call) -> str | None:
         """For `recv.cuda(...)` / `recv.to(...)`: the device's source text when it moves to a

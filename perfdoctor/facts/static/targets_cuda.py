@@ -1,6 +1,8 @@
 """The global fact `script.targets_cuda`: do the files name a CUDA device (a `"cuda"` / `"cuda:N"`
-string, or a `.cuda(...)` call)? It is the union over the files of one read: each file's detector
-raises an earlier file's static False to True, and a value from another source is kept."""
+string, or a `.cuda(...)` call) or select one (`torch.cuda.is_available()`, `torch.cuda.set_device`,
+`torch.accelerator.current_accelerator()`: pytorch/examples pick the accelerator that way)? It is the
+union over the files of one read: each file's detector raises an earlier file's static False to True,
+and a value from another source is kept."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from perfdoctor.facts.static.index import SourceIndex
 
 _CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
 _FACT = "script.targets_cuda"
+_SELECTS = ("torch.cuda.", "torch.accelerator.")  # device selection: is_available, set_device, current_accelerator
 
 
 def _names_cuda(index: SourceIndex) -> bool:
@@ -19,6 +22,8 @@ def _names_cuda(index: SourceIndex) -> bool:
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.match(node.value):
             return True
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "cuda":
+            return True
+        if isinstance(node, ast.Call) and (index.qual(node.func) or "").startswith(_SELECTS):
             return True
     return False
 

@@ -31,6 +31,22 @@ def fix_kinds() -> tuple[str, ...]:
                         if m.name not in SHARED and not m.name.startswith("_")))
 
 
+def apply_fix(source: str, fix: Fix) -> str | None:
+    """`source` (the file the fix was rendered against) with the fix applied: its `before`, the
+    statement exactly as written, replaced by `after` (a statement removed takes its line with it).
+    None for an example fix, or where `before` is not in the source (the file changed)."""
+    if fix.example or not fix.before:
+        return None
+    lines = source.splitlines(keepends=True)
+    want = fix.before.splitlines()
+    for i in range(len(lines) - len(want) + 1):
+        if [l.rstrip("\r\n") for l in lines[i:i + len(want)]] == want:
+            end = lines[i + len(want) - 1][len(lines[i + len(want) - 1].rstrip("\r\n")):] or "\n"
+            new = [l + end for l in fix.after.splitlines()]
+            return "".join(lines[:i] + new + lines[i + len(want):])
+    return None
+
+
 def render_fix(kind: str, location: Location, params: dict) -> Fix | None:
     """The fix of `kind` rendered at `location`, or None when the code there does not match."""
     if kind not in fix_kinds():

@@ -40,6 +40,12 @@ class Context:
         if found is None:
             raise NoStatement(f"no statement at line {line}")
         self.stmt, self.scan = found
+        self.whole = False  # `widen`: the statement is a whole compound statement, not its header
+
+    def widen(self, stmt: cst.BaseStatement) -> None:
+        """Make the fix replace `stmt`, a statement that encloses the located one, whole (an `if`
+        whose body is only the removed call goes with it)."""
+        self.stmt, self.scan, self.whole = stmt, stmt, True
 
     def _statement(self, line: int) -> tuple[cst.BaseStatement, cst.CSTNode] | None:
         """(statement, the part of it to search): a simple statement line, or a compound
@@ -71,11 +77,12 @@ class Context:
         """The source of `stmt` put in the place of the located statement, with its real
         indentation (libcst keeps continuation lines relative to the block); a compound
         statement renders its header only."""
-        if isinstance(stmt, _COMPOUND):
+        header = isinstance(stmt, _COMPOUND) and not self.whole
+        if isinstance(stmt, _COMPOUND) and header:
             stub = stmt.body.with_changes(body=[cst.SimpleStatementLine([cst.Pass()])])
             stmt = stmt.with_changes(body=stub, **({"orelse": None} if hasattr(stmt, "orelse") else {}))
         n = self.code(stmt.with_changes(leading_lines=())).rstrip("\n").count("\n") + 1
-        if isinstance(stmt, _COMPOUND):
+        if header:
             n -= 1  # the stub body line
         start = self.pos[self.stmt].start.line
         lines = self.code(self.module.deep_replace(self.stmt, stmt)).split("\n")

@@ -28,5 +28,13 @@ def fix(ctx: Context, params: dict):
     if keep:
         keep = [s.with_changes(semicolon=cst.MaybeSentinel.DEFAULT) for s in keep]
         return ctx.stmt.with_changes(body=keep), note
-    block, _ = ctx.block()
-    return (ctx.indent() + "pass" if len(block) == 1 else ""), note
+    # the call was the whole statement: remove it, and the `if` (no `else`) whose body it was alone
+    # in, up to the block that still has other statements; `pass` only where a block would be empty
+    while True:
+        block, _ = ctx.block()
+        parent = ctx.parents.get(ctx.stmt)
+        owner = ctx.parents.get(parent) if isinstance(parent, cst.IndentedBlock) else None
+        if len(block) == 1 and isinstance(owner, cst.If) and owner.orelse is None:
+            ctx.widen(owner)
+            continue
+        return (ctx.indent() + "pass" if len(block) == 1 else ""), note

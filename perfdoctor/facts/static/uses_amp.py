@@ -1,0 +1,50 @@
+"""The global fact `script.uses_amp`: do the files train in low precision on some path? A call of
+`torch.autocast` / `torch.amp.autocast` / `torch.cuda.amp.autocast` (wherever it is: nanoGPT
+builds it only for CUDA, and that counts), a GradScaler, `.half()` / `.bfloat16()`, a
+`dtype=torch.float16 / bfloat16` given to `.to()`, or a 16-bit precision setting (Lightning's
+`precision="16-mixed"` / `"bf16-mixed"`, accelerate's `mixed_precision="bf16"`). The union over the
+files, as for `script.targets_cuda`."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.static.index import SourceIndex, kwarg
+
+_FACT = "script.uses_amp"
+_AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
+                       "torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.GradScaler"})
+_LOW_METHODS = frozenset({"half", "bfloat16"})
+_LOW_DTYPES = frozenset({"torch.float16", "torch.half", "torch.bfloat16"})
+_PRECISION = re.compile(r"^(bf)?16(-mixed|-true)?$|^(fp16|bf16)$")
+
+
+def _uses_amp(index: SourceIndex) -> bool:
+    for call in index.calls:
+        q = index.qual(call.func)
+        if q in _AUTOCAST or (q or "").endswith((".autocast", ".GradScaler")):
+            return True
+        f = call.func
+        if isinstance(f, ast.Attribute) and f.attr in _LOW_METHODS and not call.args:
+            return True
+        if isinstance(f, ast.Attribute) and f.attr == "to":
+            dt = kwarg(call, "dtype")
+            if dt is not None and index.qual(dt) in _LOW_DTYPES:
+                return True
+        for name in ("precision", "mixed_precision"):
+            v = kwarg(call, name)
+            if isinstance(v, ast.Constant) and _PRECISION.match(str(v.value).lower()):
+                return True
+    return False
+
+
+def detect(index: SourceIndex, facts: Facts) -> None:
+    prior = facts.get(_FACT)
+    if prior is not None and (prior.source != "static" or prior.value):
+        return
+    used = _uses_amp(index)
+    if prior is None or used:
+        facts.add(_FACT, used, source="static",
+                  detail="the files use autocast or 16-bit precision" if used else "no autocast or 16-bit precision in the files")
