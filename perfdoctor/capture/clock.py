@@ -235,7 +235,7 @@ class DeviceMemory:
     RESCAN = 16
 
     def __init__(self, torch: Any):
-        self.cuda = torch.cuda
+        self.torch_cuda = torch.cuda
         self.patches = Patches()
         self.on = False  # CUDA is initialised
         self.count = 0  # visible devices
@@ -249,10 +249,11 @@ class DeviceMemory:
 
     # -- the script's own peak readings -------------------------------------------------------------
     def install(self) -> None:
-        cuda, mem = self.cuda, getattr(self.cuda, "memory", None)
+        cuda = self.torch_cuda
+        mem = getattr(cuda, "memory", None)
         owners = [cuda] + ([mem] if mem is not None and hasattr(mem, "reset_peak_memory_stats") else [])
-        for which, name in ((0, "max_memory_allocated"), (1, "max_memory_reserved")):
-            orig = getattr(cuda, name)
+        for name, orig, which in (("max_memory_allocated", cuda.max_memory_allocated, 0),
+                                  ("max_memory_reserved", cuda.max_memory_reserved, 1)):
             wrapped = self._max_since_user_reset(orig, which)
             for o in owners:
                 self.patches.replace(o, name, wrapped)
@@ -275,10 +276,10 @@ class DeviceMemory:
     def _index(self, device: Any) -> int | None:
         """The device index a torch.cuda memory function was given (None: the current device)."""
         if device is None or getattr(device, "index", 0) is None:
-            return int(self.cuda.current_device()) if self.on else None
+            return int(self.torch_cuda.current_device()) if self.on else None
         if isinstance(device, str):
             return int(device.split(":", 1)[1]) if ":" in device else (
-                int(self.cuda.current_device()) if self.on else None)
+                int(self.torch_cuda.current_device()) if self.on else None)
         return int(getattr(device, "index", device))
 
     def _max_since_user_reset(self, orig: Any, which: int) -> Any:
@@ -303,7 +304,7 @@ class DeviceMemory:
     def read(self, i: int) -> dict[int, tuple[int, int]] | None:
         """{device: (allocated bytes at the step end, peak allocated within the step)} for the
         devices this process allocated on; None while CUDA is not initialised."""
-        cuda = self.cuda
+        cuda = self.torch_cuda
         if not self.on:
             if not cuda.is_initialized():
                 return None

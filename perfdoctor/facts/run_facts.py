@@ -99,8 +99,16 @@ def memory_growth(steady: list[dict]) -> float | None:
 
 
 def _span(idx: list[int]) -> str:
-    """"steps a..b" of a run of step numbers."""
-    return f"steps {idx[0]}..{idx[-1]}" if idx else "no steps"
+    """The steps `idx` (sorted step numbers) in words: "steps 3..4, 14..40"."""
+    if not idx:
+        return "no steps"
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return "step" + ("s " if len(idx) > 1 else " ") + ", ".join(f"{a}..{b}" if b > a else f"{a}" for a, b in runs)
 
 
 def _memory(facts: Facts, run_steps: list[Step], steady: list[dict[str, Any]], env: Env) -> float | None:
@@ -342,16 +350,18 @@ def load_run(run_dir: Path) -> RunData:
         p90 = quantile(walls, 0.9)
         summary["step_time_ms"] = step_time_summary(walls)
         summary["steady_steps"] = [steady[0]["i"], steady[-1]["i"]]
-        facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps")
-        facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {len(walls)} steady-state steps")
+        which = f"{len(walls)} steady-state steps ({_span([x['i'] for x in steady])}, unprofiled)"
+        facts.add("step.time_ms", median, "ms", detail=f"median of {which}")
+        facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {which}")
         # per-part medians (robust to noisy steps), scaled down if together they exceed the median step
         # (`or 0.0` never applies: steady is not empty)
         split = breakdown({cat: median_of([min(s.get(k) or 0.0, s["wall_ms"]) for s in steady]) or 0.0
                            for cat, k in CATEGORIES}, median)
         summary["breakdown"] = breakdown_rows(split, median)
         for cat, k in CATEGORIES:
-            facts.add(f"step.{k}", split[cat], "ms", detail="median over steady-state steps")
-        facts.add("step.other_ms", split["other"], "ms", detail="step time not in data, forward, backward, optimizer")
+            facts.add(f"step.{k}", split[cat], "ms", detail=f"median over {which}")
+        facts.add("step.other_ms", split["other"], "ms",
+                  detail=f"step time not in data, forward, backward, optimizer; {which}")
     if steps:  # every step of the run, for the charts: which were steady, which the profiler held
         summary["step_series"] = step_series([s["wall_ms"] for s in steps], [s["i"] for s in steady],
                                              [int(window.get("skip") or 0) + 1, int(window["last_step"])]
