@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
-
 from msgspec import UNSET
 
 from perfdoctor.contracts.run import ClockLine, CudaMem, Hotspots, Meta, Probes, Step, Steps, encode

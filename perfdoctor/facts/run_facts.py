@@ -139,13 +139,13 @@ def _memory(facts: Facts, run_steps: list[Step], steady: list[dict[str, Any]], e
         return growth
     info = {d.index: d for d in env.devices or []}
     peak_dev = max(by_dev, key=lambda d: max(r[2] for r in by_dev[d]))
-    rows = by_dev[peak_dev]
-    facts.add("memory.peak_bytes", max(r[2] for r in rows), "bytes",
+    peak_rows = by_dev[peak_dev]
+    facts.add("memory.peak_bytes", max(r[2] for r in peak_rows), "bytes",
               detail=f"highest CUDA memory allocated within a step (max_memory_allocated, reset every step) on "
-                     f"cuda:{peak_dev}, {_span([r[0] for r in rows])}")
+                     f"cuda:{peak_dev}, {_span([r[0] for r in peak_rows])}")
     best: tuple[int, float, list[int]] | None = None
-    for d, rows in by_dev.items():
-        pts = [{"i": i, "mem_bytes": a} for i, a, _ in rows if i in steady_i]
+    for d, dev_rows in by_dev.items():
+        pts = [{"i": i, "mem_bytes": a} for i, a, _ in dev_rows if i in steady_i]
         g = memory_growth(pts)
         if g is not None and (best is None or g > best[1]):
             best = (d, g, [x["i"] for x in pts])

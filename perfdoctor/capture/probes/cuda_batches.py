@@ -79,7 +79,7 @@ class CudaBatchProbe:
             return out
 
         for f, o in ((to, orig_to), (cuda, orig_cuda), (copy_, orig_copy), (as_tensor, orig_as_tensor)):
-            f.__wrapped__ = o  # type: ignore[attr-defined]
+            setattr(f, "__wrapped__", o)  # noqa: B010 - mypy does not allow the attribute on a function
         self.patches.replace(T, "to", to)
         self.patches.replace(T, "cuda", cuda)
         self.patches.replace(T, "copy_", copy_)
