@@ -114,10 +114,17 @@ def analyse_run(run_dir: Path, config: Path | None = None) -> Report:
         from perfdoctor.trace.loader import load_trace
 
         run_kinds = facts.kinds_from("run")
+        win = data.meta.get("window") or {}
         try:
+            # GPU time from the profiled steps, host time from the run's unprofiled ones (the profiler
+            # inflates the host's): the GPU's idle time is the run's step less the GPU's busy time.
+            # Each trace fact names the run's steps it comes from.
             trace = load_trace(Path(data.trace_path))
             dropped = trace.dropped
-            trace_summary = add_trace_facts(trace, facts)
+            trace_summary = add_trace_facts(
+                trace, facts, run_step_ms=facts.value("step.time_ms"),
+                steps_label=f"profiled steps {win['first_step']}..{win['first_step'] + win['steps_profiled'] - 1}"
+                if win.get("first_step") is not None and win.get("steps_profiled") else "")
         except InputError as e:
             notes.append(f"the profiler trace could not be read: {e.message}")
         # where the run's probes measured a kind of thing (its DataLoaders, say), the trace's coarser

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "sample_scripts"
 EXPECT = re.compile(r"#\s*expect:\s*((?:PD\d{3}[,\s]*)+)")
@@ -37,3 +39,12 @@ def run_cli(*args: str, cwd: Path | None = None, timeout: float = 180,
     return subprocess.run([sys.executable, "-m", "perfdoctor", *args], cwd=cwd or REPO,
                           env=full_env, capture_output=True, text=True, timeout=timeout)
 
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A fake CUDA layer (tests/fake_cuda.py) in place of torch.cuda for the test: one device;
+    set `.count` for more. Imports torch, so only the tests that ask for it pay for that."""
+    from fake_cuda import FakeCuda, install
+
+    return install(monkeypatch, FakeCuda())

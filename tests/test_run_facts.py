@@ -108,7 +108,8 @@ def test_machine_facts(tmp_path):
     amp = r.facts.get("device.amp_available")
     assert amp.value is True and amp.detail.startswith("CUDA capability 8.0 >= 7.0")
     assert r.facts.value("device.capability") == 8.0 and r.facts.value("device.count") == 8
-    assert r.facts.value("memory.total_bytes") == 80 << 30
+    # no step read CUDA memory (cuda_mem): the memory facts are the RSS's, against the host's memory
+    assert r.facts.value("memory.total_bytes") == ENV_CPU["total_memory_bytes"]
 
     old = dict(gpu, device_capability=[6, 1])
     r = load_run(make_run(tmp_path / "p40", env=old))

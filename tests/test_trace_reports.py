@@ -69,6 +69,8 @@ def gpu_facts(**kv):
     f = Facts()
     f.add("device.type", "cuda", "", "trace")
     f.add("step.time_ms", 100.0, "ms", "trace")
+    if "step__profiled_time_ms" not in kv:  # a trace alone: its steps are the profiled steps
+        f.add("step.profiled_time_ms", 100.0, "ms", "trace")
     for k, v in kv.items():
         f.add(k.replace("__", "."), v, "", "trace")
     return f
@@ -81,6 +83,15 @@ def test_pd008_needs_syncs_that_cost_gpu_time():
     # the GPU never waited on the host: the syncs cost nothing worth a finding
     assert "PD008" not in [x.rule for x in judge(gpu_facts(sync__count_per_step=20, sync__ms=6.0,
                                                            gpu__idle_host_wait_ms=0.1), RULES)]
+
+
+def test_pd008_reads_profiled_host_time_as_a_share_of_the_profiled_steps():
+    """In a run folder the profiled steps take twice the run's (the profiler's host overhead): 6 ms
+    blocked in syncs of a 200 ms profiled step is 3% of the step, 3 ms of the run's 100 ms one."""
+    fired = judge(gpu_facts(sync__count_per_step=20, sync__ms=6.0, gpu__idle_host_wait_ms=10.0,
+                            step__profiled_time_ms=200.0), RULES)
+    (f,) = [x for x in fired if x.rule == "PD008"]
+    assert f.ms_per_step == pytest.approx(3.0)
     # on a CPU trace .item() is not a device sync
     cpu = gpu_facts(sync__count_per_step=20, sync__ms=6.0, gpu__idle_host_wait_ms=4.0)
     cpu.add("device.type", "cpu", "", "trace")

@@ -8,10 +8,14 @@ far merge into its first step.
 The clock keeps the per-step timings: the probes add the time they measure (DataLoader waits,
 forward) to its running totals, the clock itself times backward and the optimizer step (less the
 forward, backward and data time of a closure run inside it: LBFGS, Lightning). perfdoctor's own
-work inside a step (`exclude`) is taken out of the step's time; its per-step bookkeeping runs after
-the step's time was taken. Outside
-the profiled window a step costs a few attribute updates, a /proc read for the RSS and one tuple
-append. The probes' per-step bookkeeping runs in `on_step`, after the step's time was taken.
+work inside a step (`exclude`) is taken out of the step's time. Outside the profiled window a step
+costs a few attribute updates, a /proc read for the RSS, on CUDA one allocator-statistics read per
+device in use (host-side: no synchronisation, no CUDA context), and one tuple append. The probes'
+per-step bookkeeping runs in `on_step`, after the step's time was taken.
+
+Memory per step has one meaning for the whole run: `mem_bytes` is always the process RSS, and
+`DeviceMemory` adds, from the first step end at which CUDA is initialised, each device's allocated
+bytes at the step end and its peak within the step (the allocator's peak, reset at every step end).
 """
 
 from __future__ import annotations
@@ -43,7 +47,8 @@ class StepClock:
         self.pc = time.perf_counter
         self.t0 = self.step_start = self.pc()
         self.kind: str | None = None  # optimizer | backward | dataloader, None until one is seen
-        # (i, end s since t0, wall ms, data ms, forward ms, backward ms, optimizer ms, memory bytes)
+        # (i, end s since t0, wall ms, data ms, forward ms, backward ms, optimizer ms, RSS bytes,
+        #  CUDA memory per device or None)
         self.steps: list[tuple] = []
         self.data = self.fwd = self.bwd = self.opt = 0.0  # seconds in the current step
         self.bwd_depth = self.opt_depth = 0
@@ -53,7 +58,7 @@ class StepClock:
         self.clock_opt: int | None = None  # id() of the optimizer whose step ends a step
         self.opt_seen: set[int] = set()
         self.dl_calls = 0
-        self.cuda_memory = False  # mem_bytes from torch.cuda.memory_allocated(), else the RSS
+        self.device_mem = DeviceMemory(torch)
         self.closed = False  # the run folder is written
         self.stopping = False  # --steps was reached
         # set by the coordinator: the probes' per-step bookkeeping, a stronger clock's takeover,
@@ -77,8 +82,10 @@ class StepClock:
         self.patches.hook(opt_mod.register_optimizer_step_pre_hook(self._opt_pre))
         self.patches.hook(opt_mod.register_optimizer_step_post_hook(self._opt_post))
         self._install_backward()
+        self.device_mem.install()
 
     def uninstall(self) -> None:
+        self.device_mem.uninstall()
         self.patches.undo()
 
     def _install_backward(self) -> None:
@@ -168,13 +175,12 @@ class StepClock:
             self.fwd += s[4] / 1e3
             self.bwd += s[5] / 1e3
             self.opt += s[6] / 1e3
+        self.device_mem.merged([s[8] for s in self.steps])
         self.steps = []
         self.on_merge()
 
     # -- a step ends ----------------------------------------------------------------------------
-    def mem(self) -> int | None:
-        if self.cuda_memory:
-            return int(self.torch.cuda.memory_allocated())
+    def rss(self) -> int | None:
         if self._statm is not None:
             return int(os.pread(self._statm, 128, 0).split()[1]) * self._page
         return None
@@ -190,7 +196,7 @@ class StepClock:
         try:
             wall = max(0.0, now - self.step_start - self.own)
             self.steps.append((i, now - self.t0, wall * 1e3, self.data * 1e3, self.fwd * 1e3,
-                               self.bwd * 1e3, self.opt * 1e3, self.mem()))
+                               self.bwd * 1e3, self.opt * 1e3, self.rss(), self.device_mem.read(i)))
             self.data = self.fwd = self.bwd = self.opt = self.own = 0.0
             self.opt_inner0 = 0.0  # a step that ends inside an optimizer step: what follows is the next one's
             self.on_step(i)  # bookkeeping from here on is not part of any step's time
@@ -222,4 +228,116 @@ class StepClock:
     def whole_run(self, end: float) -> tuple:
         """The whole run as one step (no step clock)."""
         return (1, end - self.t0, (end - self.t0) * 1e3, self.data * 1e3, self.fwd * 1e3, self.bwd * 1e3,
-                self.opt * 1e3, self.mem())
+                self.opt * 1e3, self.rss(), self.device_mem.read(1))
+
+
+class DeviceMemory:
+    """CUDA memory per device at each step end, from the caching allocator's statistics
+    (`torch.cuda.memory_stats`: host-side counters, no synchronisation, no CUDA context created).
+
+    Nothing is read until CUDA is initialised (one `is_initialized()` per step until then; before
+    it no CUDA memory exists). Every visible device is looked at, not only the current one: a rank
+    that uses `cuda:{local_rank}` without `set_device` allocates on its own device while the
+    current device stays 0. Devices this process never allocated on are left out (and looked at
+    again every `RESCAN` steps). The peak within a step is the allocator's peak, reset at the end
+    of every step (`reset_peak_memory_stats`, host-side too).
+
+    The reset would change what the script's own `torch.cuda.max_memory_allocated()` /
+    `max_memory_reserved()` return, so while installed those answer with the peak since the
+    script's own last `reset_peak_memory_stats()` (or the start), as they would without perfdoctor.
+    """
+
+    RESCAN = 16
+
+    def __init__(self, torch: Any):
+        self.torch_cuda = torch.cuda
+        self.patches = Patches()
+        self.on = False  # CUDA is initialised
+        self.count = 0  # visible devices
+        self.used: set[int] = set()  # devices this process allocated on
+        self.first_step: int | None = None  # the first step whose end saw CUDA initialised
+        self.peaks: dict[int, int] = {}  # the highest step peak of each device
+        self.carried: dict[int, int] = {}  # peaks of steps a stronger clock merged into the next one
+        # the peaks of the steps since the script's own last reset, per device: (allocated, reserved)
+        self.user_peak: dict[int, list[int]] = {}
+        self._reset = torch.cuda.reset_peak_memory_stats  # the original, whatever install() wraps
+
+    # -- the script's own peak readings -------------------------------------------------------------
+    def install(self) -> None:
+        cuda = self.torch_cuda
+        mem = getattr(cuda, "memory", None)
+        owners = [cuda] + ([mem] if mem is not None and hasattr(mem, "reset_peak_memory_stats") else [])
+        for name, orig, which in (("max_memory_allocated", cuda.max_memory_allocated, 0),
+                                  ("max_memory_reserved", cuda.max_memory_reserved, 1)):
+            wrapped = self._max_since_user_reset(orig, which)
+            for o in owners:
+                self.patches.replace(o, name, wrapped)
+        orig_reset, dm = self._reset, self
+
+        def reset_peak_memory_stats(device: Any = None) -> Any:
+            out = orig_reset(device)
+            d = dm._index(device)
+            if d is not None:
+                dm.user_peak.pop(d, None)
+            return out
+
+        reset_peak_memory_stats.__wrapped__ = orig_reset  # type: ignore[attr-defined]
+        for o in owners:
+            self.patches.replace(o, "reset_peak_memory_stats", reset_peak_memory_stats)
+
+    def uninstall(self) -> None:
+        self.patches.undo()
+
+    def _index(self, device: Any) -> int | None:
+        """The device index a torch.cuda memory function was given (None: the current device)."""
+        if device is None or getattr(device, "index", 0) is None:
+            return int(self.torch_cuda.current_device()) if self.on else None
+        if isinstance(device, str):
+            return int(device.split(":", 1)[1]) if ":" in device else (
+                int(self.torch_cuda.current_device()) if self.on else None)
+        return int(getattr(device, "index", device))
+
+    def _max_since_user_reset(self, orig: Any, which: int) -> Any:
+        dm = self
+
+        def peak(device: Any = None) -> int:
+            now = orig(device)
+            d = dm._index(device)
+            seen = dm.user_peak.get(d) if d is not None else None
+            return max(now, seen[which]) if seen else now
+
+        peak.__wrapped__ = orig  # type: ignore[attr-defined]
+        return peak
+
+    # -- per step -------------------------------------------------------------------------------
+    def merged(self, readings: list[dict[int, tuple[int, int]] | None]) -> None:
+        """Steps merged into the next one (a stronger clock took over): their peaks are its peaks."""
+        for r in readings:
+            for d, (_, peak) in (r or {}).items():
+                self.carried[d] = max(self.carried.get(d, 0), peak)
+
+    def read(self, i: int) -> dict[int, tuple[int, int]] | None:
+        """{device: (allocated bytes at the step end, peak allocated within the step)} for the
+        devices this process allocated on; None while CUDA is not initialised."""
+        cuda = self.torch_cuda
+        if not self.on:
+            if not cuda.is_initialized():
+                return None
+            self.on, self.count, self.first_step = True, int(cuda.device_count()), i
+        look = range(self.count) if (i - (self.first_step or i)) % self.RESCAN == 0 else sorted(self.used)
+        out: dict[int, tuple[int, int]] = {}
+        for d in look:
+            st = cuda.memory_stats(d)
+            peak = max(int(st.get("allocated_bytes.all.peak", 0)), self.carried.pop(d, 0))
+            if not peak and d not in self.used:
+                continue
+            self.used.add(d)
+            if peak > self.peaks.get(d, 0):
+                self.peaks[d] = peak
+            alloc = int(st.get("allocated_bytes.all.current", 0))
+            reserved = int(st.get("reserved_bytes.all.peak", 0))
+            self._reset(d)
+            seen = self.user_peak.setdefault(d, [0, 0])
+            seen[0], seen[1] = max(seen[0], peak), max(seen[1], reserved)
+            out[d] = (alloc, peak)
+        return out

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgspec
 
-from perfdoctor.contracts.run import Env
+from perfdoctor.contracts.run import DeviceInfo, Env
 from perfdoctor.usercode import is_user_file
 
 
@@ -59,23 +59,38 @@ def base_env() -> Env:
                device_count=0, device_capability=None, device_memory_bytes=None)
 
 
-def collect_env(torch: Any) -> Env:
-    """The full environment, at the end of the run."""
+def collect_env(torch: Any, used: set[int] | None = None, peaks: dict[int, int] | None = None) -> Env:
+    """The full environment, at the end of the run. `used`: the CUDA devices the process allocated
+    on, `peaks` their highest step peaks (capture/clock.py `DeviceMemory`).
+
+    The device is "cuda" only where the script initialised CUDA (a CPU script on a GPU machine is a
+    CPU run). No CUDA context is created: properties are read without one, and free memory
+    (`cudaMemGetInfo`, which needs a context on the device it asks) only on the devices the process
+    allocated on, which have one already; never on device 0 for a rank that uses another.
+    """
     env = base_env()
     env.torch = str(torch.__version__)
     env.rocm = bool(getattr(torch.version, "hip", None))
     env.free_memory_bytes = _meminfo("MemAvailable")
+    used, peaks = used or set(), peaks or {}
     try:
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            env = msgspec.structs.replace(env, cuda_available=True, device="cuda", device_name=props.name,
-                                          device_count=torch.cuda.device_count(),
-                                          device_capability=[props.major, props.minor],
-                                          device_memory_bytes=int(props.total_memory))
-            if torch.cuda.is_initialized():
-                free, _total = torch.cuda.mem_get_info()
-                env.free_memory_bytes = int(free)
-                env.device_peak_allocated_bytes = int(torch.cuda.max_memory_allocated())
+        env.cuda_available = bool(torch.cuda.is_available())
+        if env.cuda_available and torch.cuda.is_initialized():
+            devices = []
+            for d in sorted(used) or [int(torch.cuda.current_device())]:
+                props = torch.cuda.get_device_properties(d)
+                free = int(torch.cuda.mem_get_info(d)[0]) if d in used else None
+                devices.append(DeviceInfo(index=d, name=props.name, capability=[props.major, props.minor],
+                                          total_memory_bytes=int(props.total_memory), free_memory_bytes=free,
+                                          peak_allocated_bytes=peaks.get(d)))
+            first = devices[0]
+            env = msgspec.structs.replace(env, device="cuda", device_name=first.name,
+                                          device_count=int(torch.cuda.device_count()),
+                                          device_capability=first.capability,
+                                          device_memory_bytes=first.total_memory_bytes)
+            env.devices = devices
+            if first.free_memory_bytes is not None:
+                env.free_memory_bytes = first.free_memory_bytes
     except Exception as e:  # noqa: BLE001 - a broken driver must not lose the run
         env.cuda_error = f"{type(e).__name__}: {e}"
     return env

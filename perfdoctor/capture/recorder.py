@@ -32,7 +32,6 @@ from perfdoctor.contracts.run import Exit, Meta, Probes
 
 SCAN_STEPS = 30  # loss holders are looked for during the first steps only
 FWD_GLOBAL_STEPS = 3  # global forward hooks find the top-level modules, then per-module hooks
-CUDA_PROBE_STEPS = 30  # Tensor.to/.cuda are watched (CUDA only) for the first steps only
 
 
 class Recorder:
@@ -101,27 +100,19 @@ class Recorder:
         self.forward.end_step()
         self.dataloader.end_step()
         self.host_reads.end_step()
-        if i <= CUDA_PROBE_STEPS:
+        self.cuda_batches.end_step(i)
+        if not self.host_reads.cuda_run and self.cuda_batches.active:
+            self.host_reads.cuda_run = True  # from CUDA's first use on, only device tensors count
+        if i <= SCAN_STEPS:
             self._early(i)
         if i >= self.window.next_at:
             self.window.tick(i)
 
     def _early(self, i: int) -> None:
-        if i == 1:
-            cuda = bool(self.torch.cuda.is_initialized())  # decided now: the script may set CUDA env first
-            self.clock.cuda_memory = cuda
-            self.host_reads.cuda_run = cuda
-            if cuda:
-                self.cuda_batches.install()
         if i == FWD_GLOBAL_STEPS:
             self.forward.to_roots()
-        if i <= SCAN_STEPS and self.window.state in ("wait", "done"):  # never inside a profiled step
+        if self.window.state in ("wait", "done"):  # never inside a profiled step
             self.holders.scan(i, sys._getframe())
-        if i == CUDA_PROBE_STEPS and self.cuda_batches.active:
-            self.cuda_batches.uninstall()
-            # as before the split (one flag did both): from here on mem_bytes is the RSS, not CUDA
-            # memory_allocated. Likely unintended; left for a change of its own, not this refactoring
-            self.clock.cuda_memory = False
 
     def _on_merge(self) -> None:
         """A stronger step clock took over: what was counted by steps starts again."""
@@ -172,7 +163,7 @@ class Recorder:
         meta.exit = Exit(code=code, reason=reason, traceback=tb)
         meta.step_clock = self.clock.kind or "none"
         meta.window = self.window.meta()
-        meta.env = collect_env(self.torch)
+        meta.env = collect_env(self.torch, self.clock.device_mem.used, self.clock.device_mem.peaks)
         meta.steps_limit = self.clock.steps_limit
         meta.user_files = user_files(meta.script, meta.cwd, meta.module)
         meta.probe_errors = self.errors.items

@@ -12,8 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import msgspec
+from msgspec import UNSET
 
-from perfdoctor.contracts.run import ClockLine, Hotspots, Meta, Probes, Step, Steps, encode
+from perfdoctor.contracts.run import ClockLine, CudaMem, Hotspots, Meta, Probes, Step, Steps, encode
 
 PARTIAL = "steps.partial.jsonl"
 
@@ -29,11 +30,13 @@ def write_meta(run_dir: Path, meta: Meta) -> None:
 
 
 def step_row(s: tuple) -> Step:
-    """The step clock's tuple (i, end s, wall s, data, forward, backward, optimizer, memory; times
-    in ms but the end) as written."""
+    """The step clock's tuple (i, end s, wall s, data, forward, backward, optimizer, RSS, CUDA
+    memory per device or None; times in ms but the end) as written."""
+    cuda = s[8]
     return Step(i=s[0], end_s=round(s[1], 6), wall_ms=round(s[2], 4), data_ms=round(s[3], 4),
                 forward_ms=round(s[4], 4), backward_ms=round(s[5], 4), optimizer_ms=round(s[6], 4),
-                mem_bytes=s[7])
+                mem_bytes=s[7], cuda_mem=UNSET if cuda is None else
+                [CudaMem(device=d, allocated=a, peak=p) for d, (a, p) in sorted(cuda.items())])
 
 
 class RunWriter:

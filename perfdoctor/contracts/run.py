@@ -44,9 +44,22 @@ class Window(Struct, kw_only=True):
     error: str | None = None
 
 
+class DeviceInfo(Struct, kw_only=True):
+    """A CUDA device the run allocated memory on (meta.json `env.devices`)."""
+    index: int
+    name: str | None = None
+    capability: list[int] | None = None  # [major, minor]
+    total_memory_bytes: int | None = None
+    free_memory_bytes: int | None = None  # at the end of the run (cudaMemGetInfo on this device)
+    peak_allocated_bytes: int | None = None  # the highest of its steps' peaks
+
+
 class Env(Struct, kw_only=True):
     """The machine (capture/env.py). `torch`, `rocm` and `free_memory_bytes` are known once the
-    child has imported torch / at the end of the run; the last two keys only on CUDA / on error."""
+    child has imported torch / at the end of the run; `devices` only where the script used CUDA,
+    `cuda_error` only on error. `device` is "cuda" where the script initialised CUDA; the
+    `device_*` keys then describe its first device in use (`devices[0]`), and `free_memory_bytes`
+    is that device's free memory, else the host's."""
     python: str | None = None
     platform: str | None = None
     cpu_count: int | None = None  # usable CPUs (sched_getaffinity)
@@ -63,7 +76,7 @@ class Env(Struct, kw_only=True):
     torch: str | UnsetType = UNSET
     rocm: bool | UnsetType = UNSET
     free_memory_bytes: int | None | UnsetType = UNSET
-    device_peak_allocated_bytes: int | UnsetType = UNSET
+    devices: list[DeviceInfo] | UnsetType = UNSET
     cuda_error: str | UnsetType = UNSET
 
 
@@ -90,8 +103,17 @@ class Meta(Struct, kw_only=True):
 
 # -- steps.json (and steps.partial.jsonl, one Step per line) -------------------------------------
 
+class CudaMem(Struct, kw_only=True):
+    """A CUDA device's memory at a step (capture/clock.py `DeviceMemory`, the caching allocator's
+    statistics)."""
+    device: int
+    allocated: int  # bytes allocated at the step end (torch.cuda.memory_allocated)
+    peak: int  # the most bytes allocated at any moment of the step (max_memory_allocated, reset per step)
+
+
 class Step(Struct, kw_only=True):
-    """One step of the whole run; times in ms, `end_s` since the script started."""
+    """One step of the whole run; times in ms, `end_s` since the script started. `cuda_mem` from
+    the first step end at which CUDA was initialised, for the devices the process allocated on."""
     i: files.Count
     end_s: float | None = None
     wall_ms: files.Ms
@@ -99,7 +121,8 @@ class Step(Struct, kw_only=True):
     forward_ms: files.Ms | None = None
     backward_ms: files.Ms | None = None
     optimizer_ms: files.Ms | None = None
-    mem_bytes: files.Count | None = None  # torch.cuda.memory_allocated() on CUDA, else the process RSS
+    mem_bytes: files.Count | None = None  # the process RSS at the step end, on every device type
+    cuda_mem: list[CudaMem] | UnsetType = UNSET
 
 
 class Steps(Struct, kw_only=True):

@@ -53,6 +53,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
      "steps on which the probes looked for retained losses (PD006 then trusts the run over the source)"),
     ("step.time_ms", "ms", "run/trace", "median step over the steady-state steps"),
     ("step.time_p90_ms", "ms", "run/trace", "90th percentile step over the steady-state steps"),
+    ("step.profiled_time_ms", "ms", "trace", "median step of the profiled steps (the trace's): what host time "
+     "measured there (sync.ms) is a share of"),
     ("step.data_ms", "ms", "run/trace", "data loading per step (the parts add up to step.time_ms; a run: mean share x median step, a trace: median)"),
     ("step.forward_ms", "ms", "run/trace", "forward per step (a run: mean share x median step; a trace: median, CPU traces only)"),
     ("step.backward_ms", "ms", "run/trace", "backward per step (a run: mean share x median step; a trace: median, CPU traces only)"),
@@ -66,8 +68,9 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("step.comm_ms", "ms", "trace", "communication kernels per step, not hidden behind compute"),
     ("step.runtime_ms", "ms", "trace", "CUDA/HIP runtime and driver calls per step"),
     ("step.cpu_ops_ms", "ms", "trace", "CPU operators per step outside the other parts"),
-    ("step.idle_ms", "ms", "trace", "GPU idle per step"),
+    ("step.idle_ms", "ms", "trace", "GPU idle per step (a run folder: the run's step less gpu.busy_ms)"),
     # the GPU
+    ("gpu.busy_ms", "ms", "trace", "GPU busy per step (kernels, copies, memsets; the busiest device of several)"),
     ("gpu.utilization", "ratio", "trace", "GPU busy (kernels, copies, memsets) / step"),
     ("gpu.idle_host_wait_ms", "ms", "trace", "GPU idle per step while its next work was not launched yet"),
     ("gpu.idle_gap_ms", "ms", "trace", "GPU idle per step although its next work was already launched"),
@@ -103,10 +106,13 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("dataloader.num_workers", "count", "trace",
      "0 where the trace shows a single-process DataLoader iterator (read where no subject has it)"),
     # memory
-    ("memory.peak_bytes", "bytes", "run", "max of the steps' mem_bytes (CUDA memory_allocated, else RSS)"),
-    ("memory.total_bytes", "bytes", "machine", "the device's memory on CUDA, else the host's"),
-    ("memory.free_bytes", "bytes", "machine", "free memory at the end of the run"),
-    ("memory.growth_bytes_per_step", "bytes", "run", "clear linear memory growth over the steady steps"),
+    ("memory.peak_bytes", "bytes", "run", "CUDA: the highest memory allocated within a step, on the device that "
+     "peaks most; else the max process RSS at step ends"),
+    ("memory.total_bytes", "bytes", "machine", "the memory of the device the memory facts are about on CUDA, else "
+     "the host's"),
+    ("memory.free_bytes", "bytes", "machine", "free memory at the end of the run (on CUDA: on that device)"),
+    ("memory.growth_bytes_per_step", "bytes", "run", "clear linear memory growth over the steady steps (CUDA: "
+     "allocated at step ends, the device that grows most)"),
     ("memory.steps_to_oom", "count", "run", "free memory at the end / growth per step"),
     # the source
     ("script.targets_cuda", "bool", "static", "the user's files name a CUDA device"),

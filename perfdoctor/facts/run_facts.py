@@ -146,6 +146,72 @@ def _project_to_gpu(facts: Facts, s: Subject, load: float, step: float, env: Env
     if load + gpu > 0:
         s.add("gpu_wait_fraction", load / (load + gpu), "ratio",
               detail=f"load_ms / (load_ms + projected GPU compute {gpu:.1f} ms)")
+def _span(idx: list[int]) -> str:
+    """The steps `idx` (sorted step numbers) in words: "steps 3..4, 14..40"."""
+    if not idx:
+        return "no steps"
+    runs: list[list[int]] = []
+    for i in idx:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return "step" + ("s " if len(idx) > 1 else " ") + ", ".join(f"{a}..{b}" if b > a else f"{a}" for a, b in runs)
+
+
+def _memory(facts: Facts, run_steps: list[Step], steady: list[dict[str, Any]], env: Env) -> float | None:
+    """The memory facts, from one source for the whole run, named in each fact's detail with the
+    steps it read: CUDA memory per device where the script used CUDA (each device's allocated
+    bytes at step ends, its peak within each step), else the process RSS. The device reported is
+    the one that grows (or peaks) most; returns the growth per step, None if none is clear."""
+    by_dev: dict[int, list[tuple[int, int, int]]] = {}  # device -> (step, allocated, peak)
+    for st in run_steps:
+        for c in st.cuda_mem or []:
+            by_dev.setdefault(c.device, []).append((st.i, c.allocated, c.peak))
+    steady_i = {x["i"] for x in steady}
+    if not by_dev:
+        rows = [(st.i, st.mem_bytes) for st in run_steps if st.mem_bytes is not None]
+        if rows:
+            facts.add("memory.peak_bytes", max(m for _, m in rows), "bytes",
+                      detail=f"max process RSS at step ends ({_span([i for i, _ in rows])})")
+        facts.add("memory.total_bytes", env.total_memory_bytes, "bytes", "machine")
+        free = _known(env.free_memory_bytes)
+        facts.add("memory.free_bytes", free, "bytes", "machine", "free at the end of the run")
+        pts = [x for x in steady if x.get("mem_bytes") is not None]
+        growth = memory_growth(pts)
+        if growth is not None:
+            facts.add("memory.growth_bytes_per_step", growth, "bytes", detail="least-squares slope of process RSS "
+                      f"over {len(steady)} steady steps ({_span([x['i'] for x in pts])})")
+            if free:
+                facts.add("memory.steps_to_oom", int(free / growth), "count", detail="free memory at the end / growth")
+        return growth
+    info = {d.index: d for d in env.devices or []}
+    peak_dev = max(by_dev, key=lambda d: max(r[2] for r in by_dev[d]))
+    peak_rows = by_dev[peak_dev]
+    facts.add("memory.peak_bytes", max(r[2] for r in peak_rows), "bytes",
+              detail=f"highest CUDA memory allocated within a step (max_memory_allocated, reset every step) on "
+                     f"cuda:{peak_dev}, {_span([r[0] for r in peak_rows])}")
+    best: tuple[int, float, list[int]] | None = None
+    for d, dev_rows in by_dev.items():
+        pts = [{"i": i, "mem_bytes": a} for i, a, _ in dev_rows if i in steady_i]
+        g = memory_growth(pts)
+        if g is not None and (best is None or g > best[1]):
+            best = (d, g, [x["i"] for x in pts])
+    dev = best[0] if best is not None else peak_dev
+    d_info = info.get(dev)
+    total = d_info.total_memory_bytes if d_info is not None else env.device_memory_bytes
+    free = d_info.free_memory_bytes if d_info is not None else None
+    facts.add("memory.total_bytes", total, "bytes", "machine", f"cuda:{dev}")
+    facts.add("memory.free_bytes", free, "bytes", "machine", f"free on cuda:{dev} at the end of the run")
+    if best is None:
+        return None
+    facts.add("memory.growth_bytes_per_step", best[1], "bytes",
+              detail=f"least-squares slope of CUDA memory allocated at step ends on cuda:{dev} over "
+                     f"{len(best[2])} steady steps ({_span(best[2])})")
+    if free:
+        facts.add("memory.steps_to_oom", int(free / best[1]), "count",
+                  detail=f"free memory on cuda:{dev} at the end / growth")
+    return best[1]
 
 
 def _machine(facts: Facts, env: Env) -> None:
@@ -365,35 +431,23 @@ def load_run(run_dir: Path) -> RunData:
         p90 = quantile(walls, 0.9)
         summary["step_time_ms"] = step_time_summary(walls)
         summary["steady_steps"] = [steady[0]["i"], steady[-1]["i"]]
-        facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {len(walls)} steady-state steps")
+        which = f"{len(walls)} steady-state steps ({_span([x['i'] for x in steady])}, unprofiled)"
+        facts.add("step.time_p90_ms", p90, "ms", detail=f"p90 of {which}")
         split = composition(steady, median)
         summary["breakdown"] = breakdown_rows(split, median)
-        facts.add("step.time_ms", median, "ms", detail=f"median of {len(walls)} steady-state steps",
-                  per_step=tuple(walls))
+        facts.add("step.time_ms", median, "ms", detail=f"median of {which}", per_step=tuple(walls))
         for cat, k in CATEGORIES:
-            facts.add(f"step.{k}", split[cat], "ms", detail=f"mean share of {len(walls)} steady-state steps "
-                      "x the median step", per_step=tuple(_part(s, k) for s in steady))
-        facts.add("step.other_ms", split["other"], "ms", detail="step time not in data, forward, backward, optimizer")
+            facts.add(f"step.{k}", split[cat], "ms", detail=f"mean share of {which} x the median step",
+                      per_step=tuple(_part(s, k) for s in steady))
+        facts.add("step.other_ms", split["other"], "ms",
+                  detail=f"step time not in data, forward, backward, optimizer; {which}")
     if steps:  # every step of the run, for the charts: which were steady, which the profiler held
         summary["step_series"] = step_series([s["wall_ms"] for s in steps], [s["i"] for s in steady],
                                              [int(window.get("skip") or 0) + 1, int(window["last_step"])]
                                              if profiled and window.get("last_step") is not None else None)
 
     # -- memory -------------------------------------------------------------------------------------
-    mems = [s.mem_bytes for s in run_steps if s.mem_bytes is not None]
-    on_cuda = env.device == "cuda"
-    mem_kind = "CUDA memory_allocated" if on_cuda else "process RSS"
-    if mems:
-        facts.add("memory.peak_bytes", max(mems), "bytes", detail=f"max {mem_kind} at step ends")
-    facts.add("memory.total_bytes", env.device_memory_bytes if on_cuda else env.total_memory_bytes, "bytes", "machine")
-    free = _known(env.free_memory_bytes)
-    facts.add("memory.free_bytes", free, "bytes", "machine", "free at the end of the run")
-    growth = memory_growth(steady)
-    if growth is not None:
-        facts.add("memory.growth_bytes_per_step", growth, "bytes",
-                  detail=f"least-squares slope of {mem_kind} over {len(steady)} steady steps")
-        if free:
-            facts.add("memory.steps_to_oom", int(free / growth), "count", detail="free memory at the end / growth")
+    growth = _memory(facts, run_steps, steady, env)
 
     # -- probes -> facts and subjects -----------------------------------------------------------
     steady_idx = [s["i"] - 1 for s in steady]
@@ -424,7 +478,7 @@ def load_run(run_dir: Path) -> RunData:
                       if aligned else ())
         if ws and dl.batches and kw.num_workers == 0 and median is not None:
             _project_to_gpu(facts, s, statistics.fmean(ws), median, env)
-        if on_cuda:
+        if env.device == "cuda":
             s.add("feeds_cuda", dl.to_cuda, detail="a batch was moved to a CUDA device")
             s.add("non_blocking", dl.non_blocking)
     for dp in probes.dataparallel:

@@ -33,15 +33,19 @@ from perfdoctor.trace.model import Trace, gc_paused
 __all__ = ["add_trace_facts", "cross_rank"]
 
 
-def add_trace_facts(trace: Trace, facts: Facts) -> dict[str, Any]:
-    """Measure the trace, add facts (source "trace", never overwriting), return the summary dict."""
+def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = None,
+                    steps_label: str = "") -> dict[str, Any]:
+    """Measure the trace, add facts (source "trace", never overwriting), return the summary dict.
+    Where the trace comes from a run folder: `run_step_ms`, the run's median unprofiled step (the
+    GPU's idle time is then the run's step less the GPU's busy time, `context.TraceContext`), and
+    `steps_label`, the run's steps the trace recorded, added to every global fact's detail."""
     with gc_paused():
-        ctx = TraceContext(trace, facts)
+        ctx = TraceContext(trace, facts, run_step_ms, steps_label)
         steps = breakdown.add(ctx)
         device.add(ctx)
         summary = dict(steps.summary)
         if ctx.gpu:
-            summary.update(gpu.add(ctx))
+            summary.update(gpu.add(ctx, steps.gpu_parts))
             sync.add(ctx)
             copies.add(ctx)
             empty_cache.add(ctx)

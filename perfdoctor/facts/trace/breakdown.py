@@ -26,11 +26,14 @@ _FACT_OF = {"gpu kernel": "step.gpu_kernel_ms", "memcpy": "step.memcpy_ms", "mem
 class Breakdown:
     summary: dict[str, Any]  # steps_observed, steps_profiled, step_clock, step_time_ms, breakdown
     data_loading: list[tuple[float, float]]  # the DataLoader's spans (µs), for the dataloader facts
+    gpu_parts: dict[str, float]  # the GPU's categories, median ms per step (GPU traces)
 
 
 def add(ctx: TraceContext) -> Breakdown:
     """The run.* and step.* facts; the summary's step statistics and breakdown (per-category
-    medians scaled to add up to the median step, `perfdoctor.stats.breakdown`)."""
+    medians scaled to add up to the median step, `perfdoctor.stats.breakdown`). With several GPUs
+    in the timeline, the GPU categories are the busiest device's (`ctx.main_device`): merged, two
+    devices busy at once would count once and the idle time would look smaller than it is."""
     t, put, windows, step_ms, nsteps = ctx.trace, ctx.put, ctx.windows, ctx.step_ms, ctx.nsteps
     gpu = ctx.gpu
     cats = _spans_by_category(ctx)
@@ -54,6 +57,7 @@ def add(ctx: TraceContext) -> Breakdown:
     if step_ms:
         put("step.time_ms", step, "ms", "median step (CPU span + the GPU work it launched)")
         put("step.time_p90_ms", quantile(step_ms, 0.9), "ms")
+        put("step.profiled_time_ms", step, "ms", "median profiled step (CPU span + the GPU work it launched)")
     for c, v in split.items():
         put(_FACT_OF[c], v, "ms", "median per step, each microsecond counted once in priority order")
 
@@ -66,24 +70,28 @@ def add(ctx: TraceContext) -> Breakdown:
         # every step of a trace is profiled and every one counts in the statistics
         "step_series": step_series(step_ms, list(range(1, nsteps + 1)), None),
     }
-    return Breakdown(summary, cats.get("data loading", []))
+    return Breakdown(summary, cats.get("data loading", []),
+                     {c: parts[c] for c in GPU_ORDER[:4] if c in parts} if gpu else {})
 
 
 def _spans_by_category(ctx: TraceContext) -> dict[str, list[tuple[float, float]]]:
     """The spans (µs) of each category, kind by kind; CPU-side names classified once each."""
     t, is_comm = ctx.trace, ctx.is_comm
-    name, ts, dur, strings, track = t.name, t.ts, t.dur, t.strings, t.track
+    name, ts, dur, strings, track, device = t.name, t.ts, t.dur, t.strings, t.track, t.device
     cats: dict[str, list[tuple[float, float]]] = defaultdict(list)
     main_track = _main_track(t)
 
     def spans(idx: list[int]) -> list[tuple[float, float]]:
         return [(ts[i], ts[i] + dur[i]) for i in idx]
 
-    kernels = t.indices(KERNEL)
+    def on_main(idx: list[int]) -> list[int]:
+        return idx if len(ctx.devices) < 2 else [i for i in idx if device[i] == ctx.main_device]
+
+    kernels = on_main(t.indices(KERNEL))
     cats["communication"] = spans([i for i in kernels if is_comm(name[i])])
     cats["gpu kernel"] = spans([i for i in kernels if not is_comm(name[i])])
-    cats["memcpy"] = spans(t.indices(MEMCPY))
-    cats["memset"] = spans(t.indices(MEMSET))
+    cats["memcpy"] = spans(on_main(t.indices(MEMCPY)))
+    cats["memset"] = spans(on_main(t.indices(MEMSET)))
     cats["runtime"] = spans(t.indices(RUNTIME, DRIVER))
     for k in (USER_ANN, CPU_OP, PYFUNC):
         idx = t.indices(k)

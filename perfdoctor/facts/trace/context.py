@@ -17,9 +17,15 @@ COMM = re.compile(r"nccl|rccl|multimem_all_reduce|cross_device_reduce|all_?reduc
 
 
 class TraceContext:
-    """One trace, parsed once, shared by the families of facts (perfdoctor.facts.trace.*)."""
+    """One trace, parsed once, shared by the families of facts (perfdoctor.facts.trace.*).
 
-    def __init__(self, trace: Trace, facts: Facts):
+    `run_step_ms`: the median unprofiled step of the run the trace was recorded in (a run folder),
+    None for a trace on its own. The profiled steps' host time is inflated by the profiler, their
+    GPU time is not: with it, GPU time comes from the trace and host time from the run (gpu.py).
+    Several GPUs in one timeline (nn.DataParallel) are measured device by device; the step's
+    global facts are the busiest device's (`main_device`)."""
+
+    def __init__(self, trace: Trace, facts: Facts, run_step_ms: float | None = None, steps_label: str = ""):
         self.trace = trace
         self.facts = facts
         # the steps' spans, µs: each step's CPU span extended to the GPU work it launched
@@ -32,12 +38,22 @@ class TraceContext:
         self.gpu: bool = trace.device_type != "cpu" and trace.has_gpu_events
         self.launches: dict[int, int] = launch_map(trace) if self.gpu else {}  # correlation -> launching call
         self.gpu_events: list[int] = trace.indices(*GPU_KINDS)
+        self.run_step_ms = run_step_ms
+        self.steps_label = steps_label  # "profiled steps 8..12" in a run folder
+        busy: dict[int, float] = {}
+        dev, dur = trace.device, trace.dur
+        for i in self.gpu_events:
+            busy[dev[i]] = busy.get(dev[i], 0.0) + dur[i]
+        self.devices: list[int] = sorted(busy)  # GPU devices in the timeline
+        self.main_device: int | None = max(self.devices, key=busy.__getitem__) if busy else None
         self.stacks = Stacks(trace)
         self._comm_name: dict[int, bool] = {}
 
     def put(self, name: str, value: Any, unit: str = "", detail: str = "") -> None:
         """Add a global fact (source "trace", floats to 4 digits), unless it is None or already set."""
         if value is not None and name not in self.facts:
+            if self.steps_label:
+                detail = f"{detail} ({self.steps_label})" if detail else self.steps_label
             self.facts.add(name, round(value, 4) if isinstance(value, float) else value, unit, SRC, detail)
 
     def is_comm(self, ni: int) -> bool:
