@@ -17,6 +17,8 @@ from perfdoctor.capture import run_script
 from perfdoctor.capture.window import plan
 from perfdoctor.facts.run_facts import load_run
 
+pytestmark = pytest.mark.e2e  # runs real training scripts under perfdoctor: minutes, not seconds
+
 SMALL = (1, 1, 2)  # a small profiler window keeps the tests fast
 
 COMMON = """
@@ -51,8 +53,6 @@ TRAIN = """
 import argparse, torch
 from torch.utils.data import DataLoader, Dataset
 from common import make
-
-pytestmark = pytest.mark.e2e  # runs real training scripts under perfdoctor: minutes, not seconds
 
 class Squares(Dataset):
     def __len__(self):
