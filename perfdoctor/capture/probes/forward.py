@@ -40,7 +40,7 @@ def is_compiling(torch: Any) -> Callable[[], bool]:
         import torch._dynamo  # torch 2.1, 2.2
 
         fn = torch._dynamo.is_compiling
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 class ForwardProbe:
