@@ -26,12 +26,26 @@ from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
 from perfdoctor.capture.probes.forward import ForwardProbe
 from perfdoctor.capture.probes.holders import HolderScanner
 from perfdoctor.capture.probes.host_reads import HostReadProbe
-from perfdoctor.capture.window import Window
+from perfdoctor.capture.window import BUDGET_EVENTS, BUDGET_S, Window
 from perfdoctor.capture.writer import RunWriter
 from perfdoctor.contracts.run import Exit, Meta, Probes
 
 SCAN_STEPS = 30  # loss holders are looked for during the first steps only
-FWD_GLOBAL_STEPS = 3  # global forward hooks find the top-level modules, then per-module hooks
+FWD_DISCOVERY_STEPS = 3  # top-level modules first called after these steps are not followed
+BUDGET_ENV = "PERFDOCTOR_WINDOW_BUDGET"  # "SECONDS[,EVENTS]": the profiled window's budget (window.py)
+
+
+def window_budget(value: str | None) -> tuple[float, int]:
+    """The window's budget from `PERFDOCTOR_WINDOW_BUDGET` ("SECONDS[,EVENTS]"), else the defaults."""
+    if not value:
+        return BUDGET_S, BUDGET_EVENTS
+    parts = value.split(",")
+    try:
+        return float(parts[0]), int(float(parts[1])) if len(parts) > 1 and parts[1] else BUDGET_EVENTS
+    except ValueError:
+        print(f"perfdoctor: ignoring {BUDGET_ENV}={value!r} (expected SECONDS[,EVENTS], e.g. 20,1000000)",
+              file=sys.stderr)
+        return BUDGET_S, BUDGET_EVENTS
 
 
 class Recorder:
@@ -41,6 +55,7 @@ class Recorder:
         self.run_dir = run_dir
         self.meta = meta  # as written when the child started; completed by finalise
         self.window_cfg = window
+        self.budget = window_budget(os.environ.get(BUDGET_ENV))
         self.errors = ErrorLog()
         self.writer = RunWriter(run_dir)
         self.clock = StepClock(torch, self.writer, self.errors, steps_limit=steps_limit)
@@ -54,6 +69,7 @@ class Recorder:
         self.holders = HolderScanner(torch)
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
         self.window = self._new_window()
+        self.forward.poll = self.dataloader.poll = self._poll  # the window's time budget, inside long steps
         self.pid = os.getpid()
         self.main_ident = threading.get_ident()
         self.finalised = False
@@ -68,7 +84,11 @@ class Recorder:
         return self.clock.stopping
 
     def _new_window(self) -> Window:
-        return Window(self.torch, self.run_dir, *self.window_cfg, worker_pids=self.dataloader.worker_pids)
+        return Window(self.torch, self.run_dir, *self.window_cfg, worker_pids=self.dataloader.worker_pids,
+                      budget_s=self.budget[0], budget_events=self.budget[1])
+
+    def _poll(self) -> None:
+        self.window.poll()
 
     # -- installation ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -97,7 +117,6 @@ class Recorder:
 
     # -- driven by the step clock ---------------------------------------------------------------
     def _on_step(self, i: int) -> None:
-        self.forward.end_step()
         self.dataloader.end_step()
         self.host_reads.end_step()
         self.cuda_batches.end_step(i)
@@ -109,8 +128,8 @@ class Recorder:
             self.window.tick(i)
 
     def _early(self, i: int) -> None:
-        if i == FWD_GLOBAL_STEPS:
-            self.forward.to_roots()
+        if i == FWD_DISCOVERY_STEPS:
+            self.forward.stop_discovery()
         if self.window.state in ("wait", "done"):  # never inside a profiled step
             self.holders.scan(i, sys._getframe())
 

@@ -4,6 +4,18 @@ Steps 1..skip run unprofiled; the profiler starts when step `skip` ends, warms u
 steps and records `active` steps (driven by the same step clock as everything else). cProfile runs
 during the warm-up steps (the recorded steps belong to torch's Python stack tracer: both need the
 interpreter's one profile hook); the line sampler, a thread, runs through the whole window.
+
+The window has a budget, so that a run under perfdoctor takes about its bare time plus a constant
+whatever a step holds (one LBFGS step of 20 closure evaluations, a long evaluation loop, dozens of
+micro-batches per optimizer step):
+- time: `budget_s` of wall time from the profiler's start (warm-up and recorded steps). The window
+  looks at the clock at each step's end and, through `poll`, at each top-level module call and each
+  DataLoader batch, so that it also ends inside a long step; the trace keeps what was recorded.
+- events: at the end of the warm-up, cProfile's call count per warm-up step estimates the trace's
+  events per step (`EVENTS_PER_CALL`, within a few times either way: torch.profiler counts nothing
+  before it stops); the recorded steps are cut to fit `budget_events` (at least one is recorded).
+When the budget ends the window, the profiler stops (the trace so far is saved), meta.json's window
+says why (`stopped_by`), the report says so in a note, and the run goes on unprofiled.
 """
 
 from __future__ import annotations
@@ -17,6 +29,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +42,14 @@ from perfdoctor.contracts.run import Window as WindowRecord
 from perfdoctor.usercode import is_user_file
 
 DEFAULT = (5, 3, 5)  # skip, warmup (cProfile and the line sampler run here), active (the trace)
+BUDGET_S = 20.0  # wall time of the window, warm-up and recorded steps
+BUDGET_EVENTS = 1_000_000  # estimated trace events in the recorded steps (about 300 MB of JSON)
+# trace events per Python call that cProfile counts in a warm-up step: the Python tracer's call
+# events plus the operators' events (forward and autograd backward, which cProfile does not see).
+# Measured: 0.65 (torch.save and deepcopy in the step, tests/data/scripts/pickling.py), 2.1
+# (sample_scripts/pd006_loss_graph_retained.py), 10 (LSTMCell loops, tests/data/scripts/lbfgs_long.py).
+# A rough estimate, set towards the high end: the time budget is the hard bound
+EVENTS_PER_CALL = 5.0
 
 
 @contextlib.contextmanager
@@ -99,7 +120,8 @@ class Sampler(threading.Thread):
 
 class Window:
     def __init__(self, torch: Any, run_dir: Path, skip: int, warmup: int, active: int,
-                 worker_pids: Callable[[], list[int]] = list):
+                 worker_pids: Callable[[], list[int]] = list, budget_s: float = BUDGET_S,
+                 budget_events: int = BUDGET_EVENTS):
         self.torch = torch
         self.run_dir = run_dir
         self.worker_pids = worker_pids  # the live DataLoader worker processes, asked when the window opens
@@ -120,6 +142,12 @@ class Window:
         self.discarded = False
         self.error: str | None = None
         self.main_ident = threading.get_ident()
+        self.budget_s, self.budget_events = budget_s, budget_events
+        self.deadline = float("inf")  # perf_counter() at which the time budget is spent
+        self.stopped_by: str | None = None  # "time" | "events": the budget ended the window early
+        self.events_per_step: int | None = None  # the estimate at the end of the warm-up
+        self.ticked = 0  # the last step that ended (tick)
+        self.pc = time.perf_counter
 
     # -- driven by the step clock -----------------------------------------------------------
     def tick(self, i: int) -> None:
@@ -127,6 +155,7 @@ class Window:
         if self.state == "done":
             self.next_at = 1 << 62
             return
+        self.ticked = i
         try:
             if self.state == "wait":
                 self._start_profiler()
@@ -139,24 +168,58 @@ class Window:
             else:
                 if self.state == "warmup":
                     self.python_steps += 1
-                    if i >= self.skip + self.warmup and self.cprof is not None:
-                        self.cprof.disable()
-                        self.state = "active"
                 elif self.state == "active":
                     self.recorded += 1
                     if self.warmup == 0:
                         self.python_steps += 1
-                    if i >= self.last_step:
-                        self._stop_python()
+                if self.pc() > self.deadline:  # out of time: step i is the last one profiled
+                    self._expire(i)
+                    return
+                if self.state == "warmup" and i >= self.skip + self.warmup and self.cprof is not None:
+                    self.cprof.disable()
+                    self.state = "active"
+                    self._fit_events()
+                elif self.state == "active" and i >= self.last_step:
+                    self._stop_python()
                 with _without_kineto_chatter():
                     self.prof.step()
                 if self.state == "active" and i >= self.last_step:
-                    self.completed = True
+                    self.completed = self.recorded >= self.active
                     self._stop_profiler()
             self.next_at = i + 1
         except Exception as e:  # noqa: BLE001 - the script must go on whatever the profiler does
             self.error = f"{type(e).__name__}: {e}"
             self._abort()
+
+    # -- the budget -----------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Called often by the probes (main thread or not): end the window once its time is spent."""
+        if self.pc() > self.deadline and threading.get_ident() == self.main_ident and self.state != "done":
+            try:
+                self._expire(self.ticked + 1)  # the step in progress: profiled in part
+            except Exception as e:  # noqa: BLE001 - the script must go on whatever the profiler does
+                self.error = f"{type(e).__name__}: {e}"
+
+    def _expire(self, last: int) -> None:
+        """The time budget is spent: stop now (inside step `last` or at its end) and keep what was
+        recorded; the run goes on unprofiled."""
+        self.stopped_by = "time"
+        self.deadline = float("inf")
+        self.last_step = last
+        self._stop_python()
+        self._stop_profiler()
+
+    def _fit_events(self) -> None:
+        """End of the warm-up: cut the recorded steps to what the event budget holds."""
+        if self.cprof is None or not self.python_steps:
+            return
+        calls = sum(e.callcount for e in self.cprof.getstats())
+        per_step = max(1, int(calls * EVENTS_PER_CALL / self.python_steps))
+        self.events_per_step = per_step
+        fit = max(1, self.budget_events // per_step)
+        if fit < self.active:
+            self.stopped_by = "events"
+            self.last_step = self.first_step + fit - 1
 
     def _start_profiler(self) -> None:
         tp = self.torch.profiler
@@ -168,6 +231,7 @@ class Window:
                                on_trace_ready=self._save_trace)
         with _without_kineto_chatter():
             self.prof.start()
+        self.deadline = self.pc() + self.budget_s
 
     def _start_python(self) -> None:
         # the sampler needs the GIL to look: with the default 5 ms switch interval it would mostly
@@ -197,6 +261,7 @@ class Window:
         prof, self.prof = self.prof, None
         self.state = "done"
         self.next_at = 1 << 62
+        self.deadline = float("inf")
         if prof is not None:
             with _without_kineto_chatter():
                 prof.stop()  # in the record phase this calls _save_trace with what was recorded
@@ -263,4 +328,6 @@ class Window:
     def meta(self) -> WindowRecord:
         return WindowRecord(skip=self.skip, warmup=self.warmup, active=self.active, first_step=self.first_step,
                             last_step=self.last_step, completed=self.completed, steps_profiled=self.recorded,
-                            trace=self.trace_saved, error=self.error)
+                            trace=self.trace_saved, error=self.error, budget_s=self.budget_s,
+                            budget_events=self.budget_events, stopped_by=self.stopped_by,
+                            events_per_step=self.events_per_step)

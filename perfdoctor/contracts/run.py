@@ -42,6 +42,10 @@ class Window(Struct, kw_only=True):
     steps_profiled: int | None = None
     trace: bool | None = None  # trace.json.gz was written
     error: str | None = None
+    budget_s: float | None = None  # the window's wall-time budget (capture/window.py)
+    budget_events: int | None = None  # its budget of estimated trace events in the recorded steps
+    stopped_by: str | None = None  # "time" | "events": the budget ended the window before its last step
+    events_per_step: int | None = None  # the estimate of trace events per step, from the warm-up
 
 
 class DeviceInfo(Struct, kw_only=True):

@@ -548,7 +548,13 @@ def load_run(run_dir: Path) -> RunData:
     elif reason == "interrupted":
         notes.append(f"interrupted after {n} steps")
     if win is not None and clock != "whole-run":
-        if not profiled and not win.trace:
+        if win.stopped_by == "time":
+            notes.append(f"profiler window stopped at its time budget ({win.budget_s or 0:g} s) in step {win.last_step}: "
+                         f"{profiled} of {win.active} steps recorded, the run went on unprofiled")
+        elif win.stopped_by == "events":
+            notes.append(f"profiler window shortened to its event budget ({win.budget_events or 0:,} trace events, "
+                         f"about {win.events_per_step or 0:,} per step estimated): {profiled} of {win.active} steps recorded")
+        elif not profiled and not win.trace:
             notes.append(f"profiler window not reached: the run ended after {n} steps, the window starts "
                          f"after step {win.skip}")
         elif not win.completed:

@@ -2,12 +2,17 @@
 and whether its batches went to a CUDA device (with `capture/probes/cuda_batches.py`).
 
 `DataLoader.__next__` is also the DataLoader step clock's event and the step's data time.
+
+The probe's bookkeeping lives in weak maps of its own (loader -> its site's state, iterator -> the
+same), never on the user's DataLoader or its iterators: pickling or copying them sees what a bare
+run has.
 """
 
 from __future__ import annotations
 
 import sys
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from perfdoctor.capture import sites
@@ -53,19 +58,26 @@ class DataLoaderProbe:
         self.loaders: dict[tuple, LoaderState] = {}
         self.loader_list: list[LoaderState] = []
         self.worker_iters: weakref.WeakSet = weakref.WeakSet()  # live multi-process DataLoader iterators
+        self.of_loader: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DataLoader -> LoaderState
+        self.of_iter: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # its iterators -> LoaderState
+        self.poll: Callable[[], None] = lambda: None  # set by the coordinator: the window's time budget
 
     def install(self) -> None:
         import torch.utils.data.dataloader  # noqa: F401 - make the submodules attributes
 
-        probe, clock = self, self.clock
+        probe, clock, of_loader, of_iter = self, self.clock, self.of_loader, self.of_iter
         dl = self.torch.utils.data.dataloader
         orig_next = dl._BaseDataLoaderIter.__next__
         orig_iter = dl.DataLoader.__iter__
         orig_init = dl.DataLoader.__init__
 
         def __next__(it: Any) -> Any:
+            probe.poll()
             clock.before_batch()
-            lrec = getattr(it, "_pd_rec", None)
+            try:
+                lrec = of_iter.get(it)
+            except TypeError:  # a subclass that is not hashable
+                lrec = None
             t = clock.pc()
             try:
                 batch = orig_next(it)
@@ -83,7 +95,9 @@ class DataLoaderProbe:
         def __iter__(loader: Any) -> Any:
             it = orig_iter(loader)
             try:
-                it._pd_rec = loader.__dict__.get("_pd_rec")
+                lrec = of_loader.get(loader)
+                if lrec is not None:
+                    of_iter[it] = lrec
                 if getattr(it, "_workers", None):
                     probe.worker_iters.add(it)
             except Exception:  # noqa: BLE001
@@ -92,7 +106,7 @@ class DataLoaderProbe:
 
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             orig_init(loader, *args, **kwargs)
-            if "_pd_rec" not in loader.__dict__:
+            if loader not in of_loader:
                 t = clock.pc()
                 try:
                     probe._on_loader(loader, sys._getframe(1))
@@ -127,7 +141,7 @@ class DataLoaderProbe:
         lrec.style = sites.kwargs_style(uf) if uf is not None else "literal"
         lrec.dataset = type(loader.dataset).__name__
         lrec.constructed += 1
-        loader.__dict__["_pd_rec"] = lrec
+        self.of_loader[loader] = lrec
 
     def worker_pids(self) -> list[int]:
         """PIDs of the DataLoader worker processes alive now (py-spy samples them in the window)."""

@@ -1,0 +1,110 @@
+"""The probes leave the user's program as it is (in process, real torch): nothing on the user's
+modules or DataLoaders (pickle, deepcopy, torch.save), the same torch.compile graphs, and the
+profiled window's time budget."""
+
+from __future__ import annotations
+
+import copy
+import io
+import pickle
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from perfdoctor.capture.patches import ErrorLog  # noqa: E402
+from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe  # noqa: E402
+from perfdoctor.capture.probes.dataloader import DataLoaderProbe  # noqa: E402
+from perfdoctor.capture.probes.forward import ForwardProbe  # noqa: E402
+from perfdoctor.capture.window import Window  # noqa: E402
+
+
+class Clock:
+    """What the probes read of the step clock."""
+
+    def __init__(self):
+        self.pc = time.perf_counter
+        self.fwd = self.data = 0.0
+        self.bwd_depth = 0
+        self.steps: list = []
+
+    def before_batch(self):
+        pass
+
+
+@pytest.fixture
+def forward():
+    probe = ForwardProbe(torch, Clock(), ErrorLog())  # type: ignore[arg-type]
+    probe.install()
+    yield probe
+    probe.uninstall()
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.LayerNorm(16), torch.nn.Linear(16, 16))
+                                 for _ in range(8)])
+
+
+def test_forward_probe_leaves_nothing_on_the_module(forward):
+    bare_call = forward.patches._undo[0][2]
+    m = _model()
+    before = {k: copy.copy(v) for k, v in vars(m).items()}
+    m(torch.randn(2, 16))
+    m(torch.randn(2, 16))
+    assert vars(m).keys() == before.keys() and not m._forward_hooks and not m._forward_pre_hooks
+    assert b"perfdoctor" not in pickle.dumps(m)
+    buf = io.BytesIO()
+    torch.save(m, buf)
+    clone = copy.deepcopy(m)
+    assert all(torch.equal(a, b) for a, b in zip(clone.state_dict().values(), m.state_dict().values()))
+    (r,) = forward.records()
+    assert (r.module, r.calls, r.params) == ("Sequential", 2, 8 * (32 + 272))  # nested calls are not counted
+    assert forward.clock.fwd > 0
+    forward.uninstall()
+    assert torch.nn.Module.__call__ is bare_call
+
+
+def test_forward_probe_does_not_change_compiled_graphs(forward):
+    from torch._dynamo.utils import counters
+
+    def graphs():
+        torch._dynamo.reset()
+        counters.clear()
+        cm = torch.compile(_model(), backend="eager")
+        for _ in range(3):
+            cm(torch.randn(4, 16)).sum().backward()
+        return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+    probed = graphs()
+    forward.uninstall()
+    assert probed == graphs() == (1, 0)
+    assert forward.records()[0].module == "OptimizedModule"
+
+
+def test_dataloader_probe_keeps_its_state_off_the_loader():
+    probe = DataLoaderProbe(torch, Clock(), CudaBatchProbe(torch), ErrorLog())  # type: ignore[arg-type]
+    probe.install()
+    try:
+        ds = torch.utils.data.TensorDataset(torch.arange(8.0))
+        loader = torch.utils.data.DataLoader(ds, batch_size=2)
+        assert sum(len(b[0]) for b in loader) == 8
+        assert b"perfdoctor" not in pickle.dumps(loader)
+        assert not any(k.startswith("_pd") for k in vars(loader))
+        assert probe.loader_list[0].batches == 4
+    finally:
+        probe.uninstall()
+
+
+def test_window_stops_inside_a_step_when_its_time_is_spent(tmp_path: Path):
+    w = Window(torch, tmp_path, 0, 0, 5, budget_s=0.0)
+    w.tick(0)  # the profiler starts
+    assert w.state == "active"
+    torch.randn(64, 64) @ torch.randn(64, 64)
+    w.poll()  # a top-level module call or a batch in the middle of step 1
+    assert (w.state, w.stopped_by, w.last_step, w.completed) == ("done", "time", 1, False)
+    w.tick(1)
+    w.finish()
+    assert w.meta().stopped_by == "time" and w.next_at > 1000
