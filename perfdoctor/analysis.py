@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfdoctor.capture.runner import RunResult, clear_run_files, run_script
 from perfdoctor.errors import InputError, PerfdoctorError
@@ -27,6 +27,9 @@ from perfdoctor.report import html, jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, check_settings, describe_changes, load_settings
 from perfdoctor.rules.engine import judge
+
+if TYPE_CHECKING:  # imported where used: the trace layer is not needed to start every command
+    from perfdoctor.facts.trace import RankSummary
 
 
 def _rules_for(config: Path | None) -> tuple[Settings, list[Rule], dict[str, Any]]:
@@ -151,61 +154,115 @@ def analyse_run(run_dir: Path, config: Path | None = None) -> Report:
                   facts=facts.as_mapping())
 
 
-def analyse_trace(path: Path, config: Path | None = None) -> Report:
-    """The report of one trace file, or of a folder of per-rank traces (one distributed run);
-    `config`: `--config`."""
-    from perfdoctor.facts.trace import add_trace_facts, cross_rank
-    from perfdoctor.trace.loader import load_traces
+def usable_cpus() -> int:
+    """CPUs this process may run on (sched_getaffinity: a container's or taskset's share, not the host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
-    traces = load_traces(path)
+
+def _summarise_and_judge(path: Path, settings: Settings, rules: list[Rule]) -> tuple[RankSummary, list[Finding]]:
+    """The map step over ranks: one trace file -> its RankSummary and its own findings (small and
+    picklable; the trace itself is freed before this returns)."""
+    from perfdoctor.facts.trace import summarise_trace
+
+    rank = summarise_trace(path)
+    return rank, judge(rank.facts, rules, settings)
+
+
+_worker_rules: tuple[Settings, list[Rule]] | None = None  # a rank worker's settings and rules (_init_rank_worker)
+
+
+def _init_rank_worker(settings: Settings, rules: list[Rule]) -> None:
+    global _worker_rules
+    _worker_rules = (settings, rules)
+
+
+def _rank_worker(path: Path) -> tuple[RankSummary, list[Finding]]:
+    assert _worker_rules is not None  # set by the pool's initializer
+    return _summarise_and_judge(path, *_worker_rules)
+
+
+def _summarise_ranks(files: list[Path], settings: Settings, rules: list[Rule],
+                     workers: int | None) -> list[tuple[RankSummary, list[Finding]]]:
+    """`_summarise_and_judge` for every file, in file order: in this process for one file or one
+    worker, else in a pool of `workers` processes (default: the usable CPUs, at most one per file).
+    A worker holds one trace at a time and sends back only its summary, so memory is this process's
+    plus, per worker, what one trace takes to load and measure, however many ranks there are. The
+    first file (in file order) that cannot be read raises its InputError, as it would serially."""
+    n = min(workers or usable_cpus(), len(files))
+    if n <= 1:
+        return [_summarise_and_judge(p, settings, rules) for p in files]
+    from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor  # 16 ms: only when used
+
+    pool = ProcessPoolExecutor(max_workers=n, initializer=_init_rank_worker, initargs=(settings, rules))
+    try:
+        return list(pool.map(_rank_worker, files))
+    except BrokenProcessPool:
+        raise PerfdoctorError(f"a process measuring the rank traces died (out of memory?); "
+                              f"{len(files)} traces, {n} processes") from None
+    finally:
+        pool.shutdown(cancel_futures=True)
+
+
+def analyse_trace(path: Path, config: Path | None = None, workers: int | None = None) -> Report:
+    """The report of one trace file, or of a folder of per-rank traces (one distributed run): each
+    rank's trace measured and judged on its own, in parallel processes (`workers`, default the
+    usable CPUs: `_summarise_ranks`), then merged (the cross-rank view, each finding once with the
+    ranks it holds on, the slowest rank's summary); `config`: `--config`."""
+    from perfdoctor.facts.trace import cross_rank
+    from perfdoctor.trace import settle_ranks, trace_files
+
+    files = trace_files(path)
     settings, rules, changes = _rules_for(config)
-    per_rank: list[tuple[Facts, dict[str, Any]]] = []
-    for t in traces:
-        f = Facts()
-        per_rank.append((f, add_trace_facts(t, f)))
+    per_rank = _summarise_ranks(files, settings, rules, workers)
+    for (r, _), (rank, source) in zip(per_rank, settle_ranks([(r.rank, r.rank_source) for r, _ in per_rank])):
+        r.rank, r.rank_source = rank, source
+    per_rank.sort(key=lambda x: x[0].rank)
     notes: list[str] = []
-    first = traces[0]
+    first = per_rank[0][0]
     if first.step_source != "profiler-step":
         notes.append("no ProfilerStep annotations: steps taken from "
                      + ("other step annotations" if first.step_source == "annotation" else "the whole trace as one span"))
     if first.dropped_last_step:
         notes.append("the last step was cut off by the end of profiling and is left out")
     dropped: dict[str, int] = {}
-    for t in traces:
-        for why, n in t.dropped.items():
+    for r, _ in per_rank:
+        for why, n in r.dropped.items():
             dropped[why] = dropped.get(why, 0) + n
     notes += _input_notes(changes, dropped)
 
-    if len(traces) == 1:
-        facts, summary = per_rank[0]
-        findings = judge(facts, rules, settings)
+    if len(per_rank) == 1:
+        facts, summary = first.facts, first.summary
+        findings = per_rank[0][1]
         ranks: list[dict[str, Any]] = []
     else:
-        facts, ranks = cross_rank(traces, [f for f, _ in per_rank])
+        facts, ranks = cross_rank([r for r, _ in per_rank])
         by_print: dict[str, tuple[Finding, list[int]]] = {}
-        for t, (f, _) in zip(traces, per_rank):
-            for finding in judge(f, rules, settings):
+        for r, rank_findings in per_rank:
+            for finding in rank_findings:
                 key = finding.fingerprint()
                 if key not in by_print or (finding.ms_per_step or 0) > (by_print[key][0].ms_per_step or 0):
                     by_print[key] = (finding, by_print.get(key, (finding, []))[1])
-                by_print[key][1].append(t.rank)
+                by_print[key][1].append(r.rank)
         findings = []
         for finding, rank_list in by_print.values():
-            if len(rank_list) < len(traces):
+            if len(rank_list) < len(per_rank):
                 finding.message += f" (ranks {', '.join(map(str, sorted(rank_list)))})"
             findings.append(finding)
         # the summary and step facts are the slowest rank's: it sets the pace of a synchronous step
-        slowest = max(range(len(traces)), key=lambda i: per_rank[i][1].get("step_time_ms", {}).get("median") or 0)
-        summary = dict(per_rank[slowest][1])
-        summary["rank"] = traces[slowest].rank
-        for fact in per_rank[slowest][0]:
+        slowest = max((r for r, _ in per_rank), key=lambda r: r.summary.get("step_time_ms", {}).get("median") or 0)
+        summary = dict(slowest.summary)
+        summary["rank"] = slowest.rank
+        for fact in slowest.facts:
             if fact.name not in facts:
                 facts.add(fact.name, fact.value, fact.unit, fact.source, fact.detail)
         # cross-rank rules only: per-rank rules were judged on each rank above
         seen = {f.fingerprint() for f in findings}
         findings += [f for f in judge(facts, rules, settings) if f.fingerprint() not in seen]
         findings.sort(key=Finding.sort_key)
-    run = _run_info("trace", {"trace": str(path), "files": [str(t.path) for t in traces]}, summary,
+    run = _run_info("trace", {"trace": str(path), "files": [str(r.path) for r, _ in per_rank]}, summary,
                     step_clock=first.step_source, device=facts.value("device.name") or facts.value("device.type"),
                     torch=None, settings=settings, changes=changes, dropped=dropped)
     return Report(run=run, summary=summary, findings=findings, notes=notes, ranks=ranks,

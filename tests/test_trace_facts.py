@@ -6,7 +6,7 @@ from pathlib import Path
 from statistics import median
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.trace import add_trace_facts, cross_rank
+from perfdoctor.facts.trace import add_trace_facts, cross_rank, summarise_trace
 from perfdoctor.trace import load_trace, load_traces
 
 DATA = Path(__file__).parent / "data" / "traces"
@@ -82,19 +82,14 @@ def test_never_overwrites_existing_facts():
 
 
 def test_dlrm_rank_imbalance():
-    traces = load_traces(DLRM)
-    per = []
-    for t in traces:
-        f = Facts()
-        add_trace_facts(t, f)
-        per.append(f)
-    g, rows = cross_rank(traces, per)
+    per = [summarise_trace(t.path) for t in load_traces(DLRM)]
+    g, rows = cross_rank(per)
     assert g.value("ranks.count") == 8 and len(rows) == 8
     assert g.value("ranks.idle_spread") > 0.3  # README: per-rank idle 34-76 %
     steps = [r["step_ms"] for r in rows]
     assert max(steps) / min(steps) > 1.4
     assert g.value("ranks.imbalance_ratio") > 1.1
-    assert all(not f.of_kind("dataparallel") for f in per)
+    assert all(not r.facts.of_kind("dataparallel") for r in per)
 
 
 def test_interval_helpers_match_a_brute_force_reading():

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from perfdoctor.analysis import analyse_path
+from perfdoctor.analysis import analyse_path, analyse_trace
+from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts
+from perfdoctor.report import jsonfmt
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
 
@@ -63,6 +65,29 @@ def test_dlrm_8_ranks_shows_the_imbalance():
     assert f.ms_per_step and f.ms_per_step > 1.0
     assert f"Rank {r.facts['ranks.straggler'].value}" in f.title
     assert {"PD009", "PD010"} <= set(rules_of(r))
+
+
+def test_ranks_in_parallel_processes_give_the_serial_report():
+    """The map over ranks in 2 worker processes merges into the very report of 1 (in-process)."""
+    serial = jsonfmt.render_report(analyse_trace(DLRM, workers=1))
+    assert jsonfmt.render_report(analyse_trace(DLRM, workers=2)) == serial
+    assert jsonfmt.render_report(analyse_trace(DLRM, workers=3)) == serial  # 8 ranks over 3: uneven shares
+
+
+def test_ranks_numbered_by_file_order_across_workers(tmp_path):
+    """Ranks that clash (the same trace twice) are numbered by file order after the workers return."""
+    for name in ("a.json.gz", "b.json.gz", "c.json.gz"):
+        (tmp_path / name).write_bytes(HTA_DDP.read_bytes())  # each says rank 0 in its distributedInfo
+    r = analyse_trace(tmp_path, workers=2)
+    assert [(row["rank"], row["file"]) for row in r.ranks] == [(0, "a.json.gz"), (1, "b.json.gz"), (2, "c.json.gz")]
+
+
+def test_a_bad_rank_file_is_one_input_error_from_a_worker(tmp_path):
+    (tmp_path / "rank0.json.gz").write_bytes(HTA_DDP.read_bytes())
+    (tmp_path / "rank1.json").write_text('{"traceEvents": [{"ph": "X", "name": "a", "ts": 1')
+    with pytest.raises(InputError) as e:
+        analyse_trace(tmp_path, workers=2)
+    assert "rank1.json" in e.value.message and "truncated" in e.value.message
 
 
 def gpu_facts(**kv):

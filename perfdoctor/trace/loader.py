@@ -484,17 +484,30 @@ def _short(e: Exception) -> str:
     return str(e).splitlines()[0][:120]
 
 
-def load_traces(path: Path | str) -> list[Trace]:
-    """A trace file, or a folder of per-rank trace files (one distributed run), sorted by rank."""
+def trace_files(path: Path | str) -> list[Path]:
+    """The trace files `path` names: itself, or a folder's per-rank trace files (*.json, *.json.gz)
+    sorted by name. Raises InputError for a folder without any."""
     path = Path(path)
     if not path.is_dir():
-        return [load_trace(path)]
+        return [path]
     files = sorted(p for p in path.iterdir() if p.is_file() and
                    (p.name.endswith(".json") or p.name.endswith(".json.gz")))
     if not files:
         raise InputError(f"{path} holds no trace files (*.json, *.json.gz); point at a trace or a folder of them")
-    traces = [load_trace(p) for p in files]
-    if any(t.rank_source == "order" for t in traces) or len({t.rank for t in traces}) != len(traces):
-        for i, t in enumerate(traces):  # ranks unknown or clashing: number them by file order
-            t.rank, t.rank_source = i, "order"
+    return files
+
+
+def settle_ranks(found: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The (rank, rank_source) of each trace of one run, given what each file said on its own (in
+    file order): kept where every file named its rank and no two clash, else numbered by file order."""
+    if any(src == "order" for _, src in found) or len({r for r, _ in found}) != len(found):
+        return [(i, "order") for i in range(len(found))]
+    return found
+
+
+def load_traces(path: Path | str) -> list[Trace]:
+    """A trace file, or a folder of per-rank trace files (one distributed run), sorted by rank."""
+    traces = [load_trace(p) for p in trace_files(path)]
+    for t, (rank, source) in zip(traces, settle_ranks([(t.rank, t.rank_source) for t in traces])):
+        t.rank, t.rank_source = rank, source
     return sorted(traces, key=lambda t: t.rank)

@@ -10,6 +10,7 @@ frame of a CPU event). Everything is measured per step, then the median across s
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from perfdoctor.facts.model import Facts
@@ -27,10 +28,11 @@ from perfdoctor.facts.trace import (
     sync,
 )
 from perfdoctor.facts.trace.context import TraceContext
-from perfdoctor.facts.trace.ranks import cross_rank
+from perfdoctor.facts.trace.ranks import RankSummary, cross_rank
+from perfdoctor.trace.loader import load_trace
 from perfdoctor.trace.model import Trace, gc_paused
 
-__all__ = ["add_trace_facts", "cross_rank"]
+__all__ = ["RankSummary", "add_trace_facts", "cross_rank", "summarise_trace"]
 
 
 def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = None,
@@ -55,3 +57,15 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
         dataloader.add(ctx, steps.data_loading)
         counters.add(ctx)
         return summary
+
+
+def summarise_trace(path: Path) -> RankSummary:
+    """Load one trace file and measure it; keep only what the report needs (the trace is freed on
+    return). The rank is the file's own (distributedInfo, else its name); a folder of ranks settles
+    them across files (perfdoctor.trace.settle_ranks). Raises InputError."""
+    trace = load_trace(path)
+    facts = Facts()
+    summary = add_trace_facts(trace, facts)
+    return RankSummary(path=trace.path, rank=trace.rank, rank_source=trace.rank_source, facts=facts,
+                       summary=summary, step_source=trace.step_source,
+                       dropped_last_step=trace.dropped_last_step, dropped=dict(trace.dropped))

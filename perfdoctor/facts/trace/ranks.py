@@ -1,26 +1,49 @@
-"""The cross-rank view of a distributed run (one trace per rank): the straggler and the imbalance."""
+"""The cross-rank view of a distributed run (one trace per rank): the straggler and the imbalance.
+
+A map-reduce over ranks: each rank's trace is measured on its own (`RankSummary`, small and
+picklable: its facts and summary, never the trace), then `cross_rank` merges the per-rank rows."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.trace.context import SRC
 from perfdoctor.stats import median
-from perfdoctor.trace.model import Trace
 
 
-def cross_rank(traces: list[Trace], per_rank: list[Facts]) -> tuple[Facts, list[dict[str, Any]]]:
-    """Per-rank step, compute and idle time; the straggler and the imbalance across ranks."""
+@dataclass
+class RankSummary:
+    """What one rank's trace leaves once measured: its facts and summary (add_trace_facts), the rank
+    and where it was read from (settled across the run by trace.settle_ranks), how its steps were
+    found, and the events the loader dropped or repaired. Tens of KB whatever the trace's size."""
+
+    path: Path
+    rank: int
+    rank_source: str
+    facts: Facts
+    summary: dict[str, Any]
+    step_source: str
+    dropped_last_step: bool
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        """This rank's row of the report's rank table: step, compute and idle time."""
+        step = self.facts.value("step.time_ms")
+        idle = self.facts.value("step.idle_ms")
+        return {"rank": self.rank, "file": self.path.name, "step_ms": step,
+                "compute_ms": self.facts.value("step.gpu_kernel_ms"), "idle_ms": idle,
+                "idle_fraction": round(idle / step, 4) if step and idle is not None else None}
+
+
+def cross_rank(ranks: list[RankSummary]) -> tuple[Facts, list[dict[str, Any]]]:
+    """Per-rank step, compute and idle time (the rows, in the order given); the straggler and the
+    imbalance across ranks."""
     out = Facts()
-    rows = []
-    for t, f in zip(traces, per_rank):
-        step = f.value("step.time_ms")
-        compute = f.value("step.gpu_kernel_ms")
-        idle = f.value("step.idle_ms")
-        rows.append({"rank": t.rank, "file": t.path.name, "step_ms": step, "compute_ms": compute, "idle_ms": idle,
-                     "idle_fraction": round(idle / step, 4) if step and idle is not None else None})
-    out.add("ranks.count", len(traces), "count", SRC)
+    rows = [r.row() for r in ranks]
+    out.add("ranks.count", len(ranks), "count", SRC)
     key = "compute_ms" if all(r["compute_ms"] for r in rows) else "step_ms"
     vals = [r[key] for r in rows if r[key] is not None]
     mid = median(vals)
