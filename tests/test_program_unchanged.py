@@ -33,6 +33,9 @@ class Clock:
     def before_batch(self):
         pass
 
+    def exclude(self, t0):
+        pass
+
 
 @pytest.fixture
 def forward():
