@@ -82,3 +82,41 @@ def test_missing_baseline_is_one_line_exit_2(tmp_path: Path) -> None:
     p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--baseline", str(tmp_path / "nope.json"), env=_env(0), cwd=tmp_path)
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and "nope.json" in p.stderr
     assert not (tmp_path / ".perfdoctor").exists()  # it failed before running anything
+
+
+def test_an_undecided_gate_adds_runs_never_passes_and_report_finds_its_repeats(baseline: Path, tmp_path: Path) -> None:
+    """A baseline whose runs scatter widely (as on a machine shared with other jobs) cannot settle the
+    threshold: the gate adds a run of the current side (--max-repeats), says `undecided`, not `passed`,
+    in its output and in the step summary, and exits 0; `--strict` fails it. `report` on its --out-dir
+    finds the repeats, and `compare` takes them all as the current side."""
+    data = json.loads(baseline.read_text())
+    first = data["runs"][0]["step_ms"]
+    for run, scale in zip(data["runs"], (0.6, 1.0, 1.6)):  # run-to-run spread far beyond a 40% threshold
+        run["step_ms"] = [round(v * scale, 4) for v in first]
+    noisy = tmp_path / "noisy-base.json"
+    noisy.write_text(json.dumps(data))
+    summary = tmp_path / "summary.md"
+    out = tmp_path / "perf-run"
+    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--baseline", str(noisy), "--repeats", "1", "--max-repeats", "2",
+                "--max-regression", "40%", "--format", "json", "--out-dir", str(out),
+                env={**_env(0), "GITHUB_STEP_SUMMARY": str(summary)}, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    gate = json.loads(p.stdout)["gate"]
+    assert gate["verdict"] == "undecided" and gate["current_runs"] == 2 and gate["rows"][0]["verdict"] == "unstable"
+    assert any("added 1 run(s) of the current side" in n for n in gate["notes"])
+    assert any(n.startswith("still undecided after 2 run(s) (--max-repeats 2)") for n in gate["notes"])
+    md = summary.read_text()
+    assert "❔ perfdoctor gate: undecided (not passed)" in md and "✅" not in md
+    assert sorted(d.name for d in out.iterdir()) == ["repeat-1", "repeat-2"]
+
+    r = run_cli("report", str(out), "--format", "json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["run"]["run_dir"] == str(out / "repeat-2")
+    assert doc["notes"][0].startswith(f"{out} holds 2 runs of one `perfdoctor run` (repeat-1..repeat-2)")
+
+    c = run_cli("compare", str(noisy), str(out), "--max-regression", "40%", "--strict", "--format", "github", cwd=tmp_path)
+    assert c.returncode == 1, c.stdout + c.stderr
+    assert c.stdout.rstrip().splitlines()[-1] == "::error::perfdoctor gate failed: the step time is undecided (--strict)"
+    c = run_cli("compare", str(noisy), str(out), "--max-regression", "40%", "--format", "json", cwd=tmp_path)
+    assert c.returncode == 0 and json.loads(c.stdout)["current_runs"] == 2
