@@ -8,7 +8,9 @@
   is a false failure) and `--trials` gate runs with PERFDOCTOR_BENCH_DELAY_FRACTION=`--slowdown`
   (exit 1 is a detection), taken in turn (same, slow, same, slow, ...) so that the host's drift
   over the minutes the benchmark takes falls on both alike. Prints each trial's verdict, measured
-  change, runs used and time.
+  change, runs used and time. `--rebaseline` records a fresh baseline before each trial, so that
+  a host whose load swings over tens of minutes (a machine shared with other jobs) does not turn
+  the benchmark into a measure of that drift.
 - library: the same scenario without the CLI: the script runs bare and writes its own per-step
   times; the gate library builds the records and compares them.
 - simulate: synthetic autocorrelated series (log-normal AR(1) within a run, plus a run offset)
@@ -167,25 +169,32 @@ def mode_cli(a) -> bool:
         base = Path(d) / "baseline.json"
         env0 = dict(os.environ, PERFDOCTOR_BENCH_DELAY_FRACTION="0", PERFDOCTOR_BENCH_STEPS="100000")
         common = ["run", str(SCRIPT), "--steps", str(a.steps), "--out-dir", str(Path(d) / "runs"), "--format", "json"]
-        for attempt in range(1, a.baseline_attempts + 1):
-            # as the README tells a user: a baseline with a run far slower than the others (another job
-            # held the machine through it; `--save-baseline` warns) is recorded again
-            p = subprocess.run(cli + common + ["--save-baseline", str(base), "--repeats", str(a.baseline_repeats)],
-                               env=env0, cwd=ROOT, capture_output=True, text=True)
-            if p.returncode != 0 or not base.exists():
-                print(f"[cli] recording the baseline failed (exit {p.returncode})")
-                return False
-            noise = json.loads(base.read_text())["noise"]
-            warned = "warning: run" in p.stderr
-            print(f"[cli] baseline attempt {attempt}: p10 per run (ms) {noise['run_values_ms']}, between-run sd "
-                  f"{noise['between_run_rel_sd']}{' (a slow outlier run: recorded again)' if warned else ''}", flush=True)
-            if not warned:
-                break
+        def record_baseline() -> bool:
+            for attempt in range(1, a.baseline_attempts + 1):
+                # as the README tells a user: a baseline with a run far slower than the others (another job
+                # held the machine through it; `--save-baseline` warns) is recorded again
+                p = subprocess.run(cli + common + ["--save-baseline", str(base), "--repeats", str(a.baseline_repeats)],
+                                   env=env0, cwd=ROOT, capture_output=True, text=True)
+                if p.returncode != 0 or not base.exists():
+                    print(f"[cli] recording the baseline failed (exit {p.returncode})")
+                    return False
+                noise = json.loads(base.read_text())["noise"]
+                warned = "warning: run" in p.stderr
+                print(f"[cli] baseline attempt {attempt}: p10 per run (ms) {noise['run_values_ms']}, between-run sd "
+                      f"{noise['between_run_rel_sd']}{' (a slow outlier run: recorded again)' if warned else ''}", flush=True)
+                if not warned:
+                    break
+            return True
+
+        if not record_baseline():
+            return False
         gate = ["--baseline", str(base), "--repeats", str(a.repeats), "--max-regression", f"{a.threshold:.0%}",
                 "--max-repeats", str(a.max_repeats)] + (["--strict"] if a.strict else [])
         same, slow = [], []
         changes: dict[float, list[str]] = {0.0: [], a.slowdown: []}
-        for _ in range(a.trials):
+        for trial in range(a.trials):
+            if a.rebaseline and trial and not record_baseline():
+                return False
             for delay, out in ((0.0, same), (a.slowdown, slow)):
                 env = dict(env0, PERFDOCTOR_BENCH_DELAY_FRACTION=str(delay))
                 t1 = time.time()
@@ -224,6 +233,9 @@ def main() -> None:
     p.add_argument("--threshold", type=float, default=0.10)
     p.add_argument("--slowdown", type=float, default=0.15, help="per-step delay of the slowed runs, a fraction")
     p.add_argument("--max-repeats", type=int, default=8, help="cli: the gate's --max-repeats (adaptive runs)")
+    p.add_argument("--rebaseline", action="store_true",
+                   help="cli: record a fresh baseline before each trial (a pair of gates), as a CI job that records "
+                        "the base branch beside the change would; on a host whose load drifts over minutes")
     p.add_argument("--baseline-attempts", type=int, default=3,
                    help="cli: record the baseline again while --save-baseline warns of a slow outlier run, at most this often")
     p.add_argument("--strict", action="store_true", help="cli: gate with --strict (an undecided gate fails)")

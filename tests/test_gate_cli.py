@@ -29,7 +29,7 @@ def baseline(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("gate")
     p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--save-baseline", str(d / "base.json"),
                 "--out-dir", str(d / "base-runs"), "--format", "json", "--output", str(d / "report.json"),
-                env=_env(0), cwd=d)
+                env=_env(0), cwd=d, timeout=400)
     assert p.returncode == 0, p.stderr
     return d / "base.json"
 
@@ -45,20 +45,24 @@ def test_save_baseline_records_three_runs_by_default(baseline: Path) -> None:
 
 
 def test_unchanged_script_passes_and_writes_the_step_summary(baseline: Path, tmp_path: Path) -> None:
+    """Exit 0, and the same verdict in the output and the step summary: `passed`, or on a machine whose
+    load swings between the baseline and this run, `undecided (not passed)`, never a failure."""
     summary = tmp_path / "summary.md"
-    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--baseline", str(baseline), "--repeats", "1",
+    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--baseline", str(baseline), "--repeats", "1", "--max-repeats", "3",
                 "--max-regression", "40%", "--format", "markdown", "--output", str(tmp_path / "gate.md"),
-                "--out-dir", str(tmp_path / "runs"), env={**_env(0), "GITHUB_STEP_SUMMARY": str(summary)}, cwd=tmp_path)
+                "--out-dir", str(tmp_path / "runs"), env={**_env(0), "GITHUB_STEP_SUMMARY": str(summary)}, cwd=tmp_path,
+                timeout=400)
     assert p.returncode == 0, p.stderr + (tmp_path / "gate.md").read_text()
     md = (tmp_path / "gate.md").read_text()
-    assert "✅ perfdoctor gate: passed" in md and "| step time (p10) |" in md
-    assert "✅ perfdoctor gate: passed" in summary.read_text()
+    head = next(line[3:] for line in md.splitlines() if line.startswith("## ") and "perfdoctor gate" in line)
+    assert head in ("✅ perfdoctor gate: passed", "❔ perfdoctor gate: undecided (not passed)"), md
+    assert "| step time (p10) |" in md and f"## {head}" in summary.read_text()
 
 
 def test_slowed_script_fails_the_gate(baseline: Path, tmp_path: Path) -> None:
-    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--baseline", str(baseline), "--repeats", "2",
+    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--baseline", str(baseline), "--repeats", "2", "--max-repeats", "3",
                 "--max-regression", "40%", "--format", "github", "--save-baseline", str(tmp_path / "slow.json"),
-                "--out-dir", str(tmp_path / "runs"), env=_env(1.0), cwd=tmp_path)
+                "--out-dir", str(tmp_path / "runs"), env=_env(1.0), cwd=tmp_path, timeout=400)
     assert p.returncode == 1, p.stdout + p.stderr
     assert "::error title=perfdoctor gate%3A step time (p10) regression::step time (p10) regressed +" in p.stdout
     assert p.stdout.rstrip().splitlines()[-1].startswith("::error::perfdoctor gate failed")
@@ -91,15 +95,16 @@ def test_an_undecided_gate_adds_runs_never_passes_and_report_finds_its_repeats(b
     finds the repeats, and `compare` takes them all as the current side."""
     data = json.loads(baseline.read_text())
     first = data["runs"][0]["step_ms"]
-    for run, scale in zip(data["runs"], (0.6, 1.0, 1.6)):  # run-to-run spread far beyond a 40% threshold
+    # run-to-run spread (x0.2 .. x5) far beyond a 100% threshold: undecided whatever the machine's load does
+    for run, scale in zip(data["runs"], (0.2, 1.0, 5.0)):
         run["step_ms"] = [round(v * scale, 4) for v in first]
     noisy = tmp_path / "noisy-base.json"
     noisy.write_text(json.dumps(data))
     summary = tmp_path / "summary.md"
     out = tmp_path / "perf-run"
     p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--baseline", str(noisy), "--repeats", "1", "--max-repeats", "2",
-                "--max-regression", "40%", "--format", "json", "--out-dir", str(out),
-                env={**_env(0), "GITHUB_STEP_SUMMARY": str(summary)}, cwd=tmp_path)
+                "--max-regression", "100%", "--format", "json", "--out-dir", str(out),
+                env={**_env(0), "GITHUB_STEP_SUMMARY": str(summary)}, cwd=tmp_path, timeout=400)
     assert p.returncode == 0, p.stderr
     gate = json.loads(p.stdout)["gate"]
     assert gate["verdict"] == "undecided" and gate["current_runs"] == 2 and gate["rows"][0]["verdict"] == "unstable"
@@ -115,8 +120,8 @@ def test_an_undecided_gate_adds_runs_never_passes_and_report_finds_its_repeats(b
     assert doc["run"]["run_dir"] == str(out / "repeat-2")
     assert doc["notes"][0].startswith(f"{out} holds 2 runs of one `perfdoctor run` (repeat-1..repeat-2)")
 
-    c = run_cli("compare", str(noisy), str(out), "--max-regression", "40%", "--strict", "--format", "github", cwd=tmp_path)
+    c = run_cli("compare", str(noisy), str(out), "--max-regression", "100%", "--strict", "--format", "github", cwd=tmp_path)
     assert c.returncode == 1, c.stdout + c.stderr
     assert c.stdout.rstrip().splitlines()[-1] == "::error::perfdoctor gate failed: the step time is undecided (--strict)"
-    c = run_cli("compare", str(noisy), str(out), "--max-regression", "40%", "--format", "json", cwd=tmp_path)
+    c = run_cli("compare", str(noisy), str(out), "--max-regression", "100%", "--format", "json", cwd=tmp_path)
     assert c.returncode == 0 and json.loads(c.stdout)["current_runs"] == 2
