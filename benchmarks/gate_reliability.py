@@ -14,7 +14,8 @@
 - library: the same scenario without the CLI: the script runs bare and writes its own per-step
   times; the gate library builds the records and compares them.
 - simulate: synthetic autocorrelated series (log-normal AR(1) within a run, plus a run offset)
-  whose parameters are measured from bare runs of the steady script on this machine; many trials.
+  whose parameters are measured from bare runs of the steady script on this machine; many trials,
+  each gated as `perfdoctor run --baseline` gates (runs added while undecided, up to --max-repeats).
 `--load bursty` runs the benchmark beside a co-tenant: random bursts of 0-2 busy processes
 (CPU loops and memory copies, 0.3-4 s each), as other jobs on a shared CI machine would be.
 Prints the counts and the time taken. Target: 0 false failures, >= 9 of 10 detections.
@@ -39,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perfdoctor.gate import RunRecord, compare, warmup_steps  # noqa: E402
+from perfdoctor.gate.adaptive import gate_runs  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "steady_train.py"
 ENV_ID = {"torch": "bench", "device": "cpu", "cpu_count": os.cpu_count(), "script": "steady_train.py", "args": []}
@@ -121,13 +123,23 @@ def mode_simulate(a, series: list[list[float]] | None) -> None:
             out.append(m * math.exp(off + e))
         return record(out)
 
-    same, slow = [], []
+    same: list[str] = []
+    slow: list[str] = []
+    used: dict[str, list[int]] = {"same": [], "slow": []}
     for i in range(a.sim_trials):
         base = [synth(mean) for _ in range(a.baseline_repeats)]
-        same.append(verdict(compare(base, [synth(mean) for _ in range(a.repeats)], a.threshold, seed=i)))
-        slow.append(verdict(compare(base, [synth(mean * (1 + a.slowdown)) for _ in range(a.repeats)], a.threshold, seed=i)))
+        for m, out, key in ((mean, same, "same"), (mean * (1 + a.slowdown), slow, "slow")):
+            # the gate as `perfdoctor run --baseline` runs it: runs added while undecided (gate.adaptive)
+            g = gate_runs(base, lambda n, m=m: synth(m), repeats=a.repeats, max_repeats=a.max_repeats,
+                          max_regression=a.threshold, seed=i)
+            assert g.comparison is not None
+            c = g.comparison
+            out.append("FAIL" if c.failed else ("undecided" if c.verdict == "undecided" else c.rows[0].verdict))
+            used[key].append(c.current_runs)
     count = lambda v: {k: v.count(k) for k in sorted(set(v))}  # noqa: E731
     print(f"[simulate] {a.sim_trials} trials each: identical {count(same)}; {a.slowdown:.0%} slower {count(slow)}")
+    print(f"[simulate] runs per gate (max {a.max_repeats}): identical mean {statistics.fmean(used['same']):.1f}, "
+          f"slower mean {statistics.fmean(used['slow']):.1f}")
     print(f"[simulate] false failures {same.count('FAIL')}/{a.sim_trials}, detections {slow.count('FAIL')}/{a.sim_trials}; "
           f"time {time.time() - t0:.0f} s")
 
@@ -205,13 +217,13 @@ def mode_cli(a) -> bool:
                     row = g["rows"][0]
                     how = " by point" if row.get("basis") == "point-estimate" else ""
                     changes[delay].append(f"{row['change_pct']:+.1f}% ({g['current_runs']} runs, {time.time() - t1:.0f} s)")
-                    print(f"[cli] trial, delay {delay:.0%}: {changes[delay][-1]}", flush=True)
                     if out[-1] == "FAIL":
                         out[-1] = "FAIL" + how
                     elif g["verdict"] == "undecided":
                         out[-1] = f"undecided/{row['verdict']}"
                     else:
                         out[-1] = row["verdict"]
+                    print(f"[cli] trial, delay {delay:.0%}: {out[-1]}, {changes[delay][-1]}", flush=True)
                 except (ValueError, KeyError, IndexError, TypeError):
                     changes[delay].append("?")
         tally("cli", [v.split(" ")[0] for v in same], [v.split(" ")[0] for v in slow], t0, a.slowdown)
