@@ -4,14 +4,18 @@
 
 - cli: the real CLI. Records a baseline of benchmarks/steady_train.py
   (`perfdoctor run SCRIPT --steps N --save-baseline B --repeats R0`), then `--trials` gate runs of
-  the same code (`--baseline B --repeats R`; exit 1 is a false failure) and `--trials` gate runs
-  with PERFDOCTOR_BENCH_DELAY_FRACTION=0.15 (exit 1 is a detection), taken in turn (same, slow,
-  same, slow, ...) so that the host's drift over the minutes the benchmark takes falls on both
-  alike.
+  the same code (`--baseline B --repeats R --max-repeats M`, adding runs while undecided; exit 1
+  is a false failure) and `--trials` gate runs with PERFDOCTOR_BENCH_DELAY_FRACTION=`--slowdown`
+  (exit 1 is a detection), taken in turn (same, slow, same, slow, ...) so that the host's drift
+  over the minutes the benchmark takes falls on both alike. Prints each trial's verdict, measured
+  change, runs used and time. `--rebaseline` records a fresh baseline before each trial, so that
+  a host whose load swings over tens of minutes (a machine shared with other jobs) does not turn
+  the benchmark into a measure of that drift.
 - library: the same scenario without the CLI: the script runs bare and writes its own per-step
   times; the gate library builds the records and compares them.
 - simulate: synthetic autocorrelated series (log-normal AR(1) within a run, plus a run offset)
-  whose parameters are measured from bare runs of the steady script on this machine; many trials.
+  whose parameters are measured from bare runs of the steady script on this machine; many trials,
+  each gated as `perfdoctor run --baseline` gates (runs added while undecided, up to --max-repeats).
 `--load bursty` runs the benchmark beside a co-tenant: random bursts of 0-2 busy processes
 (CPU loops and memory copies, 0.3-4 s each), as other jobs on a shared CI machine would be.
 Prints the counts and the time taken. Target: 0 false failures, >= 9 of 10 detections.
@@ -36,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perfdoctor.gate import RunRecord, compare, warmup_steps  # noqa: E402
+from perfdoctor.gate.adaptive import gate_runs  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "steady_train.py"
 ENV_ID = {"torch": "bench", "device": "cpu", "cpu_count": os.cpu_count(), "script": "steady_train.py", "args": []}
@@ -55,11 +60,11 @@ def record(series: list[float]) -> RunRecord:
     return RunRecord("bare", dict(ENV_ID), steady, statistics.median(steady))
 
 
-def tally(name: str, same: list[str], slow: list[str], t0: float) -> None:
+def tally(name: str, same: list[str], slow: list[str], t0: float, slowdown: float) -> None:
     ff = sum(v == "FAIL" for v in same)
     det = sum(v == "FAIL" for v in slow)
     print(f"[{name}] identical code: {ff}/{len(same)} false failures   verdicts: {same}")
-    print(f"[{name}] 15% slower:     {det}/{len(slow)} detections       verdicts: {slow}")
+    print(f"[{name}] {slowdown:.0%} slower:     {det}/{len(slow)} detections       verdicts: {slow}")
     print(f"[{name}] time: {time.time() - t0:.0f} s")
 
 
@@ -74,11 +79,11 @@ def mode_library(a) -> list[list[float]]:
     same, slow, all_series = [], [], list(base_series)
     for i in range(a.trials):
         cs = [bare_run(a.steps, 0.0) for _ in range(a.repeats)]
-        ss = [bare_run(a.steps, 0.15) for _ in range(a.repeats)]
+        ss = [bare_run(a.steps, a.slowdown) for _ in range(a.repeats)]
         all_series += cs
         same.append(verdict(compare(base, [record(s) for s in cs], a.threshold, seed=i)))
         slow.append(verdict(compare(base, [record(s) for s in ss], a.threshold, seed=i)))
-    tally("library, real runs", same, slow, t0)
+    tally("library, real runs", same, slow, t0, a.slowdown)
     return all_series
 
 
@@ -118,13 +123,23 @@ def mode_simulate(a, series: list[list[float]] | None) -> None:
             out.append(m * math.exp(off + e))
         return record(out)
 
-    same, slow = [], []
+    same: list[str] = []
+    slow: list[str] = []
+    used: dict[str, list[int]] = {"same": [], "slow": []}
     for i in range(a.sim_trials):
         base = [synth(mean) for _ in range(a.baseline_repeats)]
-        same.append(verdict(compare(base, [synth(mean) for _ in range(a.repeats)], a.threshold, seed=i)))
-        slow.append(verdict(compare(base, [synth(mean * 1.15) for _ in range(a.repeats)], a.threshold, seed=i)))
+        for m, out, key in ((mean, same, "same"), (mean * (1 + a.slowdown), slow, "slow")):
+            # the gate as `perfdoctor run --baseline` runs it: runs added while undecided (gate.adaptive)
+            g = gate_runs(base, lambda n, m=m: synth(m), repeats=a.repeats, max_repeats=a.max_repeats,
+                          max_regression=a.threshold, seed=i)
+            assert g.comparison is not None
+            c = g.comparison
+            out.append("FAIL" if c.failed else ("undecided" if c.verdict == "undecided" else c.rows[0].verdict))
+            used[key].append(c.current_runs)
     count = lambda v: {k: v.count(k) for k in sorted(set(v))}  # noqa: E731
-    print(f"[simulate] {a.sim_trials} trials each: identical {count(same)}; 15% slower {count(slow)}")
+    print(f"[simulate] {a.sim_trials} trials each: identical {count(same)}; {a.slowdown:.0%} slower {count(slow)}")
+    print(f"[simulate] runs per gate (max {a.max_repeats}): identical mean {statistics.fmean(used['same']):.1f}, "
+          f"slower mean {statistics.fmean(used['slow']):.1f}")
     print(f"[simulate] false failures {same.count('FAIL')}/{a.sim_trials}, detections {slow.count('FAIL')}/{a.sim_trials}; "
           f"time {time.time() - t0:.0f} s")
 
@@ -166,29 +181,56 @@ def mode_cli(a) -> bool:
         base = Path(d) / "baseline.json"
         env0 = dict(os.environ, PERFDOCTOR_BENCH_DELAY_FRACTION="0", PERFDOCTOR_BENCH_STEPS="100000")
         common = ["run", str(SCRIPT), "--steps", str(a.steps), "--out-dir", str(Path(d) / "runs"), "--format", "json"]
-        rc = subprocess.run(cli + common + ["--save-baseline", str(base), "--repeats", str(a.baseline_repeats)],
-                            env=env0, cwd=ROOT, capture_output=True).returncode
-        if rc != 0 or not base.exists():
-            print(f"[cli] recording the baseline failed (exit {rc})")
+        def record_baseline() -> bool:
+            for attempt in range(1, a.baseline_attempts + 1):
+                # as the README tells a user: a baseline with a run far slower than the others (another job
+                # held the machine through it; `--save-baseline` warns) is recorded again
+                p = subprocess.run(cli + common + ["--save-baseline", str(base), "--repeats", str(a.baseline_repeats)],
+                                   env=env0, cwd=ROOT, capture_output=True, text=True)
+                if p.returncode != 0 or not base.exists():
+                    print(f"[cli] recording the baseline failed (exit {p.returncode})")
+                    return False
+                noise = json.loads(base.read_text())["noise"]
+                warned = "warning: run" in p.stderr
+                print(f"[cli] baseline attempt {attempt}: p10 per run (ms) {noise['run_values_ms']}, between-run sd "
+                      f"{noise['between_run_rel_sd']}{' (a slow outlier run: recorded again)' if warned else ''}", flush=True)
+                if not warned:
+                    break
+            return True
+
+        if not record_baseline():
             return False
-        same, slow, changes = [], [], {0.0: [], 0.15: []}
-        for _ in range(a.trials):
-            for delay, out in ((0.0, same), (0.15, slow)):
+        gate = ["--baseline", str(base), "--repeats", str(a.repeats), "--max-regression", f"{a.threshold:.0%}",
+                "--max-repeats", str(a.max_repeats)] + (["--strict"] if a.strict else [])
+        same, slow = [], []
+        changes: dict[float, list[str]] = {0.0: [], a.slowdown: []}
+        for trial in range(a.trials):
+            if a.rebaseline and trial and not record_baseline():
+                return False
+            for delay, out in ((0.0, same), (a.slowdown, slow)):
                 env = dict(env0, PERFDOCTOR_BENCH_DELAY_FRACTION=str(delay))
-                p = subprocess.run(cli + common + ["--baseline", str(base), "--repeats", str(a.repeats),
-                                                   "--max-regression", f"{a.threshold:.0%}"],
-                                   env=env, cwd=ROOT, capture_output=True, text=True)
+                t1 = time.time()
+                p = subprocess.run(cli + common + gate, env=env, cwd=ROOT, capture_output=True, text=True)
                 out.append({0: "pass", 1: "FAIL"}.get(p.returncode, f"exit {p.returncode}"))
                 try:
-                    row = json.loads(p.stdout)["gate"]["rows"][0]
-                    changes[delay].append(f"{row['change_pct']:+.1f}%")
-                    if out[-1] != "FAIL":
+                    g = json.loads(p.stdout)["gate"]
+                    row = g["rows"][0]
+                    how = " by point" if row.get("basis") == "point-estimate" else ""
+                    changes[delay].append(f"{row['change_pct']:+.1f}% ({g['current_runs']} runs, {time.time() - t1:.0f} s)")
+                    if out[-1] == "FAIL":
+                        out[-1] = "FAIL" + how
+                    elif g["verdict"] == "undecided":
+                        out[-1] = f"undecided/{row['verdict']}"
+                    else:
                         out[-1] = row["verdict"]
+                    print(f"[cli] trial, delay {delay:.0%}: {out[-1]}, {changes[delay][-1]}", flush=True)
                 except (ValueError, KeyError, IndexError, TypeError):
                     changes[delay].append("?")
-        tally("cli", same, slow, t0)
-        print(f"[cli] measured change, identical: {' '.join(changes[0.0])}")
-        print(f"[cli] measured change, 15% slower: {' '.join(changes[0.15])}")
+        tally("cli", [v.split(" ")[0] for v in same], [v.split(" ")[0] for v in slow], t0, a.slowdown)
+        print(f"[cli] verdicts, identical: {same}")
+        print(f"[cli] verdicts, {a.slowdown:.0%} slower: {slow}")
+        print(f"[cli] measured change, identical: {'; '.join(changes[0.0])}")
+        print(f"[cli] measured change, {a.slowdown:.0%} slower: {'; '.join(changes[a.slowdown])}")
     return True
 
 
@@ -201,6 +243,14 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--sim-trials", type=int, default=100)
     p.add_argument("--threshold", type=float, default=0.10)
+    p.add_argument("--slowdown", type=float, default=0.15, help="per-step delay of the slowed runs, a fraction")
+    p.add_argument("--max-repeats", type=int, default=8, help="cli: the gate's --max-repeats (adaptive runs)")
+    p.add_argument("--rebaseline", action="store_true",
+                   help="cli: record a fresh baseline before each trial (a pair of gates), as a CI job that records "
+                        "the base branch beside the change would; on a host whose load drifts over minutes")
+    p.add_argument("--baseline-attempts", type=int, default=3,
+                   help="cli: record the baseline again while --save-baseline warns of a slow outlier run, at most this often")
+    p.add_argument("--strict", action="store_true", help="cli: gate with --strict (an undecided gate fails)")
     p.add_argument("--load", choices=("none", "bursty"), default="none",
                    help="bursty: run beside random bursts of 0-2 busy processes (a shared CI machine)")
     a = p.parse_args()
@@ -217,6 +267,7 @@ def main() -> None:
             mode_simulate(a, series)
     finally:
         stop.set()
+        print(f"load average at the end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -19,9 +19,17 @@ from typing import TYPE_CHECKING, Any
 from perfdoctor.capture.runner import RunResult, clear_run_files, run_script
 from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.facts.model import Facts, Subject
-from perfdoctor.gate.baseline import load_baseline, record_from_run_dir, slow_outlier_runs
+from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, gate_runs
+from perfdoctor.gate.baseline import (
+    RunRecord,
+    load_baseline,
+    record_from_run_dir,
+    repeat_dir,
+    repeat_dirs,
+    slow_outlier_runs,
+)
 from perfdoctor.gate.baseline import save_baseline as write_baseline
-from perfdoctor.gate.compare import Comparison, compare, compare_files
+from perfdoctor.gate.compare import Comparison, compare_files
 from perfdoctor.model import Finding, Location, Report, at_or_above
 from perfdoctor.report import html, jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
@@ -269,12 +277,35 @@ def analyse_trace(path: Path, config: Path | None = None, workers: int | None = 
                   facts=facts.as_mapping())
 
 
+def analyse_repeats(folder: Path, runs: list[Path], config: Path | None = None) -> Report:
+    """The report of a repeated run's --out-dir (`perfdoctor run --repeats` or a gate: repeat-1..N
+    run folders): the last run's report, the one `perfdoctor run` printed, with a note naming every
+    run and its median step time, so a run that differs is seen; `perfdoctor compare` judges them all."""
+    report = analyse_run(runs[-1], config)
+    medians = []
+    for d in runs:
+        try:
+            median = record_from_run_dir(d).median_ms
+        except PerfdoctorError:
+            median = None
+        medians.append(f"{d.name} {'unreadable' if median is None else f'{median:,.2f} ms'}")
+    report.notes.insert(0, f"{folder} holds {len(runs)} runs of one `perfdoctor run` ({runs[0].name}..{runs[-1].name}); "
+                           f"this is the report of the last, {runs[-1].name}. Median step time per run: "
+                           + ", ".join(medians) + f". `perfdoctor report {runs[0]}` shows another run; "
+                           f"`perfdoctor compare BASELINE {folder}` judges them all against a baseline.")
+    return report
+
+
 def analyse_path(path: Path, config: Path | None = None) -> Report:
-    """`perfdoctor report PATH`: a run folder, a trace file, or a folder of per-rank traces."""
+    """`perfdoctor report PATH`: a run folder, a repeated run's folder of repeat-N run folders (the
+    last run, noted), a trace file, or a folder of per-rank traces."""
     if not path.exists():
         raise InputError(f"{path}: no such file or folder")
     if is_run_dir(path):
         return analyse_run(path, config)
+    runs = repeat_dirs(path) if path.is_dir() else []
+    if runs:
+        return analyse_repeats(path, runs, config)
     try:
         return analyse_trace(path, config)
     except PerfdoctorError:
@@ -413,35 +444,50 @@ def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Pat
 def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: Path | None, steps: int | None,
                  script_stdout_to_stderr: bool, show_status: bool, repeats: int | None = None,
                  save_baseline: Path | None = None, baseline: Path | None = None, max_regression: float = 0.10,
-                 fail_on: str | None = None, config: Path | None = None) -> RunOutcome:
+                 fail_on: str | None = None, config: Path | None = None, max_repeats: int | None = None,
+                 strict: bool = False) -> RunOutcome:
     """`perfdoctor run`: run the script `repeats` times (default: GATE_REPEATS with a baseline to save
     or to compare with, else once; a failed or interrupted run is not repeated), analyse each run and
-    write its report.json, then, unless the script failed, save the runs as a baseline and/or compare
-    them with `baseline`."""
+    write its report.json, then, unless the script failed, compare the runs with `baseline` (adding
+    runs while the step time is undecided, up to `max_repeats`: gate.adaptive) and/or save them as a
+    baseline. With more than one run possible, the n-th run's folder is `out_dir/repeat-n`."""
     if repeats is None:
         repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
+    most = max(repeats, DEFAULT_MAX_REPEATS if max_repeats is None else max_repeats) if baseline is not None else repeats
     warm_up()
     _rules_for(config)  # a bad config fails now, before minutes of running
     base = load_baseline(baseline) if baseline is not None else None  # fail early, before minutes of running
     results: list[RunResult] = []
-    report: Report | None = None
-    for i in range(repeats):
-        run_out = out_dir / f"repeat-{i + 1}" if out_dir is not None and repeats > 1 else out_dir
+    reports: list[Report] = []
+
+    def next_run(n: int) -> RunRecord | None:
+        """The n-th run: run, analyse, write its reports; its record, or None when it failed or
+        was interrupted (not repeated, not judged)."""
+        run_out = repeat_dir(out_dir, n) if out_dir is not None and most > 1 else out_dir
         result = run_script(target, module=module, script_args=script_args, out_dir=run_out, steps=steps,
                             script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status)
         results.append(result)
-        report = analyse_run(result.run_dir, config)
-        write_run_reports(report, result.run_dir)
+        reports.append(analyse_run(result.run_dir, config))
+        write_run_reports(reports[-1], result.run_dir)
         if result.exit_code != 0 or result.reason == "interrupted":
-            break  # a failed or interrupted run is not repeated
-    assert report is not None  # repeats >= 1
-    outcome = RunOutcome(report=report, results=results, comparison=None, fail_on=fail_on)
-    last = results[-1]
-    if last.reason in (*FAILED_REASONS, "interrupted") and last.exit_code != 0:
+            return None
+        return record_from_run_dir(result.run_dir)
+
+    records: list[RunRecord] = []
+    comparison: Comparison | None = None
+    if base is not None:
+        gated = gate_runs(base, next_run, repeats=repeats, max_repeats=most, max_regression=max_regression,
+                          fail_on=fail_on, strict=strict)
+        records, comparison = gated.records, gated.comparison
+    else:
+        for n in range(1, repeats + 1):
+            record = next_run(n)
+            if record is None:
+                break
+            records.append(record)
+    outcome = RunOutcome(report=reports[-1], results=results, comparison=comparison, fail_on=fail_on)
+    if len(records) < len(results):  # the last run failed or was interrupted: nothing saved or judged
         return outcome
-    if save_baseline is None and base is None:
-        return outcome
-    records = [record_from_run_dir(r.run_dir) for r in results]
     if save_baseline is not None:
         write_baseline(records, save_baseline)
         outcome.messages.append(f"baseline of {len(records)} run(s) saved to {save_baseline}")
@@ -450,14 +496,14 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
                 f"warning: run {n} of {len(records)} was {frac:.0%} slower than the others, even in its fastest "
                 f"steps: another job may have held the machine. Gates against this baseline will be less "
                 f"decisive; record it again.")
-    if base is not None:
-        outcome.comparison = compare(base, records, max_regression, fail_on)
     return outcome
 
 
-def compare_paths(base: Path, current: Path, max_regression: float, fail_on: str | None) -> Comparison:
-    """`perfdoctor compare BASE CURRENT`: each side a baseline file, a run folder or a report.json."""
+def compare_paths(base: Path, current: Path, max_regression: float, fail_on: str | None,
+                  strict: bool = False) -> Comparison:
+    """`perfdoctor compare BASE CURRENT`: each side a baseline file, a run folder, a gate's --out-dir
+    (its repeat-N run folders) or a report.json."""
     for p in (base, current):
         if not p.exists():
             raise PerfdoctorError(f"{p}: no such file or folder")
-    return compare_files(base, current, max_regression, fail_on)
+    return compare_files(base, current, max_regression, fail_on, strict=strict)

@@ -125,6 +125,11 @@ def run(
     repeats: int | None = typer.Option(
         None, "--repeats", min=1, max=50,
         help="Run the script this many times (default: 3 with --save-baseline or --baseline, else 1)."),
+    max_repeats: int | None = typer.Option(
+        None, "--max-repeats", min=1, max=50,
+        help="With --baseline: while the step time is undecided (unstable or inconclusive), add runs of the "
+             "current script up to this many in all (default: 8)."),
+    strict: bool = typer.Option(False, "--strict", help="With --baseline: fail when the gate stays undecided."),
     fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
@@ -150,7 +155,8 @@ def run(
             target, module=module is not None, script_args=script_args,
             out_dir=run_root, steps=steps, script_stdout_to_stderr=not human and output is None,
             show_status=True, repeats=repeats, save_baseline=save_baseline, baseline=baseline,
-            max_regression=fraction, fail_on=fail_on.value if fail_on else None, config=config)
+            max_regression=fraction, fail_on=fail_on.value if fail_on else None, config=config,
+            max_repeats=max_repeats, strict=strict)
     for line in outcome.messages:
         _err(line)
     if outcome.comparison is not None:
@@ -167,18 +173,20 @@ def run(
 @app.command()
 def compare(
     base: Path = typer.Argument(..., help="The baseline: a baseline file, a run folder or a report.json."),
-    current: Path = typer.Argument(..., help="The current run: a baseline file, a run folder or a report.json."),
+    current: Path = typer.Argument(
+        ..., help="The current run: a baseline file, a run folder, a gate's --out-dir (all its runs) or a report.json."),
     max_regression: str = typer.Option("10%", "--max-regression", help="Slowdown that fails the gate."),
     fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on new findings of this severity or worse."),
+    strict: bool = typer.Option(False, "--strict", help="Fail when the step time is undecided."),
     fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Output format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the comparison to this file."),
 ) -> None:
-    """Compare two baselines or run reports; exit 1 on a regression."""
+    """Compare two baselines, run folders, gate --out-dirs or run reports; exit 1 on a regression."""
     from perfdoctor.analysis import check_writable, compare_paths
 
     if output is not None:
         check_writable(output, "--output")
-    c = compare_paths(base, current, parse_fraction(max_regression), fail_on.value if fail_on else None)
+    c = compare_paths(base, current, parse_fraction(max_regression), fail_on.value if fail_on else None, strict)
     _emit(fmt, output, comparison=c)
     _step_summary(c)
     if c.failed:
@@ -187,7 +195,9 @@ def compare(
 
 @app.command()
 def report(
-    path: Path = typer.Argument(..., help="A trace (.json / .json.gz), a folder of per-rank traces, or a run folder."),
+    path: Path = typer.Argument(
+        ..., help="A trace (.json / .json.gz), a folder of per-rank traces, a run folder, or a repeated run's "
+                  "--out-dir (its last run, with every run's step time noted)."),
     fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Report format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),

@@ -355,3 +355,207 @@ def test_invalid_baseline_or_report_is_one_input_error_naming_file_and_field(tmp
     with pytest.raises(InputError) as e:
         compare_files(good, report)
     assert str(report) in e.value.message and "$.summary.step_time_ms.median" in e.value.message
+
+
+# -- a busy machine: undecided verdicts, the decision rules, adaptive repeats ---------------------------------
+
+SPREAD = (-0.15, 0.0, 0.15)  # run-to-run offsets of a machine shared with other jobs: no run can be trusted alone
+
+
+def steady(ms: float, n: int = 60, **kw) -> RunRecord:
+    """A run whose steps are all about `ms` (a tiny deterministic ripple): its own noise is nil, so
+    the interval is set by the run-to-run offsets the test chooses."""
+    return rec([ms * (1 + 0.002 * ((i * 7) % 5)) for i in range(n)], **kw)
+
+
+def side(center: float, offsets=SPREAD, **kw) -> list[RunRecord]:
+    return [steady(center * (1 + o), **kw) for o in offsets]
+
+
+def test_an_undecided_gate_is_undecided_never_passed():
+    from perfdoctor.report import github, markdown
+    c = compare(side(20.0), side(23.0))  # +15%: beyond the threshold, but the runs scatter by +-15%
+    row = c.rows[0]
+    assert row.verdict == "unstable" and row.basis is None and row.ci_pct[0] < 10 < row.ci_pct[1]
+    assert c.undecided and not c.failed and c.verdict == "undecided" and not c.settled
+    assert c.as_dict()["verdict"] == "undecided" and c.as_dict()["undecided"] is True
+    md = markdown.render_comparison(c)
+    assert "passed" not in md.replace("not passed", "")
+    assert "❔ perfdoctor gate: undecided (not passed)" in md
+    assert "The step time changed +15.0% (90% CI" in md and "--max-repeats" in md and "--strict" in md
+    gh = github.render_comparison(c)
+    assert "::warning title=perfdoctor gate%3A undecided (not passed)::Undecided, not passed: The step time changed +15.0%25" in gh
+    assert "::error" not in gh
+
+
+def test_an_undecided_point_beyond_twice_the_threshold_fails():
+    from perfdoctor.report import github, markdown
+    c = compare(side(20.0), side(27.0))  # +35%, interval still straddling the 10% threshold
+    row = c.rows[0]
+    assert row.ci_pct[0] < 10 and row.change_pct == pytest.approx(35, abs=0.5)
+    assert row.verdict == "regression" and row.basis == "point-estimate" and c.rows[1].verdict == "regression"
+    assert c.failed and c.verdict == "failed" and c.undecided and not c.settled  # more runs may still settle it
+    assert any("beyond 2x the threshold" in n for n in c.notes)
+    assert "❌ regression (point estimate)" in markdown.render_comparison(c)
+    gh = github.render_comparison(c)
+    assert "regressed +35.0%25 by its point estimate, beyond twice the threshold" in gh
+    assert gh.rstrip().splitlines()[-1].startswith("::error::perfdoctor gate failed: step time (p10) +35.0%25 (point estimate")
+    # just under twice the threshold: undecided, not failed; a different threshold moves the line
+    assert not compare(side(20.0), side(23.8)).failed
+    assert compare(side(20.0), side(23.8), max_regression=0.08).failed
+
+
+def test_strict_fails_anything_undecided_and_nothing_decided():
+    from perfdoctor.report import github
+    same = side(20.0)
+    c = compare(side(20.0), same, strict=True)  # identical, but too noisy to tell
+    assert c.rows[0].verdict == "unstable" and c.failed and c.verdict == "failed" and c.strict
+    assert any("--strict" in n for n in c.notes)
+    assert github.render_comparison(c).rstrip().endswith("::error::perfdoctor gate failed: the step time is undecided (--strict)")
+    quiet = side(20.0, (-0.01, 0.0, 0.01))
+    decided = compare(quiet, side(20.0, (-0.01, 0.0, 0.01)), strict=True)
+    assert decided.rows[0].verdict == "no-change" and not decided.failed and decided.verdict == "passed"
+
+
+def test_a_summary_only_side_is_decided_by_its_point_or_left_undecided():
+    base = side(20.0, (-0.01, 0.0, 0.01))
+
+    def summary(ms: float) -> RunRecord:
+        r = steady(ms)
+        r.step_ms = []
+        return r
+
+    assert compare(base, [summary(20.5)]).verdict == "passed"
+    mid = compare(base, [summary(23.0)])
+    assert mid.rows[0].verdict == "inconclusive" and mid.verdict == "undecided" and not mid.failed
+    assert compare(base, [summary(23.0)], strict=True).failed
+    big = compare(base, [summary(25.0)])
+    assert big.failed and big.rows[0].basis == "point-estimate"
+
+
+def test_a_different_environment_is_never_undecided_nor_failed_by_its_point():
+    c = compare(side(20.0), side(40.0, env=dict(ENV, torch="2.12.0")), strict=True)
+    assert c.verdict == "not-comparable" and not c.failed and not c.undecided and c.settled
+
+
+class Feed:
+    """A current side for gate_runs: the n-th run's record from `make(n)`, calls counted."""
+
+    def __init__(self, make):
+        self.make, self.calls = make, []
+
+    def __call__(self, n: int):
+        self.calls.append(n)
+        return self.make(n)
+
+
+def test_adaptive_repeats_stop_at_once_when_the_first_runs_decide():
+    from perfdoctor.gate.adaptive import gate_runs
+    quiet = side(20.0, (-0.01, 0.0, 0.01))
+    feed = Feed(lambda n: steady(20.0))
+    g = gate_runs(quiet, feed, repeats=3, max_repeats=8)
+    assert feed.calls == [1, 2, 3] and g.added == 0 and g.comparison.verdict == "passed"
+    feed = Feed(lambda n: steady(26.0))
+    g = gate_runs(quiet, feed, repeats=3, max_repeats=8)
+    assert feed.calls == [1, 2, 3] and g.comparison.rows[0].basis == "interval" and g.comparison.failed
+
+
+def test_adaptive_repeats_add_current_runs_until_the_verdict_settles():
+    from perfdoctor.gate.adaptive import gate_runs
+    quiet = side(20.0, (-0.01, 0.0, 0.01))
+    first = (0.12, -0.08, 0.0)  # the first three runs scatter (a neighbour came and went), then it is quiet
+    feed = Feed(lambda n: steady(20.0 * (1 + (first[n - 1] if n <= 3 else 0.0))))
+    g = gate_runs(quiet, feed, repeats=3, max_repeats=8)
+    assert compare(quiet, [feed.make(n) for n in (1, 2, 3)]).rows[0].verdict == "unstable"
+    assert 3 < len(feed.calls) < 8 and feed.calls == list(range(1, len(feed.calls) + 1))
+    c = g.comparison
+    assert c.rows[0].verdict == "no-change" and c.verdict == "passed" and c.current_runs == len(feed.calls)
+    assert g.added == len(feed.calls) - 3 and len(g.records) == len(feed.calls)
+    assert any(f"added {g.added} run(s) of the current side" in n and "baseline's runs are fixed" in n for n in c.notes)
+
+
+def test_adaptive_repeats_stop_at_max_repeats_and_say_it_is_undecided():
+    from perfdoctor.gate.adaptive import gate_runs
+    offsets = (-0.15, 0.0, 0.15, -0.15, 0.15, 0.0)
+    feed = Feed(lambda n: steady(23.0 * (1 + offsets[n - 1])))  # +15% on a machine that never calms down
+    g = gate_runs(side(20.0), feed, repeats=3, max_repeats=5)
+    assert feed.calls == [1, 2, 3, 4, 5] and g.comparison.verdict == "undecided" and not g.comparison.failed
+    assert any(n.startswith("still undecided after 5 run(s) (--max-repeats 5): the step time changed +") for n in g.comparison.notes)
+    strict = gate_runs(side(20.0), Feed(lambda n: steady(23.0 * (1 + offsets[n - 1]))), repeats=3, max_repeats=5, strict=True)
+    assert strict.comparison.failed and strict.comparison.current_runs == 5
+    # a large slowdown: undecided by its interval after 3 runs, it fails on its point estimate when no
+    # more runs are allowed, and more runs settle it by the interval
+    big = Feed(lambda n: steady(28.0 * (1 + offsets[n - 1])))
+    g = gate_runs(side(20.0), big, repeats=3, max_repeats=3)
+    assert big.calls == [1, 2, 3] and g.comparison.failed and g.comparison.rows[0].basis == "point-estimate"
+    assert any(n.startswith("still undecided after 3 run(s)") for n in g.comparison.notes)
+    big = Feed(lambda n: steady(28.0 * (1 + offsets[n - 1])))
+    g = gate_runs(side(20.0), big, repeats=3, max_repeats=6)
+    assert 3 < len(big.calls) <= 6 and g.comparison.failed and g.comparison.rows[0].basis == "interval"
+    assert g.comparison.settled and not any(n.startswith("still undecided") for n in g.comparison.notes)
+
+
+def test_adaptive_repeats_never_fewer_than_repeats_and_stop_on_a_failed_run():
+    from perfdoctor.gate.adaptive import gate_runs
+    feed = Feed(lambda n: steady(20.0))
+    g = gate_runs(side(20.0, (-0.01, 0.0, 0.01)), feed, repeats=4, max_repeats=2)
+    assert feed.calls == [1, 2, 3, 4] and g.comparison is not None
+    feed = Feed(lambda n: None if n == 2 else steady(20.0))  # the script failed in its second run
+    g = gate_runs(side(20.0), feed, repeats=3, max_repeats=8)
+    assert feed.calls == [1, 2] and g.comparison is None and len(g.records) == 1
+    feed = Feed(lambda n: None if n == 4 else steady(23.0 * (1 + SPREAD[(n - 1) % 3])))  # fails in an added run
+    g = gate_runs(side(20.0), feed, repeats=3, max_repeats=8)
+    assert feed.calls == [1, 2, 3, 4] and g.comparison is None
+
+
+def test_adaptive_repeats_stop_when_a_finding_already_fails_the_gate():
+    from perfdoctor.gate.adaptive import gate_runs
+    new = GateFinding(rule="PD005", fingerprint="PD005:train.py:empty_cache()", severity="high", title="cache")
+    feed = Feed(lambda n: steady(23.0 * (1 + SPREAD[n - 1]), findings=[new]))
+    g = gate_runs(side(20.0), feed, repeats=3, max_repeats=8, fail_on="high")
+    assert feed.calls == [1, 2, 3] and g.comparison.failed and g.comparison.failed_beyond_timing
+    assert g.comparison.rows[0].verdict == "unstable"  # undecided, but more runs cannot pass it
+
+
+def test_repeat_folders_are_found_in_run_order_and_compared_as_one_side(tmp_path):
+    from perfdoctor.gate.baseline import repeat_dirs
+    rng = random.Random(15)
+    out = tmp_path / "gate-out"
+    for n in (1, 2, 9, 10):
+        write_run(out / f"repeat-{n}", ar1(60, 13.0, 0.02, 0.3, rng))
+    (out / "repeat-x").mkdir()
+    (out / "repeat-3").mkdir()  # no meta.json: not a run folder
+    assert [d.name for d in repeat_dirs(out)] == ["repeat-1", "repeat-2", "repeat-9", "repeat-10"]
+    assert repeat_dirs(tmp_path / "nowhere") == [] and repeat_dirs(out / "repeat-1") == []
+    base_path = tmp_path / "base.json"
+    save_baseline([record_from_run_dir(write_run(tmp_path / f"b{i}", ar1(60, 10.0, 0.02, 0.3, rng))) for i in range(3)], base_path)
+    c = compare_files(base_path, out)
+    assert c.current_runs == 4 and c.rows[0].verdict == "regression" and c.failed
+    with pytest.raises(InputError, match="no repeat-N run folders"):
+        compare_files(base_path, tmp_path / "b0" / "..")
+
+
+def test_report_of_a_gate_out_dir_is_its_last_run_with_every_run_noted(tmp_path):
+    import shutil
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
+    import record as golden
+
+    from perfdoctor.analysis import analyse_path, analyse_run
+    out = tmp_path / "perf-run"
+    for n in (1, 2, 3):
+        run = out / f"repeat-{n}"
+        shutil.copytree(golden.RUNS / "clean", run)
+        for f in run.iterdir():
+            golden._swap_text(f, [(golden.REPO_MARK, str(golden.REPO)), (golden.RUN_MARK, str(run))])
+    steps = json.loads((out / "repeat-2" / "steps.json").read_text())
+    for s in steps["steps"]:
+        s["wall_ms"] *= 3  # the second run was slow: the note shows it
+    (out / "repeat-2" / "steps.json").write_text(json.dumps(steps))
+    report = analyse_path(out)
+    last = analyse_run(out / "repeat-3")
+    assert report.summary == last.summary and [f.rule for f in report.findings] == [f.rule for f in last.findings]
+    note = report.notes[0]
+    assert note.startswith(f"{out} holds 3 runs of one `perfdoctor run` (repeat-1..repeat-3); this is the report of the last, repeat-3")
+    med = {m.split(" ")[0]: float(m.split(" ")[1].replace(",", "")) for m in note.split("per run: ")[1].split(". ")[0].split(", ")}
+    assert list(med) == ["repeat-1", "repeat-2", "repeat-3"] and med["repeat-2"] == pytest.approx(3 * med["repeat-1"], rel=0.01)
+    assert f"perfdoctor compare BASELINE {out}" in note

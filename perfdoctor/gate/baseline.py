@@ -185,6 +185,26 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
                      counters=_counters(report), findings=_findings(report), notes=notes, warmup_dropped=drop)
 
 
+REPEAT_PREFIX = "repeat-"  # `perfdoctor run --out-dir DIR` with several runs writes DIR/repeat-1, repeat-2, ...
+
+
+def repeat_dir(out_dir: Path, n: int) -> Path:
+    """The run folder of the n-th run (1-based) of a repeated `perfdoctor run --out-dir out_dir`."""
+    return out_dir / f"{REPEAT_PREFIX}{n}"
+
+
+def repeat_dirs(folder: Path | str) -> list[Path]:
+    """The run folders repeat-1..repeat-N inside a repeated run's --out-dir, in run order (by N,
+    not by name: repeat-10 comes after repeat-9); empty when the folder holds none."""
+    folder = Path(folder)
+    found = []
+    for d in folder.iterdir() if folder.is_dir() else ():
+        n = d.name[len(REPEAT_PREFIX):]
+        if d.name.startswith(REPEAT_PREFIX) and n.isdigit() and (d / "meta.json").is_file():
+            found.append((int(n), d))
+    return [d for _, d in sorted(found)]
+
+
 def record_from_report(report: ReportDoc, source: str = "") -> RunRecord:
     """A summary-only record from a report.json with no run folder around it: the median step
     time, counters, findings and environment, but no per-step series (so no confidence interval).

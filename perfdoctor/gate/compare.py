@@ -1,16 +1,23 @@
 """Compare current runs against a baseline: a verdict per metric and whether the gate fails.
 
-Verdicts: `regression`, `improvement`, `no-change`, `inconclusive` (the point estimate crosses
-the threshold but the interval does not clear it), `unstable` (the interval is wider than the
-threshold, so a change of that size cannot be told from noise), and `not-comparable` (a different
-environment: the numbers are shown, never judged). Only a regression, or a new finding at or
-above `fail_on`, fails the gate.
+Verdicts per metric: `regression`, `improvement`, `no-change`, `inconclusive` (the point estimate
+crosses the threshold but the interval does not clear it), `unstable` (the interval is wider than
+the threshold, so a change of that size cannot be told from noise), and `not-comparable` (a
+different environment: the numbers are shown, never judged).
+
+The gate as a whole is `failed`, `passed`, `undecided` or `not-comparable`. It fails on a
+regression, on a new finding at or above `fail_on`, and, when the step time stays undecided
+(`unstable` or `inconclusive`), on a point estimate beyond twice the threshold (a large slowdown
+never passes because the machine was noisy) or on anything undecided with `strict`. An undecided
+gate that does not fail is `undecided`, never `passed`. `perfdoctor run --baseline` adds runs to
+the current side while the step time is undecided (`Comparison.settled`, analysis.run_and_gate).
 """
 
 from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +37,7 @@ from perfdoctor.gate.baseline import (
     load_baseline,
     record_from_report,
     record_from_run_dir,
+    repeat_dirs,
 )
 from perfdoctor.model import SEVERITIES, at_or_above
 
@@ -39,6 +47,8 @@ MEMORY_SLACK_BYTES = 32 * 2**20  # allocator and RSS granularity
 # The step time's interval: a 90% two-sided interval, so each bound is a one-sided 95% bound
 # (a regression is claimed when the lower bound clears the threshold: a one-sided test at 5%).
 LEVEL = 0.90
+UNDECIDED = ("unstable", "inconclusive")  # step-time verdicts the interval could not settle
+POINT_FAIL_FACTOR = 2.0  # undecided, a point estimate beyond this many thresholds still fails
 
 
 @dataclass
@@ -51,11 +61,16 @@ class Row:
     ci_pct: tuple[float, float] | None  # LEVEL interval of the change, in percent
     verdict: str
     kind: str  # timing | throughput (derived from timing) | memory | counter
+    # how the verdict was reached: "interval" (the confidence interval against the threshold),
+    # "point-estimate" (the point alone: a summary-only side, or an undecided interval whose point
+    # lies beyond POINT_FAIL_FACTOR thresholds), "values" (memory and counters, by value and slack),
+    # None where nothing was decided (unstable, inconclusive, not comparable)
+    basis: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "unit": self.unit, "baseline": _r(self.baseline), "current": _r(self.current),
                 "change_pct": _r(self.change_pct, 2), "ci_pct": None if self.ci_pct is None else [round(v, 2) for v in self.ci_pct],
-                "verdict": self.verdict, "kind": self.kind}
+                "verdict": self.verdict, "kind": self.kind, "basis": self.basis}
 
 
 @dataclass
@@ -75,13 +90,31 @@ class Comparison:
     findings: list[GateFinding] = field(default_factory=list)  # every finding of the current side
     # the runs compared (baseline, current): their step times are what a chart of the comparison draws
     sides: tuple[list[RunRecord], list[RunRecord]] = field(default=([], []), repr=False)
+    strict: bool = False  # an undecided step time fails
+    # the step time's interval settled nothing (unstable or inconclusive), whatever then decided the gate
+    undecided: bool = False
+    # the gate failed on something more current runs cannot take back: a regression of peak memory
+    # (the max over runs) or of a counter, or a new finding (the union over runs)
+    failed_beyond_timing: bool = False
 
     @property
     def verdict(self) -> str:
-        return "failed" if self.failed else ("passed" if self.comparable else "not-comparable")
+        if self.failed:
+            return "failed"
+        if not self.comparable:
+            return "not-comparable"
+        return "undecided" if self.undecided else "passed"
+
+    @property
+    def settled(self) -> bool:
+        """More runs of the current side cannot change the outcome, or need not: the environments
+        differ, the step time's interval decided, or the gate failed on memory, a counter or a
+        finding. `perfdoctor run --baseline` adds runs until this holds (or --max-repeats)."""
+        return not self.comparable or not self.undecided or self.failed_beyond_timing
 
     def as_dict(self) -> dict[str, Any]:
         return {"schema": SCHEMA, "verdict": self.verdict, "failed": self.failed, "comparable": self.comparable,
+                "undecided": self.undecided, "strict": self.strict,
                 "max_regression": self.max_regression, "ci_level": LEVEL, "fail_on": self.fail_on,
                 "baseline_runs": self.baseline_runs, "current_runs": self.current_runs,
                 "rows": [r.as_dict() for r in self.rows], "new_findings": msgspec.to_builtins(self.new_findings),
@@ -129,8 +162,9 @@ def _timing_row(base: list[RunRecord], cur: list[RunRecord], t: float, between: 
         point = c0 / b0
         notes.append("no per-step timings on one side: the median step time is compared by its point estimate "
                      "only, with no confidence interval (compare run folders or baselines for a verdict)")
-        verdict = "inconclusive" if (point > up or point < down) else "no-change"
-        return Row("step time (median)", "ms", b0, c0, (point - 1) * 100, None, verdict, "timing")
+        if point > up or point < down:
+            return Row("step time (median)", "ms", b0, c0, (point - 1) * 100, None, "inconclusive", "timing")
+        return Row("step time (median)", "ms", b0, c0, (point - 1) * 100, None, "no-change", "timing", "point-estimate")
     metric = timing_metric()
     # every run has per-step timings here, so every gate_ms is known
     b0 = stats.side_center([r.gate_ms for r in base if r.gate_ms is not None])
@@ -155,7 +189,8 @@ def _timing_row(base: list[RunRecord], cur: list[RunRecord], t: float, between: 
     if verdict == "unstable":
         notes.append(f"the step time is too noisy to judge a {t:.0%} change: its {LEVEL:.0%} interval spans "
                      f"{(lo - 1) * 100:+.1f}%..{(hi - 1) * 100:+.1f}%; use more steps or --repeats, or a quieter machine")
-    return Row(metric, "ms", b0, c0, (point - 1) * 100, ((lo - 1) * 100, (hi - 1) * 100), verdict, "timing")
+    return Row(metric, "ms", b0, c0, (point - 1) * 100, ((lo - 1) * 100, (hi - 1) * 100), verdict, "timing",
+               None if verdict in UNDECIDED else "interval")
 
 
 def _simple_row(metric: str, unit: str, kind: str, b: float | None, c: float | None, t: float, slack: float) -> Row | None:
@@ -168,7 +203,7 @@ def _simple_row(metric: str, unit: str, kind: str, b: float | None, c: float | N
         verdict = "improvement"
     else:
         verdict = "no-change"
-    return Row(metric, unit, b, c, change, None, verdict, kind)
+    return Row(metric, unit, b, c, change, None, verdict, kind, "values")
 
 
 def _sigma_b2(base: list[RunRecord], cur: list[RunRecord], seed: int) -> tuple[float, int] | None:
@@ -188,8 +223,10 @@ def _sigma_b2(base: list[RunRecord], cur: list[RunRecord], seed: int) -> tuple[f
 
 
 def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecord], max_regression: float = 0.10,
-            fail_on: str | None = None, seed: int = 0) -> Comparison:
-    """Judge `current_records` (one or more runs of the same command) against a baseline."""
+            fail_on: str | None = None, seed: int = 0, strict: bool = False) -> Comparison:
+    """Judge `current_records` (one or more runs of the same command) against a baseline. An
+    undecided step time fails when its point estimate lies beyond POINT_FAIL_FACTOR thresholds, and
+    fails whatever its estimate with `strict`."""
     if fail_on is not None and fail_on not in SEVERITIES:
         raise InputError(f"--fail-on must be one of high, medium, low (got {fail_on!r})")
     if not 0 < max_regression < 10:
@@ -205,17 +242,23 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
     comparable = not diffs
     rows: list[Row] = []
     timing = _timing_row(base, cur, t, _sigma_b2(base, cur, seed), seed, notes)
+    undecided = comparable and timing.verdict in UNDECIDED
+    if undecided and timing.change_pct is not None and timing.change_pct > POINT_FAIL_FACTOR * t * 100:
+        notes.append(f"the step time's interval could not settle a {t:.0%} threshold, but its estimate, "
+                     f"{timing.change_pct:+.1f}%, lies beyond {POINT_FAIL_FACTOR:g}x the threshold: failed as a "
+                     f"regression on the point estimate")
+        timing.verdict, timing.basis = "regression", "point-estimate"
     rows.append(timing)
     # throughput is the step time seen the other way up: same evidence, same verdict
     if timing.baseline and timing.current:
         ci = None if timing.ci_pct is None else (100 / (1 + timing.ci_pct[1] / 100) - 100, 100 / (1 + timing.ci_pct[0] / 100) - 100)
         bt, ct = 1000 / timing.baseline, 1000 / timing.current
-        rows.append(Row("throughput", "steps/s", bt, ct, (ct / bt - 1) * 100, ci, timing.verdict, "throughput"))
+        rows.append(Row("throughput", "steps/s", bt, ct, (ct / bt - 1) * 100, ci, timing.verdict, "throughput", timing.basis))
         bs = [r.batch_size for r in base if r.batch_size]
         cs = [r.batch_size for r in cur if r.batch_size]
         if bs and cs:
             rows.append(Row("throughput", "samples/s", bt * bs[0], ct * cs[0], (ct * cs[0] / (bt * bs[0]) - 1) * 100,
-                            None, timing.verdict, "throughput"))
+                            None, timing.verdict, "throughput", timing.basis))
     bp = [r.peak_memory_bytes for r in base if r.peak_memory_bytes is not None]
     cp = [r.peak_memory_bytes for r in cur if r.peak_memory_bytes is not None]
     row = _simple_row("peak memory", "bytes", "memory", max(bp) if bp else None, max(cp) if cp else None, t, MEMORY_SLACK_BYTES)
@@ -241,26 +284,52 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
 
     if not comparable:
         for row in rows:
-            row.verdict = "not-comparable"
+            row.verdict, row.basis = "not-comparable", None
         notes.insert(0, "NOT COMPARABLE: the baseline was recorded in a different environment ("
                      + "; ".join(f"{d['key']}: {d['baseline']} vs {d['current']}" for d in diffs)
                      + "). Timings are shown but not judged; record a new baseline in this environment.")
     regressed = [r for r in rows if r.verdict == "regression" and r.kind != "throughput"]
-    failed = bool(regressed) or bool(failing)
+    beyond_timing = bool(failing) or any(r.kind in ("memory", "counter") for r in regressed)
+    failed = bool(regressed) or bool(failing) or (strict and undecided)
+    if strict and undecided and timing.verdict in UNDECIDED:
+        notes.append("--strict: the step time is undecided, and an undecided gate fails")
     return Comparison(failed=failed, comparable=comparable, rows=rows, new_findings=new, resolved_findings=resolved,
                       notes=notes, env_differences=diffs, max_regression=t, fail_on=fail_on,
                       baseline_runs=len(base), current_runs=len(cur), failing_findings=failing,
-                      findings=[f for _, f in sorted(cur_f.items())], sides=(base, cur))
+                      findings=[f for _, f in sorted(cur_f.items())], sides=(base, cur), strict=strict,
+                      undecided=undecided, failed_beyond_timing=beyond_timing)
+
+
+def undecided_sentence(c: Mapping[str, Any]) -> str:
+    """Why an undecided gate is not a pass, with the step time's interval, and what to do."""
+    rows = c.get("rows") or []
+    timing = rows[0] if rows else {}
+    change = timing.get("change_pct")
+    ci = timing.get("ci_pct")
+    what = "The step time could not be judged"
+    if change is not None:
+        what = f"The step time changed {change:+.1f}%"
+        if ci:
+            what += f" ({c.get('ci_level', 0.9):.0%} CI {ci[0]:+.1f}% … {ci[1]:+.1f}%)"
+    return (f"Undecided, not passed: {what} after {c.get('current_runs')} run(s) against {c.get('baseline_runs')} "
+            f"baseline run(s); the noise of this machine does not let a {c['max_regression']:.0%} threshold be "
+            f"settled either way. To decide: gate on a quieter runner, allow more runs (--max-repeats), record the "
+            f"baseline again with more --repeats, or add --strict to fail undecided gates.")
 
 
 def load_side(path: Path | str) -> Baseline | list[RunRecord]:
-    """A baseline file, a run folder, or a report.json (inside a run folder: the whole run; alone:
-    a summary-only record)."""
+    """A baseline file, a run folder, a gate's --out-dir (its repeat-N run folders, every one a run
+    of the side), or a report.json (inside a run folder: the whole run; alone: a summary-only
+    record)."""
     path = Path(path)
     if path.is_dir():
         if (path / "meta.json").exists():
             return [record_from_run_dir(path)]
-        raise InputError(f"{path}: not a run folder (no meta.json); pass a baseline file, a run folder or its report.json")
+        repeats = repeat_dirs(path)
+        if repeats:
+            return [record_from_run_dir(d) for d in repeats]
+        raise InputError(f"{path}: not a run folder (no meta.json, no repeat-N run folders); pass a baseline file, "
+                         f"a run folder or its report.json")
     raw = read_bytes(path)
     if is_baseline(path, raw):
         return load_baseline(path)
@@ -272,9 +341,10 @@ def load_side(path: Path | str) -> Baseline | list[RunRecord]:
 
 
 def compare_files(base_path: Path | str, current_path: Path | str, max_regression: float = 0.10,
-                  fail_on: str | None = None, seed: int = 0) -> Comparison:
-    """`perfdoctor compare BASE CURRENT`: each side a baseline file, a run folder or a report.json."""
+                  fail_on: str | None = None, seed: int = 0, strict: bool = False) -> Comparison:
+    """`perfdoctor compare BASE CURRENT`: each side a baseline file, a run folder, a gate's
+    --out-dir of repeat-N run folders, or a report.json."""
     base = load_side(base_path)
     cur = load_side(current_path)
     cur_records = cur.records if isinstance(cur, Baseline) else cur
-    return compare(base, cur_records, max_regression=max_regression, fail_on=fail_on, seed=seed)
+    return compare(base, cur_records, max_regression=max_regression, fail_on=fail_on, seed=seed, strict=strict)

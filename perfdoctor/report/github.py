@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.gate.compare import undecided_sentence
 from perfdoctor.report.escape import github_data, github_property
 
 COMMAND = {"high": "error", "medium": "warning", "low": "notice"}
@@ -69,7 +70,8 @@ def render_comparison(comparison: Any, root: Path | str | None = None, limit: in
     for r in c.get("rows") or []:
         if r["verdict"] == "regression":
             ci = f" ({c.get('ci_level', 0.95):.0%} CI {r['ci_pct'][0]:+.1f}%..{r['ci_pct'][1]:+.1f}%)" if r.get("ci_pct") else ""
-            lines.append(command("error", f"{r['metric']} regressed {r['change_pct']:+.1f}%{ci}: "
+            how = " by its point estimate, beyond twice the threshold" if r.get("basis") == "point-estimate" else ""
+            lines.append(command("error", f"{r['metric']} regressed {r['change_pct']:+.1f}%{how}{ci}: "
                                           f"{r['baseline']:.4g} -> {r['current']:.4g} {r['unit']}",
                                  title=f"perfdoctor gate: {r['metric']} regression"))
         elif r["verdict"] in ("unstable", "inconclusive"):
@@ -80,11 +82,17 @@ def render_comparison(comparison: Any, root: Path | str | None = None, limit: in
                              file=_rel(f["file"], base) if f.get("file") else None, line=f.get("line") or None,
                              title=f"{f.get('rule')} (new since baseline)"))
     if c.get("failed"):
-        why = [f"{r['metric']} {r['change_pct']:+.1f}%" for r in c.get("rows") or [] if r["verdict"] == "regression"]
+        why = [f"{r['metric']} {r['change_pct']:+.1f}%" + (" (point estimate; its interval was undecided)"
+                                                          if r.get("basis") == "point-estimate" and r.get("kind") == "timing" else "")
+               for r in c.get("rows") or [] if r["verdict"] == "regression"]
+        if c.get("strict") and c.get("undecided") and not why:
+            why.append("the step time is undecided (--strict)")
         n = len(c.get("failing_findings") or [])
         if n:
             why.append(f"{n} new finding(s) at or above {c.get('fail_on')}")
         lines.append(command("error", "perfdoctor gate failed: " + "; ".join(why)))
+    elif c.get("verdict") == "undecided":
+        lines.append(command("warning", undecided_sentence(c), title="perfdoctor gate: undecided (not passed)"))
     return "\n".join(lines) + ("\n" if lines else "")
 
 

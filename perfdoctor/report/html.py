@@ -37,7 +37,7 @@ FILLS = [("#1d4e89", None), ("#f6b26b", None), ("#3a9e8f", "stripes"), ("#d9d9d9
          ("#6a3d9a", None), ("#a6cee3", "cross"), ("#8c510a", "stripes"), ("#fde68a", None),
          ("#555555", "dots")]
 VERDICT_CLASS = {"regression": "bad", "improvement": "good", "no-change": "", "inconclusive": "warn",
-                 "unstable": "warn", "not-comparable": "warn", "failed": "bad", "passed": "good"}
+                 "unstable": "warn", "not-comparable": "warn", "failed": "bad", "passed": "good", "undecided": "warn"}
 
 
 def _e(v: Any) -> str:

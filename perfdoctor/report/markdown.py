@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.gate.compare import undecided_sentence
 from perfdoctor.report import escape
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
@@ -155,10 +156,14 @@ def _num(v: Any, unit: str) -> str:
 def render_comparison(comparison: Any) -> str:
     c = _as_dict(comparison)
     head = {"failed": "❌ perfdoctor gate: failed", "passed": "✅ perfdoctor gate: passed",
+            "undecided": "❔ perfdoctor gate: undecided (not passed)",
             "not-comparable": "⚠️ perfdoctor gate: baseline not comparable"}[c["verdict"]]
     out = [f"## {head}", "",
            f"Threshold {c['max_regression']:.0%} · baseline {c['baseline_runs']} run(s) · current {c['current_runs']} run(s)"
-           + (f" · fail on new findings at or above {c['fail_on']}" if c.get("fail_on") else ""), ""]
+           + (f" · fail on new findings at or above {c['fail_on']}" if c.get("fail_on") else "")
+           + (" · strict" if c.get("strict") else ""), ""]
+    if c["verdict"] == "undecided":
+        out += [f"> **{undecided_sentence(c)}**", ""]
     for n in c.get("notes") or []:
         if n.startswith("NOT COMPARABLE"):
             out += [f"> **{md(n)}**", ""]
@@ -167,7 +172,8 @@ def render_comparison(comparison: Any) -> str:
         change = "–" if r.get("change_pct") is None else f"{r['change_pct']:+.1f}%"
         ci = "–" if not r.get("ci_pct") else f"{r['ci_pct'][0]:+.1f}% … {r['ci_pct'][1]:+.1f}%"
         out.append(f"| {cell(r['metric'])} | {_num(r.get('baseline'), r['unit'])} | {_num(r.get('current'), r['unit'])} "
-                   f"| {change} | {ci} | {VERDICT_MARK.get(r['verdict'], r['verdict'])} |")
+                   f"| {change} | {ci} | {VERDICT_MARK.get(r['verdict'], r['verdict'])}"
+                   + (" (point estimate)" if r.get("basis") == "point-estimate" and r["verdict"] == "regression" else "") + " |")
     out.append("")
     failing = {f["fingerprint"] for f in c.get("failing_findings") or []}
     if c.get("new_findings"):
