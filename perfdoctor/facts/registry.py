@@ -113,10 +113,13 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("comm.overlap", "ratio", "trace", "share of communication time overlapped by compute on other streams"),
     ("comm.allreduce_per_step", "count", "trace", "all-reduce calls per step"),
     ("comm.allreduce_bytes_median", "bytes", "trace", "median all-reduce size"),
-    ("ranks.count", "count", "trace", "ranks in a folder of per-rank traces"),
-    ("ranks.imbalance_ratio", "ratio", "trace", "max / median per-rank compute (or step) time, >= 1"),
-    ("ranks.straggler", "number", "trace", "the rank with the most compute (or step) time"),
-    ("ranks.idle_spread", "ratio", "trace", "max - min GPU idle fraction across ranks"),
+    ("comm.host_ms", "ms", "trace", "collectives run on the host (gloo) per step: the time in communication, mostly waiting for the slowest rank"),
+    ("ranks.count", "count", "run/trace", "ranks in a job folder or a folder of per-rank traces"),
+    ("ranks.imbalance_ratio", "ratio", "run/trace", "max / median per-rank work (step less host collectives), GPU compute or step time, >= 1"),
+    ("ranks.straggler", "number", "run/trace", "the rank with the most work (step less host collectives), GPU compute or step time"),
+    ("ranks.straggler_cause", "str", "run/trace", "what makes the straggler slow, from its own evidence: data loading, compute or host syncs"),
+    ("ranks.straggler_excess_ms", "ms", "run/trace", "how much longer the straggler's cause takes on it than on the other ranks (median)"),
+    ("ranks.idle_spread", "ratio", "run/trace", "max - min GPU idle fraction across ranks"),
 ])
 
 SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {

@@ -226,8 +226,8 @@ def _report(report: Report) -> Group:
     parts: list[RenderableType] = [_summary(report)]
     if report.ranks:
         t = Table(title="ranks", title_justify="left")
-        keys = [k for k in ("rank", "step_ms", "compute_ms", "comm_ms", "idle_ms", "idle_fraction") if
-                any(k in r for r in report.ranks)]
+        keys = [k for k in ("rank", "step_ms", "data_ms", "compute_ms", "comm_ms", "idle_ms", "idle_fraction") if
+                any(r.get(k) is not None for r in report.ranks)]
         for k in keys:
             t.add_column(k, justify="right")
         for r in report.ranks:
