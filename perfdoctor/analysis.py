@@ -148,9 +148,13 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     if trace_summary.get("breakdown") and env.get("device") == "cuda":
         summary["gpu_breakdown"] = trace_summary["breakdown"]
     rank = data.meta.get("rank")
+    label = {}
+    if rank:
+        label = {"rank": rank, "label": f"rank {rank['rank']}" + (f" of {rank['world_size']}" if rank.get("world_size") else "")
+                 + (f" (node {rank['node_rank']})" if rank.get("node_rank") else "")}
     run = _run_info("run", {"script": script, "module": data.meta.get("module"), "argv": data.meta.get("argv", []),
                             "run_dir": str(run_dir), "trace_file": str(data.trace_path) if data.trace_path else None,
-                            **({"rank": rank} if rank else {})},
+                            **label},
                     summary, step_clock=summary.get("step_clock") or data.meta.get("step_clock"),
                     device=env.get("device_name") or env.get("device"), torch=env.get("torch"), settings=settings,
                     changes=changes, dropped=dropped, exit=data.meta.get("exit", {}))
@@ -222,15 +226,17 @@ def analyse_job(job_dir: Path, config: Path | None = None, write_rank_reports: b
     notes: list[str] = []
     for r in reports:
         notes += [n for n in r.notes if n not in notes]
-    world = {(r.run.get("rank") or {}).get("world_size") for r in reports} - {None}
-    if world and max(world) > len(dirs):
-        missing = sorted(set(range(max(world))) - {rank for rank, _ in dirs})
-        notes.append(f"{len(dirs)} of {max(world)} ranks found; missing: rank {', '.join(map(str, missing))} "
+    world = max((int((r.run.get("rank") or {}).get("world_size") or 0) for r in reports), default=0)
+    if world > len(dirs):
+        missing = sorted(set(range(world)) - {rank for rank, _ in dirs})
+        notes.append(f"{len(dirs)} of {world} ranks found; missing: rank {', '.join(map(str, missing))} "
                      f"(gather the rank folders of every node into one folder)")
     failed = next((r.run["exit"] for r in reports if (r.run.get("exit") or {}).get("code")), None)
     run = dict(pace.run)
     run.update(kind="job", job_dir=str(job_dir), run_dir=str(job_dir), ranks=[rank for rank, _ in ranks],
                rank_dirs=[str(d) for _, d in dirs], exit=failed or pace.run.get("exit", {}))
+    run["label"] = (f"job of {len(ranks)} ranks; summary, hot spots and step facts from rank {ranks[slowest][0]}, "
+                    f"the slowest")
     run.pop("rank", None)
     run.pop("trace_file", None)
     return Report(run=run, summary=summary, findings=findings, hotspots=list(pace.hotspots), notes=notes,

@@ -167,6 +167,7 @@ def run(
     if module is None and not Path(target).is_file():
         raise PerfdoctorError(f"{target}: no such script")
     fraction = parse_fraction(max_regression)
+    output = _rank_output(output) if launcher is None else output
     for path, option in ((output, "--output"), (save_baseline, "--save-baseline")):
         if path is not None:
             check_writable(path, option)  # before minutes of running, not after
@@ -189,6 +190,18 @@ def run(
         raise typer.Exit(130)
     if outcome.gate_failed:
         raise typer.Exit(EXIT_GATE_FAILED)
+
+
+def _rank_output(output: Path | None) -> Path | None:
+    """Under an outside launcher (RANK set: torchrun or SLURM running perfdoctor on every rank), each
+    rank writes --output with its rank in the name (`report.rank-1.json`), not over the others';
+    `perfdoctor report JOB_FOLDER` merges the ranks."""
+    from perfdoctor.contracts.run import rank_from_env
+
+    rank = rank_from_env()
+    if output is None or rank is None:
+        return output
+    return output.with_name(f"{output.stem}.rank-{rank.rank}{output.suffix}")
 
 
 @app.command()

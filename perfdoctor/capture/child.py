@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 exit=Exit(code=None, reason="killed", traceback=None), step_clock="none", window=None,
                 env=envmod.base_env(), complete=False)
     if rank is not None:
+        rank.cpu_share = envmod.cpu_share(meta.env.cpu_count, rank.local_world_size)
         meta.rank = rank
     write_meta(run_dir, meta)
 

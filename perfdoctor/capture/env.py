@@ -55,6 +55,16 @@ def base_env() -> Env:
                device_count=0, device_capability=None, device_memory_bytes=None)
 
 
+def cpu_share(usable: int | None, local_ranks: int | None) -> int | None:
+    """The CPUs one rank of a distributed job can count on: where a launcher pinned it (its affinity
+    is narrower than the machine), its own usable CPUs; else the node's, shared by its local ranks."""
+    if usable is None:
+        return None
+    if not local_ranks or local_ranks < 2 or usable < (os.cpu_count() or usable):
+        return usable
+    return max(1, usable // local_ranks)
+
+
 def collect_env(torch: Any) -> Env:
     """The full environment, at the end of the run."""
     env = base_env()

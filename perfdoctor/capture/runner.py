@@ -25,8 +25,19 @@ from pathlib import Path
 import msgspec
 
 from perfdoctor.capture.writer import PARTIAL, write, write_meta
-from perfdoctor.contracts.run import (SCHEMA, ClockLine, Env, Exit, Meta, Step, Steps, decode, rank_dir_name,
-                                      rank_dirs, rank_from_env)
+from perfdoctor.contracts.run import (
+    SCHEMA,
+    ClockLine,
+    Env,
+    Exit,
+    Meta,
+    Step,
+    Steps,
+    decode,
+    rank_dir_name,
+    rank_dirs,
+    rank_from_env,
+)
 from perfdoctor.errors import InputError
 
 _SI_KERNEL = 0x80  # siginfo si_code of a signal the kernel sent (the terminal's Ctrl-C)

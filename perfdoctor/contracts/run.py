@@ -77,6 +77,7 @@ class Rank(Struct, kw_only=True):
     world_size: int | None = None
     local_world_size: int | None = None
     node_rank: int | None = None
+    cpu_share: int | None = None  # usable CPUs for this rank: its own where pinned, else the node's / local ranks
 
 
 def rank_from_env(environ: Mapping[str, str] | None = None) -> Rank | None:

@@ -72,7 +72,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("gpu.idle_host_wait_ms", "ms", "trace", "GPU idle per step while its next work was not launched yet"),
     ("gpu.idle_gap_ms", "ms", "trace", "GPU idle per step although its next work was already launched"),
     # the machine
-    ("cpu.count", "count", "machine", "usable CPUs (sched_getaffinity)"),
+    ("cpu.count", "count", "machine", "usable CPUs (sched_getaffinity); a rank of a distributed job: its share, the node's usable CPUs / its local ranks (unless the launcher pinned it)"),
+    ("cpu.local_ranks", "count", "machine", "ranks of the job sharing this node's CPUs (set where cpu.count is a rank's share)"),
     ("cpu.amx", "bool", "machine", "the CPU has AMX tiles (bf16 autocast is fast)"),
     ("device.type", "str", "machine/trace", "cpu, cuda or rocm"),
     ("device.name", "str", "machine/trace", "the device's name"),

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from perfdoctor.contracts.files import TOO_DEEP, check_schema, read_bytes, read_source
-from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Site, Step, Steps, Window, Workers, decode
+from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Rank, Site, Step, Steps, Window, Workers, decode
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.model import Hotspot, Location
@@ -148,9 +148,15 @@ def _project_to_gpu(facts: Facts, s: Subject, load: float, step: float, env: Env
               detail=f"load_ms / (load_ms + projected GPU compute {gpu:.1f} ms)")
 
 
-def _machine(facts: Facts, env: Env) -> None:
+def _machine(facts: Facts, env: Env, rank: Rank | None = None) -> None:
     m = "machine"
-    facts.add("cpu.count", env.cpu_count, "count", m)
+    if rank is not None and rank.cpu_share is not None and rank.cpu_share != env.cpu_count:
+        local = rank.local_world_size
+        facts.add("cpu.count", rank.cpu_share, "count", m,
+                  f"this rank's share: {env.cpu_count} usable CPUs / {local} ranks on this node")
+        facts.add("cpu.local_ranks", local, "count", m)
+    else:
+        facts.add("cpu.count", env.cpu_count, "count", m)
     facts.add("cpu.amx", env.cpu_amx, "", m, "amx_tile in /proc/cpuinfo flags")
     dev = "rocm" if env.rocm and env.device == "cuda" else env.device
     facts.add("device.type", dev, "", m)
@@ -352,7 +358,7 @@ def load_run(run_dir: Path) -> RunData:
     facts.add("run.step_clock", clock)
     if len(steps) >= 3:  # the probes looked for retained losses on these steps (PD006 trusts them)
         facts.add("run.loss_scan_steps", min(len(steps), LOSS_SCAN_STEPS), "count")
-    _machine(facts, env)
+    _machine(facts, env, meta.rank if isinstance(meta.rank, Rank) else None)
 
     # -- step time and breakdown -----------------------------------------------------------------
     steady = steady_steps(steps, window)

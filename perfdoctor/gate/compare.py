@@ -20,6 +20,7 @@ import msgspec
 from perfdoctor.contracts.baseline import Environment, GateFinding, is_baseline
 from perfdoctor.contracts.files import read_bytes
 from perfdoctor.contracts.report import decode_report, is_report
+from perfdoctor.contracts.run import rank_dirs
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
 from perfdoctor.gate.baseline import (
@@ -258,7 +259,7 @@ def load_side(path: Path | str) -> Baseline | list[RunRecord]:
     a summary-only record)."""
     path = Path(path)
     if path.is_dir():
-        if (path / "meta.json").exists():
+        if (path / "meta.json").exists() or rank_dirs(path):  # a run folder, or a job folder of ranks
             return [record_from_run_dir(path)]
         raise InputError(f"{path}: not a run folder (no meta.json); pass a baseline file, a run folder or its report.json")
     raw = read_bytes(path)

@@ -144,6 +144,8 @@ def _summary(report: Report) -> Panel:
     rows.add_column()
     target = run.get("script") or run.get("module") or run.get("trace") or ""
     rows.add_row("analysed", _t(_short(str(target)) + (f"  ({run.get('device')})" if run.get("device") else "")))
+    if run.get("label"):
+        rows.add_row("ranks", _t(str(run["label"])))
     steps = s.get("steps_observed")
     if steps is not None:
         clock = run.get("step_clock") or s.get("step_clock") or ""
