@@ -88,7 +88,7 @@ def test_dlrm_rank_imbalance():
         f = Facts()
         add_trace_facts(t, f)
         per.append(f)
-    g, rows = cross_rank(traces, per)
+    g, rows = cross_rank([(t.rank, t.path.name) for t in traces], per)
     assert g.value("ranks.count") == 8 and len(rows) == 8
     assert g.value("ranks.idle_spread") > 0.3  # README: per-rank idle 34-76 %
     steps = [r["step_ms"] for r in rows]
