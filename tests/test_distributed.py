@@ -81,7 +81,7 @@ def _rank_facts(step, data, fwd, bwd, opt, host_comm):
     for name, v in (("step.time_ms", step), ("step.data_ms", data), ("step.forward_ms", fwd),
                     ("step.backward_ms", bwd), ("step.optimizer_ms", opt)):
         f.add(name, v, "ms", "run")
-    f.add("comm.host_ms", host_comm, "ms", "trace")
+    f.add("comm.host_share", host_comm / step, "ratio", "trace")
     return f
 
 
@@ -94,7 +94,7 @@ def test_straggler_is_the_rank_that_waits_least_and_its_cause_is_its_own_evidenc
     assert g.value("ranks.straggler") == 1 and g.value("ranks.imbalance_ratio") > 5
     assert g.value("ranks.straggler_cause") == "data loading"
     assert g.value("ranks.straggler_excess_ms") == pytest.approx(35.0)
-    assert [r["comm_ms"] for r in rows] == [36, 0.9, 36, 36]
+    assert [r["comm_ms"] for r in rows] == pytest.approx([36, 0.9, 36, 36])
     assert rows[1]["compute_ms"] == pytest.approx(0.7 + 3.5 + 0.2 - 0.9)
     # a compute straggler is named so
     heavy = _rank_facts(40, 0.4, 10, 28, 0.2, 2)
@@ -149,7 +149,11 @@ def test_a_balanced_gloo_job_gives_one_merged_report(tmp_path, nproc):
     for r in doc["ranks"]:
         assert r["step_ms"] > 0 and r["compute_ms"] is not None and r["comm_ms"] is not None
         assert r["data_ms"] is not None
-    assert "PD012" not in {f["rule"] for f in doc["findings"]}
+    rules = {f["rule"] for f in doc["findings"]}
+    assert "PD002" not in rules  # no rank waits for its data
+    # a rank starved of CPU by other jobs on this shared 2-core box can be a (real) straggler, never
+    # one for its data
+    assert "PD012" not in rules or doc["facts"]["ranks.straggler_cause"]["value"] != "data loading"
     # the report of the job folder is the same merged view
     again = run_cli("report", str(job), "-f", "json")
     assert again.returncode == 0 and [r["rank"] for r in json.loads(again.stdout)["ranks"]] == list(range(nproc))

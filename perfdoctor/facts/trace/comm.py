@@ -15,7 +15,7 @@ _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "in
 
 
 def add(ctx: TraceContext) -> None:
-    """comm.allreduce_per_step, comm.allreduce_bytes_median, comm.share, comm.overlap, comm.host_ms."""
+    """comm.allreduce_per_step, comm.allreduce_bytes_median, comm.share, comm.overlap, comm.host_share."""
     t, put, is_comm = ctx.trace, ctx.put, ctx.is_comm
     _host_collectives(ctx)
     comm: list[tuple[float, float, int]] = []  # (start, end, stream) of the kernels
@@ -61,15 +61,18 @@ def add(ctx: TraceContext) -> None:
 
 
 def _host_collectives(ctx: TraceContext) -> None:
-    """comm.host_ms: collectives that run on the host (gloo's, on CPU tensors) are spans of the trace's
-    `gloo:*` annotations, from the call to the peers' answer: their union per step is the time the
-    rank spent communicating, most of it waiting for the slowest rank. NCCL's host-side annotations
-    only launch kernels (the GPU's communication time is step.comm_ms), so they are left out."""
+    """comm.host_share: collectives that run on the host (gloo's, on CPU tensors) are spans of the
+    trace's `gloo:*` annotations, from the call to the peers' answer: their union's share of each step
+    is the share the rank spent communicating, most of it waiting for the slowest rank. A share, not
+    ms: the profiled steps are slower than the others, and the rank table applies it to the run's
+    step. NCCL's host-side annotations only launch kernels (the GPU's side is step.comm_ms): left out."""
     t = ctx.trace
     names = t.names_where(lambda s: s.lower().startswith("gloo:"))
     if not names or not ctx.nsteps:
         return
     spans = merge([(t.ts[i], t.ts[i] + t.dur[i]) for i in t.indices(CPU_OP, USER_ANN) if t.name[i] in names])
-    if spans:
-        ms = median([v / 1000 for v in per_window(spans, ctx.cpu_windows)])
-        ctx.put("comm.host_ms", ms, "ms", "gloo collectives per step (their spans merged), median over the steps")
+    shares = [v / (e - s) for v, (s, e) in zip(per_window(spans, ctx.cpu_windows), ctx.cpu_windows) if e > s]
+    share = median(shares)
+    if spans and share is not None:
+        ctx.put("comm.host_share", min(1.0, share), "ratio",
+                "gloo collectives' share of each profiled step (their spans merged), median over the steps")

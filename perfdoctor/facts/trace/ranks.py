@@ -16,11 +16,12 @@ CAUSES = (("data_ms", "data loading"), ("compute_ms", "compute"), ("sync_ms", "h
 def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     """One rank's row: step time, data wait, compute, communication wait, idle (each where measured).
     Communication: the GPU's communication kernels not hidden behind compute (step.comm_ms), or the
-    host's collectives (comm.host_ms, gloo). Compute: the GPU's kernels, or on a CPU run the step's
+    host's collectives (comm.host_share of the step, gloo). Compute: the GPU's kernels, or on a CPU run the step's
     forward, backward and optimizer less the host's collectives inside them."""
     step = f.value("step.time_ms")
     comm = f.value("step.comm_ms")
-    host_comm = f.value("comm.host_ms") if comm is None else None
+    share = f.value("comm.host_share") if comm is None else None
+    host_comm = round(share * step, 4) if share is not None and step is not None else None
     compute = f.value("step.gpu_kernel_ms")
     if compute is None and host_comm is not None:
         parts = [f.value(n) for n in ("step.forward_ms", "step.backward_ms", "step.optimizer_ms")]
@@ -39,10 +40,11 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     sync = f.value("sync.ms")
     if sync is not None:
         row["sync_ms"] = sync
-    if host_comm is not None and step is not None:
+    if share is not None:
         # a synchronous step lasts as long on every rank: the ranks that wait for the straggler wait
-        # inside the collectives, so the step less that wait is each rank's own work
-        row["busy_ms"] = round(max(0.0, step - host_comm), 4)
+        # inside the collectives, so the rest of the step is each rank's own work (its share, measured
+        # in the same profiled steps on every rank)
+        row["busy_share"] = round(1.0 - share, 4)
     return row
 
 
@@ -68,16 +70,24 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
     """The rank table (one row per (rank, label), from that rank's facts), the straggler, the
     imbalance across ranks and the straggler's cause, as facts of `source`.
 
-    The straggler is the rank with the most work per step: its own work where the host's collectives
-    measure the wait (busy_ms), else its GPU compute, else its step time."""
+    The straggler is the rank with the most work per step: its own share of the step where the host's
+    collectives measure the wait (busy_share), else its GPU compute, else its step time. With
+    busy_share the imbalance is the job's step over the step it would have with the straggler's share
+    at the other ranks' median (the step less the straggler's excess), so that PD012's saving is that excess."""
     out = Facts()
     rows = [_row(rank, label, f) for (rank, label), f in zip(ranks, per_rank)]
     out.add("ranks.count", len(rows), "count", source)
-    key = next((k for k in ("busy_ms", "compute_ms") if all(r.get(k) for r in rows)), "step_ms")
+    key = next((k for k in ("busy_share", "compute_ms") if all(r.get(k) for r in rows)), "step_ms")
     vals = [r[key] for r in rows if r[key] is not None]
     mid = median(vals)
     if len(vals) >= 2 and mid is not None and mid > 0:
-        out.add("ranks.imbalance_ratio", round(max(vals) / mid, 4), "ratio", source, f"max/median {key}")
+        if key == "busy_share":
+            others = sorted(vals)[:-1]
+            ratio = 1 / max(1 - (max(vals) - (median(others) or 0.0)), 1e-9)
+            how = "the job's step / the step with the straggler's share of work at the other ranks' (median)"
+        else:
+            ratio, how = max(vals) / mid, f"max/median {key}"
+        out.add("ranks.imbalance_ratio", round(ratio, 4), "ratio", source, how)
         straggler = max(rows, key=lambda r: r[key] or 0)
         out.add("ranks.straggler", straggler["rank"], "", source, f"rank with most {key}")
         cause = _cause(rows, straggler)
