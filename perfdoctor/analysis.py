@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.capture.runner import RunResult, clear_run_files, run_job, run_script
+from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
 from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.gate.baseline import load_baseline, record_from_run_dir, slow_outlier_runs
@@ -43,8 +44,6 @@ def is_run_dir(path: Path) -> bool:
 
 def is_job_dir(path: Path) -> bool:
     """A folder of rank run folders (`rank-<R>/meta.json`): a distributed job's."""
-    from perfdoctor.contracts.run import rank_dirs
-
     return path.is_dir() and not (path / "meta.json").exists() and bool(rank_dirs(path))
 
 
@@ -169,8 +168,8 @@ def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[
     """One view of a distributed run from its ranks ((rank, label), and each rank's facts, summary
     and findings): the cross-rank facts and table (facts.trace.ranks), each finding once (the costliest
     rank's, with the ranks it was found on where not all), the cross-rank rules' findings, and the
-    summary and step facts of the slowest rank, which sets the pace of a synchronous step. Returns
-    (facts, summary, findings, rank rows, index of the slowest rank)."""
+    summary and step facts of the straggler (else the rank with the slowest step), which sets the
+    pace of a synchronous step. Returns (facts, summary, findings, rank rows, index of that rank)."""
     from perfdoctor.facts.trace import cross_rank
 
     facts, rows = cross_rank(ranks, [f for f, _, _ in per_rank], source)
@@ -186,7 +185,10 @@ def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[
         if len(rank_list) < len(ranks):
             finding.message += f" (ranks {', '.join(map(str, sorted(rank_list)))})"
         findings.append(finding)
-    slowest = max(range(len(ranks)), key=lambda i: per_rank[i][1].get("step_time_ms", {}).get("median") or 0)
+    straggler = facts.value("ranks.straggler")
+    slowest = next((i for i, (rank, _) in enumerate(ranks) if rank == straggler), None)
+    if slowest is None:
+        slowest = max(range(len(ranks)), key=lambda i: (per_rank[i][1].get("step_time_ms") or {}).get("median") or 0)
     summary = dict(per_rank[slowest][1])
     summary["rank"] = ranks[slowest][0]
     for fact in per_rank[slowest][0]:
@@ -205,9 +207,7 @@ def analyse_job(job_dir: Path, config: Path | None = None, write_rank_reports: b
     Each rank is analysed as a run folder (its report.json and report.html written into it where
     `write_rank_reports`), then merged as a folder of per-rank traces is: the rank table, the
     straggler and its cause, each finding once; the summary, hot spots and step facts are the
-    slowest rank's."""
-    from perfdoctor.contracts.run import rank_dirs
-
+    straggler's (`_merge_ranks`)."""
     settings, rules, changes = _rules_for(config)
     dirs = rank_dirs(job_dir)
     if not dirs:
@@ -236,7 +236,7 @@ def analyse_job(job_dir: Path, config: Path | None = None, write_rank_reports: b
     run.update(kind="job", job_dir=str(job_dir), run_dir=str(job_dir), ranks=[rank for rank, _ in ranks],
                rank_dirs=[str(d) for _, d in dirs], exit=failed or pace.run.get("exit", {}))
     run["label"] = (f"job of {len(ranks)} ranks; summary, hot spots and step facts from rank {ranks[slowest][0]}, "
-                    f"the slowest")
+                    f"the {'straggler' if facts.value('ranks.straggler') == ranks[slowest][0] else 'slowest'}")
     run.pop("rank", None)
     run.pop("trace_file", None)
     return Report(run=run, summary=summary, findings=findings, hotspots=list(pace.hotspots), notes=notes,
@@ -383,8 +383,6 @@ def check_writable(path: Path, option: str) -> None:
 def _previous_runs(out_dir: Path) -> list[Path]:
     """The run folders a previous `perfdoctor run --out-dir out_dir` left: itself, or its repeat-N,
     and their rank-R (a distributed job's); the job folders' merged reports go with them."""
-    from perfdoctor.contracts.run import rank_dirs
-
     out = []
     for d in (out_dir, *sorted(out_dir.glob("repeat-*"))):
         out += [r for _, r in rank_dirs(d)]
@@ -398,13 +396,17 @@ def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Pat
     """`--out-dir` for the whole of one `perfdoctor run` (every repeat): made absolute (the script may
     change directory) and created, then locked (flock on the folder, released when the run ends or
     perfdoctor dies), so that a second perfdoctor on the same folder stops with one line instead of
-    writing over the first one's files. A folder that holds a previous run is refused, unless
+    writing over the first one's files. Under an outside launcher (RANK set) the folder is the job
+    folder and each rank claims its own `rank-<R>` in it. A folder that holds a previous run is refused, unless
     `overwrite`: then that run's files (perfdoctor's own, nothing else) are removed first. Without
     --out-dir every run gets a fresh folder of its own: nothing to claim."""
     if out_dir is None:
         yield None
         return
     out_dir = Path(os.path.abspath(out_dir))
+    rank = rank_from_env()
+    if rank is not None:  # a rank under an outside launcher: every rank claims its own rank-<R> of the job folder
+        out_dir = out_dir / rank_dir_name(rank.rank)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(out_dir, os.O_RDONLY)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
+from perfdoctor.analysis import claim_out_dir
 from perfdoctor.capture.env import cpu_share
 from perfdoctor.capture.runner import is_launcher, launcher_command, new_run_dir, split_launcher_args
 from perfdoctor.capture.writer import write, write_meta
@@ -56,7 +57,10 @@ def test_rank_from_the_environment_and_its_folder(tmp_path):
     old = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
     os.environ.update(RANK="1", WORLD_SIZE="2")
     try:
-        assert new_run_dir("train.py", False, tmp_path / "job") == tmp_path / "job" / "rank-1"
+        with claim_out_dir(tmp_path / "job") as claimed:
+            assert claimed == tmp_path / "job" / "rank-1"
+        assert new_run_dir("train.py", False, None, base=tmp_path).parent.parent == tmp_path / ".perfdoctor" / "runs"
+        assert new_run_dir("train.py", False, None, base=tmp_path).name == "rank-1"
     finally:
         for k, v in old.items():
             if v is None:
@@ -184,3 +188,28 @@ def test_torchrun_given_as_the_target_runs_the_job(tmp_path):
     doc = json.loads(p.stdout)
     assert doc["run"]["kind"] == "job" and len(doc["ranks"]) == 2
     assert doc["summary"]["steps_observed"] == 12
+
+
+@pytest.mark.e2e
+def test_ranks_under_an_outside_launcher_are_labelled_and_merge(tmp_path):
+    """torchrun running perfdoctor on every rank: each rank's folder and --output carry its rank, and
+    `perfdoctor report JOB` merges them."""
+    import os
+    import subprocess
+    import sys
+
+    job, out = tmp_path / "job", tmp_path / "r.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "perfdoctor",
+                        "run", "--steps", "12", "--out-dir", str(job), "-f", "json", "-o", str(out),
+                        str(SAMPLES / "ddp_straggler.py")], env=env, cwd=REPO, capture_output=True, text=True,
+                       timeout=420)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [r for r, _ in rank_dirs(job)] == [0, 1]
+    for r in (0, 1):
+        doc = json.loads((tmp_path / f"r.rank-{r}.json").read_text())
+        assert doc["run"]["label"] == f"rank {r} of 2"
+    merged = run_cli("report", str(job), "-f", "json")
+    doc = json.loads(merged.stdout)
+    assert doc["facts"]["ranks.straggler"]["value"] == 1
+    assert doc["facts"]["ranks.straggler_cause"]["value"] == "data loading"

@@ -72,14 +72,17 @@ def new_run_dir(target: str, module: bool, out_dir: Path | None, base: Path | No
     InputError line, before anything runs.
 
     A rank of a distributed job that an outside launcher started (RANK set: torchrun or SLURM running
-    perfdoctor) writes `rank-<R>` inside the job folder: `out_dir`, else `.perfdoctor/runs/<stem>-<job id>`,
-    so that `perfdoctor report` on the job folder merges the ranks."""
+    perfdoctor) writes `rank-<R>` inside the job folder: `--out-dir` (the CLI's claim_out_dir gives
+    `out_dir` as that rank folder already), else `.perfdoctor/runs/<stem>-<job id>`, so that
+    `perfdoctor report` on the job folder merges the ranks."""
     rank = rank_from_env()
-    if rank is not None:
-        if out_dir is None:
-            stem = target.rsplit(".", 1)[-1] if module else Path(target).stem
-            out_dir = Path(os.path.abspath(base or Path.cwd())) / ".perfdoctor" / "runs" / f"{stem}-{_job_id()}"
-        out_dir = Path(out_dir) / rank_dir_name(rank.rank)
+    if rank is not None and out_dir is None:
+        stem = target.rsplit(".", 1)[-1] if module else Path(target).stem
+        job = Path(os.path.abspath(base or Path.cwd())) / ".perfdoctor" / "runs" / f"{stem}-{_job_id()}"
+        out_dir = job / rank_dir_name(rank.rank)
+        if (out_dir / "meta.json").exists():
+            raise InputError(f"{out_dir} holds a previous run of rank {rank.rank}: give --out-dir DIR (the job "
+                             f"folder; each rank writes DIR/rank-<R>)")
     if out_dir is not None:
         out_dir = Path(os.path.abspath(out_dir))
         _mkdir(out_dir, "the run folder", exist_ok=True)
