@@ -44,9 +44,9 @@ def main():
     model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     data = Points(32 * 200, delay_s=0.001 if rank == 1 else 0.0)
-    loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, shuffle=True))
+    loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, shuffle=True), pin_memory=True)
     for step, (x, y) in enumerate(loader):
-        x, y = x.to(device), y.to(device)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -112,7 +112,7 @@ def test_straggler_is_the_rank_that_waits_least_and_its_cause_is_its_own_evidenc
 def _write_rank(job: Path, rank: int, walls: list[float]) -> None:
     d = job / f"rank-{rank}"
     d.mkdir(parents=True)
-    write_meta(d, Meta(schema=SCHEMA, script=str(SAMPLES / "ddp_train.py"), argv=["ddp_train.py"], env=Env(cpu_count=2),
+    write_meta(d, Meta(schema=SCHEMA, script=str(SAMPLES / "pd030_no_distributed_sampler_fixed.py"), argv=["pd030_no_distributed_sampler_fixed.py"], env=Env(cpu_count=2),
                        complete=True, step_clock="optimizer", rank=Rank(rank=rank, world_size=2, local_world_size=2)))
     write(d / "steps.json", Steps(steps=[Step(i=i, wall_ms=w) for i, w in enumerate(walls, 1)]))
 
@@ -138,7 +138,7 @@ def _job(tmp_path: Path, script: str, nproc: int, *extra: str) -> tuple[dict, Pa
 @pytest.mark.e2e
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_a_balanced_gloo_job_gives_one_merged_report(tmp_path, nproc):
-    doc, job = _job(tmp_path, "ddp_train.py", nproc)
+    doc, job = _job(tmp_path, "pd030_no_distributed_sampler_fixed.py", nproc)
     assert [r for r, _ in rank_dirs(job)] == list(range(nproc))
     for _, d in rank_dirs(job):
         meta = json.loads((d / "meta.json").read_text())
@@ -183,7 +183,7 @@ def test_a_straggler_is_named_with_its_cause(tmp_path):
 def test_torchrun_given_as_the_target_runs_the_job(tmp_path):
     job = tmp_path / "job"
     p = run_cli("run", "-m", "torch.distributed.run", "--steps", "12", "--out-dir", str(job), "-f", "json", "--",
-                "--nproc-per-node", "2", str(SAMPLES / "ddp_train.py"), timeout=420)
+                "--nproc-per-node", "2", str(SAMPLES / "pd030_no_distributed_sampler_fixed.py"), timeout=420)
     assert p.returncode == 0, p.stderr[-3000:]
     doc = json.loads(p.stdout)
     assert doc["run"]["kind"] == "job" and len(doc["ranks"]) == 2
@@ -213,3 +213,24 @@ def test_ranks_under_an_outside_launcher_are_labelled_and_merge(tmp_path):
     doc = json.loads(merged.stdout)
     assert doc["facts"]["ranks.straggler"]["value"] == 1
     assert doc["facts"]["ranks.straggler_cause"]["value"] == "data loading"
+
+
+@pytest.mark.parametrize("world, sharded, fires", [(2, False, True), (2, True, False), (None, False, False),
+                                                   (1, False, False)])
+def test_pd030_fires_on_an_unsharded_loader_of_a_job_only(world, sharded, fires):
+    from perfdoctor.model import Location
+    from perfdoctor.rules.catalog import load_rules
+    from perfdoctor.rules.engine import judge
+
+    f = Facts()
+    if world is not None:
+        f.add("run.world_size", world, "count")
+    s = f.subject("dataloader", "/x/train.py:10")
+    s.locations.append(Location("/x/train.py", 10, "loader = DataLoader(ds, shuffle=True)"))
+    s.add("sampler", "DistributedSampler" if sharded else "RandomSampler")
+    s.add("sharded", sharded)
+    s.add("batches", 20, "count")
+    found = [x for x in judge(f, [r for r in load_rules() if r.id == "PD030"]) if x.rule == "PD030"]
+    assert bool(found) is fires
+    if fires:
+        assert "2 ranks" in found[0].title and "RandomSampler" in found[0].title

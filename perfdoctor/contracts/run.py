@@ -196,6 +196,8 @@ class DataLoaderRecord(Struct, kw_only=True):
     wait_ms_per_step: list[float] = []  # 0.0 where it delivered nothing
     to_cuda: bool = False  # a batch from it was moved to a CUDA device
     non_blocking: bool | None = None
+    sampler: str | UnsetType = UNSET  # the sampler's class name (its batch sampler's, where one was given)
+    sharded: bool | UnsetType = UNSET  # a DistributedSampler (or one named so); unset for an IterableDataset
 
 
 class DataParallelRecord(Struct, kw_only=True):

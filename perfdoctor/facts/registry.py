@@ -47,6 +47,7 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     # the run and its steps
     ("run.steps_observed", "count", "run", "steps seen in the whole run"),
     ("run.steps_profiled", "count", "run/trace", "steps in the profiled window (or in the trace)"),
+    ("run.world_size", "count", "run", "ranks in the distributed job this run is a rank of (absent outside one)"),
     ("run.step_clock", "str", "run/trace",
      "what counts a step: optimizer, backward, dataloader, profiler-step, annotation, whole-run"),
     ("run.loss_scan_steps", "count", "run",
@@ -143,6 +144,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
                                                "in a static read without a move)"),
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),
         ("multiprocess", "bool", "trace", "the trace shows a multi-process iterator"),
+        ("sampler", "str", "run", "the sampler's class name (the batch sampler's where one was given)"),
+        ("sharded", "bool", "run", "its sampler gives each rank its own shard (DistributedSampler, or one named so); absent for an IterableDataset"),
     ]),
     "dataparallel": _declare("dataparallel", [
         ("constructed", "bool", "run", "the run saw nn.DataParallel constructed"),

@@ -356,6 +356,8 @@ def load_run(run_dir: Path) -> RunData:
     facts.add("run.steps_observed", len(steps), "count")
     facts.add("run.steps_profiled", profiled, "count")
     facts.add("run.step_clock", clock)
+    if isinstance(meta.rank, Rank):
+        facts.add("run.world_size", meta.rank.world_size, "count", detail=f"this is rank {meta.rank.rank}")
     if len(steps) >= 3:  # the probes looked for retained losses on these steps (PD006 trusts them)
         facts.add("run.loss_scan_steps", min(len(steps), LOSS_SCAN_STEPS), "count")
     _machine(facts, env, meta.rank if isinstance(meta.rank, Rank) else None)
@@ -415,6 +417,10 @@ def load_run(run_dir: Path) -> RunData:
         s.add("multiprocessing_context", kw.multiprocessing_context)
         s.add("kwargs_style", dl.kwargs_style)
         s.add("batches", dl.batches, "count")
+        if dl.sampler:
+            s.add("sampler", dl.sampler)
+        if isinstance(dl.sharded, bool):
+            s.add("sharded", dl.sharded, detail=f"sampler {dl.sampler}")
         waits = dl.wait_ms_per_step
         ws = [waits[i] for i in steady_idx if 0 <= i < len(waits)]
         if ws and dl.batches:

@@ -1,9 +1,7 @@
-"""A small DistributedDataParallel job, balanced across its ranks: run it under
-`perfdoctor run --nproc-per-node 2 sample_scripts/ddp_train.py` (gloo on CPUs, NCCL on GPUs).
-
-Every rank trains on its own shard (DistributedSampler) of a synthetic dataset; the gradients are
-all-reduced by DDP in the backward pass.
+"""PD030: a DistributedDataParallel job whose DataLoader has no DistributedSampler, so that every rank
+goes over the whole dataset. Run it under `perfdoctor run --nproc-per-node 2` (gloo on CPUs, NCCL on GPUs).
 """
+# perfdoctor-run: --nproc-per-node 2
 import os
 
 import torch
@@ -12,7 +10,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
-from torch.utils.data.distributed import DistributedSampler
 
 
 class Points(Dataset):
@@ -40,9 +37,9 @@ def main():
     model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     data = Points(32 * 200)
-    loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, shuffle=True))
+    loader = DataLoader(data, batch_size=32, shuffle=True, pin_memory=True)  # expect: PD030
     for step, (x, y) in enumerate(loader):
-        x, y = x.to(device), y.to(device)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = F.cross_entropy(model(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
