@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfdoctor.capture.runner import RunResult, clear_run_files, run_script
+from perfdoctor.capture.runner import RunResult, clear_run_files, run_job, run_script
+from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
 from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, gate_runs
@@ -50,6 +51,11 @@ def _rules_for(config: Path | None) -> tuple[Settings, list[Rule], dict[str, Any
 
 def is_run_dir(path: Path) -> bool:
     return path.is_dir() and (path / "meta.json").is_file()
+
+
+def is_job_dir(path: Path) -> bool:
+    """A folder of rank run folders (`rank-<R>/meta.json`): a distributed job's."""
+    return path.is_dir() and not (path / "meta.json").exists() and bool(rank_dirs(path))
 
 
 def _resolve_trace_files(facts: Facts, user_files: list[Path]) -> None:
@@ -110,6 +116,12 @@ def _input_notes(changes: dict[str, Any], dropped: dict[str, int]) -> list[str]:
 
 def analyse_run(run_dir: Path, config: Path | None = None) -> Report:
     """The report of a run folder written by `perfdoctor run`; `config`: `--config`."""
+    return _run_report(run_dir, *_rules_for(config))[0]
+
+
+def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: dict[str, Any]
+                ) -> tuple[Report, Facts]:
+    """A run folder's report, and the facts it was judged on."""
     from perfdoctor.facts.run_facts import load_run
     from perfdoctor.facts.static import analyse_files
 
@@ -143,7 +155,6 @@ def analyse_run(run_dir: Path, config: Path | None = None) -> Report:
         facts.drop_subjects_only_from("trace", run_kinds)
         _resolve_trace_files(facts, user_files)
     script = data.meta.get("script")
-    settings, rules, changes = _rules_for(config)
     findings = judge(facts, rules, settings, user_files)
     notes += _input_notes(changes, dropped)
     amp = facts.get("device.amp_available")
@@ -153,13 +164,101 @@ def analyse_run(run_dir: Path, config: Path | None = None) -> Report:
     summary = dict(data.summary)
     if trace_summary.get("breakdown") and env.get("device") == "cuda":
         summary["gpu_breakdown"] = trace_summary["breakdown"]
+    rank = data.meta.get("rank")
+    label = {}
+    if rank:
+        label = {"rank": rank, "label": f"rank {rank['rank']}" + (f" of {rank['world_size']}" if rank.get("world_size") else "")
+                 + (f" (node {rank['node_rank']})" if rank.get("node_rank") else "")}
     run = _run_info("run", {"script": script, "module": data.meta.get("module"), "argv": data.meta.get("argv", []),
-                            "run_dir": str(run_dir), "trace_file": str(data.trace_path) if data.trace_path else None},
+                            "run_dir": str(run_dir), "trace_file": str(data.trace_path) if data.trace_path else None,
+                            **label},
                     summary, step_clock=summary.get("step_clock") or data.meta.get("step_clock"),
                     device=env.get("device_name") or env.get("device"), torch=env.get("torch"), settings=settings,
                     changes=changes, dropped=dropped, exit=data.meta.get("exit", {}))
-    return Report(run=run, summary=summary, findings=findings, hotspots=list(data.hotspots), notes=notes,
-                  facts=facts.as_mapping())
+    report = Report(run=run, summary=summary, findings=findings, hotspots=list(data.hotspots), notes=notes,
+                    facts=facts.as_mapping())
+    return report, facts
+
+
+def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[str, Any], list[Finding]]],
+                 rules: list[Rule], settings: Settings, source: str
+                 ) -> tuple[Facts, dict[str, Any], list[Finding], list[dict[str, Any]], int]:
+    """One view of a distributed run from its ranks ((rank, label), and each rank's facts, summary
+    and findings): the cross-rank facts and table (facts.trace.ranks), each finding once (the costliest
+    rank's, with the ranks it was found on where not all), the cross-rank rules' findings, and the
+    summary and step facts of the straggler (else the rank with the slowest step), which sets the
+    pace of a synchronous step. Returns (facts, summary, findings, rank rows, index of that rank)."""
+    from perfdoctor.facts.trace import cross_rank
+
+    facts, rows = cross_rank(ranks, [f for f, _, _ in per_rank], source)
+    by_print: dict[str, tuple[Finding, list[int]]] = {}
+    for (rank, _), (_, _, rank_findings) in zip(ranks, per_rank):
+        for finding in rank_findings:
+            key = finding.fingerprint()
+            if key not in by_print or (finding.ms_per_step or 0) > (by_print[key][0].ms_per_step or 0):
+                by_print[key] = (finding, by_print.get(key, (finding, []))[1])
+            by_print[key][1].append(rank)
+    findings = []
+    for finding, rank_list in by_print.values():
+        if len(rank_list) < len(ranks):
+            finding.message += f" (ranks {', '.join(map(str, sorted(rank_list)))})"
+        findings.append(finding)
+    straggler = facts.value("ranks.straggler")
+    slowest = next((i for i, (rank, _) in enumerate(ranks) if rank == straggler), None)
+    if slowest is None:
+        slowest = max(range(len(ranks)), key=lambda i: (per_rank[i][1].get("step_time_ms") or {}).get("median") or 0)
+    summary = dict(per_rank[slowest][1])
+    summary["rank"] = ranks[slowest][0]
+    for fact in per_rank[slowest][0]:
+        if fact.name not in facts:
+            facts.add(fact.name, fact.value, fact.unit, fact.source, fact.detail)
+    # cross-rank rules only: per-rank rules were judged on each rank
+    seen = {f.fingerprint() for f in findings}
+    findings += [f for f in judge(facts, rules, settings) if f.fingerprint() not in seen]
+    findings.sort(key=Finding.sort_key)
+    return facts, summary, findings, rows, slowest
+
+
+def analyse_job(job_dir: Path, config: Path | None = None, write_rank_reports: bool = False) -> Report:
+    """The merged report of a job folder: one run folder per rank (`rank-<R>`, written by `perfdoctor
+    run --nproc-per-node N`, by every rank under an outside launcher, or gathered from every node).
+    Each rank is analysed as a run folder (its report.json and report.html written into it where
+    `write_rank_reports`), then merged as a folder of per-rank traces is: the rank table, the
+    straggler and its cause, each finding once; the summary, hot spots and step facts are the
+    straggler's (`_merge_ranks`)."""
+    settings, rules, changes = _rules_for(config)
+    dirs = rank_dirs(job_dir)
+    if not dirs:
+        raise InputError(f"{job_dir}: no rank folders (rank-<R>/meta.json) in it")
+    reports: list[Report] = []
+    per_rank: list[tuple[Facts, dict[str, Any], list[Finding]]] = []
+    for _, d in dirs:
+        report, facts = _run_report(d, settings, rules, changes)
+        if write_rank_reports:
+            write_run_reports(report, d)
+        reports.append(report)
+        per_rank.append((facts, report.summary, list(report.findings)))
+    ranks = [(rank, d.name) for rank, d in dirs]
+    facts, summary, findings, rows, slowest = _merge_ranks(ranks, per_rank, rules, settings, "run")
+    pace = reports[slowest]
+    notes: list[str] = []
+    for r in reports:
+        notes += [n for n in r.notes if n not in notes]
+    world = max((int((r.run.get("rank") or {}).get("world_size") or 0) for r in reports), default=0)
+    if world > len(dirs):
+        missing = sorted(set(range(world)) - {rank for rank, _ in dirs})
+        notes.append(f"{len(dirs)} of {world} ranks found; missing: rank {', '.join(map(str, missing))} "
+                     f"(gather the rank folders of every node into one folder)")
+    failed = next((r.run["exit"] for r in reports if (r.run.get("exit") or {}).get("code")), None)
+    run = dict(pace.run)
+    run.update(kind="job", job_dir=str(job_dir), run_dir=str(job_dir), ranks=[rank for rank, _ in ranks],
+               rank_dirs=[str(d) for _, d in dirs], exit=failed or pace.run.get("exit", {}))
+    run["label"] = (f"job of {len(ranks)} ranks; summary, hot spots and step facts from rank {ranks[slowest][0]}, "
+                    f"the {'straggler' if facts.value('ranks.straggler') == ranks[slowest][0] else 'slowest'}")
+    run.pop("rank", None)
+    run.pop("trace_file", None)
+    return Report(run=run, summary=summary, findings=findings, hotspots=list(pace.hotspots), notes=notes,
+                  ranks=rows, facts=facts.as_mapping())
 
 
 def usable_cpus() -> int:
@@ -219,7 +318,6 @@ def analyse_trace(path: Path, config: Path | None = None, workers: int | None = 
     rank's trace measured and judged on its own, in parallel processes (`workers`, default the
     usable CPUs: `_summarise_ranks`), then merged (the cross-rank view, each finding once with the
     ranks it holds on, the slowest rank's summary); `config`: `--config`."""
-    from perfdoctor.facts.trace import cross_rank
     from perfdoctor.trace import settle_ranks, trace_files
 
     files = trace_files(path)
@@ -246,30 +344,9 @@ def analyse_trace(path: Path, config: Path | None = None, workers: int | None = 
         findings = per_rank[0][1]
         ranks: list[dict[str, Any]] = []
     else:
-        facts, ranks = cross_rank([r for r, _ in per_rank])
-        by_print: dict[str, tuple[Finding, list[int]]] = {}
-        for r, rank_findings in per_rank:
-            for finding in rank_findings:
-                key = finding.fingerprint()
-                if key not in by_print or (finding.ms_per_step or 0) > (by_print[key][0].ms_per_step or 0):
-                    by_print[key] = (finding, by_print.get(key, (finding, []))[1])
-                by_print[key][1].append(r.rank)
-        findings = []
-        for finding, rank_list in by_print.values():
-            if len(rank_list) < len(per_rank):
-                finding.message += f" (ranks {', '.join(map(str, sorted(rank_list)))})"
-            findings.append(finding)
-        # the summary and step facts are the slowest rank's: it sets the pace of a synchronous step
-        slowest = max((r for r, _ in per_rank), key=lambda r: r.summary.get("step_time_ms", {}).get("median") or 0)
-        summary = dict(slowest.summary)
-        summary["rank"] = slowest.rank
-        for fact in slowest.facts:
-            if fact.name not in facts:
-                facts.add(fact.name, fact.value, fact.unit, fact.source, fact.detail)
-        # cross-rank rules only: per-rank rules were judged on each rank above
-        seen = {f.fingerprint() for f in findings}
-        findings += [f for f in judge(facts, rules, settings) if f.fingerprint() not in seen]
-        findings.sort(key=Finding.sort_key)
+        facts, summary, findings, ranks, _ = _merge_ranks(
+            [(r.rank, r.path.name) for r, _ in per_rank], [(r.facts, r.summary, fs) for r, fs in per_rank],
+            rules, settings, "trace")
     run = _run_info("trace", {"trace": str(path), "files": [str(r.path) for r, _ in per_rank]}, summary,
                     step_clock=first.step_source, device=facts.value("device.name") or facts.value("device.type"),
                     torch=None, settings=settings, changes=changes, dropped=dropped)
@@ -297,12 +374,14 @@ def analyse_repeats(folder: Path, runs: list[Path], config: Path | None = None) 
 
 
 def analyse_path(path: Path, config: Path | None = None) -> Report:
-    """`perfdoctor report PATH`: a run folder, a repeated run's folder of repeat-N run folders (the
-    last run, noted), a trace file, or a folder of per-rank traces."""
+    """`perfdoctor report PATH`: a run folder, a job folder of rank run folders, a repeated run's folder
+    of repeat-N run folders (the last run, noted), a trace file, or a folder of per-rank traces."""
     if not path.exists():
         raise InputError(f"{path}: no such file or folder")
     if is_run_dir(path):
         return analyse_run(path, config)
+    if is_job_dir(path):
+        return analyse_job(path, config)
     runs = repeat_dirs(path) if path.is_dir() else []
     if runs:
         return analyse_repeats(path, runs, config)
@@ -395,8 +474,14 @@ def check_writable(path: Path, option: str) -> None:
 
 
 def _previous_runs(out_dir: Path) -> list[Path]:
-    """The run folders a previous `perfdoctor run --out-dir out_dir` left: itself, or its repeat-N."""
-    return [d for d in (out_dir, *sorted(out_dir.glob("repeat-*"))) if (d / "meta.json").is_file()]
+    """The run folders a previous `perfdoctor run --out-dir out_dir` left: itself, or its repeat-N,
+    and their rank-R (a distributed job's); the job folders' merged reports go with them."""
+    out = []
+    for d in (out_dir, *sorted(out_dir.glob("repeat-*"))):
+        out += [r for _, r in rank_dirs(d)]
+        if (d / "meta.json").is_file() or (d / "report.json").is_file():
+            out.append(d)
+    return out
 
 
 @contextlib.contextmanager
@@ -404,13 +489,17 @@ def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Pat
     """`--out-dir` for the whole of one `perfdoctor run` (every repeat): made absolute (the script may
     change directory) and created, then locked (flock on the folder, released when the run ends or
     perfdoctor dies), so that a second perfdoctor on the same folder stops with one line instead of
-    writing over the first one's files. A folder that holds a previous run is refused, unless
+    writing over the first one's files. Under an outside launcher (RANK set) the folder is the job
+    folder and each rank claims its own `rank-<R>` in it. A folder that holds a previous run is refused, unless
     `overwrite`: then that run's files (perfdoctor's own, nothing else) are removed first. Without
     --out-dir every run gets a fresh folder of its own: nothing to claim."""
     if out_dir is None:
         yield None
         return
     out_dir = Path(os.path.abspath(out_dir))
+    rank = rank_from_env()
+    if rank is not None:  # a rank under an outside launcher: every rank claims its own rank-<R> of the job folder
+        out_dir = out_dir / rank_dir_name(rank.rank)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(out_dir, os.O_RDONLY)
@@ -445,12 +534,15 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
                  script_stdout_to_stderr: bool, show_status: bool, repeats: int | None = None,
                  save_baseline: Path | None = None, baseline: Path | None = None, max_regression: float = 0.10,
                  fail_on: str | None = None, config: Path | None = None, max_repeats: int | None = None,
-                 strict: bool = False) -> RunOutcome:
+                 strict: bool = False, launcher_args: list[str] | None = None) -> RunOutcome:
     """`perfdoctor run`: run the script `repeats` times (default: GATE_REPEATS with a baseline to save
     or to compare with, else once; a failed or interrupted run is not repeated), analyse each run and
     write its report.json, then, unless the script failed, compare the runs with `baseline` (adding
     runs while the step time is undecided, up to `max_repeats`: gate.adaptive) and/or save them as a
-    baseline. With more than one run possible, the n-th run's folder is `out_dir/repeat-n`."""
+    baseline. With more than one run possible, the n-th run's folder is `out_dir/repeat-n`. With
+    `launcher_args` (torch.distributed.run's options: --nproc-per-node N...) each run is a distributed
+    job (capture.runner.run_job): a job folder of rank run folders, each with its own report, and the
+    merged report (analyse_job) in the job folder."""
     if repeats is None:
         repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
     most = max(repeats, DEFAULT_MAX_REPEATS if max_repeats is None else max_repeats) if baseline is not None else repeats
@@ -464,11 +556,18 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
         """The n-th run: run, analyse, write its reports; its record, or None when it failed or
         was interrupted (not repeated, not judged)."""
         run_out = repeat_dir(out_dir, n) if out_dir is not None and most > 1 else out_dir
-        result = run_script(target, module=module, script_args=script_args, out_dir=run_out, steps=steps,
-                            script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status)
+        if launcher_args is not None:
+            result = run_job(target, module=module, script_args=script_args, launcher_args=launcher_args,
+                             out_dir=run_out, steps=steps, script_stdout_to_stderr=script_stdout_to_stderr,
+                             show_status=show_status)
+            report = analyse_job(result.run_dir, config, write_rank_reports=True)
+        else:
+            result = run_script(target, module=module, script_args=script_args, out_dir=run_out, steps=steps,
+                                script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status)
+            report = analyse_run(result.run_dir, config)
         results.append(result)
-        reports.append(analyse_run(result.run_dir, config))
-        write_run_reports(reports[-1], result.run_dir)
+        reports.append(report)
+        write_run_reports(report, result.run_dir)
         if result.exit_code != 0 or result.reason == "interrupted":
             return None
         return record_from_run_dir(result.run_dir)

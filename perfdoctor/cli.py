@@ -132,9 +132,21 @@ def run(
     strict: bool = typer.Option(False, "--strict", help="With --baseline: fail when the gate stays undecided."),
     fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+    nproc_per_node: str | None = typer.Option(
+        None, "--nproc-per-node", "--nproc_per_node",
+        help="Distributed: processes (ranks) per node, launched by torch.distributed.run, every rank profiled."),
+    nnodes: str | None = typer.Option(None, "--nnodes", help="Distributed: nodes (N or MIN:MAX), as torchrun."),
+    node_rank: int | None = typer.Option(None, "--node-rank", "--node_rank", help="Distributed: this node's rank."),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint",
+                                             help="Distributed: rendezvous HOST:PORT, as torchrun."),
+    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", "--rdzv_backend", help="Distributed: as torchrun."),
+    rdzv_id: str | None = typer.Option(None, "--rdzv-id", "--rdzv_id", help="Distributed: as torchrun."),
+    master_addr: str | None = typer.Option(None, "--master-addr", "--master_addr", help="Distributed: as torchrun."),
+    master_port: int | None = typer.Option(None, "--master-port", "--master_port", help="Distributed: as torchrun."),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
     from perfdoctor.analysis import check_writable, claim_out_dir, run_and_gate
+    from perfdoctor.capture.runner import is_launcher, split_launcher_args
 
     script_args = list(ctx.args)
     if module is not None and script is not None:
@@ -143,9 +155,24 @@ def run(
     target = module if module is not None else script
     if target is None:
         raise PerfdoctorError("give a script (`perfdoctor run train.py`) or a module (`perfdoctor run -m pkg.train`)")
+    launcher: list[str] | None = None
+    for flag, value in (("--nproc-per-node", nproc_per_node), ("--nnodes", nnodes), ("--node-rank", node_rank),
+                        ("--rdzv-endpoint", rdzv_endpoint), ("--rdzv-backend", rdzv_backend),
+                        ("--rdzv-id", rdzv_id), ("--master-addr", master_addr), ("--master-port", master_port)):
+        if value is not None:
+            launcher = (launcher or []) + [flag, str(value)]
+    if is_launcher(target, module is not None):
+        # `perfdoctor run torchrun ... train.py` or `run -m torch.distributed.run -- ... train.py`: the
+        # job, every rank profiled, never a report of the launcher alone
+        more, target, is_module, script_args = split_launcher_args(script_args)
+        launcher = (launcher or []) + more
+        module = target if is_module else None
+    elif launcher is not None and nproc_per_node is None:
+        raise PerfdoctorError("--nnodes, --node-rank and the rendezvous options need --nproc-per-node N")
     if module is None and not Path(target).is_file():
         raise PerfdoctorError(f"{target}: no such script")
     fraction = parse_fraction(max_regression)
+    output = _rank_output(output) if launcher is None else output
     for path, option in ((output, "--output"), (save_baseline, "--save-baseline")):
         if path is not None:
             check_writable(path, option)  # before minutes of running, not after
@@ -156,7 +183,7 @@ def run(
             out_dir=run_root, steps=steps, script_stdout_to_stderr=not human and output is None,
             show_status=True, repeats=repeats, save_baseline=save_baseline, baseline=baseline,
             max_regression=fraction, fail_on=fail_on.value if fail_on else None, config=config,
-            max_repeats=max_repeats, strict=strict)
+            max_repeats=max_repeats, strict=strict, launcher_args=launcher)
     for line in outcome.messages:
         _err(line)
     if outcome.comparison is not None:
@@ -168,6 +195,18 @@ def run(
         raise typer.Exit(130)
     if outcome.gate_failed:
         raise typer.Exit(EXIT_GATE_FAILED)
+
+
+def _rank_output(output: Path | None) -> Path | None:
+    """Under an outside launcher (RANK set: torchrun or SLURM running perfdoctor on every rank), each
+    rank writes --output with its rank in the name (`report.rank-1.json`), not over the others';
+    `perfdoctor report JOB_FOLDER` merges the ranks."""
+    from perfdoctor.contracts.run import rank_from_env
+
+    rank = rank_from_env()
+    if output is None or rank is None:
+        return output
+    return output.with_name(f"{output.stem}.rank-{rank.rank}{output.suffix}")
 
 
 @app.command()

@@ -35,6 +35,7 @@ PROBLEMS = [
     "pd007_fp32_without_amp.py",
     "pd013_anomaly_detection.py",
     "pd014_slow_dataset.py",
+    "pd030_no_distributed_sampler.py",
 ]
 FIXED = sorted(p.name for p in SAMPLES.glob("pd0*_fixed.py")) + ["clean.py"]
 USES_AUTOCAST = {"pd007_fp32_without_amp_fixed.py", "clean.py"}
@@ -58,16 +59,20 @@ AMP = _amp_available()
 
 
 def _run(script: Path, out_dir: Path) -> dict:
-    p = run_cli("run", str(script), "--steps", str(STEPS), "--format", "json", "--out-dir", str(out_dir),
-                cwd=script.parent)
+    # a distributed sample names its launch options on a `# perfdoctor-run: ...` line (--nproc-per-node 2)
+    launch = next((line.split(":", 1)[1].split() for line in script.read_text().splitlines()
+                   if line.startswith("# perfdoctor-run:")), [])
+    p = run_cli("run", *launch, str(script), "--steps", str(STEPS), "--format", "json", "--out-dir", str(out_dir),
+                cwd=script.parent, timeout=420 if launch else 180)
     assert p.returncode == 0, f"exit {p.returncode}\n--- stderr tail ---\n{p.stderr[-4000:]}"
     try:
         doc = json.loads(p.stdout)  # stdout carries the JSON document alone
     except json.JSONDecodeError as e:
         pytest.fail(f"stdout is not one JSON document ({e}); first 500 chars:\n{p.stdout[:500]}")
     assert doc["schema"] == "perfdoctor/report/v1"
-    assert (out_dir / "report.json").is_file() and (out_dir / "trace.json.gz").is_file()
-    with gzip.open(out_dir / "trace.json.gz", "rb") as f:
+    trace = out_dir / ("rank-0" if launch else "") / "trace.json.gz"  # a job folder: every rank's folder has one
+    assert (out_dir / "report.json").is_file() and trace.is_file()
+    with gzip.open(trace, "rb") as f:
         assert "traceEvents" in json.loads(f.read())
     saved = json.loads((out_dir / "report.json").read_text())
     assert [f["rule"] for f in saved["findings"]] == [f["rule"] for f in doc["findings"]]

@@ -83,7 +83,7 @@ def test_never_overwrites_existing_facts():
 
 def test_dlrm_rank_imbalance():
     per = [summarise_trace(t.path) for t in load_traces(DLRM)]
-    g, rows = cross_rank(per)
+    g, rows = cross_rank([(r.rank, r.path.name) for r in per], [r.facts for r in per])
     assert g.value("ranks.count") == 8 and len(rows) == 8
     assert g.value("ranks.idle_spread") > 0.3  # README: per-rank idle 34-76 %
     steps = [r["step_ms"] for r in rows]

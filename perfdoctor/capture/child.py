@@ -1,5 +1,8 @@
 """The child process: `python -m perfdoctor.capture.child --run-dir D [--parent-pid P] [--steps N] [--module]
-TARGET -- ARGS`.
+[--job] TARGET -- ARGS`.
+
+With `--job` (every rank of a job that `perfdoctor run --nproc-per-node N` launched through
+torch.distributed.run), D is the job folder and this rank writes its run folder `D/rank-<RANK>`.
 
 Sets up `sys.argv` and `sys.path` as `python TARGET ARGS` (or `python -m TARGET ARGS`) would,
 installs the probes, runs the script as `__main__` (so spawn-started DataLoader workers find
@@ -27,7 +30,7 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the perfd
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
-    opts: dict[str, Any] = {"steps": None, "module": False, "window": None, "parent_pid": None}
+    opts: dict[str, Any] = {"steps": None, "module": False, "window": None, "parent_pid": None, "job": False}
     rest = list(argv)
     while rest and rest[0].startswith("--") and rest[0] != "--":
         flag = rest.pop(0)
@@ -41,6 +44,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             opts["window"] = tuple(int(x) for x in rest.pop(0).split(","))
         elif flag == "--module":
             opts["module"] = True
+        elif flag == "--job":
+            opts["job"] = True
         else:
             raise SystemExit(f"perfdoctor child: unknown option {flag}")
     opts["target"] = rest.pop(0)
@@ -133,6 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     if opts["parent_pid"] is not None:
         die_with_parent(opts["parent_pid"])
     run_dir = Path(os.path.abspath(opts["run_dir"]))  # the script may change directory
+    if opts["job"]:
+        from perfdoctor.contracts.run import rank_dir_name, rank_from_env
+
+        job_rank = rank_from_env()
+        run_dir = run_dir / rank_dir_name(job_rank.rank if job_rank is not None else 0)
+        run_dir.mkdir(parents=True, exist_ok=True)
     target, module = opts["target"], opts["module"]
     script = None if module else os.path.abspath(target)
     if script is None:
@@ -144,12 +155,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from perfdoctor.capture import env as envmod
     from perfdoctor.capture.writer import write_meta
-    from perfdoctor.contracts.run import SCHEMA, Exit, Meta
+    from perfdoctor.contracts.run import SCHEMA, Exit, Meta, rank_from_env
 
+    rank = rank_from_env()
     meta = Meta(schema=SCHEMA, script=script, module=target if module else None, argv=list(sys.argv),
                 cwd=os.getcwd(), started=datetime.now().astimezone().isoformat(timespec="seconds"), wall_s=None,
                 exit=Exit(code=None, reason="killed", traceback=None), step_clock="none", window=None,
                 env=envmod.base_env(), complete=False)
+    if rank is not None:
+        rank.cpu_share = envmod.cpu_share(meta.env.cpu_count, rank.local_world_size)
+        meta.rank = rank
     write_meta(run_dir, meta)
 
     import torch

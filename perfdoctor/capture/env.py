@@ -50,13 +50,19 @@ def base_env() -> Env:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = None
-    try:
-        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        local = 1
     return Env(python=platform.python_version(), platform=platform.platform(), cpu_count=cpus, cpu_amx=amx,
-               local_world_size=local, cpu_model=model, total_memory_bytes=total, cuda_available=False, device="cpu", device_name=model,
+               cpu_model=model, total_memory_bytes=total, cuda_available=False, device="cpu", device_name=model,
                device_count=0, device_capability=None, device_memory_bytes=None)
+
+
+def cpu_share(usable: int | None, local_ranks: int | None) -> int | None:
+    """The CPUs one rank of a distributed job can count on: where a launcher pinned it (its affinity
+    is narrower than the machine), its own usable CPUs; else the node's, shared by its local ranks."""
+    if usable is None:
+        return None
+    if not local_ranks or local_ranks < 2 or usable < (os.cpu_count() or usable):
+        return usable
+    return max(1, usable // local_ranks)
 
 
 def collect_env(torch: Any, used: set[int] | None = None, peaks: dict[int, int] | None = None) -> Env:

@@ -25,7 +25,19 @@ from pathlib import Path
 import msgspec
 
 from perfdoctor.capture.writer import PARTIAL, write, write_meta
-from perfdoctor.contracts.run import SCHEMA, ClockLine, Env, Exit, Meta, Step, Steps, decode
+from perfdoctor.contracts.run import (
+    SCHEMA,
+    ClockLine,
+    Env,
+    Exit,
+    Meta,
+    Step,
+    Steps,
+    decode,
+    rank_dir_name,
+    rank_dirs,
+    rank_from_env,
+)
 from perfdoctor.errors import InputError
 
 _SI_KERNEL = 0x80  # siginfo si_code of a signal the kernel sent (the terminal's Ctrl-C)
@@ -40,11 +52,37 @@ class RunResult:
     reason: str  # completed | steps-reached | sys-exit | exception | interrupted | killed
 
 
+def _job_id() -> str:
+    """A name every rank of one job started by an outside launcher agrees on: the SLURM job (and step),
+    the torchrun rendezvous id, else the launcher's process (the ranks of one node share it)."""
+    slurm = os.environ.get("SLURM_JOB_ID")
+    if slurm:
+        step = os.environ.get("SLURM_STEP_ID")
+        return f"slurm-{slurm}" + (f".{step}" if step else "")
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)[:64]
+    return f"{datetime.now():%Y%m%d}-ppid{os.getppid()}"
+
+
 def new_run_dir(target: str, module: bool, out_dir: Path | None, base: Path | None = None) -> Path:
     """`out_dir` itself (emptied of old run files), else a fresh `.perfdoctor/runs/<stem>-<stamp>[-n]`
     under `base` (the current directory). Always absolute: the child gets it as it is, and a script
     that changes directory must not lose its run folder. A folder that cannot be made is one
-    InputError line, before anything runs."""
+    InputError line, before anything runs.
+
+    A rank of a distributed job that an outside launcher started (RANK set: torchrun or SLURM running
+    perfdoctor) writes `rank-<R>` inside the job folder: `--out-dir` (the CLI's claim_out_dir gives
+    `out_dir` as that rank folder already), else `.perfdoctor/runs/<stem>-<job id>`, so that
+    `perfdoctor report` on the job folder merges the ranks."""
+    rank = rank_from_env()
+    if rank is not None and out_dir is None:
+        stem = target.rsplit(".", 1)[-1] if module else Path(target).stem
+        job = Path(os.path.abspath(base or Path.cwd())) / ".perfdoctor" / "runs" / f"{stem}-{_job_id()}"
+        out_dir = job / rank_dir_name(rank.rank)
+        if (out_dir / "meta.json").exists():
+            raise InputError(f"{out_dir} holds a previous run of rank {rank.rank}: give --out-dir DIR (the job "
+                             f"folder; each rank writes DIR/rank-<R>)")
     if out_dir is not None:
         out_dir = Path(os.path.abspath(out_dir))
         _mkdir(out_dir, "the run folder", exist_ok=True)
@@ -433,3 +471,99 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
     meta = _finish_meta(run_dir, target, module, list(script_args), code, received > 0, time.monotonic() - t0)
     return RunResult(run_dir=run_dir, exit_code=code if meta.exit.code is None else meta.exit.code,
                      reason=meta.exit.reason or "killed")
+
+
+def launcher_command(launcher_args: list[str], child_args: list[str]) -> list[str]:
+    """torch's own elastic launcher (torch.distributed.run, what `torchrun` runs) with
+    `launcher_args`, starting perfdoctor's child as every rank's entrypoint (`-m`)."""
+    return [sys.executable, "-m", "torch.distributed.run", *launcher_args, "-m", "perfdoctor.capture.child",
+            *child_args]
+
+
+def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple[str, ...] = (),
+            launcher_args: list[str] | tuple[str, ...] = (), out_dir: Path | None = None, steps: int | None = None,
+            script_stdout_to_stderr: bool = False, show_status: bool = False) -> RunResult:
+    """Run a distributed training script through torch.distributed.run (`launcher_args`: its options,
+    --nproc-per-node N and the rest), every rank under capture: each writes `rank-<R>` inside the job
+    folder, with the same profiled window (by step number) and `--steps`. Returns the job folder, and
+    the exit of the first rank that failed (else rank 0's)."""
+    if not module and not Path(target).is_file():
+        raise InputError(f"no such script: {target}")
+    if steps is not None and steps < 1:
+        raise InputError("--steps must be 1 or more")
+    job_dir = new_run_dir(target, module, out_dir)
+    child = ["--run-dir", str(job_dir), "--job", "--parent-pid", str(os.getpid())]
+    if steps:
+        child += ["--steps", str(steps)]
+    if module:
+        child.append("--module")
+    cmd = launcher_command(list(launcher_args), [*child, target, "--", *script_args])
+    stdout = None
+    if script_stdout_to_stderr:
+        try:
+            stdout = sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):
+            stdout = 2
+    status = None
+    if show_status:
+        from perfdoctor.capture.window import plan
+
+        skip, warmup, active = plan(steps, None)
+        status = _Status(target, job_dir / rank_dir_name(0) / PARTIAL, Progress(steps, skip + warmup + active))
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=_child_env(), stdout=stdout)
+    try:
+        received = _wait(proc, status.poll if status is not None else lambda: None,
+                         status.start if status is not None else lambda: None)
+    finally:
+        if status is not None:
+            status.stop()
+    rc = proc.returncode
+    code = rc if rc >= 0 else 128 - rc
+    dirs = rank_dirs(job_dir)
+    if not dirs:
+        raise InputError(f"torch.distributed.run started no rank (exit {code}): see its error above")
+    wall = time.monotonic() - t0
+    metas = [_finish_meta(d, target, module, list(script_args), code, received > 0, wall) for _, d in dirs]
+    bad = next((m for m in metas if m.exit.code), metas[0])
+    return RunResult(run_dir=job_dir, exit_code=code if bad.exit.code is None else bad.exit.code,
+                     reason=bad.exit.reason or "killed")
+
+
+# torch.distributed.run's options that take no value; every other option takes one (`--opt v` or `--opt=v`)
+_LAUNCHER_FLAGS = {"--standalone", "--run-path", "--run_path", "--use-env", "--use_env"}
+LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def is_launcher(target: str, module: bool) -> bool:
+    """`torchrun` (its console script, by name or path) or `-m torch.distributed.run` given as the
+    target: perfdoctor runs the job itself rather than profiling the launcher."""
+    return target in LAUNCHER_MODULES if module else Path(target).name == "torchrun"
+
+
+def split_launcher_args(args: list[str]) -> tuple[list[str], str, bool, list[str]]:
+    """The arguments of a `torchrun ... train.py ARGS` command line: (the launcher's options, the
+    training script or module, whether it is a module, the script's arguments). The launcher's `-m`
+    is taken out (perfdoctor's child is the entrypoint; it runs the module); `--no-python` is refused
+    (perfdoctor profiles Python training processes)."""
+    launcher: list[str] = []
+    module = False
+    rest = list(args)
+    while rest:
+        a = rest.pop(0)
+        if a == "--":
+            continue
+        if not a.startswith("-"):
+            return launcher, a, module, rest
+        if a in ("-m", "--module"):
+            module = True
+        elif a in ("--no-python", "--no_python"):
+            raise InputError("torchrun --no-python: perfdoctor runs Python training scripts only; "
+                             "give the script or module itself")
+        elif a in _LAUNCHER_FLAGS or "=" in a:
+            launcher.append(a)
+        else:
+            launcher.append(a)
+            if rest:
+                launcher.append(rest.pop(0))
+    raise InputError("no training script in the torchrun command line (torchrun [options] train.py [args])")

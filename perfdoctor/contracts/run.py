@@ -10,6 +10,8 @@ Cheap to import: the capture child loads it next to torch.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TypeVar
 
@@ -68,7 +70,6 @@ class Env(Struct, kw_only=True):
     platform: str | None = None
     cpu_count: int | None = None  # usable CPUs (sched_getaffinity)
     cpu_amx: bool | None = None
-    local_world_size: int | None = None  # torchrun's LOCAL_WORLD_SIZE: processes sharing the CPUs
     cpu_model: str | None = None
     total_memory_bytes: int | None = None
     cuda_available: bool | None = None
@@ -82,6 +83,58 @@ class Env(Struct, kw_only=True):
     free_memory_bytes: int | None | UnsetType = UNSET
     devices: list[DeviceInfo] | UnsetType = UNSET
     cuda_error: str | UnsetType = UNSET
+
+
+class Rank(Struct, kw_only=True):
+    """Where this run sits in a distributed job, from the launcher's environment (torchrun, SLURM
+    through torchrun, `perfdoctor run --nproc-per-node`): RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, GROUP_RANK (the node)."""
+    rank: int
+    local_rank: int | None = None
+    world_size: int | None = None
+    local_world_size: int | None = None
+    node_rank: int | None = None
+    cpu_share: int | None = None  # usable CPUs for this rank: its own where pinned, else the node's / local ranks
+
+
+def rank_from_env(environ: Mapping[str, str] | None = None) -> Rank | None:
+    """The rank of this process in a distributed job, or None outside one (no RANK, or a world of
+    one process). SLURM's own SLURM_PROCID / SLURM_NTASKS stand in where a script reads those."""
+    env = os.environ if environ is None else environ
+
+    def num(*names: str) -> int | None:
+        for n in names:
+            v = env.get(n, "").strip()
+            if v.isdigit():
+                return int(v)
+        return None
+
+    rank = num("RANK", "SLURM_PROCID")
+    world = num("WORLD_SIZE", "SLURM_NTASKS")
+    if rank is None or (world is not None and world < 2):
+        return None
+    return Rank(rank=rank, local_rank=num("LOCAL_RANK", "SLURM_LOCALID"), world_size=world,
+                local_world_size=num("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"),
+                node_rank=num("GROUP_RANK", "SLURM_NODEID"))
+
+
+def rank_dir_name(rank: int) -> str:
+    """A rank's run folder inside a job folder: `rank-<R>`."""
+    return f"rank-{rank}"
+
+
+def rank_dirs(job_dir: Path) -> list[tuple[int, Path]]:
+    """The rank run folders of a job folder (`rank-<R>` holding a meta.json), by rank."""
+    out = []
+    try:
+        entries = list(job_dir.iterdir())
+    except OSError:
+        return []
+    for d in entries:
+        n = d.name[len("rank-"):]
+        if d.name.startswith("rank-") and n.isdigit() and (d / "meta.json").is_file():
+            out.append((int(n), d))
+    return sorted(out)
 
 
 class Meta(Struct, kw_only=True):
@@ -103,6 +156,7 @@ class Meta(Struct, kw_only=True):
     user_files: list[str] | UnsetType = UNSET  # the script and the user's modules it imported
     probe_errors: list[str] | UnsetType = UNSET
     finalised_by: str | UnsetType = UNSET  # "parent"
+    rank: Rank | UnsetType = UNSET  # a rank of a distributed job
 
 
 # -- steps.json (and steps.partial.jsonl, one Step per line) -------------------------------------
@@ -169,6 +223,8 @@ class DataLoaderRecord(Struct, kw_only=True):
     wait_ms_per_step: list[float] = []  # 0.0 where it delivered nothing
     to_cuda: bool = False  # a batch from it was moved to a CUDA device
     non_blocking: bool | None = None
+    sampler: str | UnsetType = UNSET  # the sampler's class name (its batch sampler's, where one was given)
+    sharded: bool | UnsetType = UNSET  # a DistributedSampler (or one named so); unset for an IterableDataset
 
 
 class DataParallelRecord(Struct, kw_only=True):

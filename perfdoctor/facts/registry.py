@@ -47,6 +47,7 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     # the run and its steps
     ("run.steps_observed", "count", "run", "steps seen in the whole run"),
     ("run.steps_profiled", "count", "run/trace", "steps in the profiled window (or in the trace)"),
+    ("run.world_size", "count", "run", "ranks in the distributed job this run is a rank of (absent outside one)"),
     ("run.step_clock", "str", "run/trace",
      "what counts a step: optimizer, backward, dataloader, profiler-step, annotation, whole-run"),
     ("run.loss_scan_steps", "count", "run",
@@ -75,10 +76,9 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("gpu.idle_host_wait_ms", "ms", "trace", "GPU idle per step while its next work was not launched yet"),
     ("gpu.idle_gap_ms", "ms", "trace", "GPU idle per step although its next work was already launched"),
     # the machine
-    ("cpu.count", "count", "machine", "usable CPUs (sched_getaffinity)"),
+    ("cpu.count", "count", "machine", "usable CPUs (sched_getaffinity); a rank of a distributed job: its share, the node's usable CPUs / its local ranks (unless the launcher pinned it)"),
+    ("cpu.local_ranks", "count", "machine", "ranks of the job sharing this node's CPUs (set where cpu.count is a rank's share)"),
     ("cpu.amx", "bool", "machine", "the CPU has AMX tiles (bf16 autocast is fast)"),
-    ("cpu.local_world_size", "count", "machine",
-     "processes sharing this machine's CPUs: torchrun's LOCAL_WORLD_SIZE, 1 without it"),
     ("device.type", "str", "machine/trace", "cpu, cuda or rocm"),
     ("device.name", "str", "machine/trace", "the device's name"),
     ("device.count", "count", "machine/trace", "devices in the run, or deviceProperties entries of the trace"),
@@ -123,10 +123,13 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("comm.overlap", "ratio", "trace", "share of communication time overlapped by compute on other streams"),
     ("comm.allreduce_per_step", "count", "trace", "all-reduce calls per step"),
     ("comm.allreduce_bytes_median", "bytes", "trace", "median all-reduce size"),
-    ("ranks.count", "count", "trace", "ranks in a folder of per-rank traces"),
-    ("ranks.imbalance_ratio", "ratio", "trace", "max / median per-rank compute (or step) time, >= 1"),
-    ("ranks.straggler", "number", "trace", "the rank with the most compute (or step) time"),
-    ("ranks.idle_spread", "ratio", "trace", "max - min GPU idle fraction across ranks"),
+    ("comm.host_share", "ratio", "trace", "share of the step in collectives run on the host (gloo): communication, mostly waiting for the slowest rank"),
+    ("ranks.count", "count", "run/trace", "ranks in a job folder or a folder of per-rank traces"),
+    ("ranks.imbalance_ratio", "ratio", "run/trace", "step / (step - (max - median) per-rank work (step less host collectives)), else max / median GPU compute or step time, >= 1"),
+    ("ranks.straggler", "number", "run/trace", "the rank with the most work (step less host collectives), GPU compute or step time"),
+    ("ranks.straggler_cause", "str", "run/trace", "what makes the straggler slow, from its own evidence: data loading, compute or host syncs"),
+    ("ranks.straggler_excess_ms", "ms", "run/trace", "how much longer the straggler's cause takes on it than on the other ranks (median)"),
+    ("ranks.idle_spread", "ratio", "run/trace", "max - min GPU idle fraction across ranks"),
 ])
 
 SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
@@ -152,6 +155,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
          "pin_memory as it would be on a CUDA device: `use_cuda`, `torch.cuda.is_available()`, a kwargs dict "
          "filled on the accelerator path (absent where the source does not say)"),
         ("multiprocess", "bool", "trace", "the trace shows a multi-process iterator"),
+        ("sampler", "str", "run", "the sampler's class name (the batch sampler's where one was given)"),
+        ("sharded", "bool", "run", "its sampler gives each rank its own shard (DistributedSampler, or one named so); absent for an IterableDataset"),
     ]),
     "dataparallel": _declare("dataparallel", [
         ("constructed", "bool", "run", "the run saw nn.DataParallel constructed"),

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from perfdoctor.contracts.files import TOO_DEEP, check_schema, read_bytes, read_source
-from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Site, Step, Steps, Window, Workers, decode
+from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Rank, Site, Step, Steps, Window, Workers, decode
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.model import Hotspot, Location
@@ -214,11 +214,16 @@ def _memory(facts: Facts, run_steps: list[Step], steady: list[dict[str, Any]], e
     return best[1]
 
 
-def _machine(facts: Facts, env: Env) -> None:
+def _machine(facts: Facts, env: Env, rank: Rank | None = None) -> None:
     m = "machine"
-    facts.add("cpu.count", env.cpu_count, "count", m)
+    if rank is not None and rank.cpu_share is not None and rank.cpu_share != env.cpu_count:
+        local = rank.local_world_size
+        facts.add("cpu.count", rank.cpu_share, "count", m,
+                  f"this rank's share: {env.cpu_count} usable CPUs / {local} ranks on this node")
+        facts.add("cpu.local_ranks", local, "count", m)
+    else:
+        facts.add("cpu.count", env.cpu_count, "count", m)
     facts.add("cpu.amx", env.cpu_amx, "", m, "amx_tile in /proc/cpuinfo flags")
-    facts.add("cpu.local_world_size", env.local_world_size, "count", m, "LOCAL_WORLD_SIZE (torchrun)")
     dev = "rocm" if env.rocm and env.device == "cuda" else env.device
     facts.add("device.type", dev, "", m)
     facts.add("device.name", env.device_name, "", m)
@@ -417,9 +422,11 @@ def load_run(run_dir: Path) -> RunData:
     facts.add("run.steps_observed", len(steps), "count")
     facts.add("run.steps_profiled", profiled, "count")
     facts.add("run.step_clock", clock)
+    if isinstance(meta.rank, Rank):
+        facts.add("run.world_size", meta.rank.world_size, "count", detail=f"this is rank {meta.rank.rank}")
     if len(steps) >= 3:  # the probes looked for retained losses on these steps (PD006 trusts them)
         facts.add("run.loss_scan_steps", min(len(steps), LOSS_SCAN_STEPS), "count")
-    _machine(facts, env)
+    _machine(facts, env, meta.rank if isinstance(meta.rank, Rank) else None)
 
     # -- step time and breakdown -----------------------------------------------------------------
     steady = steady_steps(steps, window)
@@ -464,6 +471,10 @@ def load_run(run_dir: Path) -> RunData:
         s.add("multiprocessing_context", kw.multiprocessing_context)
         s.add("kwargs_style", dl.kwargs_style)
         s.add("batches", dl.batches, "count")
+        if dl.sampler:
+            s.add("sampler", dl.sampler)
+        if isinstance(dl.sharded, bool):
+            s.add("sharded", dl.sharded, detail=f"sampler {dl.sampler}")
         waits = dl.wait_ms_per_step
         ws = [waits[i] for i in steady_idx if 0 <= i < len(waits)]
         if ws and dl.batches:

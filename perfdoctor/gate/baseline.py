@@ -35,7 +35,7 @@ from perfdoctor.contracts.baseline import (
 from perfdoctor.contracts.files import read_source
 from perfdoctor.contracts.report import ReportDoc, read_report
 from perfdoctor.contracts.report import SummaryDoc as ReportSummaryDoc
-from perfdoctor.contracts.run import Steps, read_meta
+from perfdoctor.contracts.run import Meta, Steps, rank_dirs, read_meta
 from perfdoctor.contracts.run import read as read_run_file
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
@@ -153,12 +153,26 @@ def _identity(env: dict[str, Any], script: str | None, argv: list[str] | None, s
             "args": None if argv is None else _script_args(argv, script)}  # None: unknown, not checked
 
 
+def _meta_and_steps(run_dir: Path) -> tuple[Meta, list[dict[str, Any]]]:
+    """meta.json and the steps of a run folder; of a job folder (rank-<R> run folders, a distributed
+    job), rank 0's meta and the job's steps: step i is the slowest rank's step i (a synchronous step
+    ends when its slowest rank's does), over the steps every rank recorded."""
+    dirs = [d for _, d in rank_dirs(run_dir)] if not (run_dir / "meta.json").exists() else [run_dir]
+    metas = [read_meta(d) for d in dirs] or [read_meta(run_dir)]  # no rank folder: the usual error
+    per_rank = []
+    for d in dirs:
+        run_steps = read_run_file(d / "steps.json", Steps)
+        per_rank.append({s.i: msgspec.to_builtins(s) for s in run_steps.steps} if run_steps is not None else {})
+    common = sorted(set.intersection(*(set(r) for r in per_rank))) if per_rank else []
+    steps = [max((r[i] for r in per_rank), key=lambda s: s.get("wall_ms") or 0) for i in common]
+    return metas[0], steps
+
+
 def record_from_run_dir(run_dir: Path | str) -> RunRecord:
-    """A run record from a run folder (meta.json, steps.json, report.json)."""
+    """A run record from a run folder (meta.json, steps.json, report.json), or from a job folder of
+    rank run folders (its merged report.json; `_meta_and_steps`)."""
     run_dir = Path(run_dir)
-    meta = read_meta(run_dir)
-    run_steps = read_run_file(run_dir / "steps.json", Steps)
-    steps: list[dict[str, Any]] = msgspec.to_builtins(run_steps.steps) if run_steps is not None else []
+    meta, steps = _meta_and_steps(run_dir)
     window: dict[str, Any] | None = msgspec.to_builtins(meta.window) if meta.window is not None else None
     report = read_report(run_dir / "report.json") if (run_dir / "report.json").exists() else ReportDoc(
         schema="", summary=ReportSummaryDoc(), findings=[])

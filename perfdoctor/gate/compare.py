@@ -27,6 +27,7 @@ import msgspec
 from perfdoctor.contracts.baseline import Environment, GateFinding, is_baseline
 from perfdoctor.contracts.files import read_bytes
 from perfdoctor.contracts.report import decode_report, is_report
+from perfdoctor.contracts.run import rank_dirs
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
 from perfdoctor.gate.baseline import (
@@ -323,7 +324,7 @@ def load_side(path: Path | str) -> Baseline | list[RunRecord]:
     record)."""
     path = Path(path)
     if path.is_dir():
-        if (path / "meta.json").exists():
+        if (path / "meta.json").exists() or rank_dirs(path):  # a run folder, or a job folder of ranks
             return [record_from_run_dir(path)]
         repeats = repeat_dirs(path)
         if repeats:

@@ -678,6 +678,8 @@ def _header(report: Report) -> str:
     run, s = report.run, report.summary
     target = run.get("script") or run.get("module") or run.get("trace") or ""
     rows = [("analysed", f"<code>{_e(_short(str(target)))}</code>")]
+    if run.get("label"):
+        rows.append(("ranks", _e(run["label"])))
     if run.get("device"):
         rows.append(("device", _e(run["device"])))
     if run.get("torch"):

@@ -76,7 +76,7 @@ def render_report(report: Any) -> str:
     run, summary = r.get("run") or {}, r.get("summary") or {}
     st = summary.get("step_time_ms") or {}
     script = Path(str(run.get("script") or "")).name or "trace"
-    out = [f"## perfdoctor: {md(script)}", ""]
+    out = [f"## perfdoctor: {md(script)}" + (f" ({md(run['label'])})" if run.get("label") else ""), ""]
     facts = [f"**Step time** {_ms(st.get('median'))} median"]
     if st.get("p90") is not None:
         facts.append(f"p90 {_ms(st.get('p90'))}")

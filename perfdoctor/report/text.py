@@ -145,6 +145,8 @@ def _summary(report: Report) -> Panel:
     rows.add_column()
     target = run.get("script") or run.get("module") or run.get("trace") or ""
     rows.add_row("analysed", _t(_short(str(target)) + (f"  ({run.get('device')})" if run.get("device") else "")))
+    if run.get("label"):
+        rows.add_row("ranks", _t(str(run["label"])))
     steps = s.get("steps_observed")
     if steps is not None:
         clock = run.get("step_clock") or s.get("step_clock") or ""
@@ -227,8 +229,8 @@ def _report(report: Report) -> Group:
     parts: list[RenderableType] = [_summary(report)]
     if report.ranks:
         t = Table(title="ranks", title_justify="left")
-        keys = [k for k in ("rank", "step_ms", "compute_ms", "comm_ms", "idle_ms", "idle_fraction") if
-                any(k in r for r in report.ranks)]
+        keys = [k for k in ("rank", "step_ms", "data_ms", "compute_ms", "comm_ms", "idle_ms", "idle_fraction") if
+                any(r.get(k) is not None for r in report.ranks)]
         for k in keys:
             t.add_column(k, justify="right")
         for r in report.ranks:

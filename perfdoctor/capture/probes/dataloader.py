@@ -15,6 +15,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from msgspec import UNSET
+
 from perfdoctor.capture import sites
 from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.patches import ErrorLog, Patches
@@ -26,7 +28,7 @@ class LoaderState:
     """One DataLoader construction site, while the run goes on."""
 
     __slots__ = ("id", "site", "kwargs", "style", "dataset", "batches", "waits", "cur", "to_cuda",
-                 "non_blocking", "constructed", "cuda_seen")
+                 "non_blocking", "constructed", "cuda_seen", "sampler", "sharded")
 
     def __init__(self, i: int, site: Site | None):
         self.id, self.site = i, site
@@ -40,12 +42,15 @@ class LoaderState:
         self.non_blocking: bool | None = None
         self.constructed = 0
         self.cuda_seen = 0  # batches seen moved to CUDA
+        self.sampler = ""
+        self.sharded: bool | None = None
 
     def record(self) -> DataLoaderRecord:
         return DataLoaderRecord(id=self.id, site=self.site, kwargs=self.kwargs, kwargs_style=self.style,
                                 dataset=self.dataset, constructed=self.constructed, batches=self.batches,
                                 wait_ms_per_step=[round(w, 4) for w in self.waits], to_cuda=self.to_cuda,
-                                non_blocking=self.non_blocking)
+                                non_blocking=self.non_blocking, sampler=self.sampler or UNSET,
+                                sharded=UNSET if self.sharded is None else self.sharded)
 
 
 class DataLoaderProbe:
@@ -140,8 +145,25 @@ class DataLoaderProbe:
                                        drop_last=bool(loader.drop_last))
         lrec.style = sites.kwargs_style(uf) if uf is not None else "literal"
         lrec.dataset = type(loader.dataset).__name__
+        lrec.sampler, lrec.sharded = self._sampler(loader)
         lrec.constructed += 1
         self.of_loader[loader] = lrec
+
+    def _sampler(self, loader: Any) -> tuple[str, bool | None]:
+        """The loader's sampler (its batch sampler's where the user gave one), and whether it gives each
+        rank of a distributed job its own shard: a DistributedSampler, or a sampler of the user's that
+        says so in its name (DistributedBucketSampler...). None for an IterableDataset, which shards
+        itself (or not) where perfdoctor cannot see."""
+        data = self.torch.utils.data
+        if isinstance(loader.dataset, data.IterableDataset):
+            return "", None
+        bs = loader.batch_sampler
+        custom = bs is not None and type(bs) is not data.BatchSampler
+        parts = [bs, getattr(bs, "sampler", None)] if custom else [loader.sampler]
+        name = type(parts[0]).__name__
+        dist = data.DistributedSampler
+        return name, any(p is not None and (isinstance(p, dist) or "distributed" in type(p).__name__.lower())
+                         for p in parts)
 
     def worker_pids(self) -> list[int]:
         """PIDs of the DataLoader worker processes alive now (py-spy samples them in the window)."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from perfdoctor.facts.trace.context import TraceContext
-from perfdoctor.facts.trace.intervals import count_in, merge, subtract
+from perfdoctor.facts.trace.intervals import count_in, merge, per_window, subtract
 from perfdoctor.stats import median
 from perfdoctor.trace.model import CPU_OP, KERNEL, USER_ANN
 
@@ -15,8 +15,9 @@ _DTYPE_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "in
 
 
 def add(ctx: TraceContext) -> None:
-    """comm.allreduce_per_step, comm.allreduce_bytes_median, comm.share, comm.overlap."""
+    """comm.allreduce_per_step, comm.allreduce_bytes_median, comm.share, comm.overlap, comm.host_share."""
     t, put, is_comm = ctx.trace, ctx.put, ctx.is_comm
+    _host_collectives(ctx)
     comm: list[tuple[float, float, int]] = []  # (start, end, stream) of the kernels
     compute: list[tuple[float, float, int]] = []
     for i in ctx.gpu_events:
@@ -57,3 +58,21 @@ def add(ctx: TraceContext) -> None:
     over = comm_total - sum(e - s for s, e in subtract(cm, other))
     put("comm.overlap", over / comm_total if comm_total else 0.0, "ratio",
         "comm time overlapped by compute kernels on other streams")
+
+
+def _host_collectives(ctx: TraceContext) -> None:
+    """comm.host_share: collectives that run on the host (gloo's, on CPU tensors) are spans of the
+    trace's `gloo:*` annotations, from the call to the peers' answer: their union's share of each step
+    is the share the rank spent communicating, most of it waiting for the slowest rank. A share, not
+    ms: the profiled steps are slower than the others, and the rank table applies it to the run's
+    step. NCCL's host-side annotations only launch kernels (the GPU's side is step.comm_ms): left out."""
+    t = ctx.trace
+    names = t.names_where(lambda s: s.lower().startswith("gloo:"))
+    if not names or not ctx.nsteps:
+        return
+    spans = merge([(t.ts[i], t.ts[i] + t.dur[i]) for i in t.indices(CPU_OP, USER_ANN) if t.name[i] in names])
+    shares = [v / (e - s) for v, (s, e) in zip(per_window(spans, ctx.cpu_windows), ctx.cpu_windows) if e > s]
+    share = median(shares)
+    if spans and share is not None:
+        ctx.put("comm.host_share", min(1.0, share), "ratio",
+                "gloo collectives' share of each profiled step (their spans merged), median over the steps")

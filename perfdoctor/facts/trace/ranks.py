@@ -1,7 +1,8 @@
-"""The cross-rank view of a distributed run (one trace per rank): the straggler and the imbalance.
+"""The cross-rank view of a distributed run (one trace or one run folder per rank): the per-rank
+table, the straggler, the imbalance, and the straggler's cause read from its own evidence.
 
-A map-reduce over ranks: each rank's trace is measured on its own (`RankSummary`, small and
-picklable: its facts and summary, never the trace), then `cross_rank` merges the per-rank rows."""
+A map-reduce over ranks: each rank is measured on its own (for traces, `RankSummary`: small and
+picklable, its facts and summary, never the trace), then `cross_rank` merges the per-rank rows."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.trace.context import SRC
 from perfdoctor.stats import median
 
 
@@ -29,28 +29,94 @@ class RankSummary:
     dropped_last_step: bool
     dropped: dict[str, int] = field(default_factory=dict)
 
-    def row(self) -> dict[str, Any]:
-        """This rank's row of the report's rank table: step, compute and idle time."""
-        step = self.facts.value("step.time_ms")
-        idle = self.facts.value("step.idle_ms")
-        return {"rank": self.rank, "file": self.path.name, "step_ms": step,
-                "compute_ms": self.facts.value("step.gpu_kernel_ms"), "idle_ms": idle,
-                "idle_fraction": round(idle / step, 4) if step and idle is not None else None}
+
+# What can make one rank the straggler, each a column of the rank table measured on every rank: the
+# cause is the part by which the straggler exceeds the other ranks' median the most.
+CAUSES = (("data_ms", "data loading"), ("compute_ms", "compute"), ("sync_ms", "host syncs"))
 
 
-def cross_rank(ranks: list[RankSummary]) -> tuple[Facts, list[dict[str, Any]]]:
-    """Per-rank step, compute and idle time (the rows, in the order given); the straggler and the
-    imbalance across ranks."""
+def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
+    """One rank's row: step time, data wait, compute, communication wait, idle (each where measured).
+    Communication: the GPU's communication kernels not hidden behind compute (step.comm_ms), or the
+    host's collectives (comm.host_share of the step, gloo). Compute: the GPU's kernels, or on a CPU run the step's
+    forward, backward and optimizer less the host's collectives inside them."""
+    step = f.value("step.time_ms")
+    comm = f.value("step.comm_ms")
+    share = f.value("comm.host_share") if comm is None else None
+    host_comm = round(share * step, 4) if share is not None and step is not None else None
+    compute = f.value("step.gpu_kernel_ms")
+    if compute is None and host_comm is not None:
+        parts = [f.value(n) for n in ("step.forward_ms", "step.backward_ms", "step.optimizer_ms")]
+        if all(p is not None for p in parts):
+            compute = round(max(0.0, sum(parts) - host_comm), 4)
+    idle = f.value("step.idle_ms")
+    row: dict[str, Any] = {"rank": rank, "file": label, "step_ms": step}
+    data = f.value("step.data_ms")
+    if data is not None:
+        row["data_ms"] = round(data, 4)
+    row["compute_ms"] = compute
+    if comm is not None or host_comm is not None:
+        row["comm_ms"] = comm if comm is not None else host_comm
+    row["idle_ms"] = idle
+    row["idle_fraction"] = round(idle / step, 4) if step and idle is not None else None
+    sync = f.value("sync.ms")
+    if sync is not None:
+        row["sync_ms"] = sync
+    if share is not None:
+        # a synchronous step lasts as long on every rank: the ranks that wait for the straggler wait
+        # inside the collectives, so the rest of the step is each rank's own work (its share, measured
+        # in the same profiled steps on every rank)
+        row["busy_share"] = round(1.0 - share, 4)
+    return row
+
+
+def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, float, str] | None:
+    """The part of the step by which the straggler exceeds the other ranks' median the most, by how
+    much (ms per step), and the evidence in words; None where no measured part exceeds it."""
+    others = [r for r in rows if r is not straggler]
+    best: tuple[float, str, str] | None = None
+    for key, name in CAUSES:
+        mine = straggler.get(key)
+        theirs = median([r[key] for r in others if r.get(key) is not None])
+        if mine is None or theirs is None:
+            continue
+        excess = mine - theirs
+        if excess > 0 and (best is None or excess > best[0]):
+            best = (excess, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, "
+                                  f"{theirs:.1f} ms on the other ranks (median)")
+    return (best[1], round(best[0], 4), best[2]) if best is not None else None
+
+
+def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str = "trace"
+               ) -> tuple[Facts, list[dict[str, Any]]]:
+    """The rank table (one row per (rank, label), from that rank's facts), the straggler, the
+    imbalance across ranks and the straggler's cause, as facts of `source`.
+
+    The straggler is the rank with the most work per step: its own share of the step where the host's
+    collectives measure the wait (busy_share), else its GPU compute, else its step time. With
+    busy_share the imbalance is the job's step over the step it would have with the straggler's share
+    at the other ranks' median (the step less the straggler's excess), so that PD012's saving is that excess."""
     out = Facts()
-    rows = [r.row() for r in ranks]
-    out.add("ranks.count", len(ranks), "count", SRC)
-    key = "compute_ms" if all(r["compute_ms"] for r in rows) else "step_ms"
+    rows = [_row(rank, label, f) for (rank, label), f in zip(ranks, per_rank)]
+    out.add("ranks.count", len(rows), "count", source)
+    key = next((k for k in ("busy_share", "compute_ms") if all(r.get(k) for r in rows)), "step_ms")
     vals = [r[key] for r in rows if r[key] is not None]
     mid = median(vals)
     if len(vals) >= 2 and mid is not None and mid > 0:
-        out.add("ranks.imbalance_ratio", round(max(vals) / mid, 4), "ratio", SRC, f"max/median {key}")
-        out.add("ranks.straggler", max(rows, key=lambda r: r[key] or 0)["rank"], "", SRC, f"rank with most {key}")
+        if key == "busy_share":
+            others = sorted(vals)[:-1]
+            ratio = 1 / max(1 - (max(vals) - (median(others) or 0.0)), 1e-9)
+            how = "the job's step / the step with the straggler's share of work at the other ranks' (median)"
+        else:
+            ratio, how = max(vals) / mid, f"max/median {key}"
+        out.add("ranks.imbalance_ratio", round(ratio, 4), "ratio", source, how)
+        straggler = max(rows, key=lambda r: r[key] or 0)
+        out.add("ranks.straggler", straggler["rank"], "", source, f"rank with most {key}")
+        cause = _cause(rows, straggler)
+        if cause is not None:
+            out.add("ranks.straggler_cause", cause[0], "str", source, cause[2])
+            out.add("ranks.straggler_excess_ms", cause[1], "ms", source, cause[2])
     idles = [r["idle_fraction"] for r in rows if r["idle_fraction"] is not None]
     if len(idles) >= 2:
-        out.add("ranks.idle_spread", round(max(idles) - min(idles), 4), "ratio", SRC, "max - min idle fraction")
+        out.add("ranks.idle_spread", round(max(idles) - min(idles), 4), "ratio", source, "max - min idle fraction")
     return out, rows

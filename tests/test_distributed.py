@@ -1,0 +1,236 @@
+"""Distributed training: `perfdoctor run --nproc-per-node N` (the job through torch.distributed.run,
+every rank captured into job/rank-R), the launcher's command line given as the target, ranks under
+an outside launcher, the merged report of a job folder (rank table, straggler and its cause), the
+rank's CPU share, and the gate on a job folder. The unit tests build rank facts and job folders by
+hand; the e2e tests run small gloo jobs on the CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_cli
+
+from perfdoctor.analysis import claim_out_dir
+from perfdoctor.capture.env import cpu_share
+from perfdoctor.capture.runner import is_launcher, launcher_command, new_run_dir, split_launcher_args
+from perfdoctor.capture.writer import write, write_meta
+from perfdoctor.contracts.run import SCHEMA, Env, Meta, Rank, Step, Steps, rank_dirs, rank_from_env
+from perfdoctor.errors import InputError
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.trace.ranks import cross_rank
+from perfdoctor.gate.baseline import record_from_run_dir
+
+SAMPLES = REPO / "sample_scripts"
+
+
+def test_torchrun_command_line_is_split_into_launcher_script_and_args():
+    assert split_launcher_args(["--nproc-per-node", "2", "--standalone", "--rdzv-endpoint=h:1", "train.py",
+                                "--lr", "0.1"]) == (["--nproc-per-node", "2", "--standalone", "--rdzv-endpoint=h:1"],
+                                                    "train.py", False, ["--lr", "0.1"])
+    assert split_launcher_args(["--", "--nnodes", "1", "-m", "pkg.train", "-x"]) == (["--nnodes", "1"], "pkg.train",
+                                                                                    True, ["-x"])
+    with pytest.raises(InputError, match="no-python"):
+        split_launcher_args(["--no-python", "bash"])
+    with pytest.raises(InputError, match="no training script"):
+        split_launcher_args(["--nproc-per-node", "2"])
+    assert is_launcher("torch.distributed.run", True) and is_launcher("/usr/bin/torchrun", False)
+    assert not is_launcher("train.py", False) and not is_launcher("torch.distributed.run", False)
+
+
+def test_the_launcher_is_torchs_own_and_runs_the_child_as_each_ranks_entrypoint():
+    cmd = launcher_command(["--nproc-per-node", "2"], ["--run-dir", "/j", "--job", "t.py", "--"])
+    assert cmd[1:4] == ["-m", "torch.distributed.run", "--nproc-per-node"]
+    assert cmd[5:8] == ["-m", "perfdoctor.capture.child", "--run-dir"]
+
+
+def test_rank_from_the_environment_and_its_folder(tmp_path):
+    assert rank_from_env({}) is None
+    assert rank_from_env({"RANK": "0", "WORLD_SIZE": "1"}) is None  # a world of one is no job
+    r = rank_from_env({"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "1"})
+    assert (r.rank, r.local_rank, r.world_size, r.local_world_size, r.node_rank) == (3, 1, 4, 2, 1)
+    assert rank_from_env({"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_NTASKS_PER_NODE": "4(x2)"}).rank == 5
+    # under an outside launcher every rank writes rank-<R> inside one job folder
+    import os
+
+    old = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE")}
+    os.environ.update(RANK="1", WORLD_SIZE="2")
+    try:
+        with claim_out_dir(tmp_path / "job") as claimed:
+            assert claimed == tmp_path / "job" / "rank-1"
+        assert new_run_dir("train.py", False, None, base=tmp_path).parent.parent == tmp_path / ".perfdoctor" / "runs"
+        assert new_run_dir("train.py", False, None, base=tmp_path).name == "rank-1"
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_a_ranks_cpu_share():
+    import os
+
+    n = os.cpu_count() or 1
+    assert cpu_share(n, None) == n and cpu_share(n, 1) == n
+    assert cpu_share(n, 2) == max(1, n // 2)
+    assert cpu_share(n, 4 * n) == 1  # never 0
+    if n > 1:
+        assert cpu_share(n - 1, 2) == n - 1  # pinned by the launcher: its own CPUs
+
+
+def _rank_facts(step, data, fwd, bwd, opt, host_comm):
+    f = Facts()
+    for name, v in (("step.time_ms", step), ("step.data_ms", data), ("step.forward_ms", fwd),
+                    ("step.backward_ms", bwd), ("step.optimizer_ms", opt)):
+        f.add(name, v, "ms", "run")
+    f.add("comm.host_share", host_comm / step, "ratio", "trace")
+    return f
+
+
+def test_straggler_is_the_rank_that_waits_least_and_its_cause_is_its_own_evidence():
+    # every rank's step lasts 40 ms (synchronous); rank 1 loads data for 35 ms, the others wait for it
+    fast = [_rank_facts(40, 0.4, 0.6, 37, 0.2, 36) for _ in range(3)]
+    slow = _rank_facts(40.3, 35.4, 0.7, 3.5, 0.2, 0.9)
+    g, rows = cross_rank([(0, "rank-0"), (1, "rank-1"), (2, "rank-2"), (3, "rank-3")],
+                         [fast[0], slow, fast[1], fast[2]], "run")
+    assert g.value("ranks.straggler") == 1 and g.value("ranks.imbalance_ratio") > 5
+    assert g.value("ranks.straggler_cause") == "data loading"
+    assert g.value("ranks.straggler_excess_ms") == pytest.approx(35.0)
+    assert [r["comm_ms"] for r in rows] == pytest.approx([36, 0.9, 36, 36])
+    assert rows[1]["compute_ms"] == pytest.approx(0.7 + 3.5 + 0.2 - 0.9)
+    # a compute straggler is named so
+    heavy = _rank_facts(40, 0.4, 10, 28, 0.2, 2)
+    g, _ = cross_rank([(0, "a"), (1, "b")], [fast[0], heavy], "run")
+    assert g.value("ranks.straggler") == 1 and g.value("ranks.straggler_cause") == "compute"
+    # balanced ranks: no imbalance worth a finding
+    g, _ = cross_rank([(0, "a"), (1, "b")], [fast[0], fast[1]], "run")
+    assert g.value("ranks.imbalance_ratio") == 1.0
+
+
+def _write_rank(job: Path, rank: int, walls: list[float]) -> None:
+    d = job / f"rank-{rank}"
+    d.mkdir(parents=True)
+    write_meta(d, Meta(schema=SCHEMA, script=str(SAMPLES / "pd030_no_distributed_sampler_fixed.py"), argv=["pd030_no_distributed_sampler_fixed.py"], env=Env(cpu_count=2),
+                       complete=True, step_clock="optimizer", rank=Rank(rank=rank, world_size=2, local_world_size=2)))
+    write(d / "steps.json", Steps(steps=[Step(i=i, wall_ms=w) for i, w in enumerate(walls, 1)]))
+
+
+def test_gate_takes_the_slowest_ranks_step_of_a_job_folder(tmp_path):
+    job = tmp_path / "job"
+    _write_rank(job, 0, [10.0] * 30)
+    _write_rank(job, 1, [12.0] * 29)  # one step fewer: only the steps every rank has count
+    assert [r for r, _ in rank_dirs(job)] == [0, 1]
+    rec = record_from_run_dir(job)
+    assert rec.median_ms == 12.0 and set(rec.step_ms) == {12.0}
+
+
+def _job(tmp_path: Path, script: str, nproc: int, *extra: str) -> tuple[dict, Path]:
+    job = tmp_path / "job"
+    out = tmp_path / "report.json"
+    p = run_cli("run", "--nproc-per-node", str(nproc), "--steps", "15", "--out-dir", str(job), "-f", "json",
+                "-o", str(out), *extra, str(SAMPLES / script), timeout=420)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(out.read_text()), job
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_balanced_gloo_job_gives_one_merged_report(tmp_path, nproc):
+    doc, job = _job(tmp_path, "pd030_no_distributed_sampler_fixed.py", nproc)
+    assert [r for r, _ in rank_dirs(job)] == list(range(nproc))
+    for _, d in rank_dirs(job):
+        meta = json.loads((d / "meta.json").read_text())
+        assert meta["rank"]["world_size"] == nproc and meta["exit"]["reason"] == "steps-reached"
+        assert meta["window"]["first_step"] == 9  # the same window on every rank, by step number
+        assert len(json.loads((d / "steps.json").read_text())["steps"]) == 15
+        assert (d / "report.json").is_file()  # each rank's own report, labelled
+        assert json.loads((d / "report.json").read_text())["run"]["label"].startswith(f"rank {d.name[5:]} of")
+    assert (job / "report.json").is_file()
+    assert doc["run"]["kind"] == "job" and doc["run"]["ranks"] == list(range(nproc))
+    assert [r["rank"] for r in doc["ranks"]] == list(range(nproc))
+    for r in doc["ranks"]:
+        assert r["step_ms"] > 0 and r["compute_ms"] is not None and r["comm_ms"] is not None
+        assert r["data_ms"] is not None
+    rules = {f["rule"] for f in doc["findings"]}
+    assert "PD002" not in rules  # no rank waits for its data
+    # a rank starved of CPU by other jobs on this shared 2-core box can be a (real) straggler, never
+    # one for its data
+    assert "PD012" not in rules or doc["facts"]["ranks.straggler_cause"]["value"] != "data loading"
+    # the report of the job folder is the same merged view
+    again = run_cli("report", str(job), "-f", "json")
+    assert again.returncode == 0 and [r["rank"] for r in json.loads(again.stdout)["ranks"]] == list(range(nproc))
+
+
+@pytest.mark.e2e
+def test_a_straggler_is_named_with_its_cause(tmp_path):
+    doc, job = _job(tmp_path, "ddp_straggler.py", 2)
+    facts = doc["facts"]
+    assert facts["ranks.straggler"]["value"] == 1
+    assert facts["ranks.straggler_cause"]["value"] == "data loading"
+    pd012 = next(f for f in doc["findings"] if f["rule"] == "PD012")
+    assert "Rank 1" in pd012["title"] and "data loading" in pd012["message"]
+    pd002 = next(f for f in doc["findings"] if f["rule"] == "PD002")
+    assert "(ranks 1)" in pd002["message"]  # rank 1's loader only, with its CPU share
+    assert "ranks on this node" in pd002["message"]
+    # the gate on the job folder: its step is the slowest rank's
+    rec = record_from_run_dir(job)
+    assert rec.median_ms >= max(r["step_ms"] for r in doc["ranks"]) * 0.9
+
+
+@pytest.mark.e2e
+def test_torchrun_given_as_the_target_runs_the_job(tmp_path):
+    job = tmp_path / "job"
+    p = run_cli("run", "-m", "torch.distributed.run", "--steps", "12", "--out-dir", str(job), "-f", "json", "--",
+                "--nproc-per-node", "2", str(SAMPLES / "pd030_no_distributed_sampler_fixed.py"), timeout=420)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    assert doc["run"]["kind"] == "job" and len(doc["ranks"]) == 2
+    assert doc["summary"]["steps_observed"] == 12
+
+
+@pytest.mark.e2e
+def test_ranks_under_an_outside_launcher_are_labelled_and_merge(tmp_path):
+    """torchrun running perfdoctor on every rank: each rank's folder and --output carry its rank, and
+    `perfdoctor report JOB` merges them."""
+    import os
+    import subprocess
+    import sys
+
+    job, out = tmp_path / "job", tmp_path / "r.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "perfdoctor",
+                        "run", "--steps", "12", "--out-dir", str(job), "-f", "json", "-o", str(out),
+                        str(SAMPLES / "ddp_straggler.py")], env=env, cwd=REPO, capture_output=True, text=True,
+                       timeout=420)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert [r for r, _ in rank_dirs(job)] == [0, 1]
+    for r in (0, 1):
+        doc = json.loads((tmp_path / f"r.rank-{r}.json").read_text())
+        assert doc["run"]["label"] == f"rank {r} of 2"
+    merged = run_cli("report", str(job), "-f", "json")
+    doc = json.loads(merged.stdout)
+    assert doc["facts"]["ranks.straggler"]["value"] == 1
+    assert doc["facts"]["ranks.straggler_cause"]["value"] == "data loading"
+
+
+@pytest.mark.parametrize("world, sharded, fires", [(2, False, True), (2, True, False), (None, False, False),
+                                                   (1, False, False)])
+def test_pd030_fires_on_an_unsharded_loader_of_a_job_only(world, sharded, fires):
+    from perfdoctor.model import Location
+    from perfdoctor.rules.catalog import load_rules
+    from perfdoctor.rules.engine import judge
+
+    f = Facts()
+    if world is not None:
+        f.add("run.world_size", world, "count")
+    s = f.subject("dataloader", "/x/train.py:10")
+    s.locations.append(Location("/x/train.py", 10, "loader = DataLoader(ds, shuffle=True)"))
+    s.add("sampler", "DistributedSampler" if sharded else "RandomSampler")
+    s.add("sharded", sharded)
+    s.add("batches", 20, "count")
+    found = [x for x in judge(f, [r for r in load_rules() if r.id == "PD030"]) if x.rule == "PD030"]
+    assert bool(found) is fires
+    if fires:
+        assert "2 ranks" in found[0].title and "RandomSampler" in found[0].title
