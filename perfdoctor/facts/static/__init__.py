@@ -16,7 +16,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static import cpu_to_device, dataloader, dataparallel, empty_cache, loss_holder, targets_cuda
+from perfdoctor.facts.static import (
+    backend_flags,
+    batch_copy,
+    conv_bias,
+    conv_net,
+    cpu_to_device,
+    dataloader,
+    dataparallel,
+    empty_cache,
+    loss_holder,
+    optimizer,
+    targets_cuda,
+    tf32,
+    worker_io,
+    zero_grad,
+)
 from perfdoctor.facts.static.index import read
 
 # Every detector is a `detect(index, facts)` that adds what it finds in one file.
@@ -27,6 +42,14 @@ DETECTORS = (
     cpu_to_device.detect,
     loss_holder.detect,
     targets_cuda.detect,
+    backend_flags.detect,
+    conv_net.detect,
+    conv_bias.detect,
+    tf32.detect,
+    optimizer.detect,
+    zero_grad.detect,
+    batch_copy.detect,
+    worker_io.detect,
 )
 
 

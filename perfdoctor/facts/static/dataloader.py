@@ -47,14 +47,14 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
                 put(s, name, value, "count" if typ is int else "")
         elif default is not None and not star_kw and not star_args:
             put(s, name, default, "count" if typ is int else "")
-    moves = _batch_moves(index, call)
+    moves = batch_moves(index, call)
     if moves:
         put(s, "feeds_cuda", True)
         put(s, "non_blocking", all(
             isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m in moves))
 
 
-def _batch_moves(index: SourceIndex, dl_call: ast.Call) -> list[ast.Call]:
+def batch_moves(index: SourceIndex, dl_call: ast.Call) -> list[ast.Call]:
     """`.cuda()` / `.to(device)` calls on the batches of `for ... in <this loader>` loops: in the
     scope that names the loader, and in a function of this file it is passed to (one level)."""
     parent = index.parents.get(dl_call)

@@ -23,6 +23,7 @@ from perfdoctor.facts.trace import (
     device,
     empty_cache,
     gpu,
+    layout,
     matmul,
     sync,
 )
@@ -45,6 +46,7 @@ def add_trace_facts(trace: Trace, facts: Facts) -> dict[str, Any]:
             sync.add(ctx)
             copies.add(ctx)
             empty_cache.add(ctx)
+            layout.add(ctx)
         matmul.add(ctx)
         comm.add(ctx)
         dataparallel.add(ctx)
