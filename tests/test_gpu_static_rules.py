@@ -299,18 +299,26 @@ for x, y in loader:
 """
 
 
-def test_pd025_cpu_run_small_batch_and_little_gpu_work(tmp_path):
-    facts = machine(Facts())
-    facts.add("step.gpu_compute_ms", 0.4, "ms", "run")
-    facts, _ = analyse(tmp_path, SMALL_BATCH, facts)
+def with_model(facts: Facts, params: int) -> Facts:
+    m = facts.subject("model", "train.py:40")
+    m.add("params", params, "count", "run")
+    return facts
+
+
+def test_pd025_cpu_run_small_batch_through_a_small_model(tmp_path):
+    facts, _ = analyse(tmp_path, SMALL_BATCH, with_model(machine(Facts()), 9610))
+    [s] = facts.of_kind("dataloader")
+    assert s.facts["dataloader.model_params"].value == 9610 and s.facts["dataloader.model_params"].source == "run"
     [f] = findings(facts, tmp_path, "PD025")
     assert f.ms_per_step is None and f.locations[0].line == 5
-    assert "batch_size=16" in f.fix.after
+    assert "9610 parameters" in f.title and "batch_size=16" in f.fix.after
 
 
-def test_pd025_cpu_run_quiet_when_the_step_is_heavy(tmp_path):
+@pytest.mark.parametrize("params", [None, 350_000_000])  # no run, or a large model (not launch-bound)
+def test_pd025_cpu_run_quiet_without_a_small_model(tmp_path, params):
     facts = machine(Facts())
-    facts.add("step.gpu_compute_ms", 40.0, "ms", "run")
+    if params:
+        with_model(facts, params)
     facts, _ = analyse(tmp_path, SMALL_BATCH, facts)
     assert findings(facts, tmp_path, "PD025") == []
 

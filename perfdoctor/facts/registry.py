@@ -233,6 +233,10 @@ SUBJECT_FACTS.update({
         ("non_blocking", "bool", "static", "the move passes non_blocking=True"),
     ]),
 })
+SUBJECT_FACTS["dataloader"].update(_declare("dataloader", [
+    ("model_params", "count", "run",
+     "parameters of the largest model the run saw, beside the loader that feeds it (batch size x model size)"),
+]))
 SUBJECT_FACTS["worker_hotspot"].update(_declare("worker_hotspot", [
     ("io_call", "str", "static", "the file open / read / decode call at the hot line, as written"),
 ]))

@@ -25,6 +25,7 @@ from perfdoctor.facts.static import (
     dataloader,
     dataparallel,
     empty_cache,
+    loader_model,
     loss_holder,
     optimizer,
     targets_cuda,
@@ -50,6 +51,7 @@ DETECTORS = (
     zero_grad.detect,
     batch_copy.detect,
     worker_io.detect,
+    loader_model.detect,
 )
 
 
