@@ -1,7 +1,6 @@
 """PD002, config-driven: the DataLoader arguments come from a JSON config that sets no workers.
 
-Nothing on the DataLoader line says `num_workers=0`; only the run shows that the loader works in
-the training process while the loop waits for it.
+Nothing on the DataLoader line says `num_workers=0`; only the run shows that the loader works in the training process while the loop waits for it.
 """
 import argparse
 import json
@@ -12,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
+torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its algorithms once (PD016)
 
 
 class ImageFolderLike(Dataset):

@@ -36,9 +36,19 @@ PROBLEMS = [
     "pd013_anomaly_detection.py",
     "pd014_slow_dataset.py",
     "pd030_no_distributed_sampler.py",
+    "pd016_cudnn_benchmark.py",
+    "pd017_copy_not_async.py",
+    "pd021_optimizer_not_fused.py",
+    "pd022_tf32_disabled.py",
+    "pd023_channels_last.py",
+    "pd024_slow_storage.py",
+    "pd025_batch_too_small.py",
+    "pd026_zero_grad_no_none.py",
+    "pd028_conv_bias_before_bn.py",
 ]
 FIXED = sorted(p.name for p in SAMPLES.glob("pd0*_fixed.py")) + ["clean.py"]
-USES_AUTOCAST = {"pd007_fp32_without_amp_fixed.py", "clean.py"}
+USES_AUTOCAST = {"pd007_fp32_without_amp_fixed.py", "clean.py", "pd023_channels_last.py",
+                 "pd023_channels_last_fixed.py"}
 GPU_ONLY_RULES = {r.id for r in load_rules() if r.gpu_only}
 
 

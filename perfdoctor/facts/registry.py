@@ -210,6 +210,54 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("busy", "ratio", "run", "sampled running time per worker over the window's wall time"),
     ]),
 }
+# The GPU-side settings whose cost a CPU run cannot show (PD016, PD017, PD021-PD026, PD028): read from
+# the source (static), and from a GPU trace where its kernels show them.
+GLOBAL_FACTS.update(_declare(GLOBAL, [
+    ("cudnn.benchmark", "bool", "static",
+     "the files set torch.backends.cudnn.benchmark (True where any sets it True; absent where none sets it)"),
+    ("cudnn.deterministic", "bool", "static", "the files set torch.backends.cudnn.deterministic = True"),
+    ("autocast.in_source", "bool", "static", "the files enter torch.autocast (or torch.cuda.amp.autocast)"),
+    ("layout.channels_last", "bool", "static", "the files use torch.channels_last (or channels_last_3d)"),
+    ("layout.transposes_per_step", "count", "trace", "NCHW<->NHWC layout transpose kernels per step"),
+    ("layout.transpose_ms", "ms", "trace", "NCHW<->NHWC layout transpose kernel time per step"),
+    ("data.custom_collate", "bool", "static",
+     "a DataLoader is given a collate_fn (its batches may change shape from step to step)"),
+]))
+SUBJECT_FACTS.update({
+    "conv_net": _declare("conv_net", [
+        ("layer", "str", "static", "the first convolution layer of the file, as written (e.g. nn.Conv2d)"),
+        ("dims", "count", "static", "its spatial dimensions: 1, 2 or 3"),
+        ("convs", "count", "static", "convolution layers constructed in the file"),
+    ]),
+    "conv_bias": _declare("conv_bias", [
+        ("layer", "str", "static", "the convolution class, as called (e.g. Conv2d)"),
+        ("norm", "str", "static", "the BatchNorm that directly follows it (e.g. BatchNorm2d)"),
+        ("pattern", "str", "static", "where they meet: sequential (nn.Sequential) or forward (bn(conv(x)))"),
+    ]),
+    "tf32": _declare("tf32", [
+        ("setting", "str", "static", "the statement that turns TF32 off, as written"),
+    ]),
+    "optimizer": _declare("optimizer", [
+        ("name", "str", "static", "the torch.optim class (e.g. AdamW)"),
+        ("foreach", "bool", "static", "foreach as given (absent: torch's default)"),
+        ("fused", "bool", "static", "fused as given (absent: torch's default)"),
+    ]),
+    "zero_grad": _declare("zero_grad", [
+        ("set_to_none", "bool", "static", "set_to_none as given"),
+        ("grads_read", "bool", "static", "the file reads a tensor's .grad (zeroed gradients may be relied on)"),
+    ]),
+    "batch_copy": _declare("batch_copy", [
+        ("pinned", "bool", "static", "the DataLoader whose batch this line moves pins its memory"),
+        ("non_blocking", "bool", "static", "the move passes non_blocking=True"),
+    ]),
+})
+SUBJECT_FACTS["dataloader"].update(_declare("dataloader", [
+    ("model_params", "count", "run",
+     "parameters of the largest model the run saw, beside the loader that feeds it (batch size x model size)"),
+]))
+SUBJECT_FACTS["worker_hotspot"].update(_declare("worker_hotspot", [
+    ("io_call", "str", "static", "the file open / read / decode call at the hot line, as written"),
+]))
 SUBJECT_KINDS = tuple(SUBJECT_FACTS)
 
 

@@ -17,14 +17,23 @@ from pathlib import Path
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static import (
+    backend_flags,
+    batch_copy,
+    conv_bias,
+    conv_net,
     cpu_to_device,
     dataloader,
     dataparallel,
     empty_cache,
     host_read,
+    loader_model,
     loss_holder,
+    optimizer,
     targets_cuda,
+    tf32,
     uses_amp,
+    worker_io,
+    zero_grad,
 )
 from perfdoctor.facts.static.index import read
 
@@ -38,6 +47,15 @@ DETECTORS = (
     host_read.detect,
     targets_cuda.detect,
     uses_amp.detect,
+    backend_flags.detect,
+    conv_net.detect,
+    conv_bias.detect,
+    tf32.detect,
+    optimizer.detect,
+    zero_grad.detect,
+    batch_copy.detect,
+    worker_io.detect,
+    loader_model.detect,
 )
 
 

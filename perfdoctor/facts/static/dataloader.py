@@ -64,14 +64,14 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     on_cuda = _pin_memory_on_cuda(index, call, given, star_kw or star_args)
     if isinstance(on_cuda, bool):
         put(s, "pin_memory_on_cuda", on_cuda)
-    moves = _batch_moves(index, call)
+    moves = batch_moves(index, call)
     if moves:
         put(s, "feeds_cuda", True)
         put(s, "non_blocking", all(
             isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m in moves))
 
 
-def _batch_moves(index: SourceIndex, dl_call: ast.Call) -> list[ast.Call]:
+def batch_moves(index: SourceIndex, dl_call: ast.Call) -> list[ast.Call]:
     """`.cuda()` / `.to(device)` calls on the batches of `for ... in <this loader>` loops: in the
     scope that names the loader, and in a function of this file it is passed to (one level)."""
     parent = index.parents.get(dl_call)

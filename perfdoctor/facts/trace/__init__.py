@@ -24,6 +24,7 @@ from perfdoctor.facts.trace import (
     device,
     empty_cache,
     gpu,
+    layout,
     matmul,
     sync,
 )
@@ -51,6 +52,7 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
             sync.add(ctx)
             copies.add(ctx)
             empty_cache.add(ctx)
+            layout.add(ctx)
         matmul.add(ctx)
         comm.add(ctx)
         dataparallel.add(ctx)
