@@ -48,7 +48,7 @@ CASES: list[tuple[str, list[str], bool]] = [
     ("needs_args.py", ["--epochs", "1", "--batches-per-epoch", "5"], False),
     ("pkg_entry", [], True),
 ]
-OWN = ["pickling.py", "compiled.py", "signals_and_files.py", "lbfgs_long.py"]
+OWN = ["pickling.py", "compiled.py", "signals_and_files.py", "lbfgs_long.py", "own_profiler.py"]
 
 
 def _env() -> dict:

@@ -26,6 +26,7 @@ from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
 from perfdoctor.capture.probes.forward import ForwardProbe
 from perfdoctor.capture.probes.holders import HolderScanner
 from perfdoctor.capture.probes.host_reads import HostReadProbe
+from perfdoctor.capture.probes.user_profiler import UserProfilerGuard
 from perfdoctor.capture.window import BUDGET_EVENTS, BUDGET_S, Window
 from perfdoctor.capture.writer import RunWriter
 from perfdoctor.contracts.run import Exit, Meta, Probes
@@ -69,6 +70,7 @@ class Recorder:
         self.holders = HolderScanner(torch)
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
         self.window = self._new_window()
+        self.user_profiler = UserProfilerGuard(torch, lambda: self.window, self.errors)
         self.forward.poll = self.dataloader.poll = self._poll  # the window's time budget, inside long steps
         self.pid = os.getpid()
         self.main_ident = threading.get_ident()
@@ -76,7 +78,7 @@ class Recorder:
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
-                        self.host_reads)
+                        self.host_reads, self.user_profiler)
 
     @property
     def stopping(self) -> bool:

@@ -148,6 +148,7 @@ class Window:
         self.events_per_step: int | None = None  # the estimate at the end of the warm-up
         self.ticked = 0  # the last step that ended (tick)
         self.pc = time.perf_counter
+        self.own = False  # perfdoctor's own profiler is being started or stepped (UserProfilerGuard)
 
     # -- driven by the step clock -----------------------------------------------------------
     def tick(self, i: int) -> None:
@@ -181,7 +182,7 @@ class Window:
                     self._fit_events()
                 elif self.state == "active" and i >= self.last_step:
                     self._stop_python()
-                with _without_kineto_chatter():
+                with _without_kineto_chatter(), self._own_call():
                     self.prof.step()
                 if self.state == "active" and i >= self.last_step:
                     self.completed = self.recorded >= self.active
@@ -209,6 +210,28 @@ class Window:
         self._stop_python()
         self._stop_profiler()
 
+    @contextlib.contextmanager
+    def _own_call(self) -> Iterator[None]:
+        self.own = True
+        try:
+            yield
+        finally:
+            self.own = False
+
+    def yield_to_user(self) -> None:
+        """The script starts a profiler of its own (torch.profiler, torch.autograd.profiler): kineto
+        runs one profiler at a time, and two at once crash the process. perfdoctor's window ends
+        here, keeping what it recorded, and never starts afterwards; the report says why."""
+        if self.state == "done":
+            return
+        self.stopped_by = "user-profiler"
+        self.last_step = self.ticked  # the last step that ended before it
+        if self.state == "wait":
+            self.state, self.next_at = "done", 1 << 62
+            return
+        self._stop_python()
+        self._stop_profiler()
+
     def _fit_events(self) -> None:
         """End of the warm-up: cut the recorded steps to what the event budget holds."""
         if self.cprof is None or not self.python_steps:
@@ -229,7 +252,7 @@ class Window:
         self.prof = tp.profile(activities=acts, record_shapes=True, with_stack=True,
                                schedule=tp.schedule(wait=0, warmup=self.warmup, active=self.active, repeat=1),
                                on_trace_ready=self._save_trace)
-        with _without_kineto_chatter():
+        with _without_kineto_chatter(), self._own_call():
             self.prof.start()
         self.deadline = self.pc() + self.budget_s
 

@@ -46,7 +46,8 @@ class Window(Struct, kw_only=True):
     error: str | None = None
     budget_s: float | None = None  # the window's wall-time budget (capture/window.py)
     budget_events: int | None = None  # its budget of estimated trace events in the recorded steps
-    stopped_by: str | None = None  # "time" | "events": the budget ended the window before its last step
+    stopped_by: str | None = None  # "time" | "events": the budget ended the window before its last step;
+    # "user-profiler": the script started a profiler of its own
     events_per_step: int | None = None  # the estimate of trace events per step, from the warm-up
 
 

@@ -562,6 +562,10 @@ def load_run(run_dir: Path) -> RunData:
         if win.stopped_by == "time":
             notes.append(f"profiler window stopped at its time budget ({win.budget_s or 0:g} s) in step {win.last_step}: "
                          f"{profiled} of {win.active} steps recorded, the run went on unprofiled")
+        elif win.stopped_by == "user-profiler":
+            notes.append(f"the script started a torch.profiler of its own after step {win.last_step}: perfdoctor's "
+                         f"profiler window stepped aside there (one profiler runs at a time), {profiled} of "
+                         f"{win.active} steps recorded")
         elif win.stopped_by == "events":
             notes.append(f"profiler window shortened to its event budget ({win.budget_events or 0:,} trace events, "
                          f"about {win.events_per_step or 0:,} per step estimated): {profiled} of {win.active} steps recorded")

@@ -1,0 +1,41 @@
+"""The script's own profiler (`torch.profiler.profile`, `torch.autograd.profiler.profile`). kineto runs
+one profiler at a time: a script that profiles itself while perfdoctor's window records crashes the
+process (nanoGPT's bench.py --profile=True segfaulted). Both APIs prepare their trace through
+`torch.autograd.profiler.profile._prepare_trace`; a call of it that is not perfdoctor's own ends
+perfdoctor's window first (`Window.yield_to_user`), and the script's profiler runs as it does bare."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from perfdoctor.capture.patches import ErrorLog, Patches
+
+
+class UserProfilerGuard:
+    def __init__(self, torch: Any, window: Callable[[], Any], err: ErrorLog):
+        self.torch = torch
+        self.window = window  # the recorder's current window (a stronger step clock replaces it)
+        self.err = err
+        self.patches = Patches()
+
+    def install(self) -> None:
+        import torch.autograd.profiler  # noqa: F401 - make the submodule an attribute
+
+        guard = self
+        cls = self.torch.autograd.profiler.profile
+        orig = cls._prepare_trace
+
+        def _prepare_trace(prof: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                window = guard.window()
+                if not window.own:
+                    window.yield_to_user()
+            except Exception as e:  # noqa: BLE001 - the script's profiler must start whatever happens here
+                guard.err("user_profiler", e)
+            return orig(prof, *args, **kwargs)
+
+        self.patches.replace(cls, "_prepare_trace", _prepare_trace)
+
+    def uninstall(self) -> None:
+        self.patches.undo()
