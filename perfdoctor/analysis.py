@@ -36,6 +36,7 @@ from perfdoctor.report import html, jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, check_settings, describe_changes, load_settings
 from perfdoctor.rules.engine import judge
+from perfdoctor.rules.expr import names_in
 
 if TYPE_CHECKING:  # imported where used: the trace layer is not needed to start every command
     from perfdoctor.facts.trace import RankSummary
@@ -212,9 +213,11 @@ def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[
     for fact in per_rank[slowest][0]:
         if fact.name not in facts:
             facts.add(fact.name, fact.value, fact.unit, fact.source, fact.detail)
-    # cross-rank rules only: per-rank rules were judged on each rank
+    # cross-rank rules only (those that read the ranks.* facts): per-rank rules were judged on each
+    # rank, with that rank's subjects and facts; the merged facts hold the pace rank's globals alone
+    cross = [r for r in rules if any(n.startswith("ranks.") for n in names_in(r.when))]
     seen = {f.fingerprint() for f in findings}
-    findings += [f for f in judge(facts, rules, settings) if f.fingerprint() not in seen]
+    findings += [f for f in judge(facts, cross, settings) if f.fingerprint() not in seen]
     findings.sort(key=Finding.sort_key)
     return facts, summary, findings, rows, slowest
 
