@@ -429,23 +429,18 @@ class _Status:
             sys.stderr.flush()
 
 
-def run_script(target: str, *, module: bool = False, script_args: list[str] | tuple[str, ...] = (),
-               out_dir: Path | None = None, steps: int | None = None, script_stdout_to_stderr: bool = False,
-               show_status: bool = False, window: tuple[int, int, int] | None = None) -> RunResult:
-    """Run a training script (or `-m` module) under perfdoctor's capture; return where the run folder is."""
+def _check(target: str, module: bool, steps: int | None) -> None:
     if not module and not Path(target).is_file():
         raise InputError(f"no such script: {target}")
     if steps is not None and steps < 1:
         raise InputError("--steps must be 1 or more")
-    run_dir = new_run_dir(target, module, out_dir)
-    cmd = [sys.executable, "-m", "perfdoctor.capture.child", "--run-dir", str(run_dir), "--parent-pid", str(os.getpid())]
-    if steps:
-        cmd += ["--steps", str(steps)]
-    if window:
-        cmd += ["--window", ",".join(str(int(x)) for x in window)]
-    if module:
-        cmd.append("--module")
-    cmd += [target, "--", *script_args]
+
+
+def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, window: tuple[int, int, int] | None,
+            script_stdout_to_stderr: bool, show_status: bool) -> tuple[int, bool, float]:
+    """Start the child command (the script's stdout to stderr where asked), show the status line read
+    from `partial` while it runs, and wait for it: (its exit code, as a shell reports a signal,
+    whether a signal was passed on to it, the wall time)."""
     stdout = None
     if script_stdout_to_stderr:
         try:
@@ -457,7 +452,7 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
         from perfdoctor.capture.window import plan
 
         skip, warmup, active = plan(steps, window)
-        status = _Status(target, run_dir / PARTIAL, Progress(steps, skip + warmup + active))
+        status = _Status(target, partial, Progress(steps, skip + warmup + active))
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=_child_env(), stdout=stdout)
     try:
@@ -468,7 +463,26 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
             status.stop()
     rc = proc.returncode
     code = rc if rc >= 0 else 128 - rc  # killed by signal N: 128 + N, as a shell reports it
-    meta = _finish_meta(run_dir, target, module, list(script_args), code, received > 0, time.monotonic() - t0)
+    return code, received > 0, time.monotonic() - t0
+
+
+def run_script(target: str, *, module: bool = False, script_args: list[str] | tuple[str, ...] = (),
+               out_dir: Path | None = None, steps: int | None = None, script_stdout_to_stderr: bool = False,
+               show_status: bool = False, window: tuple[int, int, int] | None = None) -> RunResult:
+    """Run a training script (or `-m` module) under perfdoctor's capture; return where the run folder is."""
+    _check(target, module, steps)
+    run_dir = new_run_dir(target, module, out_dir)
+    cmd = [sys.executable, "-m", "perfdoctor.capture.child", "--run-dir", str(run_dir), "--parent-pid", str(os.getpid())]
+    if steps:
+        cmd += ["--steps", str(steps)]
+    if window:
+        cmd += ["--window", ",".join(str(int(x)) for x in window)]
+    if module:
+        cmd.append("--module")
+    cmd += [target, "--", *script_args]
+    code, signalled, wall = _launch(cmd, target, run_dir / PARTIAL, steps, window, script_stdout_to_stderr,
+                                    show_status)
+    meta = _finish_meta(run_dir, target, module, list(script_args), code, signalled, wall)
     return RunResult(run_dir=run_dir, exit_code=code if meta.exit.code is None else meta.exit.code,
                      reason=meta.exit.reason or "killed")
 
@@ -487,10 +501,7 @@ def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple
     --nproc-per-node N and the rest), every rank under capture: each writes `rank-<R>` inside the job
     folder, with the same profiled window (by step number) and `--steps`. Returns the job folder, and
     the exit of the first rank that failed (else rank 0's)."""
-    if not module and not Path(target).is_file():
-        raise InputError(f"no such script: {target}")
-    if steps is not None and steps < 1:
-        raise InputError("--steps must be 1 or more")
+    _check(target, module, steps)
     job_dir = new_run_dir(target, module, out_dir)
     child = ["--run-dir", str(job_dir), "--job", "--parent-pid", str(os.getpid())]
     if steps:
@@ -498,33 +509,12 @@ def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple
     if module:
         child.append("--module")
     cmd = launcher_command(list(launcher_args), [*child, target, "--", *script_args])
-    stdout = None
-    if script_stdout_to_stderr:
-        try:
-            stdout = sys.stderr.fileno()
-        except (AttributeError, OSError, ValueError):
-            stdout = 2
-    status = None
-    if show_status:
-        from perfdoctor.capture.window import plan
-
-        skip, warmup, active = plan(steps, None)
-        status = _Status(target, job_dir / rank_dir_name(0) / PARTIAL, Progress(steps, skip + warmup + active))
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=_child_env(), stdout=stdout)
-    try:
-        received = _wait(proc, status.poll if status is not None else lambda: None,
-                         status.start if status is not None else lambda: None)
-    finally:
-        if status is not None:
-            status.stop()
-    rc = proc.returncode
-    code = rc if rc >= 0 else 128 - rc
+    code, signalled, wall = _launch(cmd, target, job_dir / rank_dir_name(0) / PARTIAL, steps, None,
+                                    script_stdout_to_stderr, show_status)
     dirs = rank_dirs(job_dir)
     if not dirs:
         raise InputError(f"torch.distributed.run started no rank (exit {code}): see its error above")
-    wall = time.monotonic() - t0
-    metas = [_finish_meta(d, target, module, list(script_args), code, received > 0, wall) for _, d in dirs]
+    metas = [_finish_meta(d, target, module, list(script_args), code, signalled, wall) for _, d in dirs]
     bad = next((m for m in metas if m.exit.code), metas[0])
     return RunResult(run_dir=job_dir, exit_code=code if bad.exit.code is None else bad.exit.code,
                      reason=bad.exit.reason or "killed")
