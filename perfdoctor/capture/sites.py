@@ -77,7 +77,7 @@ def call_node_at(frame: Any) -> ast.Call | None:
             pos = list(frame.f_code.co_positions())[frame.f_lasti // 2]
         except (IndexError, ValueError):
             pos = None
-    line = frame.f_lineno
+    line = frame.f_lineno or 0
     best = None
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):

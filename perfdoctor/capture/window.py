@@ -109,8 +109,11 @@ class Sampler(threading.Thread):
             while f is not None and not is_user_file(f.f_code.co_filename):
                 f = f.f_back
             self.samples += 1
-            if f is not None:
-                key = (f.f_code.co_filename, f.f_lineno)
+            # a frame seen from another thread between instructions has no line yet (f_lineno None
+            # on 3.11+): the sample counts, its line does not
+            line = f.f_lineno if f is not None else None
+            if line is not None:
+                key = (f.f_code.co_filename, line)
                 counts[key] = counts.get(key, 0) + 1
 
     def stop(self) -> None:
