@@ -24,8 +24,10 @@ from perfdoctor.capture.probes.dataloader import DataLoaderProbe
 from perfdoctor.capture.probes.dataparallel import DataParallelProbe
 from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
 from perfdoctor.capture.probes.forward import ForwardProbe
+from perfdoctor.capture.probes.gc_calls import GcCallProbe
 from perfdoctor.capture.probes.holders import HolderScanner
 from perfdoctor.capture.probes.host_reads import HostReadProbe
+from perfdoctor.capture.probes.stalls import StallSampler
 from perfdoctor.capture.window import Window
 from perfdoctor.capture.writer import RunWriter
 from perfdoctor.contracts.run import Exit, Meta, Probes
@@ -54,6 +56,8 @@ class Recorder:
         self.dataparallel = DataParallelProbe(torch, self.errors)
         self.holders = HolderScanner(torch)
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
+        self.gc_calls = GcCallProbe(self.clock, self.errors)
+        self.stalls = StallSampler(self.clock)
         self.window = self._new_window()
         self.pid = os.getpid()
         self.main_ident = threading.get_ident()
@@ -61,7 +65,7 @@ class Recorder:
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
-                        self.host_reads)
+                        self.host_reads, self.gc_calls, self.stalls)
 
     @property
     def stopping(self) -> bool:
@@ -166,7 +170,8 @@ class Recorder:
         probes = Probes(dataloaders=self.dataloader.records(), dataparallel=self.dataparallel.records(),
                         empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
                         forward=self.forward.records(), loss_holders=self.holders.records(),
-                        host_reads=self.host_reads.records())
+                        host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(),
+                        stalls=self.stalls.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb)

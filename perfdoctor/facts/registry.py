@@ -139,6 +139,13 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
                                                "in a static read without a move)"),
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),
         ("multiprocess", "bool", "trace", "the trace shows a multi-process iterator"),
+        # worker start-up per epoch (PD015)
+        ("constructed", "count", "run", "times the DataLoader was built at this line"),
+        ("epochs", "count", "run", "iterators started (epochs begun)"),
+        ("batches_per_epoch", "count", "run", "len(loader)"),
+        ("startup_ms", "ms", "run", "time to an epoch's first batch beyond a steady step's wait, median over "
+                                    "the epochs after the first (ms per epoch)"),
+        ("startup_ms_per_step", "ms", "run", "startup_ms / batches_per_epoch: the start-up's share of every step"),
     ]),
     "dataparallel": _declare("dataparallel", [
         ("constructed", "bool", "run", "the run saw nn.DataParallel constructed"),
@@ -190,6 +197,18 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("share", "ratio", "run", "its share of the workers' sampled time"),
         ("workers", "count", "run", "DataLoader worker processes sampled"),
         ("busy", "ratio", "run", "sampled running time per worker over the window's wall time"),
+    ]),
+    "gc_collect": _declare("gc_collect", [
+        ("calls_per_step", "count", "run", "gc.collect() calls at this line per steady step"),
+        ("ms", "ms", "run", "time in those calls per steady step (mean)"),
+        ("ms_per_call", "ms", "run", "median time of one call"),
+    ]),
+    "periodic_stall": _declare("periodic_stall", [
+        ("period", "count", "run", "every how many steps a step is slower (outside data loading)"),
+        ("stalls", "count", "run", "slow steps of the pattern among the steady steps"),
+        ("extra_ms", "ms", "run", "mean extra time of such a step over the other steps' median (ms per stall)"),
+        ("ms_per_step", "ms", "run", "the stalls' extra time spread over every steady step"),
+        ("share", "ratio", "run", "share of the slow steps' samples with this line on the stack"),
     ]),
 }
 SUBJECT_KINDS = tuple(SUBJECT_FACTS)

@@ -1,5 +1,5 @@
 """DataLoaders: where each was built and with what, how long each step waited for its batches,
-and whether its batches went to a CUDA device (with `capture/probes/cuda_batches.py`).
+how long each epoch's iterator took to its first batch (worker start-up, PD015), and whether its batches went to a CUDA device (with `capture/probes/cuda_batches.py`).
 
 `DataLoader.__next__` is also the DataLoader step clock's event and the step's data time.
 """
@@ -16,12 +16,14 @@ from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
 from perfdoctor.contracts.run import DataLoaderKwargs, DataLoaderRecord, Site
 
+MAX_EPOCHS = 1000  # first-batch times kept per loader
+
 
 class LoaderState:
     """One DataLoader construction site, while the run goes on."""
 
     __slots__ = ("id", "site", "kwargs", "style", "dataset", "batches", "waits", "cur", "to_cuda",
-                 "non_blocking", "constructed", "cuda_seen")
+                 "non_blocking", "constructed", "cuda_seen", "first_batch_ms", "length")
 
     def __init__(self, i: int, site: Site | None):
         self.id, self.site = i, site
@@ -35,12 +37,15 @@ class LoaderState:
         self.non_blocking: bool | None = None
         self.constructed = 0
         self.cuda_seen = 0  # batches seen moved to CUDA
+        self.first_batch_ms: list[float] = []  # per iterator (epoch): from iter() to its first batch
+        self.length: int | None = None  # len(loader): batches per epoch
 
     def record(self) -> DataLoaderRecord:
         return DataLoaderRecord(id=self.id, site=self.site, kwargs=self.kwargs, kwargs_style=self.style,
                                 dataset=self.dataset, constructed=self.constructed, batches=self.batches,
                                 wait_ms_per_step=[round(w, 4) for w in self.waits], to_cuda=self.to_cuda,
-                                non_blocking=self.non_blocking)
+                                non_blocking=self.non_blocking,
+                                first_batch_ms=[round(x, 4) for x in self.first_batch_ms], length=self.length)
 
 
 class DataLoaderProbe:
@@ -75,15 +80,23 @@ class DataLoaderProbe:
                 if lrec is not None:
                     lrec.cur += dt
             if lrec is not None:
+                t0 = getattr(it, "_pd_t0", None)
+                if t0 is not None:  # the epoch's first batch: iter() (worker start-up) and this wait
+                    it._pd_t0 = None
+                    if len(lrec.first_batch_ms) < MAX_EPOCHS:
+                        lrec.first_batch_ms.append((clock.pc() - t0) * 1e3)
                 lrec.batches += 1
                 if probe.cuda.active and lrec.cuda_seen < 3:
                     probe.cuda.tag(batch, lrec)
             return batch
 
         def __iter__(loader: Any) -> Any:
+            t = clock.pc()
             it = orig_iter(loader)
+            clock.data += clock.pc() - t  # starting the workers is data loading
             try:
                 it._pd_rec = loader.__dict__.get("_pd_rec")
+                it._pd_t0 = t
                 if getattr(it, "_workers", None):
                     probe.worker_iters.add(it)
             except Exception:  # noqa: BLE001
@@ -126,6 +139,10 @@ class DataLoaderProbe:
                                        drop_last=bool(loader.drop_last))
         lrec.style = sites.kwargs_style(uf) if uf is not None else "literal"
         lrec.dataset = type(loader.dataset).__name__
+        try:
+            lrec.length = len(loader)
+        except TypeError:  # an IterableDataset without __len__
+            lrec.length = None
         lrec.constructed += 1
         loader.__dict__["_pd_rec"] = lrec
 

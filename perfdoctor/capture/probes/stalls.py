@@ -1,0 +1,84 @@
+"""Where the main thread is, sampled through the whole run, by step (PD020's evidence).
+
+A thread looks at the main thread's stack every INTERVAL_S and counts, for the step being timed
+then, every line of the user's code on it (each once per sample, with the smallest depth seen, 0
+the outermost user frame). The facts compare the slow steps of a periodic pattern with the others:
+a line seen on the slow steps and hardly ever on the rest is what runs on them (a checkpoint, an
+evaluation). O(stack depth) per sample and nothing per step; the first MAX_STEPS steps only.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import threading
+
+from perfdoctor.capture.clock import StepClock
+from perfdoctor.contracts.run import Site, StallLine, StallSamples
+from perfdoctor.usercode import is_user_file
+
+INTERVAL_S = 0.005
+MAX_STEPS = 5000
+MAX_DEPTH = 32  # user frames looked at per sample, innermost first
+
+
+class StallSampler(threading.Thread):
+    def __init__(self, clock: StepClock):
+        super().__init__(name="perfdoctor-stalls", daemon=True)
+        self.clock = clock
+        self.main_ident = threading.get_ident()
+        self.halt = threading.Event()
+        self.samples: dict[int, int] = {}  # step -> samples
+        self.lines: dict[tuple, dict[int, int]] = {}  # (file, line, function) -> step -> samples
+        self.depth: dict[tuple, int] = {}
+        self._user: dict[str, bool] = {}
+
+    def install(self) -> None:
+        self.start()
+
+    def uninstall(self) -> None:
+        self.halt.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout=1.0)
+
+    def run(self) -> None:
+        frames, user, clock = sys._current_frames, self._user, self.clock
+        while not self.halt.wait(INTERVAL_S):
+            if clock.kind is None:
+                continue  # no step has begun
+            i = len(clock.steps) + 1
+            if i > MAX_STEPS:
+                return
+            f = frames().get(self.main_ident)
+            chain = []
+            while f is not None and len(chain) < MAX_DEPTH:
+                fn = f.f_code.co_filename
+                u = user.get(fn)
+                if u is None:
+                    u = user[fn] = is_user_file(fn)
+                if u:
+                    chain.append((fn, f.f_lineno, f.f_code.co_name))
+                f = f.f_back
+            self.samples[i] = self.samples.get(i, 0) + 1
+            n = len(chain)
+            for k, key in enumerate(dict.fromkeys(chain)):
+                per = self.lines.get(key)
+                if per is None:
+                    per = self.lines[key] = {}
+                per[i] = per.get(i, 0) + 1
+                d = n - 1 - k
+                if d < self.depth.get(key, MAX_DEPTH):
+                    self.depth[key] = d
+
+    def records(self) -> StallSamples:
+        self.uninstall()  # the counts stop changing
+        out = []
+        for (fn, ln, func), per in list(self.lines.items()):
+            path = os.path.abspath(fn)
+            out.append(StallLine(site=Site(file=path, line=ln, code=linecache.getline(path, ln).strip(),
+                                           function=func),
+                                 depth=self.depth.get((fn, ln, func), 0),
+                                 by_step=[[i, c] for i, c in sorted(per.items())]))
+        return StallSamples(interval_s=INTERVAL_S, samples_by_step=[[i, c] for i, c in sorted(self.samples.items())],
+                            lines=out)
