@@ -35,6 +35,9 @@ PROBLEMS = [
     "pd007_fp32_without_amp.py",
     "pd013_anomaly_detection.py",
     "pd014_slow_dataset.py",
+    "pd015_persistent_workers.py",
+    "pd020_periodic_stall.py",
+    "pd027_gc_in_loop.py",
 ]
 FIXED = sorted(p.name for p in SAMPLES.glob("pd0*_fixed.py")) + ["clean.py"]
 USES_AUTOCAST = {"pd007_fp32_without_amp_fixed.py", "clean.py"}
