@@ -141,3 +141,14 @@ def test_worker_startup_every_epoch(tmp_path):
 def test_worker_startup_quiet_where_persistence_cannot_help(tmp_path, kw):
     _, fs = findings(make_run(tmp_path, wall=lambda i: 40.0, probes=_loader(**kw)))
     assert not fs
+
+
+def test_worker_startup_measured_on_the_epoch_start_steps(tmp_path):
+    # epochs of 8 steps; the steps that start epochs 3..5 are steady and take 200 ms more
+    probes = _loader()
+    probes["dataloaders"][0]["first_batch_step"] = [1, 9, 17, 25, 33]
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 240.0 if i in (17, 25, 33) else 40.0, probes=probes))
+    (dl,) = r.facts.of_kind("dataloader")
+    assert dl.facts["dataloader.startup_ms"].value == pytest.approx(200.0)
+    (finding,) = fs
+    assert finding.ms_per_step == pytest.approx(25.0)

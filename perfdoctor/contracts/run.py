@@ -142,6 +142,7 @@ class DataLoaderRecord(Struct, kw_only=True):
     to_cuda: bool = False  # a batch from it was moved to a CUDA device
     non_blocking: bool | None = None
     first_batch_ms: list[float] = []  # per epoch (iterator): from iter(loader) to its first batch
+    first_batch_step: list[int] = []  # per epoch: the step its first batch arrived in
     length: int | None = None  # len(loader), batches per epoch (None for an IterableDataset without len)
 
 

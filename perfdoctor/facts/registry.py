@@ -143,8 +143,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("constructed", "count", "run", "times the DataLoader was built at this line"),
         ("epochs", "count", "run", "iterators started (epochs begun)"),
         ("batches_per_epoch", "count", "run", "len(loader)"),
-        ("startup_ms", "ms", "run", "time to an epoch's first batch beyond a steady step's wait, median over "
-                                    "the epochs after the first (ms per epoch)"),
+        ("startup_ms", "ms", "run", "an epoch start's extra time over a steady step (workers started again, "
+                                    "their first batch), median over the epochs after the first (ms per epoch)"),
         ("startup_ms_per_step", "ms", "run", "startup_ms / batches_per_epoch: the start-up's share of every step"),
     ]),
     "dataparallel": _declare("dataparallel", [

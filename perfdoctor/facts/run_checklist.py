@@ -30,8 +30,15 @@ def _subject(facts: Facts, kind: str, site: Site | None) -> Subject | None:
 
 
 def worker_startup(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
-    """PD015: a DataLoader's time to each epoch's first batch beyond a steady step's wait (its
-    workers' start-up, re-paid every epoch unless they persist), and that cost per step."""
+    """PD015: what a DataLoader's epoch start costs beyond a steady step, and that cost per step.
+
+    Measured on the step each epoch's first batch arrived in: its time less the median of the other
+    steady steps. That holds the wait for the new workers (`iter()` and the first batch) and what
+    starting them costs the training process besides (forking a large process, then copy-on-write
+    page faults). The first epoch pays it whatever the settings: the later ones are what persistent
+    workers save. Where no epoch start is a steady step, the time to the first batch less the steady
+    wait stands in (the wait alone)."""
+    walls = {x["i"]: x["wall_ms"] for x in steady}
     for dl in probes.dataloaders:
         s = _subject(facts, "dataloader", dl.site)
         if s is None:
@@ -40,14 +47,25 @@ def worker_startup(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -
         first = dl.first_batch_ms
         s.add("epochs", len(first), "count")
         s.add("batches_per_epoch", dl.length, "count")
-        waits = [dl.wait_ms_per_step[x["i"] - 1] for x in steady if 0 < x["i"] <= len(dl.wait_ms_per_step)]
-        if len(first) < 2 or not waits or not dl.length:
+        if len(first) < 2 or not dl.length or not walls:
             continue
-        # the first epoch pays the start-up whatever the settings: the later ones are what persistence saves
-        steady_wait = statistics.median(waits)
-        startup = max(0.0, statistics.median(first[1:]) - steady_wait)
-        s.add("startup_ms", startup, "ms", detail=f"median time to the first batch of epochs 2..{len(first)} "
-              f"less the median steady wait ({steady_wait:.1f} ms)", per_step=tuple(first[1:]))
+        starts = set(dl.first_batch_step[1:])
+        others = [w for i, w in walls.items() if i not in starts]
+        on = [walls[i] for i in dl.first_batch_step[1:] if i in walls]
+        if on and others:
+            base = statistics.median(others)
+            extra = [max(0.0, w - base) for w in on]
+            startup = statistics.median(extra)
+            detail = (f"median over {len(on)} steady epoch-start steps of their time less the other steady steps' "
+                      f"median ({base:.1f} ms)")
+        else:
+            waits = [dl.wait_ms_per_step[i - 1] for i in walls if 0 < i <= len(dl.wait_ms_per_step)]
+            if not waits:
+                continue
+            extra = [max(0.0, x - statistics.median(waits)) for x in first[1:]]
+            startup = statistics.median(extra)
+            detail = f"median time to the first batch of epochs 2..{len(first)} less the median steady wait"
+        s.add("startup_ms", startup, "ms", detail=detail, per_step=tuple(extra))
         s.add("startup_ms_per_step", startup / dl.length, "ms",
               detail=f"startup_ms / {dl.length} batches per epoch")
 

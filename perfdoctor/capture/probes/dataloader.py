@@ -23,7 +23,7 @@ class LoaderState:
     """One DataLoader construction site, while the run goes on."""
 
     __slots__ = ("id", "site", "kwargs", "style", "dataset", "batches", "waits", "cur", "to_cuda",
-                 "non_blocking", "constructed", "cuda_seen", "first_batch_ms", "length")
+                 "non_blocking", "constructed", "cuda_seen", "first_batch_ms", "first_batch_step", "length")
 
     def __init__(self, i: int, site: Site | None):
         self.id, self.site = i, site
@@ -38,6 +38,7 @@ class LoaderState:
         self.constructed = 0
         self.cuda_seen = 0  # batches seen moved to CUDA
         self.first_batch_ms: list[float] = []  # per iterator (epoch): from iter() to its first batch
+        self.first_batch_step: list[int] = []  # the step each epoch's first batch arrived in
         self.length: int | None = None  # len(loader): batches per epoch
 
     def record(self) -> DataLoaderRecord:
@@ -45,7 +46,8 @@ class LoaderState:
                                 dataset=self.dataset, constructed=self.constructed, batches=self.batches,
                                 wait_ms_per_step=[round(w, 4) for w in self.waits], to_cuda=self.to_cuda,
                                 non_blocking=self.non_blocking,
-                                first_batch_ms=[round(x, 4) for x in self.first_batch_ms], length=self.length)
+                                first_batch_ms=[round(x, 4) for x in self.first_batch_ms],
+                                first_batch_step=self.first_batch_step, length=self.length)
 
 
 class DataLoaderProbe:
@@ -85,6 +87,7 @@ class DataLoaderProbe:
                     it._pd_t0 = None
                     if len(lrec.first_batch_ms) < MAX_EPOCHS:
                         lrec.first_batch_ms.append((clock.pc() - t0) * 1e3)
+                        lrec.first_batch_step.append(len(clock.steps) + 1)
                 lrec.batches += 1
                 if probe.cuda.active and lrec.cuda_seen < 3:
                     probe.cuda.tag(batch, lrec)
