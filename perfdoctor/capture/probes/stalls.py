@@ -51,7 +51,7 @@ class StallSampler(threading.Thread):
             if i > MAX_STEPS:
                 return
             f = frames().get(self.main_ident)
-            chain = []
+            chain: list[tuple[str, int, str]] = []
             while f is not None and len(chain) < MAX_DEPTH:
                 fn = f.f_code.co_filename
                 u = user.get(fn)
