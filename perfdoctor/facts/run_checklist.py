@@ -15,6 +15,7 @@ MIN_STALLS = 3  # slow steps a pattern needs among the steady steps (and other s
 SLOW_MADS = 2.0  # every slow step above the other steps' median by this many (scaled) MADs ...
 SLOW_FRACTION = 0.2  # ... and at least this share of that median
 SLOW_MIN_MS = 1.0  # ... and at least this much
+HIT_RATE = 0.75  # share of the pattern's steps that must be that slow (a loaded machine hides a few)
 NORMAL_MAX_SHARE = 0.10  # a line seen on this share of the other steps' samples runs on every step
 LINE_MIN_SHARE = 0.5  # the line must account for this share of the stall's extra time
 
@@ -93,8 +94,8 @@ def gc_calls(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None
 
 def _period(xs: list[tuple[int, float]]) -> tuple[int, list[int]] | None:
     """(period, the pattern's step indices) for `xs` ((step, ms) pairs): the smallest period with a
-    residue class of at least MIN_STALLS steps that are all slower than every other step's median by
-    clearly more than the others' spread; or None."""
+    residue class of at least MIN_STALLS steps, HIT_RATE of them slower than the other steps' median
+    by clearly more than the others' spread; or None."""
     for p in range(2, len(xs) // MIN_STALLS + 1):
         for r in range(p):
             members = [v for i, v in xs if i % p == r]
@@ -103,7 +104,8 @@ def _period(xs: list[tuple[int, float]]) -> tuple[int, list[int]] | None:
                 continue
             med = statistics.median(others)
             spread = statistics.median(abs(v - med) for v in others) * 1.4826
-            if min(members) > med + max(SLOW_MADS * spread, SLOW_FRACTION * med, SLOW_MIN_MS):
+            cut = med + max(SLOW_MADS * spread, SLOW_FRACTION * med, SLOW_MIN_MS)
+            if sum(v > cut for v in members) >= HIT_RATE * len(members):
                 return p, [i for i, _ in xs if i % p == r]
     return None
 
