@@ -152,3 +152,11 @@ def test_worker_startup_measured_on_the_epoch_start_steps(tmp_path):
     assert dl.facts["dataloader.startup_ms"].value == pytest.approx(200.0)
     (finding,) = fs
     assert finding.ms_per_step == pytest.approx(25.0)
+
+
+def test_periodic_stall_needs_its_line_on_most_stalls(tmp_path):
+    # a line seen on one slow step only (a chance sample under load) names no stall
+    slow = [i for i in range(1, 41) if i % 4 == 1]
+    probes = _stall_probes([slow[-1]])
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 60.0 if i % 4 == 1 else 10.0, probes=probes))
+    assert not r.facts.of_kind("periodic_stall") and not fs

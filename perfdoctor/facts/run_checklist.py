@@ -18,6 +18,7 @@ SLOW_MIN_MS = 1.0  # ... and at least this much
 HIT_RATE = 0.75  # share of the pattern's steps that must be that slow (a loaded machine hides a few)
 NORMAL_MAX_SHARE = 0.10  # a line seen on this share of the other steps' samples runs on every step
 LINE_MIN_SHARE = 0.5  # the line must account for this share of the stall's extra time
+MIN_SAMPLES = 2  # samples of the line per step of the pattern (stalls under ~10 ms are not named)
 
 
 def _subject(facts: Facts, kind: str, site: Site | None) -> Subject | None:
@@ -138,7 +139,12 @@ def periodic_stall(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -
         per = {int(i): int(c) for i, c in line.by_step}
         share = sum(per.get(i, 0) for i in on) / n_slow
         share_norm = sum(per.get(i, 0) for i, _ in xs if i not in on) / n_norm if n_norm else 0.0
-        if share_norm > NORMAL_MAX_SHARE or share * slow_wall < LINE_MIN_SHARE * extra:
+        seen_on = sum(1 for i in on if per.get(i, 0) > 0)
+        # it runs on (nearly) every step of the pattern, long enough to be sampled there more than
+        # by chance, hardly on the others, and holds the extra time
+        if (seen_on < HIT_RATE * len(on) or sum(per.get(i, 0) for i in on) < MIN_SAMPLES * len(on)
+                or share_norm > NORMAL_MAX_SHARE
+                or share * slow_wall < LINE_MIN_SHARE * extra):
             continue
         key = (line.depth, -share)
         if best is None or key < best[0]:
