@@ -15,7 +15,7 @@ EPOCHS = 40
 
 
 class Samples(Dataset):
-    def __init__(self, n=256):
+    def __init__(self, n=512):
         g = torch.Generator().manual_seed(0)
         self.x = torch.randn(n, 512, generator=g)
         self.y = torch.randint(0, 10, (n,), generator=g)
