@@ -20,12 +20,15 @@ class Clock:
         self.kind: str | None = None
         self.steps: list[tuple] = []
         self.own = 0.0
+        self.step_start = self.pc()
 
     def exclude(self, t0: float) -> None:
         self.own += self.pc() - t0
 
     def tick(self) -> None:
-        self.steps.append((len(self.steps) + 1,))
+        now = self.pc()
+        self.steps.append((len(self.steps) + 1, 0.0, (now - self.step_start) * 1e3))
+        self.step_start = now
 
 
 def test_gc_calls_counted_per_site_and_step(monkeypatch):
@@ -60,7 +63,7 @@ def _checkpoint():
 def test_stall_sampler_sees_the_line_on_its_steps(monkeypatch):
     monkeypatch.setattr("perfdoctor.capture.probes.stalls.is_user_file", lambda f: f == __file__)
     clock = Clock()
-    sampler = StallSampler(clock)  # type: ignore[arg-type]
+    sampler = StallSampler(clock, ErrorLog())  # type: ignore[arg-type]
     sampler.install()
     clock.kind = "optimizer"
     for i in range(1, 7):
@@ -69,7 +72,7 @@ def test_stall_sampler_sees_the_line_on_its_steps(monkeypatch):
             _checkpoint()  # the slow steps
         clock.tick()
     st = sampler.records()
-    assert not sampler.is_alive()
+    assert not sampler.is_alive() and not sampler.err.items
     assert st.samples_by_step and st.interval_s
     ckpt = [x for x in st.lines if x.site is not None and x.site.function == "_checkpoint"]
     assert ckpt and {i for i, _ in ckpt[0].by_step} <= {3, 6}

@@ -57,7 +57,7 @@ class Recorder:
         self.holders = HolderScanner(torch)
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
         self.gc_calls = GcCallProbe(self.clock, self.errors)
-        self.stalls = StallSampler(self.clock)
+        self.stalls = StallSampler(self.clock, self.errors)
         self.window = self._new_window()
         self.pid = os.getpid()
         self.main_ident = threading.get_ident()

@@ -160,5 +160,5 @@ def periodic_stall(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -
     s.add("extra_ms", extra, "ms", detail=f"mean over the pattern's steps, against the others' median "
           f"{base:.1f} ms (step time less data loading)", per_step=tuple(extras))
     s.add("ms_per_step", sum(extras) / len(xs), "ms", detail=f"the stalls' extra time over {len(xs)} steady steps")
-    s.add("share", share, "ratio", detail=f"of {n_slow} samples on the slow steps (sampled every "
-          f"{(st.interval_s or 0) * 1e3:.0f} ms)")
+    s.add("share", share, "ratio", detail=f"of {n_slow} samples on the slow steps (every "
+          f"{(st.interval_s or 0) * 1e3:.0f} ms while a step ran long)")
