@@ -208,7 +208,7 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("stalls", "count", "run", "slow steps of the pattern among the steady steps"),
         ("extra_ms", "ms", "run", "mean extra time of such a step over the other steps' median (ms per stall)"),
         ("ms_per_step", "ms", "run", "the stalls' extra time spread over every steady step"),
-        ("share", "ratio", "run", "share of the slow steps' samples with this line on the stack"),
+        ("share", "ratio", "run", "share of the pattern's slow steps this line was seen running on"),
     ]),
 }
 SUBJECT_KINDS = tuple(SUBJECT_FACTS)

@@ -25,6 +25,7 @@ from perfdoctor.usercode import is_user_file
 
 INTERVAL_S = 0.005  # between looks while a step runs longer than SLOW x the recent median step
 QUIET_S = 0.02  # the shortest wait otherwise: each look takes the GIL from the training loop
+QUIET_MAX_S = 0.1  # the longest (every step seen, whatever the steps' times did so far)
 SLOW = 1.5
 RECENT = 15  # steps the recent median is taken over
 MAX_STEPS = 5000
@@ -67,13 +68,13 @@ class StallSampler(threading.Thread):
             n = len(clock.steps)
             if n >= MAX_STEPS:
                 return
-            recent.extend(s[2] / 1e3 for s in clock.steps[seen:n])
+            recent.extend(s[2] / 1e3 for s in clock.steps[seen:n] if s[0] > 1)  # the first step warms up
             seen = n
             self._sample(n + 1)
             # look often only while the step runs long; otherwise about once a step, QUIET_S at most
             usual = statistics.median(recent) if recent else 0.0
             elapsed = clock.pc() - clock.step_start
-            wait = INTERVAL_S if elapsed > SLOW * usual else max(QUIET_S, SLOW * usual - elapsed)
+            wait = INTERVAL_S if elapsed > SLOW * usual else min(QUIET_MAX_S, max(QUIET_S, SLOW * usual - elapsed))
 
     def _sample(self, i: int) -> None:
         f = sys._current_frames().get(self.main_ident)
