@@ -45,6 +45,9 @@ PROBLEMS = [
     "pd025_batch_too_small.py",
     "pd026_zero_grad_no_none.py",
     "pd028_conv_bias_before_bn.py",
+    "pd015_persistent_workers.py",
+    "pd020_periodic_stall.py",
+    "pd027_gc_in_loop.py",
 ]
 FIXED = sorted(p.name for p in SAMPLES.glob("pd0*_fixed.py")) + ["clean.py"]
 USES_AUTOCAST = {"pd007_fp32_without_amp_fixed.py", "clean.py", "pd023_channels_last.py",

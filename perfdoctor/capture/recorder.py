@@ -24,8 +24,10 @@ from perfdoctor.capture.probes.dataloader import DataLoaderProbe
 from perfdoctor.capture.probes.dataparallel import DataParallelProbe
 from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
 from perfdoctor.capture.probes.forward import ForwardProbe
+from perfdoctor.capture.probes.gc_calls import GcCallProbe
 from perfdoctor.capture.probes.holders import HolderScanner
 from perfdoctor.capture.probes.host_reads import HostReadProbe
+from perfdoctor.capture.probes.stalls import StallSampler
 from perfdoctor.capture.probes.user_profiler import UserProfilerGuard
 from perfdoctor.capture.window import BUDGET_EVENTS, BUDGET_S, Window
 from perfdoctor.capture.writer import RunWriter
@@ -69,6 +71,8 @@ class Recorder:
         self.dataparallel = DataParallelProbe(torch, self.errors)
         self.holders = HolderScanner(torch)
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
+        self.gc_calls = GcCallProbe(self.clock, self.errors)
+        self.stalls = StallSampler(self.clock, self.errors)
         self.window = self._new_window()
         self.user_profiler = UserProfilerGuard(torch, lambda: self.window, self.errors)
         self.forward.poll = self.dataloader.poll = self._poll  # the window's time budget, inside long steps
@@ -78,7 +82,7 @@ class Recorder:
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
-                        self.host_reads, self.user_profiler)
+                        self.host_reads, self.user_profiler, self.gc_calls, self.stalls)
 
     @property
     def stopping(self) -> bool:
@@ -178,7 +182,8 @@ class Recorder:
         probes = Probes(dataloaders=self.dataloader.records(), dataparallel=self.dataparallel.records(),
                         empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
                         forward=self.forward.records(), loss_holders=self.holders.records(),
-                        host_reads=self.host_reads.records())
+                        host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(),
+                        stalls=self.stalls.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb)

@@ -226,6 +226,9 @@ class DataLoaderRecord(Struct, kw_only=True):
     non_blocking: bool | None = None
     sampler: str | UnsetType = UNSET  # the sampler's class name (its batch sampler's, where one was given)
     sharded: bool | UnsetType = UNSET  # a DistributedSampler (or one named so); unset for an IterableDataset
+    first_batch_ms: list[float] = []  # per epoch (iterator): from iter(loader) to its first batch
+    first_batch_step: list[int] = []  # per epoch: the step its first batch arrived in
+    length: int | None = None  # len(loader), batches per epoch (None for an IterableDataset without len)
 
 
 class DataParallelRecord(Struct, kw_only=True):
@@ -278,6 +281,28 @@ class HostReadRecord(Struct, kw_only=True):
     counts_per_step: list[int] = []  # reads per step, step i at index i - 1
 
 
+class GcCallRecord(Struct, kw_only=True):
+    """A line of the user's code that calls gc.collect() (capture/probes/gc_calls.py)."""
+    site: Site | None = None
+    calls: int = 0
+    calls_in_steps: int = 0
+    ms_by_step: list[list[float]] = []  # [step, ms in the calls on that step, calls], steps with a call only
+
+
+class StallLine(Struct, kw_only=True):
+    """A line of the user's code on the main thread's stack, sampled through the whole run
+    (capture/probes/stalls.py): on which steps it was seen and how often."""
+    site: Site | None = None
+    depth: int = 0  # the smallest depth it was seen at, 0 the outermost user frame
+    by_step: list[list[int]] = []  # [step, samples] pairs, steps where it was seen only
+
+
+class StallSamples(Struct, kw_only=True):
+    interval_s: float | None = None
+    samples_by_step: list[list[int]] = []  # [step, samples] pairs
+    lines: list[StallLine] = []
+
+
 class Probes(Struct, kw_only=True):
     dataloaders: list[DataLoaderRecord] = []
     dataparallel: list[DataParallelRecord] = []
@@ -286,6 +311,8 @@ class Probes(Struct, kw_only=True):
     forward: list[ForwardRecord] = []
     loss_holders: list[LossHolderRecord] = []
     host_reads: list[HostReadRecord] = []
+    gc_calls: list[GcCallRecord] = []
+    stalls: StallSamples | None = None
 
 
 # -- hotspots.json -----------------------------------------------------------------------------

@@ -157,6 +157,13 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("multiprocess", "bool", "trace", "the trace shows a multi-process iterator"),
         ("sampler", "str", "run", "the sampler's class name (the batch sampler's where one was given)"),
         ("sharded", "bool", "run", "its sampler gives each rank its own shard (DistributedSampler, or one named so); absent for an IterableDataset"),
+        # worker start-up per epoch (PD015)
+        ("constructed", "count", "run", "times the DataLoader was built at this line"),
+        ("epochs", "count", "run", "iterators started (epochs begun)"),
+        ("batches_per_epoch", "count", "run", "len(loader)"),
+        ("startup_ms", "ms", "run", "an epoch start's extra time over a steady step (workers started again, "
+                                    "their first batch), median over the epochs after the first (ms per epoch)"),
+        ("startup_ms_per_step", "ms", "run", "startup_ms / batches_per_epoch: the start-up's share of every step"),
     ]),
     "dataparallel": _declare("dataparallel", [
         ("constructed", "bool", "run", "the run saw nn.DataParallel constructed"),
@@ -208,6 +215,18 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("share", "ratio", "run", "its share of the workers' sampled time"),
         ("workers", "count", "run", "DataLoader worker processes sampled"),
         ("busy", "ratio", "run", "sampled running time per worker over the window's wall time"),
+    ]),
+    "gc_collect": _declare("gc_collect", [
+        ("calls_per_step", "count", "run", "gc.collect() calls at this line per steady step"),
+        ("ms", "ms", "run", "time in those calls per steady step (mean)"),
+        ("ms_per_call", "ms", "run", "median time of one call"),
+    ]),
+    "periodic_stall": _declare("periodic_stall", [
+        ("period", "count", "run", "every how many steps a step is slower (outside data loading)"),
+        ("stalls", "count", "run", "slow steps of the pattern among the steady steps"),
+        ("extra_ms", "ms", "run", "mean extra time of such a step over the other steps' median (ms per stall)"),
+        ("ms_per_step", "ms", "run", "the stalls' extra time spread over every steady step"),
+        ("share", "ratio", "run", "share of the pattern's slow steps this line was seen running on"),
     ]),
 }
 # The GPU-side settings whose cost a CPU run cannot show (PD016, PD017, PD021-PD026, PD028): read from

@@ -1,5 +1,5 @@
 """DataLoaders: where each was built and with what, how long each step waited for its batches,
-and whether its batches went to a CUDA device (with `capture/probes/cuda_batches.py`).
+how long each epoch's iterator took to its first batch (worker start-up, PD015), and whether its batches went to a CUDA device (with `capture/probes/cuda_batches.py`).
 
 `DataLoader.__next__` is also the DataLoader step clock's event and the step's data time.
 
@@ -23,12 +23,15 @@ from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
 from perfdoctor.contracts.run import DataLoaderKwargs, DataLoaderRecord, Site
 
+MAX_EPOCHS = 1000  # first-batch times kept per loader
+
 
 class LoaderState:
     """One DataLoader construction site, while the run goes on."""
 
     __slots__ = ("id", "site", "kwargs", "style", "dataset", "batches", "waits", "cur", "to_cuda",
-                 "non_blocking", "constructed", "cuda_seen", "sampler", "sharded")
+                 "non_blocking", "constructed", "cuda_seen", "sampler", "sharded", "first_batch_ms",
+                 "first_batch_step", "length")
 
     def __init__(self, i: int, site: Site | None):
         self.id, self.site = i, site
@@ -44,13 +47,18 @@ class LoaderState:
         self.cuda_seen = 0  # batches seen moved to CUDA
         self.sampler = ""
         self.sharded: bool | None = None
+        self.first_batch_ms: list[float] = []  # per iterator (epoch): from iter() to its first batch
+        self.first_batch_step: list[int] = []  # the step each epoch's first batch arrived in
+        self.length: int | None = None  # len(loader): batches per epoch
 
     def record(self) -> DataLoaderRecord:
         return DataLoaderRecord(id=self.id, site=self.site, kwargs=self.kwargs, kwargs_style=self.style,
                                 dataset=self.dataset, constructed=self.constructed, batches=self.batches,
                                 wait_ms_per_step=[round(w, 4) for w in self.waits], to_cuda=self.to_cuda,
                                 non_blocking=self.non_blocking, sampler=self.sampler or UNSET,
-                                sharded=UNSET if self.sharded is None else self.sharded)
+                                sharded=UNSET if self.sharded is None else self.sharded,
+                                first_batch_ms=[round(x, 4) for x in self.first_batch_ms],
+                                first_batch_step=self.first_batch_step, length=self.length)
 
 
 class DataLoaderProbe:
@@ -65,12 +73,13 @@ class DataLoaderProbe:
         self.worker_iters: weakref.WeakSet = weakref.WeakSet()  # live multi-process DataLoader iterators
         self.of_loader: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DataLoader -> LoaderState
         self.of_iter: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # its iterators -> LoaderState
+        self.iter_t0: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # an iterator -> when iter() began
         self.poll: Callable[[], None] = lambda: None  # set by the coordinator: the window's time budget
 
     def install(self) -> None:
         import torch.utils.data.dataloader  # noqa: F401 - make the submodules attributes
 
-        probe, clock, of_loader, of_iter = self, self.clock, self.of_loader, self.of_iter
+        probe, clock, of_loader, of_iter, iter_t0 = self, self.clock, self.of_loader, self.of_iter, self.iter_t0
         dl = self.torch.utils.data.dataloader
         orig_next = dl._BaseDataLoaderIter.__next__
         orig_iter = dl.DataLoader.__iter__
@@ -92,17 +101,25 @@ class DataLoaderProbe:
                 if lrec is not None:
                     lrec.cur += dt
             if lrec is not None:
+                t0 = iter_t0.pop(it, None)
+                if t0 is not None:  # the epoch's first batch: iter() (worker start-up) and this wait
+                    if len(lrec.first_batch_ms) < MAX_EPOCHS:
+                        lrec.first_batch_ms.append((clock.pc() - t0) * 1e3)
+                        lrec.first_batch_step.append(len(clock.steps) + 1)
                 lrec.batches += 1
                 if probe.cuda.active and lrec.cuda_seen < 3:
                     probe.cuda.tag(batch, lrec)
             return batch
 
         def __iter__(loader: Any) -> Any:
+            t = clock.pc()
             it = orig_iter(loader)
+            clock.data += clock.pc() - t  # starting the workers is data loading
             try:
                 lrec = of_loader.get(loader)
                 if lrec is not None:
                     of_iter[it] = lrec
+                    iter_t0[it] = t  # until its first batch: an epoch's start-up (PD015)
                 if getattr(it, "_workers", None):
                     probe.worker_iters.add(it)
             except Exception:  # noqa: BLE001
@@ -146,6 +163,10 @@ class DataLoaderProbe:
         lrec.style = sites.kwargs_style(uf) if uf is not None else "literal"
         lrec.dataset = type(loader.dataset).__name__
         lrec.sampler, lrec.sharded = self._sampler(loader)
+        try:
+            lrec.length = len(loader)
+        except TypeError:  # an IterableDataset without __len__
+            lrec.length = None
         lrec.constructed += 1
         self.of_loader[loader] = lrec
 

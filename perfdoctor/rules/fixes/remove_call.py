@@ -1,4 +1,5 @@
-"""Fix kind "remove-call": delete a call statement (`torch.cuda.empty_cache()`), keeping the block valid."""
+"""Fix kind "remove-call": delete a call statement (`torch.cuda.empty_cache()`, or the `callee` the rule
+names, e.g. `gc.collect`), keeping the block valid."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def fix(ctx: Context, params: dict):
     keep = [s for s in ctx.stmt.body if not target(s)]
     if len(keep) == len(ctx.stmt.body):
         return None
-    note = ("`torch.cuda.empty_cache()` frees no memory your tensors hold: it hands the allocator's cached blocks "
+    note = "" if callee else (  # a named callee: the rule's own note says why
+            "`torch.cuda.empty_cache()` frees no memory your tensors hold: it hands the allocator's cached blocks "
             "back to the driver, and the next steps pay for cudaMalloc and a device sync to get them again. "
             "Call it once outside the training loop if another process needs the memory.")
     if keep:

@@ -1,0 +1,159 @@
+"""Run facts of the checklist rules measured on the steps themselves: worker start-up per epoch
+(PD015), gc.collect() calls (PD027) and periodic stalls named by the line that runs on them (PD020).
+Called from `run_facts.load_run`; never imports torch."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from perfdoctor.contracts.run import Probes, Site
+from perfdoctor.facts.model import Facts, Subject
+from perfdoctor.model import Location
+
+MIN_STALLS = 3  # slow steps a pattern needs among the steady steps (and other steps, as many)
+SLOW_MADS = 2.0  # every slow step above the other steps' median by this many (scaled) MADs ...
+SLOW_FRACTION = 0.2  # ... and at least this share of that median
+SLOW_MIN_MS = 1.0  # ... and at least this much
+HIT_RATE = 0.75  # share of the pattern's steps that must be that slow (a loaded machine hides a few)
+NORMAL_MAX_SHARE = 0.10  # a line seen in more of the other steps' samples runs on every step
+
+
+def _subject(facts: Facts, kind: str, site: Site | None) -> Subject | None:
+    if site is None or not site.file:
+        return None
+    s = facts.subject(kind, f"{site.file}:{site.line}")
+    loc = Location(site.file, site.line, site.code, site.function)
+    if loc not in s.locations:
+        s.locations.append(loc)
+    return s
+
+
+def worker_startup(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
+    """PD015: what a DataLoader's epoch start costs beyond a steady step, and that cost per step.
+
+    Measured on the step each epoch's first batch arrived in: its time less the median of the other
+    steady steps. That holds the wait for the new workers (`iter()` and the first batch) and what
+    starting them costs the training process besides (forking a large process, then copy-on-write
+    page faults). The first epoch pays it whatever the settings: the later ones are what persistent
+    workers save. Where no epoch start is a steady step, the time to the first batch less the steady
+    wait stands in (the wait alone)."""
+    walls = {x["i"]: x["wall_ms"] for x in steady}
+    for dl in probes.dataloaders:
+        s = _subject(facts, "dataloader", dl.site)
+        if s is None:
+            continue
+        s.add("constructed", dl.constructed, "count")
+        first = dl.first_batch_ms
+        s.add("epochs", len(first), "count")
+        s.add("batches_per_epoch", dl.length, "count")
+        if len(first) < 2 or not dl.length or not walls:
+            continue
+        starts = set(dl.first_batch_step[1:])
+        others = [w for i, w in walls.items() if i not in starts]
+        on = [walls[i] for i in dl.first_batch_step[1:] if i in walls]
+        if on and others:
+            base = statistics.median(others)
+            extra = [max(0.0, w - base) for w in on]
+            startup = statistics.median(extra)
+            detail = (f"median over {len(on)} steady epoch-start steps of their time less the other steady steps' "
+                      f"median ({base:.1f} ms)")
+        else:
+            waits = [dl.wait_ms_per_step[i - 1] for i in walls if 0 < i <= len(dl.wait_ms_per_step)]
+            if not waits:
+                continue
+            extra = [max(0.0, x - statistics.median(waits)) for x in first[1:]]
+            startup = statistics.median(extra)
+            detail = f"median time to the first batch of epochs 2..{len(first)} less the median steady wait"
+        s.add("startup_ms", startup, "ms", detail=detail, per_step=tuple(extra))
+        s.add("startup_ms_per_step", startup / dl.length, "ms",
+              detail=f"startup_ms / {dl.length} batches per epoch")
+
+
+def gc_calls(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
+    """PD027: each line calling gc.collect() inside the steps, its calls and time per steady step."""
+    idx = {x["i"] for x in steady}
+    if not idx:
+        return
+    for r in probes.gc_calls:
+        per = {int(row[0]): (row[1], row[2] if len(row) > 2 else 1) for row in r.ms_by_step
+               if len(row) >= 2 and int(row[0]) in idx}
+        if not per:
+            continue
+        s = _subject(facts, "gc_collect", r.site)
+        if s is None:
+            continue
+        s.add("calls_per_step", sum(n for _, n in per.values()) / len(idx), "count",
+              detail=f"steady steps with a call: {len(per)} of {len(idx)}")
+        series = tuple(per.get(x["i"], (0.0, 0))[0] for x in steady)
+        s.add("ms", statistics.fmean(series), "ms", detail=f"mean over {len(idx)} steady steps", per_step=series)
+        s.add("ms_per_call", statistics.median(ms / n for ms, n in per.values() if n), "ms",
+              detail="median over the steady steps with a call")
+
+
+def _period(xs: list[tuple[int, float]]) -> tuple[int, list[int]] | None:
+    """(period, the pattern's step indices) for `xs` ((step, ms) pairs): the smallest period with a
+    residue class of at least MIN_STALLS steps, HIT_RATE of them slower than the other steps' median
+    by clearly more than the others' spread; or None."""
+    for p in range(2, len(xs) // MIN_STALLS + 1):
+        for r in range(p):
+            members = [v for i, v in xs if i % p == r]
+            others = [v for i, v in xs if i % p != r]
+            if len(members) < MIN_STALLS or len(others) < MIN_STALLS:
+                continue
+            med = statistics.median(others)
+            spread = statistics.median(abs(v - med) for v in others) * 1.4826
+            cut = med + max(SLOW_MADS * spread, SLOW_FRACTION * med, SLOW_MIN_MS)
+            if sum(v > cut for v in members) >= HIT_RATE * len(members):
+                return p, [i for i, _ in xs if i % p == r]
+    return None
+
+
+def periodic_stall(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
+    """PD020: steps slower every N steps outside data loading, named by the line of the user's
+    code that the sampler saw on those steps and hardly ever on the others (the outermost such
+    line: the call in the loop, not a line inside the function it calls)."""
+    st = probes.stalls
+    if st is None or len(steady) < 2 * MIN_STALLS:
+        return
+    xs = [(int(x["i"]), max(0.0, x["wall_ms"] - (x.get("data_ms") or 0.0))) for x in steady]
+    found = _period(xs)
+    if found is None:
+        return
+    p, members = found
+    on = set(members)
+    normal = [v for i, v in xs if i not in on]
+    base = statistics.median(normal)
+    extras = [max(0.0, v - base) for i, v in xs if i in on]
+    extra = statistics.fmean(extras)
+    samples = {int(i): int(c) for i, c in st.samples_by_step}
+    n_slow = sum(samples.get(i, 0) for i in on)
+    n_norm = sum(samples.get(i, 0) for i, _ in xs if i not in on)
+    if not n_slow or not n_norm or extra <= 0:  # no look at the other steps: nothing to tell apart
+        return
+    best = None
+    for line in st.lines:
+        per = {int(i): int(c) for i, c in line.by_step}
+        seen_on = sum(1 for i in on if per.get(i, 0) > 0) / len(on)
+        share_norm = sum(per.get(i, 0) for i, _ in xs if i not in on) / n_norm if n_norm else 0.0
+        # it runs on (nearly) every step of the pattern and hardly ever on the others (the sampler
+        # looks about once a step, densely only late in a long step: how often it saw a line on a
+        # stall says little of how long the line took, so the stall's time comes from the steps)
+        if seen_on < HIT_RATE or share_norm > NORMAL_MAX_SHARE:
+            continue
+        key = (line.depth, -seen_on)
+        if best is None or key < best[0]:
+            best = (key, line, seen_on)
+    if best is None:
+        return
+    _, line, share = best
+    s = _subject(facts, "periodic_stall", line.site)
+    if s is None:
+        return
+    s.add("period", p, "count", detail=f"steps {', '.join(str(i) for i in members)} of the steady steps")
+    s.add("stalls", len(members), "count")
+    s.add("extra_ms", extra, "ms", detail=f"mean over the pattern's steps, against the others' median "
+          f"{base:.1f} ms (step time less data loading)", per_step=tuple(extras))
+    s.add("ms_per_step", sum(extras) / len(xs), "ms", detail=f"the stalls' extra time over {len(xs)} steady steps")
+    s.add("share", share, "ratio", detail=f"of the pattern's {len(on)} steps; seen in at most "
+          f"{NORMAL_MAX_SHARE:.0%} of the other steps' samples")

@@ -1,0 +1,162 @@
+"""Run facts and rules of the checklist measured on the steps: PD015 (worker start-up per epoch),
+PD020 (periodic stalls named by their line), PD027 (gc.collect() on the steps)."""
+
+from __future__ import annotations
+
+import pytest
+from test_run_facts import make_run
+
+from perfdoctor.facts.run_checklist import _period
+from perfdoctor.facts.run_facts import load_run
+from perfdoctor.rules.catalog import load_rules
+from perfdoctor.rules.engine import judge
+
+RULES = [r for r in load_rules() if r.id in ("PD015", "PD020", "PD027")]
+
+
+def site(line: int, code: str = "x", function: str = "main") -> dict:
+    return {"file": "/x/train.py", "line": line, "code": code, "function": function}
+
+
+def findings(run_dir):
+    r = load_run(run_dir)
+    return r, judge(r.facts, RULES, user_files=r.user_files)
+
+
+# -- PD027 ---------------------------------------------------------------------------------------
+
+def test_gc_collect_every_step_is_measured_and_flagged(tmp_path):
+    probes = {"gc_calls": [{"site": site(30, "gc.collect()"), "calls": 40, "calls_in_steps": 40,
+                            "ms_by_step": [[i, 8.0, 1] for i in range(1, 41)]},
+                           {"site": site(10, "gc.collect()"), "calls": 1, "calls_in_steps": 0, "ms_by_step": []}]}
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 20.0, probes=probes))
+    (s,) = r.facts.of_kind("gc_collect")  # the call before the loop is no subject
+    assert s.key == "/x/train.py:30"
+    assert s.facts["gc_collect.ms"].value == pytest.approx(8.0)
+    assert s.facts["gc_collect.calls_per_step"].value == pytest.approx(1.0)
+    (f,) = fs
+    assert f.rule == "PD027" and f.ms_per_step == pytest.approx(8.0)
+
+
+def test_gc_collect_now_and_then_is_quiet(tmp_path):
+    # one call every 20 steps at 2 ms: 0.1 ms per step, under the rule's floor
+    probes = {"gc_calls": [{"site": site(30, "gc.collect()"), "calls": 2, "calls_in_steps": 2,
+                            "ms_by_step": [[20, 2.0, 1], [40, 2.0, 1]]}]}
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 20.0, probes=probes))
+    assert r.facts.of_kind("gc_collect") and not fs
+
+
+# -- PD020 ---------------------------------------------------------------------------------------
+
+def _stall_probes(slow_line_steps, everywhere=range(1, 41)):
+    return {"stalls": {"interval_s": 0.005,
+                       "samples_by_step": [[i, 10] for i in range(1, 41)],
+                       "lines": [
+                           {"site": site(50, "main()", "<module>"), "depth": 0,
+                            "by_step": [[i, 10] for i in everywhere]},
+                           {"site": site(37, "save_checkpoint(model, ckpt)"), "depth": 1,
+                            "by_step": [[i, 8] for i in slow_line_steps]},
+                           {"site": site(18, "torch.save(state, path)", "save_checkpoint"), "depth": 2,
+                            "by_step": [[i, 8] for i in slow_line_steps]},
+                       ]}}
+
+
+def test_periodic_stall_named_by_the_outermost_line_that_runs_only_then(tmp_path):
+    slow = [i for i in range(1, 41) if i % 4 == 1]
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 60.0 if i % 4 == 1 else 10.0, probes=_stall_probes(slow)))
+    (s,) = r.facts.of_kind("periodic_stall")
+    assert s.key == "/x/train.py:37"
+    f = {k: v.value for k, v in s.facts.items()}
+    assert f["periodic_stall.period"] == 4 and f["periodic_stall.extra_ms"] == pytest.approx(50.0)
+    steady = [i for i in range(14, 41)]  # make_run's window: steps 6..13 are not steady
+    n_slow = sum(1 for i in steady if i % 4 == 1)
+    assert f["periodic_stall.ms_per_step"] == pytest.approx(50.0 * n_slow / len(steady))
+    (finding,) = fs
+    assert finding.rule == "PD020" and finding.locations[0].line == 37
+
+
+def test_no_period_no_stall(tmp_path):
+    # slow steps at no fixed period, a line seen on them: not periodic
+    slow = [15, 16, 22, 31, 33]
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 60.0 if i in slow else 10.0, probes=_stall_probes(slow)))
+    assert not r.facts.of_kind("periodic_stall") and not fs
+
+
+def test_periodic_data_wait_is_not_a_stall(tmp_path):
+    # epoch boundaries: the extra time is data loading (PD015's, PD002's business)
+    slow = [i for i in range(1, 41) if i % 4 == 1]
+    d = make_run(tmp_path, wall=lambda i: 60.0 if i % 4 == 1 else 10.0, probes=_stall_probes(slow))
+    import json
+    steps = json.loads((d / "steps.json").read_text())
+    for s in steps["steps"]:
+        s["data_ms"] = s["wall_ms"] - 8.0
+    (d / "steps.json").write_text(json.dumps(steps))
+    r, fs = findings(d)
+    assert not r.facts.of_kind("periodic_stall") and not fs
+
+
+def test_periodic_stall_without_a_line_of_its_own_is_not_named(tmp_path):
+    slow = [i for i in range(1, 41) if i % 4 == 1]
+    # the only lines are seen on every step: nothing runs on the slow steps alone
+    probes = _stall_probes(range(1, 41))
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 60.0 if i % 4 == 1 else 10.0, probes=probes))
+    assert not fs and slow
+
+
+def test_period_search():
+    xs = [(i, 30.0 if i % 3 == 0 else 10.0 + (i % 2)) for i in range(10, 30)]
+    assert _period(xs) == (3, [i for i in range(10, 30) if i % 3 == 0])
+    assert _period([(i, 10.0 + (i % 2)) for i in range(10, 30)]) is None
+
+
+# -- PD015 ---------------------------------------------------------------------------------------
+
+def _loader(persistent=False, constructed=1, first=(400.0, 300.0, 320.0, 310.0, 305.0), workers=2):
+    return {"dataloaders": [{"id": 0, "site": site(12, "loader = DataLoader(ds, num_workers=2)"),
+                             "kwargs": {"batch_size": 32, "num_workers": workers, "pin_memory": False,
+                                        "persistent_workers": persistent},
+                             "kwargs_style": "literal", "batches": 40, "constructed": constructed,
+                             "wait_ms_per_step": [5.0] * 40, "first_batch_ms": list(first), "length": 8}]}
+
+
+def test_worker_startup_every_epoch(tmp_path):
+    probes = _loader()
+    probes["dataloaders"][0]["site"]["file"] = str(tmp_path / "train.py")
+    d = make_run(tmp_path, wall=lambda i: 40.0, probes=probes)
+    (d / "train.py").write_text("from torch.utils.data import DataLoader\n" + "\n" * 10
+                                + "loader = DataLoader(ds, num_workers=2)\n")
+    r, fs = findings(d)
+    (dl,) = r.facts.of_kind("dataloader")
+    f = {k: v.value for k, v in dl.facts.items()}
+    assert f["dataloader.epochs"] == 5 and f["dataloader.startup_ms"] == pytest.approx(307.5 - 5.0)
+    assert f["dataloader.startup_ms_per_step"] == pytest.approx((307.5 - 5.0) / 8)
+    (finding,) = fs
+    assert finding.rule == "PD015" and finding.ms_per_step == pytest.approx((307.5 - 5.0) / 8)
+    assert finding.fix is not None
+    assert finding.fix.after.strip() == "loader = DataLoader(ds, num_workers=2, persistent_workers=True)"
+
+
+@pytest.mark.parametrize("kw", [{"persistent": True}, {"constructed": 5}, {"workers": 0},
+                                {"first": (400.0,)}, {"first": (30.0, 8.0, 9.0)}])
+def test_worker_startup_quiet_where_persistence_cannot_help(tmp_path, kw):
+    _, fs = findings(make_run(tmp_path, wall=lambda i: 40.0, probes=_loader(**kw)))
+    assert not fs
+
+
+def test_worker_startup_measured_on_the_epoch_start_steps(tmp_path):
+    # epochs of 8 steps; the steps that start epochs 3..5 are steady and take 200 ms more
+    probes = _loader()
+    probes["dataloaders"][0]["first_batch_step"] = [1, 9, 17, 25, 33]
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 240.0 if i in (17, 25, 33) else 40.0, probes=probes))
+    (dl,) = r.facts.of_kind("dataloader")
+    assert dl.facts["dataloader.startup_ms"].value == pytest.approx(200.0)
+    (finding,) = fs
+    assert finding.ms_per_step == pytest.approx(25.0)
+
+
+def test_periodic_stall_needs_its_line_on_most_stalls(tmp_path):
+    # a line seen on one slow step only (a chance sample under load) names no stall
+    slow = [i for i in range(1, 41) if i % 4 == 1]
+    probes = _stall_probes([slow[-1]])
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 60.0 if i % 4 == 1 else 10.0, probes=probes))
+    assert not r.facts.of_kind("periodic_stall") and not fs
