@@ -112,7 +112,7 @@ class Sampler(threading.Thread):
             # a frame seen from another thread between instructions has no line yet (f_lineno None
             # on 3.11+): the sample counts, its line does not
             line = f.f_lineno if f is not None else None
-            if line is not None:
+            if f is not None and line is not None:
                 key = (f.f_code.co_filename, line)
                 counts[key] = counts.get(key, 0) + 1
 
