@@ -3,6 +3,8 @@
 Every CHECKPOINT_EVERY steps the loop stops while torch.save serialises the model and the optimizer
 state to disk; the median step does not show it, the run's total time does.
 """
+# a stall every 3rd step: 60 steps leave enough of them in the steady steps to name the line
+# perfdoctor-run: --steps 60
 import os
 import tempfile
 
@@ -21,8 +23,8 @@ def save_checkpoint(model, optimizer, path):
 def main():
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10)).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    model = nn.Sequential(nn.Linear(512, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     inputs = torch.randn(4096, 512, device=device)
     targets = torch.randint(0, 10, (4096,), device=device)
     ckpt = os.path.join(tempfile.mkdtemp(), "ckpt.pt")

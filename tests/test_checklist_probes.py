@@ -76,5 +76,7 @@ def test_stall_sampler_sees_the_line_on_its_steps(monkeypatch):
     assert st.samples_by_step and st.interval_s
     ckpt = [x for x in st.lines if x.site is not None and x.site.function == "_checkpoint"]
     assert ckpt and {i for i, _ in ckpt[0].by_step} <= {3, 6}
+    # the looks taken while a step ran long are those of the slow steps
+    assert st.late_by_step and {i for i, _ in st.late_by_step} <= {3, 6}
     call = [x for x in st.lines if x.site is not None and x.site.code == "_checkpoint()  # the slow steps"]
     assert call and call[0].depth < ckpt[0].depth

@@ -72,18 +72,20 @@ AMP = _amp_available()
 
 
 def _run(script: Path, out_dir: Path) -> dict:
-    # a distributed sample names its launch options on a `# perfdoctor-run: ...` line (--nproc-per-node 2)
+    # a sample names its own options on a `# perfdoctor-run: ...` line (a distributed one --nproc-per-node 2;
+    # one whose problem shows only every few steps a --steps of its own: the later --steps wins)
     launch = next((line.split(":", 1)[1].split() for line in script.read_text().splitlines()
                    if line.startswith("# perfdoctor-run:")), [])
-    p = run_cli("run", *launch, str(script), "--steps", str(STEPS), "--format", "json", "--out-dir", str(out_dir),
-                cwd=script.parent, timeout=420 if launch else 180)
+    p = run_cli("run", "--steps", str(STEPS), *launch, str(script), "--format", "json", "--out-dir", str(out_dir),
+                cwd=script.parent, timeout=420 if "--nproc-per-node" in launch else 180)
     assert p.returncode == 0, f"exit {p.returncode}\n--- stderr tail ---\n{p.stderr[-4000:]}"
     try:
         doc = json.loads(p.stdout)  # stdout carries the JSON document alone
     except json.JSONDecodeError as e:
         pytest.fail(f"stdout is not one JSON document ({e}); first 500 chars:\n{p.stdout[:500]}")
     assert doc["schema"] == "perfdoctor/report/v1"
-    trace = out_dir / ("rank-0" if launch else "") / "trace.json.gz"  # a job folder: every rank's folder has one
+    job = "--nproc-per-node" in launch  # a job folder: every rank's folder has a trace
+    trace = out_dir / ("rank-0" if job else "") / "trace.json.gz"
     assert (out_dir / "report.json").is_file() and trace.is_file()
     with gzip.open(trace, "rb") as f:
         assert "traceEvents" in json.loads(f.read())

@@ -73,6 +73,8 @@ def test_periodic_stall_named_by_the_outermost_line_that_runs_only_then(tmp_path
     assert f["periodic_stall.ms_per_step"] == pytest.approx(50.0 * n_slow / len(steady))
     (finding,) = fs
     assert finding.rule == "PD020" and finding.locations[0].line == 37
+    ms = f["periodic_stall.ms_per_step"]
+    assert finding.fraction_of_step == pytest.approx(ms / (10.0 + ms))
 
 
 def test_no_period_no_stall(tmp_path):
@@ -132,6 +134,8 @@ def test_worker_startup_every_epoch(tmp_path):
     assert f["dataloader.startup_ms_per_step"] == pytest.approx((307.5 - 5.0) / 8)
     (finding,) = fs
     assert finding.rule == "PD015" and finding.ms_per_step == pytest.approx((307.5 - 5.0) / 8)
+    # paid at the epoch start, not in the median step: its share is of the median step plus itself
+    assert finding.fraction_of_step == pytest.approx(37.8125 / (40.0 + 37.8125))
     assert finding.fix is not None
     assert finding.fix.after.strip() == "loader = DataLoader(ds, num_workers=2, persistent_workers=True)"
 
@@ -160,3 +164,30 @@ def test_periodic_stall_needs_its_line_on_most_stalls(tmp_path):
     probes = _stall_probes([slow[-1]])
     r, fs = findings(make_run(tmp_path, wall=lambda i: 60.0 if i % 4 == 1 else 10.0, probes=probes))
     assert not r.facts.of_kind("periodic_stall") and not fs
+
+
+def _late(probes, steps):
+    probes["stalls"]["late_by_step"] = [[i, 3] for i in steps]
+    return probes
+
+
+def test_periodic_stall_judged_on_the_stalls_watched_while_they_ran(tmp_path):
+    # the sampler caught only every other stall while it ran (the rest were looked at before it
+    # began): the line is on all of those, so it names the stall
+    slow = [i for i in range(1, 41) if i % 4 == 1]
+    watched = slow[::2]
+    probes = _late(_stall_probes(watched), watched)
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 60.0 if i % 4 == 1 else 10.0, probes=probes))
+    (finding,) = fs
+    assert finding.rule == "PD020" and finding.locations[0].line == 37
+    # without the late looks every slow step counts, and the line is on too few of them
+    r, fs = findings(make_run(tmp_path / "all", wall=lambda i: 60.0 if i % 4 == 1 else 10.0,
+                              probes=_stall_probes(watched)))
+    assert not fs
+
+
+def test_periodic_stall_needs_enough_stalls_watched(tmp_path):
+    slow = [i for i in range(1, 41) if i % 4 == 1]
+    probes = _late(_stall_probes(slow), slow[-2:])  # two stalls watched: too few to name a line
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 60.0 if i % 4 == 1 else 10.0, probes=probes))
+    assert not fs

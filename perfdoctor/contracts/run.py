@@ -300,6 +300,9 @@ class StallLine(Struct, kw_only=True):
 class StallSamples(Struct, kw_only=True):
     interval_s: float | None = None
     samples_by_step: list[list[int]] = []  # [step, samples] pairs
+    # [step, samples] pairs of the looks taken while the step ran past SLOW x the recent median:
+    # the steps whose stall was seen while it ran (the others were looked at only before or after)
+    late_by_step: list[list[int]] = []
     lines: list[StallLine] = []
 
 

@@ -226,7 +226,7 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("stalls", "count", "run", "slow steps of the pattern among the steady steps"),
         ("extra_ms", "ms", "run", "mean extra time of such a step over the other steps' median (ms per stall)"),
         ("ms_per_step", "ms", "run", "the stalls' extra time spread over every steady step"),
-        ("share", "ratio", "run", "share of the pattern's slow steps this line was seen running on"),
+        ("share", "ratio", "run", "share of the pattern's slow steps watched while they ran long that this line was seen running on"),
     ]),
 }
 # The GPU-side settings whose cost a CPU run cannot show (PD016, PD017, PD021-PD026, PD028): read from

@@ -131,10 +131,16 @@ def periodic_stall(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -
     n_norm = sum(samples.get(i, 0) for i, _ in xs if i not in on)
     if not n_slow or not n_norm or extra <= 0:  # no look at the other steps: nothing to tell apart
         return
+    # the pattern's steps the sampler watched while they ran long (a step looked at only before its
+    # stall began says nothing of what the stall runs); a run file without them: every such step
+    late = {int(i) for i, c in st.late_by_step if c > 0}
+    watched = sorted(on & late) if late else sorted(on)
+    if len(watched) < MIN_STALLS:
+        return
     best = None
     for line in st.lines:
         per = {int(i): int(c) for i, c in line.by_step}
-        seen_on = sum(1 for i in on if per.get(i, 0) > 0) / len(on)
+        seen_on = sum(1 for i in watched if per.get(i, 0) > 0) / len(watched)
         share_norm = sum(per.get(i, 0) for i, _ in xs if i not in on) / n_norm if n_norm else 0.0
         # it runs on (nearly) every step of the pattern and hardly ever on the others (the sampler
         # looks about once a step, densely only late in a long step: how often it saw a line on a
@@ -155,5 +161,5 @@ def periodic_stall(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -
     s.add("extra_ms", extra, "ms", detail=f"mean over the pattern's steps, against the others' median "
           f"{base:.1f} ms (step time less data loading)", per_step=tuple(extras))
     s.add("ms_per_step", sum(extras) / len(xs), "ms", detail=f"the stalls' extra time over {len(xs)} steady steps")
-    s.add("share", share, "ratio", detail=f"of the pattern's {len(on)} steps; seen in at most "
+    s.add("share", share, "ratio", detail=f"of the {len(watched)} of the pattern's {len(on)} steps watched while they ran long; seen in at most "
           f"{NORMAL_MAX_SHARE:.0%} of the other steps' samples")

@@ -67,6 +67,9 @@ class Rule:
     # the problem exists only on a GPU: on a CPU run of a script that targets CUDA it is reported
     # from the source and the run's evidence, unmeasured, and marked (perfdoctor.rules.engine)
     gpu_only: bool = False
+    # the saving is paid on some steps only (an epoch start, every Nth step) and spread over all of
+    # them: the median step does not hold it, so its share is of the median step plus the saving
+    spread_over_steps: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "severity": self.severity, "summary": self.summary,
@@ -197,11 +200,14 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     gpu_only = data.get("gpu_only", False)
     if not isinstance(gpu_only, bool):
         raise RuleError(f"{where}: gpu_only must be true or false")
+    spread = data.get("spread_over_steps", False)
+    if not isinstance(spread, bool):
+        raise RuleError(f"{where}: spread_over_steps must be true or false")
     check_names(used, subjects, thresholds, where)
     return Rule(
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
         title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
-        subjects=subjects, gpu_only=gpu_only,
+        subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread,
         subject_optional=bool(data.get("subject_optional", False)),
         saving_ms=data.get("saving_ms"), unmeasured=str(data.get("unmeasured", "")),
         saving_note=str(data.get("saving_note", "")),

@@ -255,6 +255,8 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
     if gpu_only:
         ms = None  # what a CPU run measures is not what the problem costs on the GPU
     step = facts.value("step.time_ms")
+    if ms is not None and isinstance(step, (int, float)) and rule.spread_over_steps:
+        step = step + ms  # the mean step holds the cost the median step does not
     frac = ms / step if ms is not None and isinstance(step, (int, float)) and step > 0 else None
     if ms is not None:
         srcs = {f.source for n in saving_names if (f := _fact(facts, subject, n)) is not None}

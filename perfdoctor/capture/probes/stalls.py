@@ -2,9 +2,10 @@
 
 A thread looks at the main thread's stack and counts, for the step being timed then, every line of
 the user's code on it (each once per sample, with the smallest depth seen, 0 the outermost user
-frame). It looks about once a step (QUIET_S apart at least: each look takes the GIL from the
-training loop), and every INTERVAL_S while a step runs longer than usual, so a stall is sampled
-densely and an ordinary step costs one look. The facts compare the slow steps of a periodic pattern
+frame). It looks about once a step, at the moment the step would turn slow (SLOW x the recent
+median after it began, INTERVAL_S apart at least: a look costs tens of microseconds, within the
+noise of a 5 ms step on this machine), and every INTERVAL_S while a step runs longer than usual
+(those looks are marked late), so a stall is sampled densely and an ordinary step costs one look. The facts compare the slow steps of a periodic pattern
 with the others: a line seen on the slow steps and hardly ever on the rest is what runs on them (a
 checkpoint, an evaluation). O(stack depth) per look; the first MAX_STEPS steps only.
 """
@@ -24,7 +25,6 @@ from perfdoctor.contracts.run import Site, StallLine, StallSamples
 from perfdoctor.usercode import is_user_file
 
 INTERVAL_S = 0.005  # between looks while a step runs longer than SLOW x the recent median step
-QUIET_S = 0.02  # the shortest wait otherwise: each look takes the GIL from the training loop
 QUIET_MAX_S = 0.1  # the longest (every step seen, whatever the steps' times did so far)
 SLOW = 1.5
 RECENT = 15  # steps the recent median is taken over
@@ -40,6 +40,7 @@ class StallSampler(threading.Thread):
         self.main_ident = threading.get_ident()
         self.halt = threading.Event()
         self.samples: dict[int, int] = {}  # step -> samples
+        self.late: dict[int, int] = {}  # step -> samples taken while it ran past SLOW x usual
         self.lines: dict[tuple, dict[int, int]] = {}  # (file, line, function) -> step -> samples
         self.depth: dict[tuple, int] = {}
         self._user: dict[str, bool] = {}
@@ -61,7 +62,7 @@ class StallSampler(threading.Thread):
     def _run(self) -> None:
         clock = self.clock
         recent: deque[float] = deque(maxlen=RECENT)  # the last steps' times (s)
-        seen, wait = 0, QUIET_S
+        seen, wait = 0, INTERVAL_S
         while not self.halt.wait(wait):
             if clock.kind is None:
                 continue  # no step has begun
@@ -70,13 +71,16 @@ class StallSampler(threading.Thread):
                 return
             recent.extend(s[2] / 1e3 for s in clock.steps[seen:n] if s[0] > 1)  # the first step warms up
             seen = n
-            self._sample(n + 1)
-            # look often only while the step runs long; otherwise about once a step, QUIET_S at most
             usual = statistics.median(recent) if recent else 0.0
             elapsed = clock.pc() - clock.step_start
-            wait = INTERVAL_S if elapsed > SLOW * usual else min(QUIET_MAX_S, max(QUIET_S, SLOW * usual - elapsed))
+            late = bool(recent) and elapsed > SLOW * usual
+            self._sample(n + 1, late)
+            # look often only while the step runs long; otherwise about once a step
+            # the next look lands when this step would turn slow: a stall at the start of a step (a
+            # checkpoint after the last step's optimizer.step) is still running then
+            wait = INTERVAL_S if late else min(QUIET_MAX_S, max(INTERVAL_S, SLOW * usual - elapsed))
 
-    def _sample(self, i: int) -> None:
+    def _sample(self, i: int, late: bool = False) -> None:
         f = sys._current_frames().get(self.main_ident)
         user = self._user
         chain: list[tuple[str, int, str]] = []
@@ -85,10 +89,13 @@ class StallSampler(threading.Thread):
             u = user.get(fn)
             if u is None:
                 u = user[fn] = is_user_file(fn)
-            if u:
-                chain.append((fn, f.f_lineno, f.f_code.co_name))
+            line = f.f_lineno  # None for a frame between instructions (3.11+): not a line to name
+            if u and line is not None:
+                chain.append((fn, line, f.f_code.co_name))
             f = f.f_back
         self.samples[i] = self.samples.get(i, 0) + 1
+        if late:
+            self.late[i] = self.late.get(i, 0) + 1
         n = len(chain)
         for k, key in enumerate(dict.fromkeys(chain)):
             per = self.lines.get(key)
@@ -109,4 +116,4 @@ class StallSampler(threading.Thread):
                                  depth=self.depth.get((fn, ln, func), 0),
                                  by_step=[[i, c] for i, c in sorted(per.items())]))
         return StallSamples(interval_s=INTERVAL_S, samples_by_step=[[i, c] for i, c in sorted(self.samples.items())],
-                            lines=out)
+                            late_by_step=[[i, c] for i, c in sorted(self.late.items())], lines=out)
