@@ -219,7 +219,26 @@ def test_eval_forward_with_grad_is_flagged_with_its_memory(tmp_path):
     assert s.facts["eval_grad.ms"].value == pytest.approx(5.0)
     (f,) = fs
     assert f.rule == "PD019" and f.ms_per_step is None and "9.0 MiB" in f.title.replace("MB", "MiB")
+    assert "Sequential runs in eval mode" in f.title
     assert f.fix is not None and f.fix.after == "    with torch.no_grad():\n        out = model(x)"
+
+
+def test_eval_forward_seen_in_the_source_only(tmp_path):
+    from perfdoctor.facts.model import Facts
+    from perfdoctor.facts.static import analyse_files
+
+    src = tmp_path / "train.py"
+    src.write_text("def evaluate(model, x):\n    model.eval()\n    return model(x)\n\nfor x in data:\n    evaluate(net, x)\n")
+    facts = Facts()
+    analyse_files([src], facts)
+    (f,) = judge(facts, RULES, user_files=[src])
+    assert f.rule == "PD019" and f.locations[0].line == 3 and "no torch.no_grad()" in f.title
+    assert f.fix is not None and f.fix.after == "    with torch.no_grad():\n        return model(x)"
+    # the run measured the call: a backward used its graph, the source's reading gives way
+    facts.subject("eval_grad", f"{src}:3").add("eval_grad.measured", 20, "count")
+    facts.subject("eval_grad", f"{src}:3").add("eval_grad.backward_share", 1.0, "ratio")
+    facts.subject("eval_grad", f"{src}:3").add("eval_grad.saved_bytes", 1 << 24, "bytes")
+    assert not judge(facts, RULES, user_files=[src])
 
 
 def test_eval_mode_training_with_a_backward_is_quiet(tmp_path):

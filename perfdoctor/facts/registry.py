@@ -297,6 +297,8 @@ SUBJECT_FACTS.update({
         ("saved_bytes", "bytes", "run", "tensors autograd saved for a backward per call (median; parameters not counted)"),
         ("measured", "count", "run", "calls whose saved tensors were counted"),
         ("backward_share", "ratio", "run", "share of the measured calls whose graph a backward then used"),
+        ("in_source", "bool", "static",
+         "the call follows model.eval() in a function with no backward, with no no_grad/inference_mode around it or its calls"),
     ]),
     "graph_break": _declare("graph_break", [
         ("kind", "str", "run", "graph break (dynamo ended a graph at this line) or recompile (this compiled function)"),
