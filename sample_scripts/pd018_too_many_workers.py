@@ -4,6 +4,8 @@ The loader starts four workers per usable CPU (a setting copied from a bigger ma
 begins with every worker loading its prefetched batches at once: more runnable processes than
 CPUs, so the training process waits for a CPU of its own while its steps run.
 """
+# an epoch is 8 steps and its start the crowded one: 48 steps leave several in the steady steps
+# perfdoctor-run: --steps 48
 import os
 
 import numpy as np
