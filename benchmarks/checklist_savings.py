@@ -2,7 +2,7 @@
 under `perfdoctor run` (alternately, a few repeats) and prints the saving the rule predicts on the
 sample against the measured one: the sample's mean steady step less the twin's.
 
-    python benchmarks/checklist_savings.py [--repeats 3] [--steps 40] [--rules PD015,PD020,PD027]
+    python benchmarks/checklist_savings.py [--repeats 3] [--steps 40] [--rules PD015,PD018,PD020,PD027]
 
 The mean, not the median, step: PD015's and PD020's costs land on some steps only (an epoch's
 first, every N-th), and their saving is that cost spread over every step. Exit 1 when a rule did
@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "sample_scripts"
 PAIRS = {
     "PD015": "pd015_persistent_workers",
+    "PD018": "pd018_too_many_workers",
     "PD020": "pd020_periodic_stall",
     "PD027": "pd027_gc_in_loop",
 }

@@ -48,6 +48,9 @@ PROBLEMS = [
     "pd015_persistent_workers.py",
     "pd020_periodic_stall.py",
     "pd027_gc_in_loop.py",
+    "pd018_too_many_workers.py",
+    "pd019_eval_with_grad.py",
+    "pd029_compile_graph_breaks.py",
 ]
 FIXED = sorted(p.name for p in SAMPLES.glob("pd0*_fixed.py")) + ["clean.py"]
 USES_AUTOCAST = {"pd007_fp32_without_amp_fixed.py", "clean.py", "pd023_channels_last.py",

@@ -235,6 +235,20 @@ def test_wrap_autocast_alias_and_multiline_string(tmp_path):
                        '        out = model(x, tag="""a\nb""")')
 
 
+def test_wrap_no_grad(tmp_path):
+    p = tmp_path / "t.py"
+    p.write_text("import torch as th\n\ndef evaluate(model, x):\n    model.eval()\n    return model(x).argmax(1)\n"
+                 "\nfor b in val:\n    evaluate(model, b)\n")
+    f = render_fix("wrap-no-grad", Location(str(p), 5), {"context": "torch.no_grad()"})
+    assert f.before == "    return model(x).argmax(1)"
+    assert f.after == "    with th.no_grad():\n        return model(x).argmax(1)"
+    f = render_fix("wrap-no-grad", Location(str(p), 8), {"context": "torch.inference_mode()"})
+    assert f.after == "    with th.inference_mode():\n        evaluate(model, b)"
+    assert render_fix("wrap-no-grad", Location(str(p), 4), {}).after.startswith("    with th.no_grad():")
+    assert render_fix("wrap-no-grad", Location(str(p), 7), {}) is None  # a `for` header
+    assert render_fix("wrap-no-grad", Location(str(p), 1), {}) is None  # an import
+
+
 def test_non_blocking(script):
     f = fix(script, "non-blocking", 21)
     assert f.before == "    xb, yb = xb.to(device), yb.cuda()"

@@ -1,6 +1,7 @@
 """The probes leave the user's program as it is (in process, real torch): nothing on the user's
-modules or DataLoaders (pickle, deepcopy, torch.save), the same torch.compile graphs, and the
-profiled window's time budget."""
+modules or DataLoaders (pickle, deepcopy, torch.save), the same torch.compile graphs, the same
+outputs and gradients where the forward probe counts an eval-mode forward's saved tensors (PD019),
+and the profiled window's time budget."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class Clock:
         self.pc = time.perf_counter
         self.fwd = self.data = 0.0
         self.bwd_depth = 0
+        self.kind = None
         self.steps: list = []
 
     def before_batch(self):
@@ -85,6 +87,51 @@ def test_forward_probe_does_not_change_compiled_graphs(forward):
     forward.uninstall()
     assert probed == graphs() == (1, 0)
     assert forward.records()[0].module == "OptimizedModule"
+
+
+def test_eval_forward_with_grad_measured_without_changing_it(forward):
+    import torch._dynamo.utils as dynamo_utils
+
+    dynamo_utils.counters.clear()  # what earlier tests compiled: this process then counts as compiling
+    dynamo_utils._compilation_metrics.clear()
+    m = _model().eval()
+    x = torch.randn(64, 16)
+    out = m(x)  # evaluation without no_grad: measured
+    kept = m(x)  # a model kept in eval mode while it trains: a backward runs through this one
+    kept.sum().backward()
+    grads = [p.grad.clone() for p in m.parameters()]
+    with torch.no_grad():
+        m(x)  # grad mode off: not an eval-with-grad forward
+    m.train()
+    m(x)  # training mode: not one either
+    (eval_site, trained_site) = sorted(forward.eval_grad_records(), key=lambda r: r.site.line)
+    assert eval_site.calls == 1 and eval_site.backward == 0 and eval_site.saved_bytes[0] > 64 * 16 * 4
+    assert trained_site.calls == 1 and trained_site.backward == 1
+    assert vars(m).keys() == vars(_model()).keys() and b"perfdoctor" not in pickle.dumps(m)
+    forward.uninstall()
+    m.eval()
+    bare = m(x)
+    m.zero_grad()
+    m(x).sum().backward()
+    assert torch.equal(bare, out) and all(torch.equal(p.grad, g) for p, g in zip(m.parameters(), grads))
+
+
+def test_eval_forward_of_a_compiled_model_gets_no_hooks(forward):
+    from torch._dynamo.utils import counters
+
+    def graphs():
+        torch._dynamo.reset()
+        counters.clear()
+        cm = torch.compile(_model().eval(), backend="eager")
+        for _ in range(3):
+            cm(torch.randn(4, 16))
+        return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+
+    probed = graphs()
+    assert all(not r.saved_bytes for r in forward.eval_grad_records())  # counted, never hooked
+    assert [r.calls for r in forward.eval_grad_records()] == [3]
+    forward.uninstall()
+    assert probed == graphs() == (1, 0)
 
 
 def test_dataloader_probe_keeps_its_state_off_the_loader():

@@ -1,5 +1,7 @@
 """Run facts and rules of the checklist measured on the steps: PD015 (worker start-up per epoch),
-PD020 (periodic stalls named by their line), PD027 (gc.collect() on the steps)."""
+PD020 (periodic stalls named by their line), PD027 (gc.collect() on the steps), PD018 (too many
+DataLoader workers for the CPUs), PD019 (eval-mode forwards recording autograd), PD029
+(torch.compile's graph breaks and recompilations)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from perfdoctor.facts.run_facts import load_run
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
 
-RULES = [r for r in load_rules() if r.id in ("PD015", "PD020", "PD027")]
+RULES = [r for r in load_rules() if r.id in ("PD015", "PD018", "PD019", "PD020", "PD027", "PD029")]
 
 
 def site(line: int, code: str = "x", function: str = "main") -> dict:
@@ -191,3 +193,158 @@ def test_periodic_stall_needs_enough_stalls_watched(tmp_path):
     probes = _late(_stall_probes(slow), slow[-2:])  # two stalls watched: too few to name a line
     r, fs = findings(make_run(tmp_path, wall=lambda i: 60.0 if i % 4 == 1 else 10.0, probes=probes))
     assert not fs
+
+
+# -- PD019 ---------------------------------------------------------------------------------------
+
+def _eval_grad(saved=(9 << 20,) * 20, backward=0, calls=40, ms=5.0):
+    return {"eval_grad": [{"site": site(16, "out = model(x)", "evaluate"), "module": "Sequential", "calls": calls,
+                           "ms_by_step": [[i, ms, 1] for i in range(1, calls + 1)],
+                           "saved_bytes": list(saved), "backward": backward}]}
+
+
+def test_eval_forward_with_grad_is_flagged_with_its_memory(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("def evaluate(model, x):\n    model.eval()\n    out = model(x)\n    return out\n")
+    probes = _eval_grad()
+    probes["eval_grad"][0]["site"] = {"file": str(src / "train.py"), "line": 3, "code": "out = model(x)",
+                                      "function": "evaluate"}
+    r = load_run(make_run(tmp_path / "run", wall=lambda i: 20.0, probes=probes))
+    fs = judge(r.facts, RULES, user_files=[src / "train.py"])
+    (s,) = r.facts.of_kind("eval_grad")
+    assert s.facts["eval_grad.saved_bytes"].value == 9 << 20
+    assert s.facts["eval_grad.backward_share"].value == 0.0
+    assert s.facts["eval_grad.calls_per_step"].value == pytest.approx(1.0)
+    assert s.facts["eval_grad.ms"].value == pytest.approx(5.0)
+    (f,) = fs
+    assert f.rule == "PD019" and f.ms_per_step is None and "9.0 MiB" in f.title.replace("MB", "MiB")
+    assert "Sequential runs in eval mode" in f.title
+    assert f.fix is not None and f.fix.after == "    with torch.no_grad():\n        out = model(x)"
+
+
+def test_eval_forward_seen_in_the_source_only(tmp_path):
+    from perfdoctor.facts.model import Facts
+    from perfdoctor.facts.static import analyse_files
+
+    src = tmp_path / "train.py"
+    src.write_text("def evaluate(model, x):\n    model.eval()\n    return model(x)\n\nfor x in data:\n    evaluate(net, x)\n")
+    facts = Facts()
+    analyse_files([src], facts)
+    (f,) = judge(facts, RULES, user_files=[src])
+    assert f.rule == "PD019" and f.locations[0].line == 3 and "no torch.no_grad()" in f.title
+    assert f.fix is not None and f.fix.after == "    with torch.no_grad():\n        return model(x)"
+    # the run measured the call: a backward used its graph, the source's reading gives way
+    facts.subject("eval_grad", f"{src}:3").add("eval_grad.measured", 20, "count")
+    facts.subject("eval_grad", f"{src}:3").add("eval_grad.backward_share", 1.0, "ratio")
+    facts.subject("eval_grad", f"{src}:3").add("eval_grad.saved_bytes", 1 << 24, "bytes")
+    assert not judge(facts, RULES, user_files=[src])
+
+
+def test_eval_mode_training_with_a_backward_is_quiet(tmp_path):
+    # model.eval() kept while training (frozen BatchNorm): a backward runs through every graph
+    r, fs = findings(make_run(tmp_path, probes=_eval_grad(backward=20)))
+    assert r.facts.of_kind("eval_grad") and not fs
+
+
+def test_eval_forward_that_saves_nothing_is_quiet(tmp_path):
+    # frozen parameters: autograd records nothing, nothing is kept
+    r, fs = findings(make_run(tmp_path, probes=_eval_grad(saved=(0,) * 20)))
+    assert not fs
+
+
+def test_eval_forward_unmeasured_is_quiet(tmp_path):
+    # no saved-tensor hooks could be used (the script compiles): nothing says a backward never came
+    r, fs = findings(make_run(tmp_path, probes=_eval_grad(saved=())))
+    assert "eval_grad.measured" not in r.facts.of_kind("eval_grad")[0].facts and not fs
+
+
+# -- PD029 ---------------------------------------------------------------------------------------
+
+def test_graph_break_named_by_its_line_and_reason(tmp_path):
+    probes = {"compile": {
+        "graph_breaks": [{"site": site(22, "if h.mean().item() > 1.0:", "forward"),
+                          "reason": "Unsupported Tensor.item() call with capture_scalar_outputs=False", "steps": [1, 1]}],
+        "frames": [{"site": site(20, "def forward(self, x):", "forward"), "name": "forward", "compiles": [[1, 300.0]]},
+                   {"site": site(22, "if h.mean().item() > 1.0:", "torch_dynamo_resume_in_forward_at_22"),
+                    "name": "torch_dynamo_resume_in_forward_at_22", "compiles": [[1, 50.0], [2, 40.0]],
+                    "reasons": ["___stack0 == 0.1"]}]}}
+    r, fs = findings(make_run(tmp_path, probes=probes))
+    (s,) = r.facts.of_kind("graph_break")  # the resumed frame's recompile at step 2 is the break's line, and not steady
+    assert s.facts["graph_break.kind"].value == "graph break" and s.facts["graph_break.count"].value == 1
+    assert len(s.locations) == 1
+    (f,) = fs
+    assert f.rule == "PD029" and f.ms_per_step is None and "Tensor.item()" in f.title
+    assert [(loc.line, loc.code) for loc in f.locations] == [(22, "if h.mean().item() > 1.0:")]
+
+
+def test_recompiles_on_the_steady_steps_are_measured(tmp_path):
+    # a new input shape every 4th step: 300 ms compiling each time; steady steps are 14..40
+    compiles = [[1, 900.0]] + [[i, 300.0] for i in range(4, 41, 4)]
+    probes = {"compile": {"graph_breaks": [], "frames": [
+        {"site": site(20, "def step(x):", "step"), "name": "step", "compiles": compiles,
+         "reasons": ["0/0: tensor 'x' size mismatch at index 0. expected 8, actual 9"]}]}}
+    r, fs = findings(make_run(tmp_path, probes=probes))
+    (s,) = r.facts.of_kind("graph_break")
+    steady = [i for i in range(16, 41, 4)]  # 16, 20, ..., 40
+    assert s.facts["graph_break.steady"].value == len(steady)
+    assert s.facts["graph_break.ms"].value == pytest.approx(300.0 * len(steady) / 27)
+    (f,) = fs
+    assert f.rule == "PD029" and f.ms_per_step == pytest.approx(300.0 * len(steady) / 27)
+    assert "size mismatch" in f.title
+
+
+def test_compiles_only_at_start_are_quiet(tmp_path):
+    probes = {"compile": {"graph_breaks": [], "frames": [
+        {"site": site(20, "def step(x):", "step"), "name": "step", "compiles": [[1, 900.0], [2, 300.0]]}]}}
+    r, fs = findings(make_run(tmp_path, probes=probes))
+    assert not fs
+
+
+# -- PD018 ---------------------------------------------------------------------------------------
+
+def _crowded_loader(workers):
+    return [{"id": 1, "site": site(46, "loader = DataLoader(ds, num_workers=8)"), "kwargs": {"num_workers": workers},
+             "constructed": 1, "batches": 40, "wait_ms_per_step": [0.1] * 40}]
+
+
+def _cpu_wait(burst_every=8, burst_wait=60.0, usual_wait=4.0, burst_workers_ms=(40.0, 200.0)):
+    """Every `burst_every`th step the workers all load at once (on a CPU 40 ms, waiting 200 ms over a
+    20 ms step: 12 runnable at once) and the training thread waits `burst_wait`; else `usual_wait`."""
+    burst = [i % burst_every == 0 for i in range(1, 41)]
+    return {"wait_ms": [burst_wait if b else usual_wait for b in burst], "run_ms": [15.0] * 40,
+            "workers_run_ms": [burst_workers_ms[0] if b else 0.0 for b in burst],
+            "workers_wait_ms": [burst_workers_ms[1] if b else 0.0 for b in burst], "workers": [8] * 40,
+            "machine_ms": [40.0] * 40, "process_ms": [20.0] * 40}
+
+
+def test_too_many_workers_measured_by_the_training_threads_wait(tmp_path):
+    probes = {"dataloaders": _crowded_loader(8), "cpu_wait": _cpu_wait()}
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 20.0, probes=probes))
+    (s,) = r.facts.of_kind("dataloader")
+    # steady steps 14..40: bursts at 16, 24, 32, 40; 12 runnable, 1 CPU beside the training thread
+    want = 4 * (60.0 - 4.0) * (12 - 1) / 12 / 27
+    assert s.facts["dataloader.contention_ms"].value == pytest.approx(want)
+    assert r.facts.value("cpu.wait_ms") == pytest.approx((4 * 60.0 + 23 * 4.0) / 27)
+    (f,) = fs
+    assert f.rule == "PD018" and f.ms_per_step == pytest.approx(want)
+    assert "8 DataLoader workers on 2 usable CPUs" in f.title
+
+
+def test_as_many_workers_as_cpus_is_quiet(tmp_path):
+    probes = {"dataloaders": _crowded_loader(2), "cpu_wait": _cpu_wait()}
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 20.0, probes=probes))
+    assert not fs
+
+
+def test_idle_extra_workers_are_quiet(tmp_path):
+    # 8 workers on 2 CPUs, but hardly ever loading at once: the training thread waits as usual
+    probes = {"dataloaders": _crowded_loader(8), "cpu_wait": _cpu_wait(burst_wait=4.0, burst_workers_ms=(2.0, 0.0))}
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 20.0, probes=probes))
+    assert r.facts.of_kind("dataloader")[0].facts["dataloader.contention_ms"].value == 0.0 and not fs
+
+
+def test_too_many_workers_without_schedstat_fires_unmeasured(tmp_path):
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 20.0, probes={"dataloaders": _crowded_loader(8)}))
+    (f,) = fs
+    assert f.rule == "PD018" and f.ms_per_step is None and "schedstat" in f.saving_basis

@@ -514,3 +514,44 @@ def test_uses_amp_counts_autocast_on_any_path(tmp_path):
     assert facts.value("script.uses_amp") is False
     facts, _ = analyse(tmp_path, "import lightning as L\ntrainer = L.Trainer(precision='bf16-mixed')\n")
     assert facts.value("script.uses_amp") is True
+
+
+def test_eval_forward_without_no_grad(tmp_path):
+    facts, _ = analyse(tmp_path, """
+import torch
+
+def evaluate(model, x):
+    model.eval()
+    out = model(x)
+    with torch.no_grad():
+        again = model(x)
+    model.train()
+    return out, again
+
+@torch.no_grad()
+def evaluate_quiet(model, x):
+    model.eval()
+    return model(x)
+
+def frozen_bn_step(model, x, opt):
+    model.eval()
+    model(x).sum().backward()
+    opt.step()
+
+def called_under_no_grad(model, x):
+    model.eval()
+    return model(x)
+
+def never_called(model, x):
+    model.eval()
+    return model(x)
+
+for x in data:
+    evaluate(net, x)
+    evaluate_quiet(net, x)
+    frozen_bn_step(net, x, opt)
+    with torch.no_grad():
+        called_under_no_grad(net, x)
+""")
+    subs = facts.of_kind("eval_grad")
+    assert [(s.locations[0].line, s.facts["eval_grad.in_source"].value) for s in subs] == [(6, True)]

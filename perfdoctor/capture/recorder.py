@@ -19,6 +19,8 @@ from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.env import collect_env, user_files
 from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.capture.probes.anomaly import AnomalyProbe
+from perfdoctor.capture.probes.compile import CompileProbe
+from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe
 from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
 from perfdoctor.capture.probes.dataloader import DataLoaderProbe
 from perfdoctor.capture.probes.dataparallel import DataParallelProbe
@@ -73,6 +75,8 @@ class Recorder:
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
         self.gc_calls = GcCallProbe(self.clock, self.errors)
         self.stalls = StallSampler(self.clock, self.errors)
+        self.compile = CompileProbe(self.errors)
+        self.cpu_wait = CpuWaitProbe(self.errors, self.dataloader.worker_pids)
         self.window = self._new_window()
         self.user_profiler = UserProfilerGuard(torch, lambda: self.window, self.errors)
         self.forward.poll = self.dataloader.poll = self._poll  # the window's time budget, inside long steps
@@ -82,7 +86,7 @@ class Recorder:
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
-                        self.host_reads, self.user_profiler, self.gc_calls, self.stalls)
+                        self.host_reads, self.user_profiler, self.gc_calls, self.stalls, self.compile, self.cpu_wait)
 
     @property
     def stopping(self) -> bool:
@@ -123,6 +127,8 @@ class Recorder:
 
     # -- driven by the step clock ---------------------------------------------------------------
     def _on_step(self, i: int) -> None:
+        self.cpu_wait.end_step(i)
+        self.compile.end_step(i)
         self.dataloader.end_step()
         self.host_reads.end_step()
         self.cuda_batches.end_step(i)
@@ -143,6 +149,7 @@ class Recorder:
         """A stronger step clock took over: what was counted by steps starts again."""
         self.dataloader.merge_steps()
         self.host_reads.merge_steps()
+        self.cpu_wait.merge_steps()
         if self.window.state != "wait":
             self.window.discard()
         self.window = self._new_window()
@@ -183,7 +190,8 @@ class Recorder:
                         empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
                         forward=self.forward.records(), loss_holders=self.holders.records(),
                         host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(),
-                        stalls=self.stalls.records())
+                        stalls=self.stalls.records(), eval_grad=self.forward.eval_grad_records(),
+                        compile=self.compile.records(len(steps) + 1), cpu_wait=self.cpu_wait.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb)

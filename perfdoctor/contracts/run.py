@@ -306,6 +306,50 @@ class StallSamples(Struct, kw_only=True):
     lines: list[StallLine] = []
 
 
+class EvalGradRecord(Struct, kw_only=True):
+    """A line of the user's code calling a module in eval mode with autograd recording
+    (capture/probes/forward.py, PD019)."""
+    site: Site | None = None
+    module: str | None = None  # class name
+    calls: int = 0
+    ms_by_step: list[list[float]] = []  # [step, ms in those forwards, calls], steps with a call only
+    saved_bytes: list[int] = []  # per measured call: bytes of the tensors autograd saved for a backward
+    backward: int = 0  # measured calls whose graph a backward then ran through
+
+
+class GraphBreakRecord(Struct, kw_only=True):
+    """A user line torch.compile's dynamo broke a graph at (capture/probes/compile.py, PD029)."""
+    site: Site | None = None
+    reason: str = ""  # dynamo's reason, its first line
+    steps: list[int] = []  # the step of each break (dynamo breaks once per compile of the frame)
+
+
+class CompiledFrame(Struct, kw_only=True):
+    """A function dynamo compiled: each (re)compilation, with its step, time and reason."""
+    site: Site | None = None  # the compiled function's first line
+    name: str = ""
+    compiles: list[list[float]] = []  # [step, ms] per compilation
+    reasons: list[str] = []  # recompile reasons, the first few
+
+
+class CompileRecord(Struct, kw_only=True):
+    graph_breaks: list[GraphBreakRecord] = []
+    frames: list[CompiledFrame] = []
+
+
+class CpuWaitRecord(Struct, kw_only=True):
+    """Time on a CPU and time runnable but waiting for one (run-queue delay, /proc schedstat), per
+    step, of the training thread and of the DataLoader workers together (capture/probes/cpu_wait.py,
+    PD018); step i at index i - 1."""
+    wait_ms: list[float] = []
+    run_ms: list[float] = []
+    workers_wait_ms: list[float] = []  # summed over the worker processes alive at the step's end
+    workers_run_ms: list[float] = []
+    workers: list[int] = []  # worker processes read at each step's end
+    machine_ms: list[float] = []  # CPU time every process on the machine used (/proc/stat, all CPUs)
+    process_ms: list[float] = []  # CPU time this process used, all its threads (/proc/self/stat)
+
+
 class Probes(Struct, kw_only=True):
     dataloaders: list[DataLoaderRecord] = []
     dataparallel: list[DataParallelRecord] = []
@@ -316,6 +360,9 @@ class Probes(Struct, kw_only=True):
     host_reads: list[HostReadRecord] = []
     gc_calls: list[GcCallRecord] = []
     stalls: StallSamples | None = None
+    eval_grad: list[EvalGradRecord] = []
+    compile: CompileRecord | None = None
+    cpu_wait: CpuWaitRecord | None = None
 
 
 # -- hotspots.json -----------------------------------------------------------------------------

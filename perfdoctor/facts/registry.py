@@ -277,6 +277,37 @@ SUBJECT_FACTS["dataloader"].update(_declare("dataloader", [
 SUBJECT_FACTS["worker_hotspot"].update(_declare("worker_hotspot", [
     ("io_call", "str", "static", "the file open / read / decode call at the hot line, as written"),
 ]))
+# The checklist rules measured on the steps: CPU contention from DataLoader workers (PD018),
+# eval-mode forwards that record autograd (PD019), torch.compile's graph breaks (PD029).
+GLOBAL_FACTS.update(_declare(GLOBAL, [
+    ("cpu.wait_ms", "ms", "run",
+     "the training thread's time runnable but waiting for a CPU (run-queue delay, schedstat), mean per steady step"),
+]))
+SUBJECT_FACTS["dataloader"].update(_declare("dataloader", [
+    ("workers_runnable", "count", "run",
+     "its workers on a CPU or waiting for one at once, on average over the steady steps (schedstat)"),
+    ("contention_ms", "ms", "run",
+     "the training thread's CPU wait per step caused by more runnable workers than the CPUs beside it"),
+]))
+SUBJECT_FACTS.update({
+    "eval_grad": _declare("eval_grad", [
+        ("module", "str", "run", "the class of the module called in eval mode with grad mode on"),
+        ("calls_per_step", "count", "run", "such calls at this line per steady step"),
+        ("ms", "ms", "run", "time in those forwards per steady step (mean)"),
+        ("saved_bytes", "bytes", "run", "tensors autograd saved for a backward per call (median; parameters not counted)"),
+        ("measured", "count", "run", "calls whose saved tensors were counted"),
+        ("backward_share", "ratio", "run", "share of the measured calls whose graph a backward then used"),
+        ("in_source", "bool", "static",
+         "the call follows model.eval() in a function with no backward, with no no_grad/inference_mode around it or its calls"),
+    ]),
+    "graph_break": _declare("graph_break", [
+        ("kind", "str", "run", "graph break (dynamo ended a graph at this line) or recompile (this compiled function)"),
+        ("reason", "str", "run", "dynamo's reason: what broke the graph, or the guard that failed"),
+        ("count", "count", "run", "steps whose compilations broke the graph at this line, or recompilations in the run"),
+        ("steady", "count", "run", "recompilations on the steady steps"),
+        ("ms", "ms", "run", "compile time on the steady steps spread over every steady step"),
+    ]),
+})
 SUBJECT_KINDS = tuple(SUBJECT_FACTS)
 
 

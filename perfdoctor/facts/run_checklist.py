@@ -1,6 +1,8 @@
 """Run facts of the checklist rules measured on the steps themselves: worker start-up per epoch
-(PD015), gc.collect() calls (PD027) and periodic stalls named by the line that runs on them (PD020).
-Called from `run_facts.load_run`; never imports torch."""
+(PD015), gc.collect() calls (PD027), periodic stalls named by the line that runs on them (PD020),
+CPU contention from DataLoader workers (PD018), eval-mode forwards that record autograd (PD019),
+and torch.compile's graph breaks and recompilations (PD029). Called from `run_facts.load_run`;
+never imports torch."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ SLOW_FRACTION = 0.2  # ... and at least this share of that median
 SLOW_MIN_MS = 1.0  # ... and at least this much
 HIT_RATE = 0.75  # share of the pattern's steps that must be that slow (a loaded machine hides a few)
 NORMAL_MAX_SHARE = 0.10  # a line seen in more of the other steps' samples runs on every step
+MIN_BASE = 3  # steady steps without crowding workers that PD018's contention is measured against
 
 
 def _subject(facts: Facts, kind: str, site: Site | None) -> Subject | None:
@@ -163,3 +166,118 @@ def periodic_stall(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -
     s.add("ms_per_step", sum(extras) / len(xs), "ms", detail=f"the stalls' extra time over {len(xs)} steady steps")
     s.add("share", share, "ratio", detail=f"of the {len(watched)} of the pattern's {len(on)} steps watched while they ran long; seen in at most "
           f"{NORMAL_MAX_SHARE:.0%} of the other steps' samples")
+
+
+def eval_grad(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
+    """PD019: each line calling a module in eval mode with grad mode on: its calls and forward time
+    per steady step, the bytes autograd saved per call for a backward, and how many of the measured
+    calls a backward then used (a model kept in eval mode while it trains, to freeze BatchNorm, is
+    not an evaluation)."""
+    idx = [x["i"] for x in steady]
+    for r in probes.eval_grad:
+        s = _subject(facts, "eval_grad", r.site)
+        if s is None or not r.calls:
+            continue
+        s.add("module", r.module)
+        per = {int(row[0]): (row[1], row[2] if len(row) > 2 else 1) for row in r.ms_by_step if len(row) >= 2}
+        if idx:
+            series = tuple(per.get(i, (0.0, 0))[0] for i in idx)
+            s.add("calls_per_step", sum(per.get(i, (0.0, 0))[1] for i in idx) / len(idx), "count",
+                  detail=f"mean over {len(idx)} steady steps; {r.calls} calls in the run")
+            s.add("ms", statistics.fmean(series), "ms", detail=f"time in these forwards, mean over {len(idx)} steady steps",
+                  per_step=series)
+        if r.saved_bytes:
+            n = len(r.saved_bytes)
+            s.add("measured", n, "count")
+            s.add("saved_bytes", statistics.median(r.saved_bytes), "bytes",
+                  detail=f"median over the first {n} calls of the tensors autograd saved for a backward "
+                         "(activations and inputs; parameters not counted)")
+            s.add("backward_share", r.backward / n, "ratio", detail=f"{r.backward} of {n} measured calls")
+
+
+def compile_breaks(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
+    """PD029: each user line torch.compile broke a graph at, with dynamo's reason; each compiled
+    function recompiled on the steady steps, with the guard that failed and the compile time spread
+    over the steady steps."""
+    c = probes.compile
+    if c is None:
+        return
+    idx = {x["i"] for x in steady}
+    for b in c.graph_breaks:
+        s = _subject(facts, "graph_break", b.site)
+        if s is None:
+            continue
+        s.add("kind", "graph break")
+        s.add("reason", b.reason)
+        steps = sorted(set(b.steps))  # dynamo may note a break twice in one compilation (its restart)
+        s.add("count", len(steps), "count", detail=f"compilations that broke the graph here, at steps {_steps(steps)}")
+    breaks = {(b.site.file, b.site.line) for b in c.graph_breaks if b.site is not None}
+    for f in c.frames:
+        later = f.compiles[1:]  # the first compilation of a frame is not a recompilation
+        on = [ms for i, ms in ((int(x[0]), x[1]) for x in later) if i in idx]
+        # (a frame resumed after a break starts at the break's line: that line is reported as the break)
+        if not later or not idx or f.site is None or (f.site.file, f.site.line) in breaks:
+            continue
+        s = _subject(facts, "graph_break", f.site)
+        if s is None:
+            continue
+        s.add("kind", "recompile")
+        s.add("reason", f.reasons[0] if f.reasons else "")
+        s.add("count", len(later), "count", detail=f"recompilations of {f.name} at steps "
+              f"{_steps([int(x[0]) for x in later])}")
+        s.add("steady", len(on), "count", detail=f"of them on the {len(idx)} steady steps")
+        if on:
+            s.add("ms", sum(on) / len(idx), "ms", detail=f"{sum(on):.0f} ms compiling on the steady steps, "
+                  f"spread over {len(idx)} steady steps")
+
+
+def _steps(xs: list[int]) -> str:
+    shown = ", ".join(str(i) for i in xs[:8])
+    return shown + (f" and {len(xs) - 8} more" if len(xs) > 8 else "")
+
+
+def worker_contention(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
+    """PD018: how long the training thread waited for a CPU on the steady steps, and the part of it
+    the DataLoader workers beyond the CPUs caused.
+
+    Per step, the workers runnable at once on average (their time on a CPU plus their run-queue
+    wait, over the step). On the steps where more were runnable than the CPUs beside the training
+    thread (usable CPUs - 1, at least 1), the training thread's wait above its median wait on the
+    other steady steps (what the rest of the machine costs it anyway), times the share of the
+    runnable workers that were beyond those CPUs: the wait that fewer workers would not have
+    caused. Spread over the steady steps. Not measured with fewer than MIN_BASE steps to compare
+    with."""
+    w = probes.cpu_wait
+    cpus = facts.value("cpu.count")
+    if w is None or not steady:
+        return
+    at = [x["i"] - 1 for x in steady if 0 <= x["i"] - 1 < len(w.wait_ms)]
+    if not at or len(at) < len(steady) // 2:
+        return
+    waits = tuple(w.wait_ms[k] for k in at)
+    facts.add("cpu.wait_ms", statistics.fmean(waits), "ms",
+              detail=f"the training thread's run-queue wait (schedstat), mean over {len(at)} steady steps",
+              per_step=waits)
+    loaders = [dl for dl in probes.dataloaders if (dl.kwargs.num_workers or 0) > 0 and dl.site is not None]
+    if not loaders or not isinstance(cpus, int) or len(w.workers_run_ms) < len(w.wait_ms):
+        return
+    walls = {x["i"] - 1: x["wall_ms"] for x in steady}
+    room = max(1, cpus - 1)
+    runnable = [(w.workers_run_ms[k] + w.workers_wait_ms[k]) / walls[k] if walls.get(k) else 0.0 for k in at]
+    base = [w.wait_ms[k] for k, n in zip(at, runnable) if n <= room]
+    if len(base) < MIN_BASE:
+        return
+    usual = statistics.median(base)
+    cost = tuple(max(0.0, w.wait_ms[k] - usual) * (n - room) / n if n > room else 0.0 for k, n in zip(at, runnable))
+    crowded = sum(n > room for n in runnable)
+    for dl in loaders:
+        s = _subject(facts, "dataloader", dl.site)
+        if s is None:
+            continue
+        s.add("workers_runnable", statistics.fmean(runnable), "count",
+              detail=f"workers on a CPU or waiting for one, mean over {len(at)} steady steps (schedstat)")
+        s.add("contention_ms", statistics.fmean(cost), "ms",
+              detail=f"on the {crowded} steady step(s) with more workers runnable than the {room} CPU(s) beside "
+                     f"the training thread, its wait above its median on the other {len(base)} ({usual:.1f} ms), "
+                     "times the share of the workers beyond those CPUs; spread over every steady step",
+              per_step=cost)

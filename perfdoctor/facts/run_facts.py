@@ -542,6 +542,9 @@ def load_run(run_dir: Path) -> RunData:
     run_checklist.worker_startup(facts, probes, steady)
     run_checklist.gc_calls(facts, probes, steady)
     run_checklist.periodic_stall(facts, probes, steady)
+    run_checklist.eval_grad(facts, probes, steady)
+    run_checklist.compile_breaks(facts, probes, steady)
+    run_checklist.worker_contention(facts, probes, steady)
 
     # -- notes --------------------------------------------------------------------------------------
     n = len(run_steps) if clock != "whole-run" else 0

@@ -20,6 +20,7 @@ calls of those modules are still counted and timed, other modules' calls just pa
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -30,7 +31,7 @@ import msgspec
 from perfdoctor.capture import sites
 from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.patches import ErrorLog, Patches
-from perfdoctor.contracts.run import ForwardRecord
+from perfdoctor.contracts.run import EvalGradRecord, ForwardRecord
 
 
 def is_compiling(torch: Any) -> Callable[[], bool]:
@@ -55,6 +56,8 @@ class ForwardProbe:
         # id() -> (weak reference to the module, its record); the reference tells a reused id apart
         self.known: dict[int, tuple[weakref.ref, ForwardRecord]] = {}
         self.forward: list[ForwardRecord] = []
+        # (id() of the module, the calling line's code object, its line) -> the eval-mode forwards there
+        self.eval_grad: dict[tuple[int, Any, int], EvalGrad] = {}
         self.poll: Callable[[], None] = lambda: None  # set by the coordinator: the window's time budget
 
     def install(self) -> None:
@@ -62,6 +65,7 @@ class ForwardProbe:
         Module = self.torch.nn.Module
         orig = Module.__call__
         compiling, get_ident, main, pc = is_compiling(self.torch), threading.get_ident, self.main_ident, clock.pc
+        grad_enabled, saved_tensors_hooks = self.torch.is_grad_enabled, self.torch.autograd.graph.saved_tensors_hooks
 
         # the first argument must be named `self`: torch.profiler's Python tracer takes the code of
         # `Module.__call__` for the module-call frame and reads the module from its local `self`
@@ -72,15 +76,26 @@ class ForwardProbe:
                 # (activation checkpointing re-runs forward inside backward: not a forward call)
                 return orig(self, *args, **kwargs)
             probe.poll()
-            if not probe._enter(self):
+            followed = probe._enter(self)
+            # an eval-mode forward that records autograd (PD019)
+            eg = probe._eval_grad(self) if not self.training and grad_enabled() else None
+            if not followed and eg is None:
                 return orig(self, *args, **kwargs)
             probe.busy = True
+            saved = eg.measure() if eg is not None else None
             t0 = pc()
             try:
-                return orig(self, *args, **kwargs)
+                if saved is None:
+                    return orig(self, *args, **kwargs)
+                with saved_tensors_hooks(saved.pack, saved.unpack):
+                    return orig(self, *args, **kwargs)
             finally:
+                dt = pc() - t0
                 probe.busy = False
-                clock.fwd += pc() - t0
+                if followed:
+                    clock.fwd += dt
+                if eg is not None:
+                    eg.done(dt, saved, len(clock.steps) + 1 if clock.kind is not None else 0)
 
         functools.update_wrapper(__call__, orig)
         self.patches.replace(Module, "__call__", __call__)
@@ -123,9 +138,106 @@ class ForwardProbe:
         except TypeError:  # older torch: no device argument
             return bool(torch.is_autocast_enabled() or (dev == "cpu" and torch.is_autocast_cpu_enabled()))
 
+    def _eval_grad(self, mod: Any) -> EvalGrad | None:
+        """The bookkeeping of an eval-mode forward with grad mode on, at the line calling it."""
+        try:
+            f = sys._getframe(2)  # the caller of Module.__call__
+            key = (id(mod), f.f_code, f.f_lineno)
+            e = self.eval_grad.get(key)
+            if e is None or e.ref() is not mod:
+                e = self.eval_grad[key] = EvalGrad(mod, sites.caller_site(2), self.torch._C._autograd)
+            return e
+        except Exception as e:  # noqa: BLE001
+            self.err("forward", e)
+            return None
+
     def stop_discovery(self) -> None:
         """The first steps are over: the top-level modules are known, other calls pass through."""
         self.discover = False
 
     def records(self) -> list[ForwardRecord]:
         return [msgspec.structs.replace(r, autocast=r.autocast_calls * 2 >= r.calls > 0) for r in self.forward]
+
+    def eval_grad_records(self) -> list[EvalGradRecord]:
+        return [e.record() for e in self.eval_grad.values()]
+
+
+class SavedTensors:
+    """One forward's tensors saved for backward, counted as autograd packs them (pack returns the
+    tensor with this counter, unpack hands the tensor back and notes that a backward used it): the
+    graph keeps what it always keeps, nothing more. Parameters (leaves that require grad) and
+    storages seen before in the same forward are not counted."""
+
+    __slots__ = ("bytes", "storages", "used")
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.storages: set[int] = set()
+        self.used = False
+
+    def pack(self, t: Any) -> Any:
+        try:
+            if not (t.is_leaf and t.requires_grad):
+                st = t.untyped_storage()
+                ptr = st.data_ptr()
+                if ptr not in self.storages:
+                    self.storages.add(ptr)
+                    self.bytes += st.nbytes()
+        except Exception:  # noqa: BLE001  (a tensor subclass without a plain storage: not counted)
+            pass
+        return (self, t)
+
+    @staticmethod
+    def unpack(packed: Any) -> Any:
+        packed[0].used = True
+        return packed[1]
+
+
+class EvalGrad:
+    """The eval-mode forwards with grad mode on at one line (PD019): calls and time per step; on the
+    first MEASURED calls, the bytes autograd saved and whether a backward used them. Saved-tensor
+    hooks are only put around a forward while dynamo has compiled nothing in this process and the
+    module holds no compiled module (no compiled code runs under them), and where the script has
+    none of its own in force (activation offloading, checkpointing: the innermost hooks are the
+    ones autograd uses) nor has disabled them."""
+
+    MEASURED = 20
+
+    def __init__(self, mod: Any, site: Any, autograd: Any):
+        self.autograd = autograd  # torch._C._autograd
+        self.ref = weakref.ref(mod)
+        self.site = site
+        self.module = type(mod).__name__
+        self.calls = 0
+        self.by_step: dict[int, list[float]] = {}  # step -> [ms, calls]
+        self.saved: list[SavedTensors] = []
+
+    def measure(self) -> SavedTensors | None:
+        if len(self.saved) >= self.MEASURED:
+            return None
+        utils = sys.modules.get("torch._dynamo.utils")
+        ag, mod = self.autograd, self.ref()
+        try:
+            if utils is not None and (utils.counters.get("frames", {}).get("total") or utils.get_compilation_metrics()):
+                return None
+            if mod is None or any(type(m).__name__ == "OptimizedModule" or getattr(m, "_compiled_call_impl", None)
+                                  is not None for m in mod.modules()):
+                return None
+            if not ag._saved_tensors_hooks_is_enabled() or ag._top_saved_tensors_default_hooks(False) is not None:
+                return None
+        except (AttributeError, RuntimeError, KeyError, TypeError):  # another torch: no way to tell, no hooks
+            return None
+        return SavedTensors()
+
+    def done(self, dt: float, saved: SavedTensors | None, step: int) -> None:
+        self.calls += 1
+        cur = self.by_step.setdefault(step, [0.0, 0])
+        cur[0] += dt * 1e3
+        cur[1] += 1
+        if saved is not None:
+            self.saved.append(saved)
+
+    def record(self) -> EvalGradRecord:
+        return EvalGradRecord(site=self.site, module=self.module, calls=self.calls,
+                              ms_by_step=[[i, round(ms, 4), n] for i, (ms, n) in sorted(self.by_step.items()) if i],
+                              saved_bytes=[s.bytes for s in self.saved], backward=sum(s.used for s in self.saved))

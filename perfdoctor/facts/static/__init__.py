@@ -25,6 +25,7 @@ from perfdoctor.facts.static import (
     dataloader,
     dataparallel,
     empty_cache,
+    eval_grad,
     host_read,
     loader_model,
     loss_holder,
@@ -56,6 +57,7 @@ DETECTORS = (
     batch_copy.detect,
     worker_io.detect,
     loader_model.detect,
+    eval_grad.detect,
 )
 
 

@@ -1,0 +1,129 @@
+"""How long the training thread, and the DataLoader workers, waited for a CPU on each step
+(PD018's measured contention).
+
+Linux counts, per thread, the time it spent running and the time it spent runnable but waiting on a
+run queue (`/proc/<pid>/task/<tid>/schedstat`: on-CPU ns, run-queue wait ns, timeslices). Read at
+every step end (outside the step's time; one pread per file, each opened once) for the training
+thread and for the main thread of each DataLoader worker process alive then: the training
+thread's wait is what the step lost to other runnable threads on the machine; the workers' time on
+a CPU plus their wait, over the step, is how many of them were runnable at once on average. The
+CPU time of the whole machine (/proc/stat) and of this process (/proc/self/stat), both in clock
+ticks, tell the workers' share of what the training thread competed with. Absent where the kernel
+has no schedstat (nothing is recorded then).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+
+from perfdoctor.capture.patches import ErrorLog
+from perfdoctor.contracts.run import CpuWaitRecord
+
+
+class CpuWaitProbe:
+    def __init__(self, err: ErrorLog, worker_pids: Callable[[], list[int]] = list):
+        self.err = err
+        self.worker_pids = worker_pids
+        self.fd: int | None = None
+        self.last: tuple[int, int] | None = None
+        self.workers: dict[int, tuple[int, tuple[int, int]]] = {}  # pid -> (fd, last reading)
+        self.ticks: dict[str, int] = {}  # "machine" / "process" -> fd of /proc/stat, /proc/self/stat
+        self.last_ticks = (0, 0)
+        self.tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 10.0
+        self.rec = _empty()
+
+    def install(self) -> None:
+        try:
+            self.fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
+            self.last = _read(self.fd)
+            self.ticks = {"machine": os.open("/proc/stat", os.O_RDONLY),
+                          "process": os.open(f"/proc/{os.getpid()}/stat", os.O_RDONLY)}
+            self.last_ticks = self._ticks()
+        except (OSError, ValueError, IndexError):
+            self.uninstall()
+
+    def uninstall(self) -> None:
+        for fd in [w[0] for w in self.workers.values()] + list(self.ticks.values()):
+            os.close(fd)
+        self.workers, self.ticks = {}, {}
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def end_step(self, i: int) -> None:
+        """Step `i` ended: the waits and the times on a CPU since the previous step end."""
+        if self.fd is None or self.last is None:
+            return
+        try:
+            now = _read(self.fd)
+            r = self.rec
+            while len(r.wait_ms) < i - 1:  # steps missed: nothing known of them
+                for xs in (r.wait_ms, r.run_ms, r.workers_wait_ms, r.workers_run_ms, r.machine_ms, r.process_ms):
+                    xs.append(0.0)
+                r.workers.append(0)
+            r.run_ms.append(round((now[0] - self.last[0]) / 1e6, 4))
+            r.wait_ms.append(round((now[1] - self.last[1]) / 1e6, 4))
+            self.last = now
+            on, wait, n = self._workers()
+            r.workers_run_ms.append(round(on / 1e6, 4))
+            r.workers_wait_ms.append(round(wait / 1e6, 4))
+            r.workers.append(n)
+            ticks = self._ticks()
+            r.machine_ms.append(round((ticks[0] - self.last_ticks[0]) * self.tick_ms, 1))
+            r.process_ms.append(round((ticks[1] - self.last_ticks[1]) * self.tick_ms, 1))
+            self.last_ticks = ticks
+        except (OSError, ValueError, IndexError) as e:
+            self.err("cpu_wait", e)
+            self.uninstall()
+
+    def _workers(self) -> tuple[int, int, int]:
+        """The workers' on-CPU and run-queue ns since the last step end (a new worker: since it
+        was first seen, its first step counts nothing), and how many were read."""
+        on = wait = n = 0
+        alive = set(self.worker_pids())
+        for pid in list(self.workers):
+            if pid not in alive:
+                os.close(self.workers.pop(pid)[0])
+        for pid in alive:
+            w = self.workers.get(pid)
+            try:
+                if w is None:
+                    fd = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
+                    self.workers[pid] = (fd, _read(fd))
+                    continue
+                fd, last = w
+                now = _read(fd)
+            except (OSError, ValueError, IndexError):  # it just ended
+                continue
+            on += now[0] - last[0]
+            wait += now[1] - last[1]
+            n += 1
+            self.workers[pid] = (fd, now)
+        return on, wait, n
+
+    def _ticks(self) -> tuple[int, int]:
+        """Busy clock ticks of the whole machine (all CPUs: user, nice, system, irq, softirq, steal)
+        and of this process (user + system), so far."""
+        cpu = os.pread(self.ticks["machine"], 256, 0).split(b"\n", 1)[0].split()
+        busy = sum(int(cpu[k]) for k in (1, 2, 3, 6, 7, 8) if k < len(cpu))
+        own = os.pread(self.ticks["process"], 1024, 0).rsplit(b")", 1)[1].split()
+        return busy, int(own[11]) + int(own[12])  # fields 14 and 15 of /proc/pid/stat
+
+    def merge_steps(self) -> None:
+        """A stronger step clock took over: its steps are counted from 1 again."""
+        self.rec = _empty()
+
+    def records(self) -> CpuWaitRecord | None:
+        return self.rec if self.rec.wait_ms else None
+
+
+def _empty() -> CpuWaitRecord:
+    return CpuWaitRecord(wait_ms=[], run_ms=[], workers_wait_ms=[], workers_run_ms=[], workers=[],
+                         machine_ms=[], process_ms=[])
+
+
+def _read(fd: int) -> tuple[int, int]:
+    parts = os.pread(fd, 128, 0).split()
+    return int(parts[0]), int(parts[1])
