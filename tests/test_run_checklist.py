@@ -327,7 +327,7 @@ def test_too_many_workers_measured_by_the_training_threads_wait(tmp_path):
     assert s.facts["dataloader.contention_ms"].value == pytest.approx(want)
     assert r.facts.value("cpu.wait_ms") == pytest.approx((4 * 60.0 + 23 * 4.0) / 27)
     (f,) = fs
-    assert f.rule == "PD018" and f.ms_per_step == pytest.approx(want)
+    assert f.rule == "PD018" and f.ms_per_step == pytest.approx(want) and f.severity == "medium"
     assert "8 DataLoader workers on 2 usable CPUs" in f.title
 
 
@@ -348,3 +348,4 @@ def test_too_many_workers_without_schedstat_fires_unmeasured(tmp_path):
     r, fs = findings(make_run(tmp_path, wall=lambda i: 20.0, probes={"dataloaders": _crowded_loader(8)}))
     (f,) = fs
     assert f.rule == "PD018" and f.ms_per_step is None and "schedstat" in f.saving_basis
+    assert f.severity == "low"  # the worker count alone (severity_unmeasured); measured, it is medium

@@ -70,6 +70,9 @@ class Rule:
     # the saving is paid on some steps only (an epoch start, every Nth step) and spread over all of
     # them: the median step does not hold it, so its share is of the median step plus the saving
     spread_over_steps: bool = False
+    # the severity of a finding this run could not put a number on (the rule's `unmeasured` case);
+    # None: the rule's severity
+    severity_unmeasured: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "severity": self.severity, "summary": self.summary,
@@ -200,6 +203,9 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     gpu_only = data.get("gpu_only", False)
     if not isinstance(gpu_only, bool):
         raise RuleError(f"{where}: gpu_only must be true or false")
+    severity_unmeasured = data.get("severity_unmeasured")
+    if severity_unmeasured is not None and severity_unmeasured not in SEVERITIES:
+        raise RuleError(f"{where}: severity_unmeasured must be one of {', '.join(SEVERITIES)}")
     spread = data.get("spread_over_steps", False)
     if not isinstance(spread, bool):
         raise RuleError(f"{where}: spread_over_steps must be true or false")
@@ -207,7 +213,7 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     return Rule(
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
         title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
-        subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread,
+        subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread, severity_unmeasured=severity_unmeasured,
         subject_optional=bool(data.get("subject_optional", False)),
         saving_ms=data.get("saving_ms"), unmeasured=str(data.get("unmeasured", "")),
         saving_note=str(data.get("saving_note", "")),

@@ -168,9 +168,11 @@ def minor(finding: Finding) -> bool:
     return finding.severity == "low" and finding.ms_per_step is not None
 
 
-def _severity(rule: Rule, ms: float | None, frac: float | None) -> str:
+def _severity(rule: Rule, ms: float | None, frac: float | None, gpu_only: bool) -> str:
     if ms is not None and (ms < MINOR_MS or (frac is not None and frac < MINOR_FRACTION)):
         return "low"
+    if ms is None and not gpu_only and rule.severity_unmeasured:
+        return rule.severity_unmeasured  # a GPU-only finding's missing number is this machine's, not the rule's
     return rule.severity
 
 
@@ -279,7 +281,7 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
         basis = f"{GPU_ONLY}: {gpu_only}; the problem was seen {seen}. {basis[:1].upper()}{basis[1:]}"
         confidence = "medium" if sources & {"static", "run"} else "low"
     finding = Finding(
-        rule=rule.id, name=rule.name, severity=_severity(rule, ms, frac),
+        rule=rule.id, name=rule.name, severity=_severity(rule, ms, frac, bool(gpu_only)),
         title=render_template(rule.title, lookup), message=render_template(rule.message, lookup),
         why=rule.doc.why.strip(), ms_per_step=ms, fraction_of_step=frac, saving_basis=basis,
         confidence=confidence, locations=list(subject.locations) if subject else [],
