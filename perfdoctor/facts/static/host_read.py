@@ -58,11 +58,16 @@ def detect(index: SourceIndex, facts: Facts) -> None:
         s = index.subject(facts, "host_read", read)
         put(s, "kind", ", ".join(sorted(kinds, key=_ORDER.index)))
         put(s, "in_loop", line not in host)
+    rare: dict[int, tuple[ast.expr, list[str]]] = {}
     for read, kind in _less_than_every_step(index, training_loops):
         if read.lineno not in reads:
-            s = index.subject(facts, "host_read", read)
-            put(s, "kind", kind)
-            put(s, "in_loop", False)
+            kinds = rare.setdefault(read.lineno, (read, []))[1]
+            if kind not in kinds:
+                kinds.append(kind)
+    for read, kinds in rare.values():
+        s = index.subject(facts, "host_read", read)
+        put(s, "kind", ", ".join(sorted(kinds, key=_ORDER.index)))
+        put(s, "in_loop", False)
 
 
 def _less_than_every_step(index: SourceIndex, training_loops: list[ast.AST]) -> list[tuple[ast.expr, str]]:
