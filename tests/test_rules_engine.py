@@ -140,6 +140,7 @@ def test_gpu_only_costs_have_no_number_and_rank_below_measured(tmp_path):
     ec.add("calls_per_step", 1.0, "count", "run")
     ctd = f.subject("cpu_to_device", "train.py:25")
     ctd.add("factory", "randn", "", "static")
+    ctd.add("in_loop", True, "", "static")
     findings = judge(f, RULES)
     assert ids(findings) == ["PD001", "PD002", "PD004", "PD005"]
     assert findings[0].rule == "PD002" and findings[0].ms_per_step is not None
@@ -228,6 +229,43 @@ def test_pd004_silent_when_script_never_targets_cuda():
     f = cpu_run()
     f.add("script.targets_cuda", False, "", "static")
     f.subject("cpu_to_device", "t.py:3").add("factory", "zeros", "", "static")
+    assert judge(f, RULES) == []
+
+
+def test_pd004_only_for_tensors_made_every_step():
+    def run(in_loop, factory="zeros"):
+        f = cpu_run()
+        f.add("script.targets_cuda", True, "", "static")
+        s = f.subject("cpu_to_device", "t.py:3")
+        s.add("factory", factory, "", "static")
+        s.add("in_loop", in_loop, "", "static")
+        s.locations.append(Location("t.py", 3, "h0 = torch.zeros(2, 16, 8).to(device)"))
+        return judge(f, RULES)
+    assert run(in_loop=False) == []  # once per epoch or per run: nothing per step
+    (finding,) = run(in_loop=True)
+    assert "on every step" in finding.message and "Pass device=" in finding.message
+    (finding,) = run(in_loop=True, factory="cuda.FloatTensor")
+    assert finding.title.startswith("torch.cuda.FloatTensor(...)") and "torch.randn(..., device=" in finding.message
+
+
+def test_pd003_not_for_an_evaluation_loader():
+    for trains, fires in ((False, False), (True, True)):
+        f = cpu_run()
+        f.add("script.targets_cuda", True, "", "static")
+        s = loader(f, workers=2, wait_ms=0.0, pin=False, feeds_cuda=True)
+        s.add("pin_memory_on_cuda", False, "", "static")
+        s.add("trains", trains, "", "static")
+        assert ("PD003" in ids(judge(f, RULES))) is fires
+
+
+def test_pd008_trusts_the_source_over_a_short_logging_interval():
+    f = cpu_run()
+    f.add("script.targets_cuda", True, "", "static")
+    s = f.subject("host_read", "train.py:30")
+    s.add("kind", "item", "", "static")
+    s.add("in_loop", False, "", "static")  # behind `if it % log_interval == 0`
+    s.add("count_per_step", 1.0, "count", "run")  # the run logged every step
+    s.locations.append(Location("train.py", 30, "lossf = loss.item()"))
     assert judge(f, RULES) == []
 
 

@@ -224,3 +224,18 @@ def test_run_facts_does_not_import_torch():
     code = "import sys, perfdoctor.facts.run_facts, perfdoctor.capture; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_user_files_include_the_training_code_of_the_users_own_package(tmp_path):
+    # the script under projects/adder drives a Trainer in the project's own package, outside the
+    # script's folder: the file that built the DataLoader and called the model is read too
+    trainer = tmp_path / "pkg" / "trainer.py"
+    trainer.parent.mkdir()
+    trainer.write_text("loader = DataLoader(ds)\n")
+    site = {"file": str(trainer), "line": 1, "code": "loader = DataLoader(ds)", "function": "run"}
+    probes = {"dataloaders": [{"id": 0, "site": site, "kwargs": {"batch_size": 8, "num_workers": 0,
+                                                                 "pin_memory": True},
+                               "kwargs_style": "literal", "batches": 40, "wait_ms_per_step": [0.0] * 40,
+                               "to_cuda": False, "non_blocking": None}]}
+    r = load_run(make_run(tmp_path / "projects" / "adder", probes=probes))
+    assert r.user_files == [tmp_path / "projects" / "adder" / "train.py", trainer]

@@ -499,7 +499,8 @@ def test_host_reads_in_the_training_step(tmp_path):
     got = by_line(facts, "host_read")
     assert got == {10: {"kind": "item", "in_loop": True}, 11: {"kind": "cpu, numpy", "in_loop": True},
                    12: {"kind": "print", "in_loop": True}, 15: {"kind": "float", "in_loop": True},
-                   26: {"kind": "item", "in_loop": True}}
+                   26: {"kind": "item", "in_loop": True},
+                   14: {"kind": "item, print", "in_loop": False}}  # every 100 steps: the run's count is not trusted
 
 
 def test_uses_amp_counts_autocast_on_any_path(tmp_path):
@@ -555,3 +556,212 @@ for x in data:
 """)
     subs = facts.of_kind("eval_grad")
     assert [(s.locations[0].line, s.facts["eval_grad.in_source"].value) for s in subs] == [(6, True)]
+
+
+# -- how often a line runs: every training step, once per epoch, every N steps ------------------
+def test_cpu_tensor_made_every_step_or_once_per_epoch(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+
+        class RNN(torch.nn.Module):
+            def forward(self, x):
+                h0 = torch.zeros(2, x.size(0), 8).to(x.device)
+                return self.lstm(x, h0)
+
+        def draw(n):
+            return torch.randn(n, 4).cuda()
+
+        def train(loader):
+            for x, y in loader:
+                loss = model(x.cuda(), y.cuda())
+                loss.backward()
+                opt.step()
+
+        for epoch in range(10):
+            state = torch.zeros(2, 16, 8).to(device)
+            for i in range(0, 100, 10):
+                noise = torch.randn(16, 4).to(device)
+                z = draw(16)
+                if i % 50 == 0:
+                    grid = torch.randn(64, 4).to(device)
+                loss = model(noise, state)
+                loss.backward()
+                opt.step()
+
+        for epoch in range(3):
+            train(loader)
+            sample = torch.randn(64, 20).to(device)
+        start = torch.zeros(1, 8).cuda()
+        """)
+    got = {line: f["in_loop"] for line, f in by_line(facts, "cpu_to_device").items()}
+    # the forward and a helper of the step loop run every step; the epoch loop's own body (its inner
+    # loop takes the steps), an epoch loop around train(), a periodic guard and module level do not
+    assert got == {5: True, 9: True, 18: False, 20: True, 23: False, 30: False, 31: False}
+
+
+def test_host_data_given_to_a_legacy_cuda_tensor_type(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import numpy as np
+        import torch
+        cuda = True if torch.cuda.is_available() else False
+        Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor
+        LongTensor = torch.cuda.LongTensor if cuda else torch.LongTensor
+        Plain = torch.FloatTensor
+
+        def one_hot(y, n):
+            out = np.zeros((y.shape[0], n))
+            out[range(y.shape[0]), y] = 1.0
+            return Tensor(out)
+
+        for imgs, labels in loader:
+            valid = Tensor(imgs.size(0), 1).fill_(1.0)
+            z = Tensor(np.random.normal(0, 1, (imgs.shape[0], 16)))
+            picked = np.random.randint(0, 10, imgs.shape[0])
+            gen_labels = LongTensor(picked)
+            codes = one_hot(picked, 10)
+            cpu_only = Plain(np.zeros(3))
+            loss = model(z, gen_labels, valid, codes)
+            loss.backward()
+            opt.step()
+        """)
+    got = by_line(facts, "cpu_to_device")
+    # sizes allocate on the GPU (line 14) and a CPU type moves nothing (line 19)
+    assert sorted(got) == [11, 15, 17]
+    assert got[15] == {"factory": "cuda.FloatTensor", "target": "cuda", "in_loop": True}
+    assert got[17]["factory"] == "cuda.LongTensor" and got[11]["in_loop"] is True
+
+
+def test_evaluation_loader_beside_the_training_one(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader
+        Tensor = torch.cuda.FloatTensor if torch.cuda.is_available() else torch.FloatTensor
+
+        train_loader = DataLoader(train_ds, batch_size=64, shuffle=True)
+        test_loader = DataLoader(test_ds, batch_size=64)
+        gan_loader = DataLoader(gan_ds, batch_size=64)
+
+        for epoch in range(5):
+            for images, labels in train_loader:
+                images, labels = images.to(device), labels.to(device)
+                loss = criterion(model(images), labels)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+
+        with torch.no_grad():
+            for images, labels in test_loader:
+                images = images.to(device)
+                correct += (model(images).argmax(1) == labels.to(device)).sum()
+
+        for imgs, _ in gan_loader:
+            real = imgs.type(Tensor)
+            d_loss = D(real).mean()
+            d_loss.backward()
+            optimizer_D.step()
+        """)
+    got = by_line(facts, "dataloader")
+    assert got[5]["feeds_cuda"] is True and got[5]["trains"] is True
+    assert got[6]["feeds_cuda"] is True and got[6]["trains"] is False
+    assert got[7]["feeds_cuda"] is True and got[7]["trains"] is True  # .type(<CUDA type>) is a move
+
+
+def test_loader_in_an_evaluation_function_and_next_iter_loops(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader
+
+        def evaluate(model, ds):
+            loader = DataLoader(ds, batch_size=100)
+            for x, y in loader:
+                x = x.to(model.device)
+                hits = model.generate(x)
+
+        class Trainer:
+            def run(self):
+                loader = DataLoader(self.ds, batch_size=32, pin_memory=True)
+                it = iter(loader)
+                while True:
+                    try:
+                        batch = next(it)
+                    except StopIteration:
+                        it = iter(loader)
+                        batch = next(it)
+                    batch = [t.to(self.device) for t in batch]
+                    x, y = batch
+                    loss = self.model(x, y)
+                    loss.backward()
+                    self.optimizer.step()
+        """)
+    got = by_line(facts, "dataloader")
+    assert got[5]["trains"] is False  # no training loop in this file, but an evaluation function
+    assert got[12]["feeds_cuda"] is True and got[12]["trains"] is True
+    assert by_line(facts, "batch_copy") == {20: {"pinned": True, "non_blocking": False}}
+
+
+def test_batch_copy_follows_pin_memory_on_the_cuda_path_and_skips_evaluation(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader
+        use_cuda = torch.cuda.is_available()
+        kwargs = {"batch_size": 64}
+        if use_cuda:
+            kwargs.update({"num_workers": 1, "pin_memory": True})
+        train_loader = DataLoader(train_ds, **kwargs)
+        val_loader = DataLoader(val_ds, pin_memory=use_cuda)
+
+        def train():
+            for data, target in train_loader:
+                data, target = data.to(device), target.to(device)
+                loss = model(data, target)
+                loss.backward()
+                optimizer.step()
+
+        def validate():
+            with torch.no_grad():
+                for data, target in val_loader:
+                    data = data.to(device)
+                    acc = model(data).eq(target).sum()
+        """)
+    assert sorted(by_line(facts, "batch_copy")) == [12]
+
+
+def test_host_reads_less_often_than_every_step(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import numpy as np
+        import torch
+
+        class Meter:
+            def __init__(self):
+                self.val = 0
+            def update(self, v):
+                self.val = v
+            def __str__(self):
+                return "{val:.3f}".format(**self.__dict__)
+
+        class Progress:
+            def display(self, i):
+                print("\t".join(str(m) for m in self.meters))
+
+        for i, (imgs, labels) in enumerate(train_loader):
+            onehot = np.eye(10)[labels.numpy()]
+            imgs = imgs.to(device)
+            out = model(imgs)
+            loss = criterion(out, labels.to(device))
+            meter.update(out.max())
+            loss.backward()
+            opt_d.step()
+            if i % n_critic == 0:
+                g_loss = G(imgs).mean()
+                g_loss.backward()
+                opt_g.step()
+                history.append((loss.item(), g_loss.item()))
+            if i % 10 == 0:
+                progress.display(i)
+        """)
+    got = by_line(facts, "host_read")
+    assert got[10]["in_loop"] is False  # __str__ of a meter the loop never prints on every step
+    assert got[14]["in_loop"] is False  # display() is only called behind `if i % 10`
+    assert got[17] == {"kind": "numpy", "in_loop": False}  # labels: a host batch tensor, never moved first
+    assert got[28] == {"kind": "item", "in_loop": True}  # a guard that takes the generator's step: per step
+    assert 21 not in got  # a device tensor kept in the meter: no read

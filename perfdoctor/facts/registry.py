@@ -151,6 +151,9 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("feeds_cuda", "bool", "run/static", "its batches are moved to a CUDA device (absent, never False, "
                                                "in a static read without a move)"),
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),
+        ("trains", "bool", "static", "a loop over its batches takes a training step; False where none does while "
+                                     "another loop of the file does, or all sit in an evaluation function (an "
+                                     "evaluation loader)"),
         ("pin_memory_on_cuda", "bool", "static",
          "pin_memory as it would be on a CUDA device: `use_cuda`, `torch.cuda.is_available()`, a kwargs dict "
          "filled on the accelerator path (absent where the source does not say)"),
@@ -179,7 +182,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
     "cpu_to_device": _declare("cpu_to_device", [
         ("factory", "str", "trace/static", "the torch factory that builds the tensor on the CPU"),
         ("target", "str", "trace/static", "the device it is copied to, as written (a trace: cuda)"),
-        ("in_loop", "bool", "trace/static", "inside the training loop"),
+        ("in_loop", "bool", "trace/static", "made on every training step (a static read: in the step loop's body, "
+                                            "not once per epoch; in a forward or a function the step calls)"),
         ("ms", "ms", "trace", "its host-to-device copy time per step"),
     ]),
     "loss_holder": _declare("loss_holder", [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -590,6 +591,12 @@ def load_run(run_dir: Path) -> RunData:
     users = [Path(p) for p in meta.user_files or []]
     if not users and meta.script:
         users = [Path(meta.script)]
+    # meta.json's user files are those under the script's folder; the user's own package imported
+    # from elsewhere in the project (minGPT's projects/adder/adder.py driving mingpt/trainer.py) is
+    # read too where the training loop lives there: the files that built a DataLoader or called the model
+    for site in [dl.site for dl in probes.dataloaders] + [fw.site for fw in probes.forward]:
+        if site is not None and site.file and os.path.isabs(site.file) and Path(site.file) not in users:
+            users.append(Path(site.file))
     workers = hs.workers
     worker_hot = worker_hotspots(workers)
     if workers is not None and worker_hot and worker_hot[0].lines:

@@ -1,25 +1,28 @@
 """Moves of a pinned DataLoader's batches to the device (PD017): one `batch_copy` subject per
-`.to(device)` / `.cuda()` of a batch of a DataLoader given `pin_memory=True`, keyed on the move's
-line, with `non_blocking` as passed. From pinned memory a copy can run asynchronously; without
-`non_blocking=True` the host still waits for it."""
+`.to(device)` / `.cuda()` / `.type(<CUDA tensor type>)` of a batch of a DataLoader that pins memory
+on a CUDA device (`pin_memory=True`, `pin_memory=use_cuda`, a kwargs dict that sets it on the
+accelerator path: `dataloader.pin_memory_on_cuda`), keyed on the move's line, with `non_blocking` as
+passed. From pinned memory a copy can run asynchronously; without `non_blocking=True` the host still
+waits for it. Moves in an evaluation loop beside the training loop (a loop with no training step
+where another loop of the file takes them) are left out: they are not on the training step."""
 
 from __future__ import annotations
 
 import ast
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.dataloader import DATALOADER, batch_moves
+from perfdoctor.facts.static.dataloader import DATALOADER, batch_moves, pin_memory_on_cuda
 from perfdoctor.facts.static.index import SourceIndex, kwarg, put
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
+    trains_somewhere = index.has_training_loop()
     for call in index.calls:
-        if index.qual(call.func) not in DATALOADER:
+        if index.qual(call.func) not in DATALOADER or pin_memory_on_cuda(index, call) is not True:
             continue
-        pin = kwarg(call, "pin_memory")
-        if not (isinstance(pin, ast.Constant) and pin.value is True):
-            continue
-        for move in batch_moves(index, call):
+        for move, loop in batch_moves(index, call):
+            if trains_somewhere and not index.trains(loop):
+                continue
             nb = kwarg(move, "non_blocking")
             s = index.subject(facts, "batch_copy", move)
             put(s, "pinned", True)

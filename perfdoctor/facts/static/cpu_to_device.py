@@ -1,9 +1,15 @@
 """A tensor made on the CPU and then moved to a device (PD004): one `cpu_to_device` subject per
-factory call, with the factory's name, the move's target as written and `in_loop`.
+factory call, with the factory's name, the move's target as written and `in_loop` (made on every
+training step: `SourceIndex.per_step`; a tensor made once per epoch or once per run costs nothing
+per step).
 
-Two shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`), keyed on the call;
-and two statements (`x = torch.randn(...)` then, a few statements later in the same block,
-`x = x.to(device)`), keyed on the factory line with the move line as the second location.
+Three shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`), keyed on the call;
+two statements (`x = torch.randn(...)` then, a few statements later in the same block,
+`x = x.to(device)`), keyed on the factory line with the move line as the second location; and host
+data given to a legacy CUDA tensor type (`Tensor(np.random.normal(...))` with
+`Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`: numpy fills the array on the host,
+the constructor copies it to the GPU), keyed on the call. A legacy type given sizes
+(`Tensor(n, 1).fill_(1.0)`) allocates on the GPU and is left alone.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ FACTORIES = frozenset({
 def detect(index: SourceIndex, facts: Facts) -> None:
     for call in index.calls:
         _chained(index, facts, call)
+        _host_data(index, facts, call)
     _two_statements(index, facts)
 
 
@@ -52,7 +59,33 @@ def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     s = index.subject(facts, "cpu_to_device", call)
     put(s, "factory", fac)
     put(s, "target", target)
-    put(s, "in_loop", index.in_loop(call))
+    put(s, "in_loop", index.per_step(call))
+
+
+def _host_data(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
+    """`Tensor(np.random.normal(...))`, `LongTensor(labels_np)`: host data to a CUDA tensor type."""
+    if len(call.args) != 1 or call.keywords:
+        return
+    kind = index.cuda_tensor_type(call.func)
+    if kind is None or not _host_array(index, call.args[0]):
+        return
+    s = index.subject(facts, "cpu_to_device", call)
+    put(s, "factory", f"cuda.{kind}")
+    put(s, "target", "cuda")
+    put(s, "in_loop", index.per_step(call))
+
+
+def _host_array(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
+    """A numpy call (`np.random.normal(...)`, `np.zeros(...)`), a list, or a name bound only to those."""
+    if isinstance(node, (ast.List, ast.ListComp)):
+        return True
+    if isinstance(node, ast.Call):
+        q = index.qual(node.func)
+        return bool(q and q.startswith("numpy."))
+    if isinstance(node, ast.Name) and depth < 3:
+        values = index.assigned.get(node.id, [])
+        return bool(values) and all(_host_array(index, v, depth + 1) for v in values)
+    return False
 
 
 def _two_statements(index: SourceIndex, facts: Facts) -> None:
@@ -77,7 +110,7 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                         index.locate(s, later)
                         put(s, "factory", fac)
                         put(s, "target", target)
-                        put(s, "in_loop", index.in_loop(stmt))
+                        put(s, "in_loop", index.per_step(stmt))
                     break
                 if isinstance(later, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.Return,
                                       ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or any(

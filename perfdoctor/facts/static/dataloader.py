@@ -4,6 +4,11 @@ default where the argument is absent and no `*args` / `**kwargs` could carry it)
 arguments were passed (`kwargs_style`), and, where the loop over it moves a batch to a device,
 `feeds_cuda` and `non_blocking` (absent, never False, when no move is found).
 
+`trains`: True where a loop over its batches takes a training step (`SourceIndex.trains`), False
+where its loops take none while another loop of the file does, or all sit in an evaluation function
+(`evaluate`, `eval_split`, `test`: an evaluation or test loader, its copies are not on the training
+step), absent otherwise.
+
 `pin_memory_on_cuda` is the value pin_memory takes when the script runs on a CUDA device:
 `pin_memory=use_cuda`, `pin_memory=torch.cuda.is_available()` and a kwargs dict that gets
 `pin_memory: True` on the accelerator path (`if use_cuda: kwargs.update({"pin_memory": True})`)
@@ -12,6 +17,8 @@ are True there, whatever a CPU run passed (`SourceIndex.on_cuda`); absent where 
 from __future__ import annotations
 
 import ast
+import re
+from collections.abc import Callable
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import (
@@ -26,6 +33,8 @@ from perfdoctor.facts.static.index import (
 )
 from perfdoctor.usercode import kwargs_style
 
+# functions that evaluate rather than train: `evaluate`, `eval_split`, `test`, `validate`, `run_validation`
+_EVAL_NAME = re.compile(r"(^|_)(eval|evaluate|evaluation|test|valid|validate|validation)($|_)", re.I)
 DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 # DataLoader's positional parameters, in order (torch 2.x).
 _POSITIONAL = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers",
@@ -46,11 +55,8 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     s = index.subject(facts, "dataloader", call)
     star_kw = has_star_kwargs(call)
     put(s, "kwargs_style", kwargs_style(call))
-    given: dict[str, ast.expr] = {k.arg: k.value for k in call.keywords if k.arg is not None}
+    given = _given(call)
     star_args = any(isinstance(a, ast.Starred) for a in call.args)
-    if not star_args:
-        for pname, value in zip(_POSITIONAL, call.args):
-            given.setdefault(pname, value)
     for name, (typ, default) in _FACTS.items():
         if name in given:
             try:
@@ -61,19 +67,27 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
                 put(s, name, value, "count" if typ is int else "")
         elif default is not None and not star_kw and not star_args:
             put(s, name, default, "count" if typ is int else "")
-    on_cuda = _pin_memory_on_cuda(index, call, given, star_kw or star_args)
+    on_cuda = pin_memory_on_cuda(index, call)
     if isinstance(on_cuda, bool):
         put(s, "pin_memory_on_cuda", on_cuda)
     moves = batch_moves(index, call)
     if moves:
         put(s, "feeds_cuda", True)
         put(s, "non_blocking", all(
-            isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m in moves))
+            isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m, _ in moves))
+    loops = [loop for loop, _ in batch_loops(index, call)]
+    if any(index.trains(loop) for loop in loops):
+        put(s, "trains", True)
+    elif loops and (index.has_training_loop() or all(
+            _EVAL_NAME.search(index.function_name(loop)) for loop in loops)):
+        put(s, "trains", False)  # an evaluation loader beside the training one, or in an eval function
 
 
-def batch_moves(index: SourceIndex, dl_call: ast.Call) -> list[ast.Call]:
-    """`.cuda()` / `.to(device)` calls on the batches of `for ... in <this loader>` loops: in the
-    scope that names the loader, and in a function of this file it is passed to (one level)."""
+def batch_loops(index: SourceIndex, dl_call: ast.Call) -> list[tuple[ast.AST, set[str]]]:
+    """The loops over this loader's batches, each with the names its batch is bound to:
+    `for ... in <loader>` (also `enumerate(loader)`, `tqdm(loader)`, `zip(...)`), and loops that
+    draw batches with `next()` from `iter(<loader>)` (`while True: batch = next(it)`), in the
+    scope that names the loader and in a function of this file it is passed to (one level)."""
     parent = index.parents.get(dl_call)
     names: list[tuple[str, ast.AST | None, bool]] = []  # (name, scope, any scope)
     if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(
@@ -84,18 +98,53 @@ def batch_moves(index: SourceIndex, dl_call: ast.Call) -> list[ast.Call]:
             names.append((bound, scope, "." in bound or scope is None))
             if "." not in bound:
                 names += _passed_to(index, bound, scope)
-    moves: list[ast.Call] = []
+
+    def is_loader(node: ast.AST, where: ast.AST) -> bool:
+        scope = index.context(where)[0]
+        return node is dl_call or any(dotted(node) == name and (anywhere or scope is sc)
+                                      for name, sc, anywhere in names)
+
+    # `it = iter(loader)`: draws from `it` are batches too
+    iterators = {t.id for n in index.nodes if isinstance(n, ast.Assign) and _iter_of(n.value, is_loader, n)
+                 for t in n.targets if isinstance(t, ast.Name)}
+    out: list[tuple[ast.AST, set[str]]] = []
     for loop in index.nodes:
-        if not isinstance(loop, (ast.For, ast.AsyncFor)):
+        if isinstance(loop, (ast.For, ast.AsyncFor)):
+            it = loop.iter
+            candidates = [it] + (list(it.args) if isinstance(it, ast.Call) and it is not dl_call else [])
+            if any(is_loader(c, loop) for c in candidates):
+                out.append((loop, {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}))
+    for n in index.nodes:  # `batch = next(it)` / `batch = next(iter(loader))` inside a loop
+        if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
+                and n.value.func.id == "next" and n.value.args):
             continue
-        it = loop.iter  # `loader`, `enumerate(loader)`, `tqdm(loader)`, `zip(...)` or the call itself
-        candidates = [it] + (list(it.args) if isinstance(it, ast.Call) and it is not dl_call else [])
-        loop_scope = index.context(loop)[0]
-        if not any(c is dl_call or any(dotted(c) == name and (anywhere or loop_scope is scope)
-                                       for name, scope, anywhere in names) for c in candidates):
+        src = n.value.args[0]
+        if not ((isinstance(src, ast.Name) and src.id in iterators) or _iter_of(src, is_loader, n)):
             continue
-        tracked = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
-        body = list(walk_scope(loop.body))
+        draws_in = index.enclosing_loop(n)
+        if draws_in is None:
+            continue
+        drawn = {m.id for t in n.targets for m in ast.walk(t) if isinstance(m, ast.Name)}
+        for known, tracked in out:
+            if known is draws_in:
+                tracked |= drawn
+                break
+        else:
+            out.append((draws_in, drawn))
+    return out
+
+
+def _iter_of(node: ast.AST, is_loader: Callable[[ast.AST, ast.AST], bool], where: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "iter"
+            and len(node.args) == 1 and is_loader(node.args[0], where))
+
+
+def batch_moves(index: SourceIndex, dl_call: ast.Call) -> list[tuple[ast.Call, ast.AST]]:
+    """(move, loop) for each `.cuda()` / `.to(device)` / `.type(<CUDA tensor type>)` of this
+    loader's batches in the loops over it (`batch_loops`)."""
+    moves: list[tuple[ast.Call, ast.AST]] = []
+    for loop, tracked in batch_loops(index, dl_call):
+        body = list(walk_scope(loop.body))  # type: ignore[attr-defined]
         for _ in range(3):  # names derived from the batch: `x, y = batch`, `v` in `for k, v in batch.items()`
             for n in body:
                 if isinstance(n, ast.Assign) and _derived(n.value, tracked):
@@ -104,10 +153,18 @@ def batch_moves(index: SourceIndex, dl_call: ast.Call) -> list[ast.Call]:
                 elif isinstance(n, ast.comprehension) and root_name(n.iter) in tracked:
                     tracked |= {m.id for m in ast.walk(n.target) if isinstance(m, ast.Name)}
         for n in body:
-            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("to", "cuda")
-                    and root_name(n.func.value) in tracked and index.move_target(n) is not None):
-                moves.append(n)
+            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                    and root_name(n.func.value) in tracked and _is_move(index, n)):
+                moves.append((n, loop))
     return moves
+
+
+def _is_move(index: SourceIndex, call: ast.Call) -> bool:
+    """`x.to(device)`, `x.cuda()`, `x.type(Tensor)` with `Tensor` a CUDA tensor type on the GPU path."""
+    attr = call.func.attr  # type: ignore[attr-defined]
+    if attr in ("to", "cuda"):
+        return index.move_target(call) is not None
+    return attr == "type" and len(call.args) == 1 and index.cuda_tensor_type(call.args[0]) is not None
 
 
 def _passed_to(index: SourceIndex, name: str, scope: ast.AST | None) -> list[tuple[str, ast.AST, bool]]:
@@ -142,13 +199,25 @@ def _derived(value: ast.expr, tracked: set[str]) -> bool:
     if isinstance(value, (ast.Tuple, ast.List)):
         return bool(value.elts) and all(_derived(e, tracked) for e in value.elts)
     if isinstance(value, ast.Call):
-        return (isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda", "values", "items")
+        return (isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda", "type", "values", "items")
                 and root_name(value.func.value) in tracked)
     return isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)) and root_name(value) in tracked
 
 
-def _pin_memory_on_cuda(index: SourceIndex, call: ast.Call, given: dict[str, ast.expr], star: bool) -> object:
-    """pin_memory on a CUDA device: the argument as written, or what the `**kwargs` dicts put in it."""
+def _given(call: ast.Call) -> dict[str, ast.expr]:
+    """The DataLoader's arguments by name: keywords, and positionals unless a `*args` hides their order."""
+    given: dict[str, ast.expr] = {k.arg: k.value for k in call.keywords if k.arg is not None}
+    if not any(isinstance(a, ast.Starred) for a in call.args):
+        for pname, value in zip(_POSITIONAL, call.args):
+            given.setdefault(pname, value)
+    return given
+
+
+def pin_memory_on_cuda(index: SourceIndex, call: ast.Call) -> object:
+    """pin_memory of this DataLoader call on a CUDA device: the argument as written, or what the
+    `**kwargs` dicts put in it (a bool, or UNKNOWN)."""
+    given = _given(call)
+    star = has_star_kwargs(call) or any(isinstance(a, ast.Starred) for a in call.args)
     if "pin_memory" in given:
         return index.on_cuda(given["pin_memory"])
     dicts = [k.value for k in call.keywords if k.arg is None]

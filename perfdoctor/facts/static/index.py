@@ -36,6 +36,9 @@ _DEVICE_NAME = re.compile(r"device|(^|_)(dev|gpu|gpus|cuda|rank)(_|$)", re.I)
 # and those true exactly off it (`args.no_cuda`, `use_cpu`)
 _ON_CUDA_NAME = re.compile(r"^(use_|has_|with_|is_|on_)?(cuda|gpu|gpus|accel|accelerator)(_available|_enabled)?$", re.I)
 _OFF_CUDA_NAME = re.compile(r"^(no_(cuda|gpu|accel|accelerator)|(use_|force_|only_)?cpu(_only)?)$", re.I)
+# receivers of a `.step()` that takes an optimizer step: `optimizer`, `optimizer_G`, `opt`, `self.optim`,
+# `scaler` (GradScaler.step steps the optimizer); not `scheduler.step()`
+_OPTIMIZER_NAME = re.compile(r"optim|(^|[._])opt($|[_A-Z0-9])|scaler", re.I)
 _CUDA_AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available",
                              "torch.backends.mps.is_available", "torch.xpu.is_available"})
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
@@ -148,6 +151,12 @@ class SourceIndex:
                     if isinstance(t, ast.Name):
                         self.assigned.setdefault(t.id, []).append(node.value)
         self.called_in_loop = set(self._calls_in_loops())
+        self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
+        for node in self.nodes:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions.setdefault(node.name, []).append(node)
+        self._step_fns, self._epoch_fns = self._training_functions()
+        self._trains: dict[int, bool] = {}
 
     # -- names and context ---------------------------------------------------------------
     def _aliases(self) -> dict[str, str]:
@@ -194,6 +203,110 @@ class SourceIndex:
                     yield f.id
                 elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in ("self", "cls"):
                     yield f.attr
+
+    # -- the training step ---------------------------------------------------------------
+    def local_callee(self, call: ast.Call) -> str | None:
+        """The name of the function of this file that `call` may call: `f(...)`, `self.f(...)`."""
+        f = call.func
+        if isinstance(f, ast.Name):
+            name = f.id
+        elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in ("self", "cls"):
+            name = f.attr
+        else:
+            return None
+        return name if name in self.functions else None
+
+    def _training_functions(self) -> tuple[set[str], set[str]]:
+        """(step functions: their body takes a training step, directly or through a function of
+        this file; epoch functions: a loop of theirs does, `def train(epoch): for batch in loader: ...`)."""
+        step: set[str] = set()
+        epoch: set[str] = set()
+        for _ in range(4):  # calls through up to four local functions
+            for name, defs in self.functions.items():
+                for fn in defs:
+                    inner = list(walk_scope(fn.body))
+                    if name not in step and any(self._takes_step(n, step) for n in inner):
+                        step.add(name)
+                    if name not in epoch and any(
+                            (isinstance(n, LOOPS) and any(self._takes_step(m, step) for m in walk_scope(n.body)))
+                            or (isinstance(n, ast.Call) and self.local_callee(n) in epoch) for n in inner):
+                        epoch.add(name)
+        return step, epoch
+
+    def _takes_step(self, node: ast.AST, step_fns: set[str]) -> bool:
+        """`loss.backward()`, `optimizer.step()`, `torch.autograd.backward(...)`, or a call of a step function."""
+        if not isinstance(node, ast.Call):
+            return False
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "backward":
+            return True
+        if isinstance(f, ast.Attribute) and f.attr == "step" and _OPTIMIZER_NAME.search(dotted(f.value) or ""):
+            return True
+        return self.local_callee(node) in step_fns
+
+    def takes_step(self, node: ast.AST) -> bool:
+        """`node` is a call that takes a training step: backward, an optimizer step, a step function."""
+        return self._takes_step(node, self._step_fns)
+
+    def trains(self, loop: ast.AST) -> bool:
+        """Whether `loop`'s body takes a training step (backward or an optimizer step), directly or
+        through a function of this file: a training loop or an epoch loop around one."""
+        key = id(loop)
+        if key not in self._trains:
+            self._trains[key] = any(
+                self._takes_step(n, self._step_fns)
+                or (isinstance(n, ast.Call) and self.local_callee(n) in self._epoch_fns)
+                for n in walk_scope(loop.body))  # type: ignore[attr-defined]
+        return self._trains[key]
+
+    def has_training_loop(self) -> bool:
+        """Some loop of this file takes training steps."""
+        return any(isinstance(n, LOOPS) and self.trains(n) for n in self.nodes)
+
+    def enclosing_loop(self, node: ast.AST) -> ast.AST | None:
+        """The innermost for/while loop around `node` within its function (its body, not its iterator)."""
+        child, parent = node, self.parents.get(node)
+        while parent is not None and not isinstance(parent, (*_SCOPES, ast.ClassDef)):
+            if isinstance(parent, LOOPS) and child in parent.body:
+                return parent
+            child, parent = parent, self.parents.get(parent)
+        return None
+
+    def periodic(self, node: ast.AST, top: ast.AST | None = None) -> bool:
+        """Behind an `if` (up to `top`, else up to its function) whose test has a `%` and whose body
+        takes no training step: runs every N steps, not every step (`if i % n_critic == 0:` around
+        the generator's step schedules steps: what it holds runs on each of them)."""
+        child, parent = node, self.parents.get(node)
+        while parent is not None and parent is not top and not isinstance(parent, (*_SCOPES, ast.ClassDef)):
+            if isinstance(parent, ast.If) and child is not parent.test and any(
+                    isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(parent.test)) and not any(
+                    self.takes_step(m) for m in walk_scope(parent.body)):
+                return True
+            child, parent = parent, self.parents.get(parent)
+        return False
+
+    def per_step(self, node: ast.AST, depth: int = 0) -> bool:
+        """Whether `node` runs on every training step: in a loop's body that no inner loop takes the
+        steps of (a loop whose inner loop trains is an epoch loop: once per epoch), in a module's
+        `forward`, or in a function of this file called from such a place (three levels). Module
+        level outside loops, an epoch loop's own body and functions no such place calls run once
+        per epoch or once per run; so does what sits behind a periodic guard (`periodic`)."""
+        if self.periodic(node):
+            return False
+        loop = self.enclosing_loop(node)
+        if loop is not None:
+            return not any(
+                (isinstance(n, LOOPS) and self.trains(n))
+                or (isinstance(n, ast.Call) and self.local_callee(n) in self._epoch_fns)
+                for n in walk_scope(loop.body))  # type: ignore[attr-defined]
+        scope = self.context(node)[0]
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        if scope.name in ("forward", "__call__"):
+            return True
+        if depth >= 3:
+            return False
+        return any(self.local_callee(c) == scope.name and self.per_step(c, depth + 1) for c in self.calls)
 
     def function_name(self, node: ast.AST) -> str:
         scope, _ = self.context(node)
@@ -334,6 +447,24 @@ class SourceIndex:
         if isinstance(op, (ast.NotEq, ast.IsNot, ast.NotIn)):
             return not is_cuda
         return UNKNOWN
+
+    def cuda_tensor_type(self, node: ast.AST, depth: int = 0) -> str | None:
+        """`FloatTensor` where `node` is, on a CUDA device, a legacy CUDA tensor type:
+        `torch.cuda.FloatTensor`, or a name bound to one on the accelerator path
+        (`Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`)."""
+        if depth > 4:
+            return None
+        q = self.qual(node)
+        if q and q.startswith("torch.cuda.") and q.endswith("Tensor"):
+            return q[len("torch.cuda."):]
+        if isinstance(node, ast.IfExp):
+            test = self.on_cuda(node.test)
+            if test is UNKNOWN:
+                return None
+            return self.cuda_tensor_type(node.body if test else node.orelse, depth + 1)
+        if isinstance(node, ast.Name) and len(self.assigned.get(node.id, [])) == 1:
+            return self.cuda_tensor_type(self.assigned[node.id][0], depth + 1)
+        return None
 
     def move_target(self, call: ast.Call) -> str | None:
         """For `recv.cuda(...)` / `recv.to(...)`: the device's source text when it moves to a
