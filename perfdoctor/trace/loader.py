@@ -167,8 +167,9 @@ def _extend(col: array, values: list, default: int = -1) -> int:
 
 
 class _Builder:
-    """Appends decoded events to the trace's columns, interning strings. Works a chunk at a time,
-    one list comprehension per column (no per-event Python calls)."""
+    """Appends decoded events to the trace's columns, interning strings. Works a chunk at a time:
+    one pass in Python picks the usable events and their fields; columns are built from those by
+    C-level loops (zip, map, array) wherever no per-event decision is needed."""
 
     def __init__(self, trace: Trace):
         self.t = trace
@@ -184,43 +185,57 @@ class _Builder:
             self.dropped[why] = self.dropped.get(why, 0) + n
 
     def add(self, events: list[Ev]) -> None:
-        t, kinds_of, sidx, tracks = self.t, self.kinds, self.sidx, self.tracks
+        t, kinds_of = self.t, self.kinds
         self.seen += len(events)
-        # complete events of known categories, and "[memory]" instant events (name checked below)
-        ks = [kinds_of[e.cat] if e.ph == "X" else MEMORY if e.ph == "i" else -1 for e in events]
-        cand = [(e, k) for e, k in zip(events, ks) if k >= 0 and (k != MEMORY or e.name == "[memory]")]
-        # usable: a name, a timestamp, and a duration on a complete event, all within MAX_TIME
-        pairs = [(e, k) for e, k in cand if e.name is not None and e.ts is not None and -MAX_TIME < e.ts < MAX_TIME
-                 and (k == MEMORY or e.dur is not None and e.dur < MAX_TIME)]
-        if len(pairs) < len(cand):
-            self._count_unusable(cand)
-        if not pairs:
+        # complete events of known categories, and "[memory]" instant events
+        ks = [kinds_of[e.cat] if e.ph == "X" else MEMORY if e.ph == "i" and e.name == "[memory]" else -1
+              for e in events]
+        # the usable ones (a name, a timestamp, and a duration on a complete event, all within
+        # MAX_TIME), one tuple of the fields kept per event: one pass in Python, then columns in C
+        rows = [(k, name, ts, e.dur or 0.0, e.pid, e.tid, e.args or _NO_ARGS)
+                for e, k in zip(events, ks)
+                if k >= 0 and (name := e.name) is not None and (ts := e.ts) is not None and -MAX_TIME < ts < MAX_TIME
+                and (k == MEMORY or (d := e.dur) is not None and d < MAX_TIME)]
+        if len(rows) < len(ks) - ks.count(-1):
+            self._count_unusable(events, ks)
+        if not rows:
             return
-        keep = [e for e, _ in pairs]
-        ks = [k for _, k in pairs]
+        kcol, names, tss, durs, pids, tids, args = zip(*rows)
+        del rows
         base = len(t.kind)
+        sidx = self.sidx
         cut = sidx.cut
-        names = [sidx[e.name] for e in keep]  # never None: checked above
-        args = [e.args or _NO_ARGS for e in keep]
-        t.kind += array("b", ks)
-        t.name += array("i", names)
-        t.ts += array("d", [e.ts for e in keep])  # never None: checked above
-        durs = [e.dur for e in keep]
-        t.dur += array("d", [d if d is not None and d > 0 else 0.0 for d in durs])
-        self.count("with a negative duration set to 0", sum(1 for d in durs if d is not None and d < 0))
-        t.track += array("i", [tracks[e.pid, e.tid] for e in keep])
+        names = array("i", map(sidx.__getitem__, names))
+        t.kind += array("b", kcol)
+        t.name += names
+        t.ts += array("d", tss)
+        dur = array("d", durs)  # an absent duration (memory events) is 0.0 by now
+        if min(dur) < 0:
+            self.count("with a negative duration set to 0", sum(1 for d in dur if d < 0))
+            dur = array("d", [d if d > 0 else 0.0 for d in dur])
+        t.dur += dur
+        t.track += array("i", map(self.tracks.__getitem__, zip(pids, tids)))
         # python_function events carry their own id and their parent's in place of External id/correlation
-        odd = _extend(t.ext, [a.py_id if k == PYFUNC else a.ext if a.ext != -1 else a.ext_legacy
-                              for a, k in zip(args, ks)])
-        odd += _extend(t.corr, [a.py_parent if k == PYFUNC else a.correlation for a, k in zip(args, ks)])
+        ext = [a.ext for a in args]
+        if -1 in ext:  # the legacy key, where the current one is absent
+            ext = [x if x != -1 else a.ext_legacy for x, a in zip(ext, args)]
+        corr = [a.correlation for a in args]
+        if PYFUNC in kcol:
+            for j in _positions(kcol, PYFUNC):
+                ext[j], corr[j] = args[j].py_id, args[j].py_parent
+        odd = _extend(t.ext, ext)
+        odd += _extend(t.corr, corr)
         odd += _extend(t.stream, [a.stream for a in args])
         odd += _extend(t.device, [a.device for a in args])
         odd += _extend(t.nbytes, [b if type(b) is int else _as_int(b)
-                                  for b in (a.bytes if a.bytes is not None else a.mem_bytes for a in args)], 0)
+                                  for b in [a.bytes if a.bytes is not None else a.mem_bytes for a in args]], 0)
         self.count("with an id or size beyond 64 bits ignored", odd)
+        # the sparse columns: operators' and annotations' call stacks and, for the few whose names
+        # facts look at (matmuls, convs, collectives), input types and shapes and message sizes
         want = self.want_shape
-        for j, a in enumerate(args):
-            if a is _NO_ARGS or not (ks[j] == CPU_OP or ks[j] == USER_ANN):
+        for j in [j for j, k in enumerate(kcol) if k == CPU_OP or k == USER_ANN]:
+            a = args[j]
+            if a is _NO_ARGS:
                 continue
             if a.call_stack:
                 t.call_stack[base + j] = sidx[a.call_stack]
@@ -234,8 +249,10 @@ class _Builder:
                                         "collective": a.collective[:MAX_STRING] if a.collective else a.collective}
         self.count("with a string over 64 KB cut", sidx.cut - cut)
 
-    def _count_unusable(self, cand: list[tuple[Ev, int]]) -> None:
-        for e, k in cand:
+    def _count_unusable(self, events: list[Ev], ks: list[int]) -> None:
+        for e, k in zip(events, ks):
+            if k < 0:
+                continue
             if e.name is None:
                 self.count("without a name")
             elif e.ts is None:
@@ -259,6 +276,10 @@ class _Builder:
                                             or e.get("ph") == "i" and e.get("name") == "[memory]"):
                     self.count("with wrong-typed fields")  # an event analysis would have used
         self.add(good)
+
+
+def _positions(col: tuple[int, ...], value: int) -> list[int]:
+    return [j for j, v in enumerate(col) if v == value]
 
 
 def _as_int(v: Any) -> int:
