@@ -30,7 +30,10 @@ import stat
 import zlib
 from array import array
 from collections.abc import Iterator
+from itertools import compress
 from pathlib import Path
+from struct import error as StructError
+from struct import pack
 from typing import Any
 
 import msgspec
@@ -150,20 +153,27 @@ def _kind_of(cat: str) -> int:
 
 
 _NO_ARGS = Args()
+_UNUSABLE = -2  # the kind of an event analysis would use but cannot (see _Builder.add)
+_KEPT = (-1).__lt__  # kind >= 0, tested in C
+
+
+def _column(typecode: str, values: list) -> array:
+    """An array of these values (which must fit), packed by struct: array(typecode, values) parses
+    each item as a function argument, several times slower."""
+    return array(typecode, pack(f"{len(values)}{typecode}", *values))
 
 
 def _extend(col: array, values: list, default: int = -1) -> int:
     """Append a chunk's values to a column; a null (None) or an out-of-range number becomes `default`.
     Returns how many out-of-range numbers were replaced."""
     try:
-        part = array(col.typecode, values)
-    except (TypeError, OverflowError):
-        lim = 1 << (8 * col.itemsize - 1)
-        part = array(col.typecode, [v if type(v) is int and -lim <= v < lim else default for v in values])
-        col += part
-        return sum(1 for v in values if v is not None and not (type(v) is int and -lim <= v < lim))
-    col += part
-    return 0
+        col += _column(col.typecode, values)
+        return 0
+    except (StructError, TypeError, OverflowError):
+        pass
+    lim = 1 << (8 * col.itemsize - 1)
+    col += array(col.typecode, [v if type(v) is int and -lim <= v < lim else default for v in values])
+    return sum(1 for v in values if v is not None and not (type(v) is int and -lim <= v < lim))
 
 
 class _Builder:
@@ -187,34 +197,41 @@ class _Builder:
     def add(self, events: list[Ev]) -> None:
         t, kinds_of = self.t, self.kinds
         self.seen += len(events)
-        # complete events of known categories, and "[memory]" instant events
-        ks = [kinds_of[e.cat] if e.ph == "X" else MEMORY if e.ph == "i" and e.name == "[memory]" else -1
-              for e in events]
-        # the usable ones (a name, a timestamp, and a duration on a complete event, all within
-        # MAX_TIME), one tuple of the fields kept per event: one pass in Python, then columns in C
-        rows = [(k, name, ts, e.dur or 0.0, e.pid, e.tid, e.args or _NO_ARGS)
-                for e, k in zip(events, ks)
-                if k >= 0 and (name := e.name) is not None and (ts := e.ts) is not None and -MAX_TIME < ts < MAX_TIME
-                and (k == MEMORY or (d := e.dur) is not None and d < MAX_TIME)]
-        if len(rows) < len(ks) - ks.count(-1):
+        # each event's kind: complete events of known categories, and "[memory]" instant events, where
+        # usable (a name, a timestamp, and a duration on a complete event, all within MAX_TIME);
+        # UNUSABLE where not, -1 for the events analysis never uses. The one per-event pass in Python.
+        ks = [(k if e.name is not None and (ts := e.ts) is not None and -MAX_TIME < ts < MAX_TIME
+               and (k == MEMORY or (d := e.dur) is not None and d < MAX_TIME) else _UNUSABLE)
+              if (k := kinds_of[e.cat] if e.ph == "X" else MEMORY if e.ph == "i" and e.name == "[memory]" else -1) >= 0
+              else -1 for e in events]
+        if _UNUSABLE in ks:
             self._count_unusable(events, ks)
-        if not rows:
+        ok = list(map(_KEPT, ks))
+        keep = list(compress(events, ok))
+        if not keep:
             return
-        kcol, names, tss, durs, pids, tids, args = zip(*rows)
-        del rows
+        # one comprehension per column (attribute reads specialise there: cheaper than attrgetter),
+        # the columns packed by struct (cheaper than array's per-item argument parsing); the rare
+        # repairs only where a chunk needs them
+        kcol = list(compress(ks, ok))
         base = len(t.kind)
         sidx = self.sidx
         cut = sidx.cut
-        names = array("i", map(sidx.__getitem__, names))
-        t.kind += array("b", kcol)
-        t.name += names
-        t.ts += array("d", tss)
-        dur = array("d", durs)  # an absent duration (memory events) is 0.0 by now
-        if min(dur) < 0:
-            self.count("with a negative duration set to 0", sum(1 for d in dur if d < 0))
-            dur = array("d", [d if d > 0 else 0.0 for d in dur])
-        t.dur += dur
-        t.track += array("i", map(self.tracks.__getitem__, zip(pids, tids)))
+        names = list(map(sidx.__getitem__, [e.name for e in keep]))  # never None: checked above
+        t.kind += _column("b", kcol)
+        t.name += _column("i", names)
+        t.ts += _column("d", [e.ts for e in keep])  # never None: checked above
+        durs = [e.dur for e in keep]
+        if None in durs:  # memory events need none
+            durs = [0.0 if d is None else d for d in durs]
+        if min(durs) < 0:
+            self.count("with a negative duration set to 0", sum(1 for d in durs if d < 0))
+            durs = [d if d > 0 else 0.0 for d in durs]
+        t.dur += _column("d", durs)
+        del durs
+        tracks = self.tracks
+        t.track += _column("i", [tracks[e.pid, e.tid] for e in keep])
+        args = [e.args or _NO_ARGS for e in keep]
         # python_function events carry their own id and their parent's in place of External id/correlation
         ext = [a.ext for a in args]
         if -1 in ext:  # the legacy key, where the current one is absent
@@ -225,21 +242,23 @@ class _Builder:
                 ext[j], corr[j] = args[j].py_id, args[j].py_parent
         odd = _extend(t.ext, ext)
         odd += _extend(t.corr, corr)
+        del ext, corr
         odd += _extend(t.stream, [a.stream for a in args])
         odd += _extend(t.device, [a.device for a in args])
-        odd += _extend(t.nbytes, [b if type(b) is int else _as_int(b)
-                                  for b in [a.bytes if a.bytes is not None else a.mem_bytes for a in args]], 0)
+        odd += _extend(t.nbytes, [b if type(b) is int else _as_int(b) if b is not None else  # "bytes", else "Bytes"
+                                  m if type(m) is int else 0 if m is None else _as_int(m)
+                                  for b, m in [(a.bytes, a.mem_bytes) for a in args]], 0)
         self.count("with an id or size beyond 64 bits ignored", odd)
         # the sparse columns: operators' and annotations' call stacks and, for the few whose names
         # facts look at (matmuls, convs, collectives), input types and shapes and message sizes
+        ops = [j for j, k in enumerate(kcol) if k == CPU_OP or k == USER_ANN]
+        for j, s in zip(ops, [args[j].call_stack for j in ops]):
+            if s:
+                t.call_stack[base + j] = sidx[s]
         want = self.want_shape
-        for j in [j for j, k in enumerate(kcol) if k == CPU_OP or k == USER_ANN]:
+        for j in [j for j in ops if want[names[j]] and args[j] is not _NO_ARGS]:
             a = args[j]
-            if a is _NO_ARGS:
-                continue
-            if a.call_stack:
-                t.call_stack[base + j] = sidx[a.call_stack]
-            if want[names[j]] and len(a.input_type) + len(a.input_dims) <= MAX_STRING:
+            if len(a.input_type) + len(a.input_dims) <= MAX_STRING:
                 types = bytes(a.input_type)
                 if types[:1] == b"[":
                     t.shapes[base + j] = (types, bytes(a.input_dims))
@@ -251,13 +270,13 @@ class _Builder:
 
     def _count_unusable(self, events: list[Ev], ks: list[int]) -> None:
         for e, k in zip(events, ks):
-            if k < 0:
+            if k != _UNUSABLE:
                 continue
             if e.name is None:
                 self.count("without a name")
             elif e.ts is None:
                 self.count("without a timestamp")
-            elif k != MEMORY and e.dur is None:
+            elif e.ph == "X" and e.dur is None:
                 self.count("without a duration")
             elif not -MAX_TIME < e.ts < MAX_TIME or e.dur is not None and e.dur >= MAX_TIME:
                 self.count("with a time beyond 1e20")

@@ -56,8 +56,10 @@ def find_steps(trace: Trace) -> None:
     cpu_end = max((ts[i] + dur[i] for k in range(len(KIND_NAMES)) if k not in GPU_KINDS for i in trace.indices(k)),
                   default=0.0)
     prof, groups = [], defaultdict(list)
-    group_of = {j: g for j, n in enumerate(strings) if (g := _step_group(n)) is not None}
-    for i in trace.indices(USER_ANN, CPU_OP):
+    ops = trace.indices(USER_ANN, CPU_OP)
+    # the names of those events only (the string table also holds tracks and call stacks, many and long)
+    group_of = {j: g for j in set(map(name.__getitem__, ops)) if (g := _step_group(strings[j])) is not None}
+    for i in ops:
         g = group_of.get(name[i])
         if g == "":
             prof.append((strings[name[i]], ts[i], ts[i] + dur[i]))
