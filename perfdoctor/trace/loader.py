@@ -34,7 +34,7 @@ from itertools import compress
 from pathlib import Path
 from struct import error as StructError
 from struct import pack
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -178,8 +178,8 @@ def _extend(col: array, values: list, default: int = -1) -> int:
 
 class _Builder:
     """Appends decoded events to the trace's columns, interning strings. Works a chunk at a time:
-    one pass in Python picks the usable events and their fields; columns are built from those by
-    C-level loops (zip, map, array) wherever no per-event decision is needed."""
+    one pass gives each event its kind (or marks it unused or unusable), one comprehension per
+    column reads the kept events' fields, and struct packs the columns."""
 
     def __init__(self, trace: Trace):
         self.t = trace
@@ -206,7 +206,7 @@ class _Builder:
               else -1 for e in events]
         if _UNUSABLE in ks:
             self._count_unusable(events, ks)
-        ok = list(map(_KEPT, ks))
+        ok = list(map(_KEPT, ks))  # selectors for compress: the kept events and their kinds, in C
         keep = list(compress(events, ok))
         if not keep:
             return
@@ -221,9 +221,9 @@ class _Builder:
         t.kind += _column("b", kcol)
         t.name += _column("i", names)
         t.ts += _column("d", [e.ts for e in keep])  # never None: checked above
-        durs = [e.dur for e in keep]
-        if None in durs:  # memory events need none
-            durs = [0.0 if d is None else d for d in durs]
+        given = [e.dur for e in keep]  # None only on memory events, which need none
+        durs = [0.0 if d is None else d for d in given] if None in given else cast("list[float]", given)
+        del given
         if min(durs) < 0:
             self.count("with a negative duration set to 0", sum(1 for d in durs if d < 0))
             durs = [d if d > 0 else 0.0 for d in durs]
@@ -238,7 +238,7 @@ class _Builder:
             ext = [x if x != -1 else a.ext_legacy for x, a in zip(ext, args)]
         corr = [a.correlation for a in args]
         if PYFUNC in kcol:
-            for j in _positions(kcol, PYFUNC):
+            for j in [j for j, k in enumerate(kcol) if k == PYFUNC]:
                 ext[j], corr[j] = args[j].py_id, args[j].py_parent
         odd = _extend(t.ext, ext)
         odd += _extend(t.corr, corr)
@@ -295,10 +295,6 @@ class _Builder:
                                             or e.get("ph") == "i" and e.get("name") == "[memory]"):
                     self.count("with wrong-typed fields")  # an event analysis would have used
         self.add(good)
-
-
-def _positions(col: tuple[int, ...], value: int) -> list[int]:
-    return [j for j, v in enumerate(col) if v == value]
 
 
 def _as_int(v: Any) -> int:
