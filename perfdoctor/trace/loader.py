@@ -245,9 +245,9 @@ class _Builder:
         del ext, corr
         odd += _extend(t.stream, [a.stream for a in args])
         odd += _extend(t.device, [a.device for a in args])
-        odd += _extend(t.nbytes, [b if type(b) is int else _as_int(b) if b is not None else  # "bytes", else "Bytes"
-                                  m if type(m) is int else 0 if m is None else _as_int(m)
-                                  for b, m in [(a.bytes, a.mem_bytes) for a in args]], 0)
+        odd += _extend(t.nbytes, [b if type(b := a.bytes) is int else _as_int(b) if b is not None else  # "bytes",
+                                  m if type(m := a.mem_bytes) is int else 0 if m is None else _as_int(m)  # else "Bytes"
+                                  for a in args], 0)
         self.count("with an id or size beyond 64 bits ignored", odd)
         # the sparse columns: operators' and annotations' call stacks and, for the few whose names
         # facts look at (matmuls, convs, collectives), input types and shapes and message sizes
