@@ -30,8 +30,11 @@ import stat
 import zlib
 from array import array
 from collections.abc import Iterator
+from itertools import compress
 from pathlib import Path
-from typing import Any
+from struct import error as StructError
+from struct import pack
+from typing import Any, cast
 
 import msgspec
 
@@ -150,25 +153,33 @@ def _kind_of(cat: str) -> int:
 
 
 _NO_ARGS = Args()
+_UNUSABLE = -2  # the kind of an event analysis would use but cannot (see _Builder.add)
+_KEPT = (-1).__lt__  # kind >= 0, tested in C
+
+
+def _column(typecode: str, values: list) -> array:
+    """An array of these values (which must fit), packed by struct: array(typecode, values) parses
+    each item as a function argument, several times slower."""
+    return array(typecode, pack(f"{len(values)}{typecode}", *values))
 
 
 def _extend(col: array, values: list, default: int = -1) -> int:
     """Append a chunk's values to a column; a null (None) or an out-of-range number becomes `default`.
     Returns how many out-of-range numbers were replaced."""
     try:
-        part = array(col.typecode, values)
-    except (TypeError, OverflowError):
-        lim = 1 << (8 * col.itemsize - 1)
-        part = array(col.typecode, [v if type(v) is int and -lim <= v < lim else default for v in values])
-        col += part
-        return sum(1 for v in values if v is not None and not (type(v) is int and -lim <= v < lim))
-    col += part
-    return 0
+        col += _column(col.typecode, values)
+        return 0
+    except (StructError, TypeError, OverflowError):
+        pass
+    lim = 1 << (8 * col.itemsize - 1)
+    col += array(col.typecode, [v if type(v) is int and -lim <= v < lim else default for v in values])
+    return sum(1 for v in values if v is not None and not (type(v) is int and -lim <= v < lim))
 
 
 class _Builder:
-    """Appends decoded events to the trace's columns, interning strings. Works a chunk at a time,
-    one list comprehension per column (no per-event Python calls)."""
+    """Appends decoded events to the trace's columns, interning strings. Works a chunk at a time:
+    one pass gives each event its kind (or marks it unused or unusable), one comprehension per
+    column reads the kept events' fields, and struct packs the columns."""
 
     def __init__(self, trace: Trace):
         self.t = trace
@@ -184,47 +195,70 @@ class _Builder:
             self.dropped[why] = self.dropped.get(why, 0) + n
 
     def add(self, events: list[Ev]) -> None:
-        t, kinds_of, sidx, tracks = self.t, self.kinds, self.sidx, self.tracks
+        t, kinds_of = self.t, self.kinds
         self.seen += len(events)
-        # complete events of known categories, and "[memory]" instant events (name checked below)
-        ks = [kinds_of[e.cat] if e.ph == "X" else MEMORY if e.ph == "i" else -1 for e in events]
-        cand = [(e, k) for e, k in zip(events, ks) if k >= 0 and (k != MEMORY or e.name == "[memory]")]
-        # usable: a name, a timestamp, and a duration on a complete event, all within MAX_TIME
-        pairs = [(e, k) for e, k in cand if e.name is not None and e.ts is not None and -MAX_TIME < e.ts < MAX_TIME
-                 and (k == MEMORY or e.dur is not None and e.dur < MAX_TIME)]
-        if len(pairs) < len(cand):
-            self._count_unusable(cand)
-        if not pairs:
+        # each event's kind: complete events of known categories, and "[memory]" instant events, where
+        # usable (a name, a timestamp, and a duration on a complete event, all within MAX_TIME);
+        # UNUSABLE where not, -1 for the events analysis never uses. The one per-event pass in Python.
+        ks = [(k if e.name is not None and (ts := e.ts) is not None and -MAX_TIME < ts < MAX_TIME
+               and (k == MEMORY or (d := e.dur) is not None and d < MAX_TIME) else _UNUSABLE)
+              if (k := kinds_of[e.cat] if e.ph == "X" else MEMORY if e.ph == "i" and e.name == "[memory]" else -1) >= 0
+              else -1 for e in events]
+        if _UNUSABLE in ks:
+            self._count_unusable(events, ks)
+        ok = list(map(_KEPT, ks))  # selectors for compress: the kept events and their kinds, in C
+        keep = list(compress(events, ok))
+        if not keep:
             return
-        keep = [e for e, _ in pairs]
-        ks = [k for _, k in pairs]
+        # one comprehension per column (attribute reads specialise there: cheaper than attrgetter),
+        # the columns packed by struct (cheaper than array's per-item argument parsing); the rare
+        # repairs only where a chunk needs them
+        kcol = list(compress(ks, ok))
         base = len(t.kind)
+        sidx = self.sidx
         cut = sidx.cut
-        names = [sidx[e.name] for e in keep]  # never None: checked above
+        names = list(map(sidx.__getitem__, [e.name for e in keep]))  # never None: checked above
+        t.kind += _column("b", kcol)
+        t.name += _column("i", names)
+        t.ts += _column("d", [e.ts for e in keep])  # never None: checked above
+        given = [e.dur for e in keep]  # None only on memory events, which need none
+        durs = [0.0 if d is None else d for d in given] if None in given else cast("list[float]", given)
+        del given
+        if min(durs) < 0:
+            self.count("with a negative duration set to 0", sum(1 for d in durs if d < 0))
+            durs = [d if d > 0 else 0.0 for d in durs]
+        t.dur += _column("d", durs)
+        del durs
+        tracks = self.tracks
+        t.track += _column("i", [tracks[e.pid, e.tid] for e in keep])
         args = [e.args or _NO_ARGS for e in keep]
-        t.kind += array("b", ks)
-        t.name += array("i", names)
-        t.ts += array("d", [e.ts for e in keep])  # never None: checked above
-        durs = [e.dur for e in keep]
-        t.dur += array("d", [d if d is not None and d > 0 else 0.0 for d in durs])
-        self.count("with a negative duration set to 0", sum(1 for d in durs if d is not None and d < 0))
-        t.track += array("i", [tracks[e.pid, e.tid] for e in keep])
         # python_function events carry their own id and their parent's in place of External id/correlation
-        odd = _extend(t.ext, [a.py_id if k == PYFUNC else a.ext if a.ext != -1 else a.ext_legacy
-                              for a, k in zip(args, ks)])
-        odd += _extend(t.corr, [a.py_parent if k == PYFUNC else a.correlation for a, k in zip(args, ks)])
+        ext = [a.ext for a in args]
+        if -1 in ext:  # the legacy key, where the current one is absent
+            ext = [x if x != -1 else a.ext_legacy for x, a in zip(ext, args)]
+        corr = [a.correlation for a in args]
+        if PYFUNC in kcol:
+            for j in [j for j, k in enumerate(kcol) if k == PYFUNC]:
+                ext[j], corr[j] = args[j].py_id, args[j].py_parent
+        odd = _extend(t.ext, ext)
+        odd += _extend(t.corr, corr)
+        del ext, corr
         odd += _extend(t.stream, [a.stream for a in args])
         odd += _extend(t.device, [a.device for a in args])
-        odd += _extend(t.nbytes, [b if type(b) is int else _as_int(b)
-                                  for b in (a.bytes if a.bytes is not None else a.mem_bytes for a in args)], 0)
+        odd += _extend(t.nbytes, [b if type(b := a.bytes) is int else _as_int(b) if b is not None else  # "bytes",
+                                  m if type(m := a.mem_bytes) is int else 0 if m is None else _as_int(m)  # else "Bytes"
+                                  for a in args], 0)
         self.count("with an id or size beyond 64 bits ignored", odd)
+        # the sparse columns: operators' and annotations' call stacks and, for the few whose names
+        # facts look at (matmuls, convs, collectives), input types and shapes and message sizes
+        ops = [j for j, k in enumerate(kcol) if k == CPU_OP or k == USER_ANN]
+        for j, s in zip(ops, [args[j].call_stack for j in ops]):
+            if s:
+                t.call_stack[base + j] = sidx[s]
         want = self.want_shape
-        for j, a in enumerate(args):
-            if a is _NO_ARGS or not (ks[j] == CPU_OP or ks[j] == USER_ANN):
-                continue
-            if a.call_stack:
-                t.call_stack[base + j] = sidx[a.call_stack]
-            if want[names[j]] and len(a.input_type) + len(a.input_dims) <= MAX_STRING:
+        for j in [j for j in ops if want[names[j]] and args[j] is not _NO_ARGS]:
+            a = args[j]
+            if len(a.input_type) + len(a.input_dims) <= MAX_STRING:
                 types = bytes(a.input_type)
                 if types[:1] == b"[":
                     t.shapes[base + j] = (types, bytes(a.input_dims))
@@ -234,13 +268,15 @@ class _Builder:
                                         "collective": a.collective[:MAX_STRING] if a.collective else a.collective}
         self.count("with a string over 64 KB cut", sidx.cut - cut)
 
-    def _count_unusable(self, cand: list[tuple[Ev, int]]) -> None:
-        for e, k in cand:
+    def _count_unusable(self, events: list[Ev], ks: list[int]) -> None:
+        for e, k in zip(events, ks):
+            if k != _UNUSABLE:
+                continue
             if e.name is None:
                 self.count("without a name")
             elif e.ts is None:
                 self.count("without a timestamp")
-            elif k != MEMORY and e.dur is None:
+            elif e.ph == "X" and e.dur is None:
                 self.count("without a duration")
             elif not -MAX_TIME < e.ts < MAX_TIME or e.dur is not None and e.dur >= MAX_TIME:
                 self.count("with a time beyond 1e20")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from bisect import bisect_right
 from collections import defaultdict
+from operator import add
 from statistics import median
 
 from perfdoctor.trace.model import CPU_OP, DRIVER, GPU_KINDS, KIND_NAMES, RUNTIME, USER_ANN, Trace
@@ -53,11 +54,13 @@ def find_steps(trace: Trace) -> None:
     """Fill trace.steps, trace.step_source and trace.dropped_last_step."""
     kind, ts, dur, strings, name = trace.kind, trace.ts, trace.dur, trace.strings, trace.name
     # the end of the CPU side, kind by kind (no need to merge the kinds into file order first)
-    cpu_end = max((ts[i] + dur[i] for k in range(len(KIND_NAMES)) if k not in GPU_KINDS for i in trace.indices(k)),
-                  default=0.0)
+    cpu_end = max((max(map(add, map(ts.__getitem__, ix), map(dur.__getitem__, ix)))
+                   for k in range(len(KIND_NAMES)) if k not in GPU_KINDS if (ix := trace.indices(k))), default=0.0)
     prof, groups = [], defaultdict(list)
-    group_of = {j: g for j, n in enumerate(strings) if (g := _step_group(n)) is not None}
-    for i in trace.indices(USER_ANN, CPU_OP):
+    ops = trace.indices(USER_ANN, CPU_OP)
+    # the names of those events only (the string table also holds tracks and call stacks, many and long)
+    group_of = {j: g for j in set(map(name.__getitem__, ops)) if (g := _step_group(strings[j])) is not None}
+    for i in ops:
         g = group_of.get(name[i])
         if g == "":
             prof.append((strings[name[i]], ts[i], ts[i] + dur[i]))
