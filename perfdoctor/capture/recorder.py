@@ -22,6 +22,7 @@ from perfdoctor.capture.probes.anomaly import AnomalyProbe
 from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
 from perfdoctor.capture.probes.dataloader import DataLoaderProbe
 from perfdoctor.capture.probes.dataparallel import DataParallelProbe
+from perfdoctor.capture.probes.ddp import DdpProbe
 from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
 from perfdoctor.capture.probes.forward import ForwardProbe
 from perfdoctor.capture.probes.gc_calls import GcCallProbe
@@ -72,6 +73,7 @@ class Recorder:
         self.holders = HolderScanner(torch)
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
         self.gc_calls = GcCallProbe(self.clock, self.errors)
+        self.ddp = DdpProbe(torch, self.clock, self.errors)
         self.stalls = StallSampler(self.clock, self.errors)
         self.window = self._new_window()
         self.user_profiler = UserProfilerGuard(torch, lambda: self.window, self.errors)
@@ -82,7 +84,7 @@ class Recorder:
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
-                        self.host_reads, self.user_profiler, self.gc_calls, self.stalls)
+                        self.host_reads, self.user_profiler, self.gc_calls, self.ddp, self.stalls)
 
     @property
     def stopping(self) -> bool:
@@ -182,7 +184,7 @@ class Recorder:
         probes = Probes(dataloaders=self.dataloader.records(), dataparallel=self.dataparallel.records(),
                         empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
                         forward=self.forward.records(), loss_holders=self.holders.records(),
-                        host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(),
+                        host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(), ddp=self.ddp.records(),
                         stalls=self.stalls.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)

@@ -277,6 +277,29 @@ SUBJECT_FACTS["dataloader"].update(_declare("dataloader", [
 SUBJECT_FACTS["worker_hotspot"].update(_declare("worker_hotspot", [
     ("io_call", "str", "static", "the file open / read / decode call at the hot line, as written"),
 ]))
+# DistributedDataParallel (PD031-PD033): how each DDP was built and what it did on the steps
+# (capture/probes/ddp.py, facts/run_ddp.py).
+SUBJECT_FACTS.update({
+    "ddp": _declare("ddp", [
+        ("module", "str", "run", "the wrapped module's class name"),
+        ("find_unused_parameters", "bool", "run", "find_unused_parameters as the DDP holds it"),
+        ("gradient_as_bucket_view", "bool", "run", "gradient_as_bucket_view as the DDP holds it"),
+        ("static_graph", "bool", "run", "static_graph as the DDP holds it"),
+        ("params", "count", "run", "trainable parameters it synchronises"),
+        ("grad_bytes", "bytes", "run", "their gradients' bytes: what DDP's buckets hold a second copy of without gradient_as_bucket_view"),
+        ("synced_steps", "count", "run", "steady steps with a backward that all-reduced"),
+        ("steps_checked", "count", "run", "steps on which the probe read DDP's used map (find_unused_parameters without static_graph)"),
+        ("unused_steps", "count", "run", "of those, steps on which some parameter got no gradient on some rank"),
+        ("traversal_ms", "ms", "run", "time per steady step in DDP's search for unused parameters (its walk of the autograd graph after forward), mean"),
+    ]),
+    "ddp_sync": _declare("ddp_sync", [
+        ("syncs_per_step", "count", "run", "backward passes that all-reduced per optimizer step (median over the steady steps)"),
+        ("backwards_per_step", "count", "run", "backward passes per optimizer step (median over the steady steps)"),
+        ("comm_ms", "ms", "run", "DDP's own mean time of one backward's all-reduces (ms per backward, its sampled iterations)"),
+        ("model", "str", "run", "the DDP as named where it is built (the assignment's target), else model"),
+        ("statement", "str", "run", "the backward line as written"),
+    ]),
+})
 SUBJECT_KINDS = tuple(SUBJECT_FACTS)
 
 
