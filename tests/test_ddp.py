@@ -14,7 +14,6 @@ from conftest import SAMPLES
 from perfdoctor.contracts.run import DdpRecord, Probes, Site
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.run_ddp import _target, ddp
-from perfdoctor.model import Location
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
 

@@ -26,7 +26,7 @@ def ddp(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
         s.add("params", r.params, "count")
         s.add("grad_bytes", r.grad_bytes, "bytes")
         rows = {int(row[0]): row for row in r.by_step if len(row) >= 4}
-        synced = [min(rows[i][1], rows[i][3]) if i in rows else 0 for i in idx]
+        synced = [int(min(rows[i][1], rows[i][3])) if i in rows else 0 for i in idx]
         if not idx:
             continue
         s.add("synced_steps", sum(1 for n in synced if n), "count", detail=f"of {len(idx)} steady steps")

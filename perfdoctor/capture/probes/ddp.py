@@ -28,7 +28,7 @@ from typing import Any
 from perfdoctor.capture import sites
 from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.patches import ErrorLog, Patches
-from perfdoctor.contracts.run import DdpRecord
+from perfdoctor.contracts.run import DdpRecord, Site
 
 LOG_STEPS = 12  # DDP's own comm timing is read on the first steps (DDP samples its first iterations) ...
 LOG_EVERY = 50  # ... and every this many steps after
@@ -56,7 +56,7 @@ class DdpProbe:
         self.patches = Patches()
         self.ddps: dict[int, _Ddp] = {}
         self.backwards: dict[int, int] = {}  # step -> backward passes while a DDP was alive
-        self.backward_site = None
+        self.backward_site: Site | None = None
 
     def _live(self, obj: Any) -> _Ddp | None:
         d = self.ddps.get(id(obj))
