@@ -13,7 +13,7 @@ from conftest import SAMPLES
 
 from perfdoctor.contracts.run import DdpRecord, Probes, Site
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.run_ddp import _target, ddp
+from perfdoctor.facts.run_distributed import _target, ddp
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
 

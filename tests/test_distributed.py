@@ -235,3 +235,56 @@ def test_pd030_fires_on_an_unsharded_loader_of_a_job_only(world, sharded, fires)
     assert bool(found) is fires
     if fires:
         assert "2 ranks" in found[0].title and "RandomSampler" in found[0].title
+
+
+def test_a_straggler_slowed_by_garbage_collection_is_named_so():
+    """GC time is a rank's own evidence: it leaves the compute column and names the cause."""
+    fast = [_rank_facts(40, 0.4, 1.0, 38.0, 0.2, 35) for _ in range(2)]  # backward waits 35 ms in the all-reduce
+    for f in fast:
+        f.add("gc.ms", 0.3, "ms", "run")
+    slow = _rank_facts(40, 0.4, 14.0, 25.0, 0.2, 3.5)  # its collections make its forward and backward long
+    slow.add("gc.ms", 31.0, "ms", "run")
+    g, rows = cross_rank([(0, "a"), (1, "b"), (2, "c")], [fast[0], slow, fast[1]], "run")
+    assert g.value("ranks.straggler") == 1 and g.value("ranks.straggler_cause") == "garbage collection"
+    assert g.value("ranks.straggler_excess_ms") == pytest.approx(30.7)
+    assert rows[1]["gc_ms"] == 31.0 and rows[1]["compute_ms"] == pytest.approx(14.0 + 25.0 + 0.2 - 3.5 - 31.0)
+    # no gc.ms (a trace, an older run folder): no column, compute as before
+    g, rows = cross_rank([(0, "a"), (1, "b")], [_rank_facts(40, 0.4, 1, 38, 0.2, 35) for _ in range(2)])
+    assert "gc_ms" not in rows[0] and rows[0]["compute_ms"] == pytest.approx(1 + 38 + 0.2 - 35)
+
+
+def test_gc_time_is_counted_on_the_training_steps_and_becomes_gc_ms():
+    import gc
+    import time
+
+    from perfdoctor.capture.patches import ErrorLog
+    from perfdoctor.capture.probes.gc_time import GcTimeProbe
+    from perfdoctor.contracts.run import Probes
+    from perfdoctor.facts.run_distributed import gc_time
+
+    class Clock:
+        pc = staticmethod(time.perf_counter)
+        kind: str | None = None
+        steps: list = []
+
+    clock = Clock()
+    probe = GcTimeProbe(clock, ErrorLog())  # type: ignore[arg-type]
+    probe.install()
+    try:
+        gc.collect()  # before the first step: not counted
+        clock.kind = "optimizer"
+        for i in range(4):
+            if i % 2:
+                junk = [[j] for j in range(20000)]  # something for the collector to walk
+                gc.collect()
+                del junk
+            clock.steps.append((i + 1,))
+    finally:
+        probe.uninstall()
+    assert probe._callback not in gc.callbacks
+    rec = probe.records()
+    assert [int(r[0]) for r in rec.ms_by_step] == [2, 4] and all(r[1] > 0 and r[2] >= 1 for r in rec.ms_by_step)
+    f = Facts()
+    gc_time(f, Probes(gc_time=rec), [{"i": i} for i in range(1, 5)])
+    assert f.value("gc.ms") == pytest.approx(sum(r[1] for r in rec.ms_by_step) / 4)
+    assert f.get("gc.ms").per_step[0] == 0.0

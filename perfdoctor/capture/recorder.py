@@ -26,6 +26,7 @@ from perfdoctor.capture.probes.ddp import DdpProbe
 from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
 from perfdoctor.capture.probes.forward import ForwardProbe
 from perfdoctor.capture.probes.gc_calls import GcCallProbe
+from perfdoctor.capture.probes.gc_time import GcTimeProbe
 from perfdoctor.capture.probes.holders import HolderScanner
 from perfdoctor.capture.probes.host_reads import HostReadProbe
 from perfdoctor.capture.probes.stalls import StallSampler
@@ -74,6 +75,7 @@ class Recorder:
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
         self.gc_calls = GcCallProbe(self.clock, self.errors)
         self.ddp = DdpProbe(torch, self.clock, self.errors)
+        self.gc_time = GcTimeProbe(self.clock, self.errors)
         self.stalls = StallSampler(self.clock, self.errors)
         self.window = self._new_window()
         self.user_profiler = UserProfilerGuard(torch, lambda: self.window, self.errors)
@@ -84,7 +86,7 @@ class Recorder:
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
-                        self.host_reads, self.user_profiler, self.gc_calls, self.ddp, self.stalls)
+                        self.host_reads, self.user_profiler, self.gc_calls, self.ddp, self.gc_time, self.stalls)
 
     @property
     def stopping(self) -> bool:
@@ -185,6 +187,7 @@ class Recorder:
                         empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
                         forward=self.forward.records(), loss_holders=self.holders.records(),
                         host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(), ddp=self.ddp.records(),
+                        gc_time=self.gc_time.records(),
                         stalls=self.stalls.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)

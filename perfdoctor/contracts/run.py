@@ -309,6 +309,11 @@ class DdpRecord(Struct, kw_only=True):
     backward_site: Site | None = None  # the user line of the first backward() while a DDP was alive
 
 
+class GcTimeRecord(Struct, kw_only=True):
+    """Python's garbage collections on the training steps, automatic and explicit (capture/probes/gc_time.py)."""
+    ms_by_step: list[list[float]] = []  # [step, ms in collections, collections], steps with one only
+
+
 class StallLine(Struct, kw_only=True):
     """A line of the user's code on the main thread's stack, sampled through the whole run
     (capture/probes/stalls.py): on which steps it was seen and how often."""
@@ -336,6 +341,7 @@ class Probes(Struct, kw_only=True):
     host_reads: list[HostReadRecord] = []
     gc_calls: list[GcCallRecord] = []
     ddp: list[DdpRecord] = []
+    gc_time: GcTimeRecord | None = None
     stalls: StallSamples | None = None
 
 

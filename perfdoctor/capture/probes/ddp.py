@@ -28,6 +28,7 @@ from typing import Any
 from perfdoctor.capture import sites
 from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.patches import ErrorLog, Patches
+from perfdoctor.capture.probes.forward import is_compiling
 from perfdoctor.contracts.run import DdpRecord, Site
 
 LOG_STEPS = 12  # DDP's own comm timing is read on the first steps (DDP samples its first iterations) ...
@@ -57,6 +58,7 @@ class DdpProbe:
         self.ddps: dict[int, _Ddp] = {}
         self.backwards: dict[int, int] = {}  # step -> backward passes while a DDP was alive
         self.backward_site: Site | None = None
+        self.compiling = is_compiling(torch)
 
     def _live(self, obj: Any) -> _Ddp | None:
         d = self.ddps.get(id(obj))
@@ -66,9 +68,10 @@ class DdpProbe:
         return len(self.clock.steps) + 1
 
     def install(self) -> None:
-        torch, probe, clock = self.torch, self, self.clock
+        torch, probe, clock, compiling = self.torch, self, self.clock, self.compiling
         ddp_cls = torch.nn.parallel.DistributedDataParallel
-        compiling = torch.compiler.is_compiling
+        if not hasattr(ddp_cls, "_post_forward"):  # DDP's forward in one piece (torch before 2.0)
+            return
         orig_init, orig_post = ddp_cls.__init__, ddp_cls._post_forward
 
         def init(obj: Any, *args: Any, **kwargs: Any) -> None:
@@ -127,7 +130,7 @@ class DdpProbe:
         self.ddps[id(obj)] = d
 
     def _before_optimizer(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if not self.ddps or self.torch.compiler.is_compiling():
+        if not self.ddps or self.compiling():
             return
         t1 = self.clock.pc()
         i = self._step()

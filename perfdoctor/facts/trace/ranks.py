@@ -32,23 +32,26 @@ class RankSummary:
 
 # What can make one rank the straggler, each a column of the rank table measured on every rank: the
 # cause is the part by which the straggler exceeds the other ranks' median the most.
-CAUSES = (("data_ms", "data loading"), ("compute_ms", "compute"), ("sync_ms", "host syncs"))
+CAUSES = (("data_ms", "data loading"), ("compute_ms", "compute"), ("sync_ms", "host syncs"),
+          ("gc_ms", "garbage collection"))
 
 
 def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     """One rank's row: step time, data wait, compute, communication wait, idle (each where measured).
     Communication: the GPU's communication kernels not hidden behind compute (step.comm_ms), or the
     host's collectives (comm.host_share of the step, gloo). Compute: the GPU's kernels, or on a CPU run the step's
-    forward, backward and optimizer less the host's collectives inside them."""
+    forward, backward and optimizer less the host's collectives and Python's garbage collections inside
+    them (gc_ms, a run's: collections run where objects are allocated, in the step's own work)."""
     step = f.value("step.time_ms")
     comm = f.value("step.comm_ms")
     share = f.value("comm.host_share") if comm is None else None
     host_comm = round(share * step, 4) if share is not None and step is not None else None
     compute = f.value("step.gpu_kernel_ms")
+    gc = f.value("gc.ms")
     if compute is None and host_comm is not None:
         parts = [f.value(n) for n in ("step.forward_ms", "step.backward_ms", "step.optimizer_ms")]
         if all(p is not None for p in parts):
-            compute = round(max(0.0, sum(parts) - host_comm), 4)
+            compute = round(max(0.0, sum(parts) - host_comm - (gc or 0.0)), 4)
     idle = f.value("step.idle_ms")
     row: dict[str, Any] = {"rank": rank, "file": label, "step_ms": step}
     data = f.value("step.data_ms")
@@ -62,6 +65,8 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     sync = f.value("sync.ms")
     if sync is not None:
         row["sync_ms"] = sync
+    if gc is not None:
+        row["gc_ms"] = round(gc, 4)
     if share is not None:
         # a synchronous step lasts as long on every rank: the ranks that wait for the straggler wait
         # inside the collectives, so the rest of the step is each rank's own work (its share, measured

@@ -1,6 +1,8 @@
-"""DistributedDataParallel facts of a run (PD031-PD033), from the DDP probe's records
-(`capture/probes/ddp.py`): one `ddp` subject per DDP construction site, and one `ddp_sync` subject at
-the backward line of a DDP that all-reduced on several backward passes of one optimizer step."""
+"""The facts of a run that a distributed job needs: DistributedDataParallel (PD031-PD033), from the DDP
+probe's records (`capture/probes/ddp.py`): one `ddp` subject per DDP construction site, and one
+`ddp_sync` subject at the backward line of a DDP that all-reduced on several backward passes of one
+optimizer step; and the time in Python's garbage collector per step (`capture/probes/gc_time.py`),
+one of the causes the rank table can name for a straggler (`facts/trace/ranks.py`)."""
 
 from __future__ import annotations
 
@@ -40,6 +42,18 @@ def ddp(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
                   detail=f"DDP's _post_forward with find_unused_parameters, mean over {len(idx)} steady steps",
                   per_step=walk)
         _accumulation(facts, r, idx, rows, synced)
+
+
+def gc_time(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
+    """`gc.ms`: the mean time per steady step in Python's garbage collections (0 on a step without one)."""
+    rec = probes.gc_time
+    if rec is None or not steady:
+        return
+    per = {int(row[0]): float(row[1]) for row in rec.ms_by_step if len(row) >= 2}
+    series = tuple(per.get(int(x["i"]), 0.0) for x in steady)
+    facts.add("gc.ms", statistics.fmean(series), "ms",
+              detail=f"mean over {len(series)} steady steps, {sum(1 for v in series if v)} with a collection",
+              per_step=series)
 
 
 def _accumulation(facts: Facts, r: DdpRecord, idx: list[int], rows: dict[int, list[float]], synced: list[int]) -> None:
