@@ -244,6 +244,7 @@ def test_a_straggler_slowed_by_garbage_collection_is_named_so():
         f.add("gc.ms", 0.3, "ms", "run")
     slow = _rank_facts(40, 0.4, 14.0, 25.0, 0.2, 3.5)  # its collections make its forward and backward long
     slow.add("gc.ms", 31.0, "ms", "run")
+    slow.add("gc.compute_ms", 31.0, "ms", "run")
     g, rows = cross_rank([(0, "a"), (1, "b"), (2, "c")], [fast[0], slow, fast[1]], "run")
     assert g.value("ranks.straggler") == 1 and g.value("ranks.straggler_cause") == "garbage collection"
     assert g.value("ranks.straggler_excess_ms") == pytest.approx(30.7)
@@ -266,9 +267,10 @@ def test_gc_time_is_counted_on_the_training_steps_and_becomes_gc_ms():
         pc = staticmethod(time.perf_counter)
         kind: str | None = None
         steps: list = []
+        bwd_depth = opt_depth = 0
 
     clock = Clock()
-    probe = GcTimeProbe(clock, ErrorLog())  # type: ignore[arg-type]
+    probe = GcTimeProbe(clock, ErrorLog(), lambda: True)  # type: ignore[arg-type]
     probe.install()
     try:
         gc.collect()  # before the first step: not counted
@@ -288,3 +290,4 @@ def test_gc_time_is_counted_on_the_training_steps_and_becomes_gc_ms():
     gc_time(f, Probes(gc_time=rec), [{"i": i} for i in range(1, 5)])
     assert f.value("gc.ms") == pytest.approx(sum(r[1] for r in rec.ms_by_step) / 4)
     assert f.get("gc.ms").per_step[0] == 0.0
+    assert f.value("gc.compute_ms") == f.value("gc.ms")  # all inside "forward" here

@@ -75,7 +75,7 @@ class Recorder:
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
         self.gc_calls = GcCallProbe(self.clock, self.errors)
         self.ddp = DdpProbe(torch, self.clock, self.errors)
-        self.gc_time = GcTimeProbe(self.clock, self.errors)
+        self.gc_time = GcTimeProbe(self.clock, self.errors, lambda: self.forward.busy)
         self.stalls = StallSampler(self.clock, self.errors)
         self.window = self._new_window()
         self.user_profiler = UserProfilerGuard(torch, lambda: self.window, self.errors)

@@ -311,7 +311,9 @@ class DdpRecord(Struct, kw_only=True):
 
 class GcTimeRecord(Struct, kw_only=True):
     """Python's garbage collections on the training steps, automatic and explicit (capture/probes/gc_time.py)."""
-    ms_by_step: list[list[float]] = []  # [step, ms in collections, collections], steps with one only
+    # [step, ms in collections, collections, ms of it inside forward, backward or the optimizer step],
+    # steps with a collection only
+    ms_by_step: list[list[float]] = []
 
 
 class StallLine(Struct, kw_only=True):

@@ -281,6 +281,7 @@ SUBJECT_FACTS["worker_hotspot"].update(_declare("worker_hotspot", [
 # (capture/probes/gc_time.py, facts/run_distributed.py, facts/trace/ranks.py).
 GLOBAL_FACTS.update(_declare(GLOBAL, [
     ("gc.ms", "ms", "run", "time per steady step in Python's garbage collections, automatic and explicit (mean)"),
+    ("gc.compute_ms", "ms", "run", "the part of gc.ms inside forward, backward and the optimizer step (in their time)"),
 ]))
 # DistributedDataParallel (PD031-PD033): how each DDP was built and what it did on the steps
 # (capture/probes/ddp.py, facts/run_distributed.py).

@@ -45,15 +45,17 @@ def ddp(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
 
 
 def gc_time(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
-    """`gc.ms`: the mean time per steady step in Python's garbage collections (0 on a step without one)."""
+    """`gc.ms`: the mean time per steady step in Python's garbage collections (0 on a step without
+    one); `gc.compute_ms`: the part of it inside forward, backward and the optimizer step."""
     rec = probes.gc_time
     if rec is None or not steady:
         return
-    per = {int(row[0]): float(row[1]) for row in rec.ms_by_step if len(row) >= 2}
-    series = tuple(per.get(int(x["i"]), 0.0) for x in steady)
-    facts.add("gc.ms", statistics.fmean(series), "ms",
-              detail=f"mean over {len(series)} steady steps, {sum(1 for v in series if v)} with a collection",
-              per_step=series)
+    per = {int(row[0]): row for row in rec.ms_by_step if len(row) >= 4}
+    series = tuple(float(per[int(x["i"])][1]) if int(x["i"]) in per else 0.0 for x in steady)
+    inner = tuple(float(per[int(x["i"])][3]) if int(x["i"]) in per else 0.0 for x in steady)
+    which = f"mean over {len(series)} steady steps, {sum(1 for v in series if v)} with a collection"
+    facts.add("gc.ms", statistics.fmean(series), "ms", detail=which, per_step=series)
+    facts.add("gc.compute_ms", statistics.fmean(inner), "ms", detail=which, per_step=inner)
 
 
 def _accumulation(facts: Facts, r: DdpRecord, idx: list[int], rows: dict[int, list[float]], synced: list[int]) -> None:

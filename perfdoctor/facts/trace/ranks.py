@@ -41,7 +41,7 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     Communication: the GPU's communication kernels not hidden behind compute (step.comm_ms), or the
     host's collectives (comm.host_share of the step, gloo). Compute: the GPU's kernels, or on a CPU run the step's
     forward, backward and optimizer less the host's collectives and Python's garbage collections inside
-    them (gc_ms, a run's: collections run where objects are allocated, in the step's own work)."""
+    them (a run's gc.compute_ms; gc_ms is all the collections' time on the step, wherever they ran)."""
     step = f.value("step.time_ms")
     comm = f.value("step.comm_ms")
     share = f.value("comm.host_share") if comm is None else None
@@ -51,7 +51,7 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     if compute is None and host_comm is not None:
         parts = [f.value(n) for n in ("step.forward_ms", "step.backward_ms", "step.optimizer_ms")]
         if all(p is not None for p in parts):
-            compute = round(max(0.0, sum(parts) - host_comm - (gc or 0.0)), 4)
+            compute = round(max(0.0, sum(parts) - host_comm - f.value("gc.compute_ms", 0.0)), 4)
     idle = f.value("step.idle_ms")
     row: dict[str, Any] = {"rank": rank, "file": label, "step_ms": step}
     data = f.value("step.data_ms")
