@@ -237,6 +237,16 @@ def test_pd030_fires_on_an_unsharded_loader_of_a_job_only(world, sharded, fires)
         assert "2 ranks" in found[0].title and "RandomSampler" in found[0].title
 
 
+@pytest.mark.e2e
+def test_a_straggler_slowed_by_its_garbage_collections_is_named_so(tmp_path):
+    doc, _ = _job(tmp_path, "ddp_gc_straggler.py", 2)
+    facts = doc["facts"]
+    assert facts["ranks.straggler"]["value"] == 1
+    assert facts["ranks.straggler_cause"]["value"] == "garbage collection"
+    rows = {r["rank"]: r for r in doc["ranks"]}
+    assert rows[1]["gc_ms"] > 5 * max(rows[0]["gc_ms"], 0.1)
+
+
 def test_a_straggler_slowed_by_garbage_collection_is_named_so():
     """GC time is a rank's own evidence: it leaves the compute column and names the cause."""
     fast = [_rank_facts(40, 0.4, 1.0, 38.0, 0.2, 35) for _ in range(2)]  # backward waits 35 ms in the all-reduce
