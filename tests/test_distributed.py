@@ -301,3 +301,58 @@ def test_gc_time_is_counted_on_the_training_steps_and_becomes_gc_ms():
     assert f.value("gc.ms") == pytest.approx(sum(r[1] for r in rec.ms_by_step) / 4)
     assert f.get("gc.ms").per_step[0] == 0.0
     assert f.value("gc.compute_ms") == f.value("gc.ms")  # all inside "forward" here
+
+
+def test_a_straggler_starved_of_cpu_is_named_so():
+    fast = [_rank_facts(40, 0.4, 1.0, 38.0, 0.2, 35) for _ in range(2)]
+    for f in fast:
+        f.add("cpu.wait_ms", 0.5, "ms", "run")
+    slow = _rank_facts(40, 0.4, 12.0, 27.0, 0.2, 3.0)  # its forward and backward wait for a CPU
+    slow.add("cpu.wait_ms", 30.0, "ms", "run")
+    g, rows = cross_rank([(0, "a"), (1, "b"), (2, "c")], [fast[0], slow, fast[1]], "run")
+    assert g.value("ranks.straggler") == 1 and g.value("ranks.straggler_cause") == "waiting for a CPU"
+    assert g.value("ranks.straggler_excess_ms") == pytest.approx(29.5)
+    assert rows[1]["cpu_wait_ms"] == 30.0 and rows[1]["compute_ms"] == pytest.approx(12 + 27 + 0.2 - 3 - 30)
+
+
+def test_cpu_wait_is_read_per_step_with_the_cgroups_throttling(tmp_path):
+    from perfdoctor.capture.patches import ErrorLog
+    from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe, cgroup_cpu_stat, throttled_ms
+    from perfdoctor.contracts.run import Probes
+    from perfdoctor.facts.run_distributed import cpu_wait
+
+    assert throttled_ms("usage_usec 10\nthrottled_usec 2500\n") == 2.5  # cgroup v2
+    assert throttled_ms("nr_throttled 3\nthrottled_time 7000000\n") == 7.0  # v1, ns
+    assert throttled_ms("usage_usec 10\n") is None
+    v2 = tmp_path / "v2"
+    (v2 / "job.slice").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("cpu io\n")
+    (v2 / "job.slice" / "cpu.stat").write_text("throttled_usec 0\n")
+    (tmp_path / "cg2").write_text("0::/job.slice\n")
+    assert cgroup_cpu_stat(str(tmp_path / "cg2"), str(v2)) == v2 / "job.slice" / "cpu.stat"
+    v1 = tmp_path / "v1"
+    (v1 / "cpu,cpuacct" / "rank1").mkdir(parents=True)
+    (v1 / "cpu,cpuacct" / "rank1" / "cpu.stat").write_text("throttled_time 0\n")
+    (tmp_path / "cg1").write_text("4:memory:/x\n2:cpu,cpuacct:/rank1\n0::/\n")
+    assert cgroup_cpu_stat(str(tmp_path / "cg1"), str(v1)) == v1 / "cpu,cpuacct" / "rank1" / "cpu.stat"
+    assert cgroup_cpu_stat(str(tmp_path / "missing"), str(v1)) is None
+
+    probe = CpuWaitProbe(ErrorLog())
+    probe.install()
+    try:
+        if probe.last is None:
+            pytest.skip("no /proc/self/schedstat here")
+        for i in range(1, 5):
+            sum(range(20000))
+            probe.end_step(i)
+    finally:
+        probe.uninstall()
+    rec = probe.records()
+    assert rec is not None and [int(r[0]) for r in rec.ms_by_step] == [1, 2, 3, 4]
+    assert all(r[1] >= r[2] >= 0 for r in rec.ms_by_step)
+    f = Facts()
+    cpu_wait(f, Probes(cpu_wait=rec), [{"i": i} for i in range(1, 5)])
+    assert f.value("cpu.wait_ms") == pytest.approx(sum(r[1] for r in rec.ms_by_step) / 4)
+    f = Facts()
+    cpu_wait(f, Probes(cpu_wait=rec), [{"i": i} for i in range(1, 7)])  # steps it did not read: no fact
+    assert "cpu.wait_ms" not in f

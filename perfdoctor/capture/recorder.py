@@ -19,6 +19,7 @@ from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.env import collect_env, user_files
 from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.capture.probes.anomaly import AnomalyProbe
+from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe
 from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
 from perfdoctor.capture.probes.dataloader import DataLoaderProbe
 from perfdoctor.capture.probes.dataparallel import DataParallelProbe
@@ -76,6 +77,7 @@ class Recorder:
         self.gc_calls = GcCallProbe(self.clock, self.errors)
         self.ddp = DdpProbe(torch, self.clock, self.errors)
         self.gc_time = GcTimeProbe(self.clock, self.errors, lambda: self.forward.busy)
+        self.cpu_wait = CpuWaitProbe(self.errors)
         self.stalls = StallSampler(self.clock, self.errors)
         self.window = self._new_window()
         self.user_profiler = UserProfilerGuard(torch, lambda: self.window, self.errors)
@@ -86,7 +88,8 @@ class Recorder:
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
-                        self.host_reads, self.user_profiler, self.gc_calls, self.ddp, self.gc_time, self.stalls)
+                        self.host_reads, self.user_profiler, self.gc_calls, self.ddp, self.gc_time, self.cpu_wait,
+                        self.stalls)
 
     @property
     def stopping(self) -> bool:
@@ -129,6 +132,7 @@ class Recorder:
     def _on_step(self, i: int) -> None:
         self.dataloader.end_step()
         self.host_reads.end_step()
+        self.cpu_wait.end_step(i)
         self.cuda_batches.end_step(i)
         if not self.host_reads.cuda_run and self.cuda_batches.active:
             self.host_reads.cuda_run = True  # from CUDA's first use on, only device tensors count
@@ -147,6 +151,7 @@ class Recorder:
         """A stronger step clock took over: what was counted by steps starts again."""
         self.dataloader.merge_steps()
         self.host_reads.merge_steps()
+        self.cpu_wait.merge_steps()
         if self.window.state != "wait":
             self.window.discard()
         self.window = self._new_window()
@@ -187,7 +192,7 @@ class Recorder:
                         empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
                         forward=self.forward.records(), loss_holders=self.holders.records(),
                         host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(), ddp=self.ddp.records(),
-                        gc_time=self.gc_time.records(),
+                        gc_time=self.gc_time.records(), cpu_wait=self.cpu_wait.records(),
                         stalls=self.stalls.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)

@@ -316,6 +316,12 @@ class GcTimeRecord(Struct, kw_only=True):
     ms_by_step: list[list[float]] = []
 
 
+class CpuWaitRecord(Struct, kw_only=True):
+    """The training thread's wait for a CPU per step (capture/probes/cpu_wait.py)."""
+    ms_by_step: list[list[float]] = []  # [step, ms runnable but not running plus cgroup throttling, ms throttled]
+    cgroup: bool = False  # the CPU cgroup's throttled time was readable (and is in the wait)
+
+
 class StallLine(Struct, kw_only=True):
     """A line of the user's code on the main thread's stack, sampled through the whole run
     (capture/probes/stalls.py): on which steps it was seen and how often."""
@@ -344,6 +350,7 @@ class Probes(Struct, kw_only=True):
     gc_calls: list[GcCallRecord] = []
     ddp: list[DdpRecord] = []
     gc_time: GcTimeRecord | None = None
+    cpu_wait: CpuWaitRecord | None = None
     stalls: StallSamples | None = None
 
 

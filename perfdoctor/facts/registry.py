@@ -127,7 +127,7 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("ranks.count", "count", "run/trace", "ranks in a job folder or a folder of per-rank traces"),
     ("ranks.imbalance_ratio", "ratio", "run/trace", "step / (step - (max - median) per-rank work (step less host collectives)), else max / median GPU compute or step time, >= 1"),
     ("ranks.straggler", "number", "run/trace", "the rank with the most work (step less host collectives), GPU compute or step time"),
-    ("ranks.straggler_cause", "str", "run/trace", "what makes the straggler slow, from its own evidence: data loading, compute, host syncs or garbage collection"),
+    ("ranks.straggler_cause", "str", "run/trace", "what makes the straggler slow, from its own evidence: data loading, compute, host syncs, garbage collection or waiting for a CPU"),
     ("ranks.straggler_excess_ms", "ms", "run/trace", "how much longer the straggler's cause takes on it than on the other ranks (median)"),
     ("ranks.idle_spread", "ratio", "run/trace", "max - min GPU idle fraction across ranks"),
 ])
@@ -278,10 +278,11 @@ SUBJECT_FACTS["worker_hotspot"].update(_declare("worker_hotspot", [
     ("io_call", "str", "static", "the file open / read / decode call at the hot line, as written"),
 ]))
 # A rank's own evidence for the straggler's cause beyond data, compute and host syncs
-# (capture/probes/gc_time.py, facts/run_distributed.py, facts/trace/ranks.py).
+# (capture/probes/gc_time.py and cpu_wait.py, facts/run_distributed.py, facts/trace/ranks.py).
 GLOBAL_FACTS.update(_declare(GLOBAL, [
     ("gc.ms", "ms", "run", "time per steady step in Python's garbage collections, automatic and explicit (mean)"),
     ("gc.compute_ms", "ms", "run", "the part of gc.ms inside forward, backward and the optimizer step (in their time)"),
+    ("cpu.wait_ms", "ms", "run", "time per steady step the training thread was runnable but waited for a CPU (run queue), plus its CPU cgroup's throttled time where readable (mean)"),
 ]))
 # DistributedDataParallel (PD031-PD033): how each DDP was built and what it did on the steps
 # (capture/probes/ddp.py, facts/run_distributed.py).

@@ -1,8 +1,9 @@
 """The facts of a run that a distributed job needs: DistributedDataParallel (PD031-PD033), from the DDP
 probe's records (`capture/probes/ddp.py`): one `ddp` subject per DDP construction site, and one
 `ddp_sync` subject at the backward line of a DDP that all-reduced on several backward passes of one
-optimizer step; and the time in Python's garbage collector per step (`capture/probes/gc_time.py`),
-one of the causes the rank table can name for a straggler (`facts/trace/ranks.py`)."""
+optimizer step; and the causes beyond data, compute and host syncs that the rank table can name for
+a straggler (`facts/trace/ranks.py`): the time in Python's garbage collector per step
+(`capture/probes/gc_time.py`) and the training thread's wait for a CPU (`capture/probes/cpu_wait.py`)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,20 @@ def gc_time(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
     which = f"mean over {len(series)} steady steps, {sum(1 for v in series if v)} with a collection"
     facts.add("gc.ms", statistics.fmean(series), "ms", detail=which, per_step=series)
     facts.add("gc.compute_ms", statistics.fmean(inner), "ms", detail=which, per_step=inner)
+
+
+def cpu_wait(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
+    """`cpu.wait_ms`: the mean time per steady step the training thread waited for a CPU."""
+    rec = probes.cpu_wait
+    if rec is None or not steady:
+        return
+    per = {int(row[0]): float(row[1]) for row in rec.ms_by_step if len(row) >= 2}
+    series = tuple(per[int(x["i"])] for x in steady if int(x["i"]) in per)
+    if len(series) != len(steady):
+        return  # the steps were not all read (the reads failed, or the clock changed)
+    what = "run-queue wait of the training thread" + (" and the CPU cgroup's throttled time" if rec.cgroup else "")
+    facts.add("cpu.wait_ms", statistics.fmean(series), "ms", detail=f"{what}, mean over {len(series)} steady steps",
+              per_step=series)
 
 
 def _accumulation(facts: Facts, r: DdpRecord, idx: list[int], rows: dict[int, list[float]], synced: list[int]) -> None:

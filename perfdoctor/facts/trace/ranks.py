@@ -33,7 +33,7 @@ class RankSummary:
 # What can make one rank the straggler, each a column of the rank table measured on every rank: the
 # cause is the part by which the straggler exceeds the other ranks' median the most.
 CAUSES = (("data_ms", "data loading"), ("compute_ms", "compute"), ("sync_ms", "host syncs"),
-          ("gc_ms", "garbage collection"))
+          ("gc_ms", "garbage collection"), ("cpu_wait_ms", "waiting for a CPU"))
 
 
 def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
@@ -41,7 +41,9 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     Communication: the GPU's communication kernels not hidden behind compute (step.comm_ms), or the
     host's collectives (comm.host_share of the step, gloo). Compute: the GPU's kernels, or on a CPU run the step's
     forward, backward and optimizer less the host's collectives and Python's garbage collections inside
-    them (a run's gc.compute_ms; gc_ms is all the collections' time on the step, wherever they ran)."""
+    them (a run's gc.compute_ms; gc_ms is all the collections' time on the step, wherever they ran), and
+    less the training thread's wait for a CPU (cpu_wait_ms, a run's: a thread waits for a CPU while it
+    has work to run, mostly the step's compute; the other parts are waits of their own)."""
     step = f.value("step.time_ms")
     comm = f.value("step.comm_ms")
     share = f.value("comm.host_share") if comm is None else None
@@ -51,7 +53,8 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     if compute is None and host_comm is not None:
         parts = [f.value(n) for n in ("step.forward_ms", "step.backward_ms", "step.optimizer_ms")]
         if all(p is not None for p in parts):
-            compute = round(max(0.0, sum(parts) - host_comm - f.value("gc.compute_ms", 0.0)), 4)
+            own = sum(parts) - host_comm - f.value("gc.compute_ms", 0.0) - f.value("cpu.wait_ms", 0.0)
+            compute = round(max(0.0, own), 4)
     idle = f.value("step.idle_ms")
     row: dict[str, Any] = {"rank": rank, "file": label, "step_ms": step}
     data = f.value("step.data_ms")
@@ -67,6 +70,9 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
         row["sync_ms"] = sync
     if gc is not None:
         row["gc_ms"] = round(gc, 4)
+    wait = f.value("cpu.wait_ms")
+    if wait is not None:
+        row["cpu_wait_ms"] = round(wait, 4)
     if share is not None:
         # a synchronous step lasts as long on every rank: the ranks that wait for the straggler wait
         # inside the collectives, so the rest of the step is each rank's own work (its share, measured
