@@ -140,6 +140,7 @@ class Recorder:
             self._early(i)
         if i >= self.window.next_at:
             self.window.tick(i)
+        self.cpu_wait.begin_step()  # the next step's wait counts from here, after perfdoctor's work above
 
     def _early(self, i: int) -> None:
         if i == FWD_DISCOVERY_STEPS:

@@ -4,8 +4,9 @@ ranks on its cores), plus the time the process's CPU cgroup was throttled by its
 `throttled_usec` on cgroup v2, `throttled_time` ns on v1), where those files are readable. A rank that
 waits for a CPU more than the others is a straggler for it (the rank table's `cpu_wait_ms`).
 
-Two `pread`s of files opened once, at every step end (a few microseconds); nothing where Linux does
-not offer them."""
+Read at every step end and again once perfdoctor's own work there is done (`begin_step`: the
+profiler's start and stop, the trace's export), so that a step's wait is the wait inside it: two
+`pread`s of files opened once each time (a few microseconds); nothing where Linux does not offer them."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class CpuWaitProbe:
     def __init__(self, err: ErrorLog):
         self.err = err
         self.fds: dict[str, int] = {}
-        self.last: tuple[float, float | None] | None = None
+        self.last: tuple[float, float | None] | None = None  # the reading at the current step's start
         self.by_step: list[list[float]] = []  # [step, ms waiting for a CPU, ms of it the cgroup was throttled]
         self.cgroup = False
 
@@ -86,6 +87,16 @@ class CpuWaitProbe:
         thr = t1 - t0 if t0 is not None and t1 is not None else 0.0
         self.by_step.append([i, round(w1 - w0 + thr, 4), round(thr, 4)])
         self.last = now
+
+    def begin_step(self) -> None:
+        """A step starts: its wait counts from here."""
+        if self.last is None:
+            return
+        try:
+            self.last = self._read()
+        except (OSError, ValueError, IndexError) as e:
+            self.err("cpu_wait", e)
+            self.last = None
 
     def merge_steps(self) -> None:
         """A stronger step clock took over: the steps so far are renumbered, start again."""

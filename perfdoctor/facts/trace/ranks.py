@@ -41,9 +41,9 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     Communication: the GPU's communication kernels not hidden behind compute (step.comm_ms), or the
     host's collectives (comm.host_share of the step, gloo). Compute: the GPU's kernels, or on a CPU run the step's
     forward, backward and optimizer less the host's collectives and Python's garbage collections inside
-    them (a run's gc.compute_ms; gc_ms is all the collections' time on the step, wherever they ran), and
-    less the training thread's wait for a CPU (cpu_wait_ms, a run's: a thread waits for a CPU while it
-    has work to run, mostly the step's compute; the other parts are waits of their own)."""
+    them (a run's gc.compute_ms; gc_ms is all the collections' time on the step, wherever they ran). The
+    training thread's wait for a CPU (cpu_wait_ms, a run's) stays in it: the thread also waits for a CPU
+    on waking from a collective or a data wait, so the wait cannot be placed in one part (`_cause`)."""
     step = f.value("step.time_ms")
     comm = f.value("step.comm_ms")
     share = f.value("comm.host_share") if comm is None else None
@@ -53,8 +53,7 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     if compute is None and host_comm is not None:
         parts = [f.value(n) for n in ("step.forward_ms", "step.backward_ms", "step.optimizer_ms")]
         if all(p is not None for p in parts):
-            own = sum(parts) - host_comm - f.value("gc.compute_ms", 0.0) - f.value("cpu.wait_ms", 0.0)
-            compute = round(max(0.0, own), 4)
+            compute = round(max(0.0, sum(parts) - host_comm - f.value("gc.compute_ms", 0.0)), 4)
     idle = f.value("step.idle_ms")
     row: dict[str, Any] = {"rank": rank, "file": label, "step_ms": step}
     data = f.value("step.data_ms")
@@ -83,17 +82,26 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
 
 def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, float, str] | None:
     """The part of the step by which the straggler exceeds the other ranks' median the most, by how
-    much (ms per step), and the evidence in words; None where no measured part exceeds it."""
+    much (ms per step), and the evidence in words; None where no measured part exceeds it. A thread
+    that waits for a CPU more than the others does so mostly while it has work to run: its compute
+    grows by that wait, so compute's excess counts only beyond the wait's."""
     others = [r for r in rows if r is not straggler]
-    best: tuple[float, str, str] | None = None
-    for key, name in CAUSES:
+    excess: dict[str, tuple[float, float, float]] = {}  # key -> (excess, mine, theirs)
+    for key, _ in CAUSES:
         mine = straggler.get(key)
         theirs = median([r[key] for r in others if r.get(key) is not None])
-        if mine is None or theirs is None:
+        if mine is not None and theirs is not None:
+            excess[key] = (mine - theirs, mine, theirs)
+    if "compute_ms" in excess and "cpu_wait_ms" in excess:
+        e, mine, theirs = excess["compute_ms"]
+        excess["compute_ms"] = (e - max(0.0, excess["cpu_wait_ms"][0]), mine, theirs)
+    best: tuple[float, str, str] | None = None
+    for key, name in CAUSES:
+        if key not in excess:
             continue
-        excess = mine - theirs
-        if excess > 0 and (best is None or excess > best[0]):
-            best = (excess, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, "
+        ex, mine, theirs = excess[key]
+        if ex > 0 and (best is None or ex > best[0]):
+            best = (ex, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, "
                                   f"{theirs:.1f} ms on the other ranks (median)")
     return (best[1], round(best[0], 4), best[2]) if best is not None else None
 
