@@ -318,7 +318,8 @@ class GcTimeRecord(Struct, kw_only=True):
 
 class CpuWaitRecord(Struct, kw_only=True):
     """The training thread's wait for a CPU per step (capture/probes/cpu_wait.py)."""
-    ms_by_step: list[list[float]] = []  # [step, ms runnable but not running plus cgroup throttling, ms throttled]
+    # [step, ms runnable but not running plus cgroup throttling, ms of it throttled, ms running on a CPU]
+    ms_by_step: list[list[float]] = []
     cgroup: bool = False  # the CPU cgroup's throttled time was readable (and is in the wait)
 
 

@@ -283,6 +283,7 @@ GLOBAL_FACTS.update(_declare(GLOBAL, [
     ("gc.ms", "ms", "run", "time per steady step in Python's garbage collections, automatic and explicit (mean)"),
     ("gc.compute_ms", "ms", "run", "the part of gc.ms inside forward, backward and the optimizer step (in their time)"),
     ("cpu.wait_ms", "ms", "run", "time per steady step the training thread was runnable but waited for a CPU (run queue), plus its CPU cgroup's throttled time where readable (mean)"),
+    ("cpu.run_ms", "ms", "run", "time per steady step the training thread ran on a CPU (mean): how much of cpu.wait_ms its own work explains"),
 ]))
 # DistributedDataParallel (PD031-PD033): how each DDP was built and what it did on the steps
 # (capture/probes/ddp.py, facts/run_distributed.py).

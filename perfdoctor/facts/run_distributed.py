@@ -60,17 +60,21 @@ def gc_time(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
 
 
 def cpu_wait(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
-    """`cpu.wait_ms`: the mean time per steady step the training thread waited for a CPU."""
+    """`cpu.wait_ms`: the mean time per steady step the training thread waited for a CPU;
+    `cpu.run_ms`: the mean time it ran on one."""
     rec = probes.cpu_wait
     if rec is None or not steady:
         return
-    per = {int(row[0]): float(row[1]) for row in rec.ms_by_step if len(row) >= 2}
-    series = tuple(per[int(x["i"])] for x in steady if int(x["i"]) in per)
-    if len(series) != len(steady):
+    per = {int(row[0]): row for row in rec.ms_by_step if len(row) >= 4}
+    rows = [per[int(x["i"])] for x in steady if int(x["i"]) in per]
+    if len(rows) != len(steady):
         return  # the steps were not all read (the reads failed, or the clock changed)
     what = "run-queue wait of the training thread" + (" and the CPU cgroup's throttled time" if rec.cgroup else "")
-    facts.add("cpu.wait_ms", statistics.fmean(series), "ms", detail=f"{what}, mean over {len(series)} steady steps",
-              per_step=series)
+    which = f"mean over {len(rows)} steady steps"
+    series = tuple(float(r[1]) for r in rows)
+    facts.add("cpu.wait_ms", statistics.fmean(series), "ms", detail=f"{what}, {which}", per_step=series)
+    facts.add("cpu.run_ms", statistics.fmean(float(r[3]) for r in rows), "ms",
+              detail=f"the training thread's time on a CPU, {which}")
 
 
 def _accumulation(facts: Facts, r: DdpRecord, idx: list[int], rows: dict[int, list[float]], synced: list[int]) -> None:

@@ -2,7 +2,9 @@
 run-queue delay of the main thread, `/proc/self/schedstat`'s second field: other processes or other
 ranks on its cores), plus the time the process's CPU cgroup was throttled by its quota (`cpu.stat`:
 `throttled_usec` on cgroup v2, `throttled_time` ns on v1), where those files are readable. A rank that
-waits for a CPU more than the others is a straggler for it (the rank table's `cpu_wait_ms`).
+waits for a CPU more than the others is a straggler for it (the rank table's `cpu_wait_ms`); the
+thread's time on a CPU (schedstat's first field) says how much of that wait its own work explains
+(on a busy machine a thread with more to run waits longer too).
 
 Read at every step end and again once perfdoctor's own work there is done (`begin_step`: the
 profiler's start and stop, the trace's export), so that a step's wait is the wait inside it: two
@@ -51,8 +53,9 @@ class CpuWaitProbe:
     def __init__(self, err: ErrorLog):
         self.err = err
         self.fds: dict[str, int] = {}
-        self.last: tuple[float, float | None] | None = None  # the reading at the current step's start
-        self.by_step: list[list[float]] = []  # [step, ms waiting for a CPU, ms of it the cgroup was throttled]
+        self.last: tuple[float, float, float | None] | None = None  # the reading at the current step's start
+        # [step, ms waiting for a CPU, ms of it the cgroup was throttled, ms the thread ran on a CPU]
+        self.by_step: list[list[float]] = []
         self.cgroup = False
 
     def install(self) -> None:
@@ -64,15 +67,16 @@ class CpuWaitProbe:
         if stat is not None:
             try:
                 self.fds["cgroup"] = os.open(stat, os.O_RDONLY)
-                self.cgroup = self._read()[1] is not None
+                self.cgroup = self._read()[2] is not None
             except OSError:
                 pass
         self.last = self._read()
 
-    def _read(self) -> tuple[float, float | None]:
-        wait = int(os.pread(self.fds["sched"], 128, 0).split()[1]) / 1e6
+    def _read(self) -> tuple[float, float, float | None]:
+        """(ms on a CPU, ms waiting for one, ms the cgroup was throttled or None), since the thread began."""
+        run, wait = (int(x) / 1e6 for x in os.pread(self.fds["sched"], 128, 0).split()[:2])
         cg = self.fds.get("cgroup")
-        return wait, throttled_ms(os.pread(cg, 4096, 0).decode()) if cg is not None else None
+        return run, wait, throttled_ms(os.pread(cg, 4096, 0).decode()) if cg is not None else None
 
     def end_step(self, i: int) -> None:
         if self.last is None:
@@ -83,9 +87,9 @@ class CpuWaitProbe:
             self.err("cpu_wait", e)
             self.last = None
             return
-        (w0, t0), (w1, t1) = self.last, now
+        (r0, w0, t0), (r1, w1, t1) = self.last, now
         thr = t1 - t0 if t0 is not None and t1 is not None else 0.0
-        self.by_step.append([i, round(w1 - w0 + thr, 4), round(thr, 4)])
+        self.by_step.append([i, round(w1 - w0 + thr, 4), round(thr, 4), round(r1 - r0, 4)])
         self.last = now
 
     def begin_step(self) -> None:

@@ -69,9 +69,11 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
         row["sync_ms"] = sync
     if gc is not None:
         row["gc_ms"] = round(gc, 4)
-    wait = f.value("cpu.wait_ms")
+    wait, run = f.value("cpu.wait_ms"), f.value("cpu.run_ms")
     if wait is not None:
         row["cpu_wait_ms"] = round(wait, 4)
+        if run is not None and run + wait > 0:
+            row["cpu_wait_share"] = round(wait / (run + wait), 4)  # of the time it had work to run
     if share is not None:
         # a synchronous step lasts as long on every rank: the ranks that wait for the straggler wait
         # inside the collectives, so the rest of the step is each rank's own work (its share, measured
@@ -82,9 +84,12 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
 
 def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, float, str] | None:
     """The part of the step by which the straggler exceeds the other ranks' median the most, by how
-    much (ms per step), and the evidence in words; None where no measured part exceeds it. A thread
-    that waits for a CPU more than the others does so mostly while it has work to run: its compute
-    grows by that wait, so compute's excess counts only beyond the wait's."""
+    much (ms per step), and the evidence in words; None where no measured part exceeds it.
+
+    Waiting for a CPU: on a busy machine a thread that has more to run also waits longer for a CPU, so
+    the straggler's wait counts only beyond what the other ranks' share of waiting (wait / (run + wait),
+    median) would give its own running time; and a thread waits for a CPU mostly while it has work to
+    run, so compute's excess counts only beyond that starvation."""
     others = [r for r in rows if r is not straggler]
     excess: dict[str, tuple[float, float, float]] = {}  # key -> (excess, mine, theirs)
     for key, _ in CAUSES:
@@ -92,6 +97,13 @@ def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, 
         theirs = median([r[key] for r in others if r.get(key) is not None])
         if mine is not None and theirs is not None:
             excess[key] = (mine - theirs, mine, theirs)
+    share = median([r["cpu_wait_share"] for r in others if r.get("cpu_wait_share") is not None])
+    if "cpu_wait_ms" in excess and share is not None and straggler.get("cpu_wait_share") is not None:
+        mine = straggler["cpu_wait_ms"]
+        share_s = straggler["cpu_wait_share"]
+        run = mine * (1 - share_s) / share_s if share_s > 0 else 0.0
+        expected = run * share / (1 - share) if share < 1 else mine
+        excess["cpu_wait_ms"] = (mine - expected, mine, expected)
     if "compute_ms" in excess and "cpu_wait_ms" in excess:
         e, mine, theirs = excess["compute_ms"]
         excess["compute_ms"] = (e - max(0.0, excess["cpu_wait_ms"][0]), mine, theirs)
@@ -101,8 +113,9 @@ def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, 
             continue
         ex, mine, theirs = excess[key]
         if ex > 0 and (best is None or ex > best[0]):
-            best = (ex, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, "
-                                  f"{theirs:.1f} ms on the other ranks (median)")
+            base = (f"{theirs:.1f} ms at the other ranks' share of waiting ({share:.0%}, median)"
+                    if key == "cpu_wait_ms" and share is not None else f"{theirs:.1f} ms on the other ranks (median)")
+            best = (ex, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, {base}")
     return (best[1], round(best[0], 4), best[2]) if best is not None else None
 
 
