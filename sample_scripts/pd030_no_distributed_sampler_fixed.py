@@ -38,7 +38,7 @@ def main():
         torch.cuda.set_device(device)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
-    model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None)
+    model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     data = Points(32 * 200)
     loader = DataLoader(data, batch_size=32, sampler=DistributedSampler(data, shuffle=True), pin_memory=True)

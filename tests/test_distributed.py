@@ -235,3 +235,140 @@ def test_pd030_fires_on_an_unsharded_loader_of_a_job_only(world, sharded, fires)
     assert bool(found) is fires
     if fires:
         assert "2 ranks" in found[0].title and "RandomSampler" in found[0].title
+
+
+@pytest.mark.e2e
+def test_a_straggler_slowed_by_its_garbage_collections_is_named_so(tmp_path):
+    doc, _ = _job(tmp_path, "ddp_gc_straggler.py", 2)
+    facts = doc["facts"]
+    assert facts["ranks.straggler"]["value"] == 1
+    assert facts["ranks.straggler_cause"]["value"] == "garbage collection"
+    rows = {r["rank"]: r for r in doc["ranks"]}
+    assert rows[1]["gc_ms"] > 5 * max(rows[0]["gc_ms"], 0.1)
+
+
+def test_a_straggler_slowed_by_garbage_collection_is_named_so():
+    """GC time is a rank's own evidence: it leaves the compute column and names the cause."""
+    fast = [_rank_facts(40, 0.4, 1.0, 38.0, 0.2, 35) for _ in range(2)]  # backward waits 35 ms in the all-reduce
+    for f in fast:
+        f.add("gc.ms", 0.3, "ms", "run")
+    slow = _rank_facts(40, 0.4, 14.0, 25.0, 0.2, 3.5)  # its collections make its forward and backward long
+    slow.add("gc.ms", 31.0, "ms", "run")
+    slow.add("gc.compute_ms", 31.0, "ms", "run")
+    g, rows = cross_rank([(0, "a"), (1, "b"), (2, "c")], [fast[0], slow, fast[1]], "run")
+    assert g.value("ranks.straggler") == 1 and g.value("ranks.straggler_cause") == "garbage collection"
+    assert g.value("ranks.straggler_excess_ms") == pytest.approx(30.7)
+    assert rows[1]["gc_ms"] == 31.0 and rows[1]["compute_ms"] == pytest.approx(14.0 + 25.0 + 0.2 - 3.5 - 31.0)
+    # no gc.ms (a trace, an older run folder): no column, compute as before
+    g, rows = cross_rank([(0, "a"), (1, "b")], [_rank_facts(40, 0.4, 1, 38, 0.2, 35) for _ in range(2)])
+    assert "gc_ms" not in rows[0] and rows[0]["compute_ms"] == pytest.approx(1 + 38 + 0.2 - 35)
+
+
+def test_gc_time_is_counted_on_the_training_steps_and_becomes_gc_ms():
+    import gc
+    import time
+
+    from perfdoctor.capture.patches import ErrorLog
+    from perfdoctor.capture.probes.gc_time import GcTimeProbe
+    from perfdoctor.contracts.run import Probes
+    from perfdoctor.facts.run_distributed import gc_time
+
+    class Clock:
+        pc = staticmethod(time.perf_counter)
+        kind: str | None = None
+        steps: list = []
+        bwd_depth = opt_depth = 0
+
+    clock = Clock()
+    probe = GcTimeProbe(clock, ErrorLog(), lambda: True)  # type: ignore[arg-type]
+    probe.install()
+    try:
+        gc.collect()  # before the first step: not counted
+        clock.kind = "optimizer"
+        for i in range(4):
+            if i % 2:
+                junk = [[j] for j in range(20000)]  # something for the collector to walk
+                gc.collect()
+                del junk
+            clock.steps.append((i + 1,))
+    finally:
+        probe.uninstall()
+    assert probe._callback not in gc.callbacks
+    rec = probe.records()
+    assert [int(r[0]) for r in rec.ms_by_step] == [2, 4] and all(r[1] > 0 and r[2] >= 1 for r in rec.ms_by_step)
+    f = Facts()
+    gc_time(f, Probes(gc_time=rec), [{"i": i} for i in range(1, 5)])
+    assert f.value("gc.ms") == pytest.approx(sum(r[1] for r in rec.ms_by_step) / 4)
+    assert f.get("gc.ms").per_step[0] == 0.0
+    assert f.value("gc.compute_ms") == f.value("gc.ms")  # all inside "forward" here
+
+
+def test_a_straggler_starved_of_cpu_is_named_so():
+    fast = [_rank_facts(40, 0.4, 1.0, 38.0, 0.2, 35) for _ in range(2)]
+    for f in fast:  # 4 ms of work, 0.5 ms of waiting for a CPU: 1/9 of the time they had work to run
+        f.add("cpu.wait_ms", 0.5, "ms", "run")
+        f.add("cpu.run_ms", 4.0, "ms", "run")
+    slow = _rank_facts(40, 0.4, 12.0, 27.0, 0.2, 3.0)  # its forward and backward wait for a CPU
+    slow.add("cpu.wait_ms", 30.0, "ms", "run")
+    slow.add("cpu.run_ms", 8.0, "ms", "run")  # at the others' share it would have waited 1 ms
+    g, rows = cross_rank([(0, "a"), (1, "b"), (2, "c")], [fast[0], slow, fast[1]], "run")
+    assert g.value("ranks.straggler") == 1 and g.value("ranks.straggler_cause") == "waiting for a CPU"
+    assert g.value("ranks.straggler_excess_ms") == pytest.approx(29.0, abs=0.01)
+    assert "share of waiting (11%" in g.get("ranks.straggler_cause").detail
+    assert rows[1]["cpu_wait_ms"] == 30.0 and rows[1]["compute_ms"] == pytest.approx(12 + 27 + 0.2 - 3)
+    # a compute straggler waits longer for a CPU in proportion to its work on a busy machine: still
+    # one for its compute, less only the wait beyond the others' share
+    slow = _rank_facts(40, 0.4, 12.0, 27.0, 0.2, 3.0)
+    slow.add("cpu.wait_ms", 4.5, "ms", "run")
+    slow.add("cpu.run_ms", 32.0, "ms", "run")  # the others' 1/9 share: 4 ms expected, 0.5 beyond it
+    g, _ = cross_rank([(0, "a"), (1, "b"), (2, "c")], [fast[0], slow, fast[1]], "run")
+    assert g.value("ranks.straggler_cause") == "compute"
+    assert g.value("ranks.straggler_excess_ms") == pytest.approx(36.2 - 4.2 - 0.5, abs=0.01)
+
+
+def test_cpu_wait_is_read_per_step_with_the_cgroups_throttling(tmp_path):
+    import time
+
+    from perfdoctor.capture.patches import ErrorLog
+    from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe, cgroup_cpu_stat, throttled_ms
+    from perfdoctor.contracts.run import Probes
+    from perfdoctor.facts.run_checklist import worker_contention
+
+    assert throttled_ms("usage_usec 10\nthrottled_usec 2500\n") == 2.5  # cgroup v2
+    assert throttled_ms("nr_throttled 3\nthrottled_time 7000000\n") == 7.0  # v1, ns
+    assert throttled_ms("usage_usec 10\n") is None
+    v2 = tmp_path / "v2"
+    (v2 / "job.slice").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("cpu io\n")
+    (v2 / "job.slice" / "cpu.stat").write_text("throttled_usec 0\n")
+    (tmp_path / "cg2").write_text("0::/job.slice\n")
+    assert cgroup_cpu_stat(str(tmp_path / "cg2"), str(v2)) == v2 / "job.slice" / "cpu.stat"
+    v1 = tmp_path / "v1"
+    (v1 / "cpu,cpuacct" / "rank1").mkdir(parents=True)
+    (v1 / "cpu,cpuacct" / "rank1" / "cpu.stat").write_text("throttled_time 0\n")
+    (tmp_path / "cg1").write_text("4:memory:/x\n2:cpu,cpuacct:/rank1\n0::/\n")
+    assert cgroup_cpu_stat(str(tmp_path / "cg1"), str(v1)) == v1 / "cpu,cpuacct" / "rank1" / "cpu.stat"
+    assert cgroup_cpu_stat(str(tmp_path / "missing"), str(v1)) is None
+
+    probe = CpuWaitProbe(ErrorLog())
+    probe.install()
+    try:
+        if probe.last is None:
+            pytest.skip("no /proc/self/schedstat here")
+        for i in range(1, 5):
+            sum(range(400000))  # work for a few scheduler ticks (the kernel updates its counts on them)
+            probe.end_step(i)
+            time.sleep(0.01)  # perfdoctor's own work between the steps: not counted
+            probe.begin_step()
+    finally:
+        probe.uninstall()
+    rec = probe.records()
+    assert rec is not None and len(rec.wait_ms) == len(rec.throttled_ms) == len(rec.run_ms) == 4
+    assert all(w >= t >= 0 for w, t in zip(rec.wait_ms, rec.throttled_ms))
+    f = Facts()
+    worker_contention(f, Probes(cpu_wait=rec), [{"i": i, "wall_ms": 10.0} for i in range(1, 5)])
+    assert f.value("cpu.wait_ms") == pytest.approx(sum(rec.wait_ms) / 4)
+    assert f.value("cpu.run_ms") == pytest.approx(sum(rec.run_ms) / 4) and f.value("cpu.run_ms") > 0
+    f = Facts()
+    worker_contention(f, Probes(cpu_wait=rec), [{"i": i, "wall_ms": 10.0} for i in range(1, 11)])
+    assert "cpu.wait_ms" not in f  # fewer than half the steady steps read: no fact

@@ -24,9 +24,11 @@ from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe
 from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
 from perfdoctor.capture.probes.dataloader import DataLoaderProbe
 from perfdoctor.capture.probes.dataparallel import DataParallelProbe
+from perfdoctor.capture.probes.ddp import DdpProbe
 from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
 from perfdoctor.capture.probes.forward import ForwardProbe
 from perfdoctor.capture.probes.gc_calls import GcCallProbe
+from perfdoctor.capture.probes.gc_time import GcTimeProbe
 from perfdoctor.capture.probes.holders import HolderScanner
 from perfdoctor.capture.probes.host_reads import HostReadProbe
 from perfdoctor.capture.probes.stalls import StallSampler
@@ -74,6 +76,8 @@ class Recorder:
         self.holders = HolderScanner(torch)
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
         self.gc_calls = GcCallProbe(self.clock, self.errors)
+        self.ddp = DdpProbe(torch, self.clock, self.errors)
+        self.gc_time = GcTimeProbe(self.clock, self.errors, lambda: self.forward.busy)
         self.stalls = StallSampler(self.clock, self.errors)
         self.compile = CompileProbe(self.errors)
         self.cpu_wait = CpuWaitProbe(self.errors, self.dataloader.worker_pids)
@@ -86,7 +90,8 @@ class Recorder:
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
-                        self.host_reads, self.user_profiler, self.gc_calls, self.stalls, self.compile, self.cpu_wait)
+                        self.host_reads, self.user_profiler, self.gc_calls, self.ddp, self.gc_time, self.stalls,
+                        self.compile, self.cpu_wait)
 
     @property
     def stopping(self) -> bool:
@@ -138,6 +143,7 @@ class Recorder:
             self._early(i)
         if i >= self.window.next_at:
             self.window.tick(i)
+        self.cpu_wait.begin_step()  # the next step's wait counts from here, after perfdoctor's work above
 
     def _early(self, i: int) -> None:
         if i == FWD_DISCOVERY_STEPS:
@@ -189,9 +195,10 @@ class Recorder:
         probes = Probes(dataloaders=self.dataloader.records(), dataparallel=self.dataparallel.records(),
                         empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
                         forward=self.forward.records(), loss_holders=self.holders.records(),
-                        host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(),
-                        stalls=self.stalls.records(), eval_grad=self.forward.eval_grad_records(),
-                        compile=self.compile.records(len(steps) + 1), cpu_wait=self.cpu_wait.records())
+                        host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(), ddp=self.ddp.records(),
+                        gc_time=self.gc_time.records(), stalls=self.stalls.records(),
+                        eval_grad=self.forward.eval_grad_records(), compile=self.compile.records(len(steps) + 1),
+                        cpu_wait=self.cpu_wait.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb)

@@ -289,6 +289,33 @@ class GcCallRecord(Struct, kw_only=True):
     ms_by_step: list[list[float]] = []  # [step, ms in the calls on that step, calls], steps with a call only
 
 
+class DdpRecord(Struct, kw_only=True):
+    """A DistributedDataParallel built by the user's code, and what it did per step (capture/probes/ddp.py)."""
+    site: Site | None = None  # the DDP(...) call
+    module: str | None = None  # the wrapped module's class name
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    params: int = 0  # trainable parameters (elements)
+    grad_bytes: int = 0  # their gradients' bytes (what a copy of them in DDP's buckets holds)
+    world_size: int = 0  # ranks of its process group
+    # [step, synchronising forwards (grad on, not in no_sync()), ms in _post_forward with
+    #  find_unused_parameters (the graph walk), backward passes on that step], steps with a synchronising forward
+    by_step: list[list[float]] = []
+    steps_checked: int = 0  # steps whose used map was read (find_unused_parameters without static_graph)
+    unused_steps: int = 0  # of those, steps on which some parameter was unused on some rank
+    comm_ms: float | None = None  # DDP's own mean time of a backward's all-reduces (its sampled iterations)
+    comm_overlap_ms: float | None = None  # the part of it that backward compute overlapped
+    backward_site: Site | None = None  # the user line of the first backward() while a DDP was alive
+
+
+class GcTimeRecord(Struct, kw_only=True):
+    """Python's garbage collections on the training steps, automatic and explicit (capture/probes/gc_time.py)."""
+    # [step, ms in collections, collections, ms of it inside forward, backward or the optimizer step],
+    # steps with a collection only
+    ms_by_step: list[list[float]] = []
+
+
 class StallLine(Struct, kw_only=True):
     """A line of the user's code on the main thread's stack, sampled through the whole run
     (capture/probes/stalls.py): on which steps it was seen and how often."""
@@ -340,9 +367,11 @@ class CompileRecord(Struct, kw_only=True):
 class CpuWaitRecord(Struct, kw_only=True):
     """Time on a CPU and time runnable but waiting for one (run-queue delay, /proc schedstat), per
     step, of the training thread and of the DataLoader workers together (capture/probes/cpu_wait.py,
-    PD018); step i at index i - 1."""
-    wait_ms: list[float] = []
+    PD018, a straggler rank's cause); step i at index i - 1."""
+    wait_ms: list[float] = []  # the training thread's, within the step; the cgroup's throttled time included
     run_ms: list[float] = []
+    throttled_ms: list[float] = []  # of wait_ms, the time the process's CPU cgroup was throttled
+    cgroup: bool = False  # the CPU cgroup's throttled time was readable (and is in the wait)
     workers_wait_ms: list[float] = []  # summed over the worker processes alive at the step's end
     workers_run_ms: list[float] = []
     workers: list[int] = []  # worker processes read at each step's end
@@ -359,6 +388,8 @@ class Probes(Struct, kw_only=True):
     loss_holders: list[LossHolderRecord] = []
     host_reads: list[HostReadRecord] = []
     gc_calls: list[GcCallRecord] = []
+    ddp: list[DdpRecord] = []
+    gc_time: GcTimeRecord | None = None
     stalls: StallSamples | None = None
     eval_grad: list[EvalGradRecord] = []
     compile: CompileRecord | None = None

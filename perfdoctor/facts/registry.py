@@ -127,7 +127,7 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("ranks.count", "count", "run/trace", "ranks in a job folder or a folder of per-rank traces"),
     ("ranks.imbalance_ratio", "ratio", "run/trace", "step / (step - (max - median) per-rank work (step less host collectives)), else max / median GPU compute or step time, >= 1"),
     ("ranks.straggler", "number", "run/trace", "the rank with the most work (step less host collectives), GPU compute or step time"),
-    ("ranks.straggler_cause", "str", "run/trace", "what makes the straggler slow, from its own evidence: data loading, compute or host syncs"),
+    ("ranks.straggler_cause", "str", "run/trace", "what makes the straggler slow, from its own evidence: data loading, compute, host syncs, garbage collection or waiting for a CPU"),
     ("ranks.straggler_excess_ms", "ms", "run/trace", "how much longer the straggler's cause takes on it than on the other ranks (median)"),
     ("ranks.idle_spread", "ratio", "run/trace", "max - min GPU idle fraction across ranks"),
 ])
@@ -283,10 +283,6 @@ SUBJECT_FACTS["worker_hotspot"].update(_declare("worker_hotspot", [
 ]))
 # The checklist rules measured on the steps: CPU contention from DataLoader workers (PD018),
 # eval-mode forwards that record autograd (PD019), torch.compile's graph breaks (PD029).
-GLOBAL_FACTS.update(_declare(GLOBAL, [
-    ("cpu.wait_ms", "ms", "run",
-     "the training thread's time runnable but waiting for a CPU (run-queue delay, schedstat), mean per steady step"),
-]))
 SUBJECT_FACTS["dataloader"].update(_declare("dataloader", [
     ("workers_runnable", "count", "run",
      "its workers on a CPU or waiting for one at once, on average over the steady steps (schedstat)"),
@@ -310,6 +306,37 @@ SUBJECT_FACTS.update({
         ("count", "count", "run", "steps whose compilations broke the graph at this line, or recompilations in the run"),
         ("steady", "count", "run", "recompilations on the steady steps"),
         ("ms", "ms", "run", "compile time on the steady steps spread over every steady step"),
+    ]),
+})
+# A rank's own evidence for the straggler's cause beyond data, compute and host syncs
+# (capture/probes/gc_time.py and cpu_wait.py, facts/run_distributed.py, facts/trace/ranks.py).
+GLOBAL_FACTS.update(_declare(GLOBAL, [
+    ("gc.ms", "ms", "run", "time per steady step in Python's garbage collections, automatic and explicit (mean)"),
+    ("gc.compute_ms", "ms", "run", "the part of gc.ms inside forward, backward and the optimizer step (in their time)"),
+    ("cpu.wait_ms", "ms", "run", "time per steady step the training thread was runnable but waited for a CPU (run queue), plus its CPU cgroup's throttled time where readable (mean)"),
+    ("cpu.run_ms", "ms", "run", "time per steady step the training thread ran on a CPU (mean): how much of cpu.wait_ms its own work explains"),
+]))
+# DistributedDataParallel (PD031-PD033): how each DDP was built and what it did on the steps
+# (capture/probes/ddp.py, facts/run_distributed.py).
+SUBJECT_FACTS.update({
+    "ddp": _declare("ddp", [
+        ("module", "str", "run", "the wrapped module's class name"),
+        ("find_unused_parameters", "bool", "run", "find_unused_parameters as the DDP holds it"),
+        ("gradient_as_bucket_view", "bool", "run", "gradient_as_bucket_view as the DDP holds it"),
+        ("static_graph", "bool", "run", "static_graph as the DDP holds it"),
+        ("params", "count", "run", "trainable parameters it synchronises"),
+        ("grad_bytes", "bytes", "run", "their gradients' bytes: what DDP's buckets hold a second copy of without gradient_as_bucket_view"),
+        ("synced_steps", "count", "run", "steady steps with a backward that all-reduced"),
+        ("steps_checked", "count", "run", "steps on which the probe read DDP's used map (find_unused_parameters without static_graph)"),
+        ("unused_steps", "count", "run", "of those, steps on which some parameter got no gradient on some rank"),
+        ("traversal_ms", "ms", "run", "time per steady step in DDP's search for unused parameters (its walk of the autograd graph after forward), mean"),
+    ]),
+    "ddp_sync": _declare("ddp_sync", [
+        ("syncs_per_step", "count", "run", "backward passes that all-reduced per optimizer step (median over the steady steps)"),
+        ("backwards_per_step", "count", "run", "backward passes per optimizer step (median over the steady steps)"),
+        ("comm_ms", "ms", "run", "DDP's own mean time of one backward's all-reduces (ms per backward, its sampled iterations)"),
+        ("model", "str", "run", "the DDP as named where it is built (the assignment's target), else model"),
+        ("statement", "str", "run", "the backward line as written"),
     ]),
 })
 SUBJECT_KINDS = tuple(SUBJECT_FACTS)

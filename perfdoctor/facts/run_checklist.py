@@ -255,9 +255,13 @@ def worker_contention(facts: Facts, probes: Probes, steady: list[dict[str, Any]]
     if not at or len(at) < len(steady) // 2:
         return
     waits = tuple(w.wait_ms[k] for k in at)
-    facts.add("cpu.wait_ms", statistics.fmean(waits), "ms",
-              detail=f"the training thread's run-queue wait (schedstat), mean over {len(at)} steady steps",
+    what = "the training thread's run-queue wait (schedstat)" + (
+        " and the CPU cgroup's throttled time" if w.cgroup else "")
+    facts.add("cpu.wait_ms", statistics.fmean(waits), "ms", detail=f"{what}, mean over {len(at)} steady steps",
               per_step=waits)
+    if len(w.run_ms) >= len(w.wait_ms):
+        facts.add("cpu.run_ms", statistics.fmean(w.run_ms[k] for k in at), "ms",
+                  detail=f"the training thread's time on a CPU, mean over {len(at)} steady steps")
     loaders = [dl for dl in probes.dataloaders if (dl.kwargs.num_workers or 0) > 0 and dl.site is not None]
     if not loaders or not isinstance(cpus, int) or len(w.workers_run_ms) < len(w.wait_ms):
         return

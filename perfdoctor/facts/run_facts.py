@@ -16,7 +16,7 @@ import msgspec
 from perfdoctor.contracts.files import TOO_DEEP, check_schema, read_bytes, read_source
 from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Rank, Site, Step, Steps, Window, Workers, decode
 from perfdoctor.errors import InputError
-from perfdoctor.facts import run_checklist
+from perfdoctor.facts import run_checklist, run_distributed
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.model import Hotspot, Location
 from perfdoctor.stats import breakdown, breakdown_rows, quantile, steady_steps, step_series, step_time_summary
@@ -546,6 +546,8 @@ def load_run(run_dir: Path) -> RunData:
     run_checklist.eval_grad(facts, probes, steady)
     run_checklist.compile_breaks(facts, probes, steady)
     run_checklist.worker_contention(facts, probes, steady)
+    run_distributed.ddp(facts, probes, steady)
+    run_distributed.gc_time(facts, probes, steady)
 
     # -- notes --------------------------------------------------------------------------------------
     n = len(run_steps) if clock != "whole-run" else 0

@@ -1,15 +1,19 @@
-"""How long the training thread, and the DataLoader workers, waited for a CPU on each step
-(PD018's measured contention).
+"""How long the training thread, and the DataLoader workers, waited for a CPU on each step (PD018's
+measured contention; a straggler rank's "waiting for a CPU" cause).
 
 Linux counts, per thread, the time it spent running and the time it spent runnable but waiting on a
-run queue (`/proc/<pid>/task/<tid>/schedstat`: on-CPU ns, run-queue wait ns, timeslices). Read at
-every step end (outside the step's time; one pread per file, each opened once) for the training
-thread and for the main thread of each DataLoader worker process alive then: the training
-thread's wait is what the step lost to other runnable threads on the machine; the workers' time on
-a CPU plus their wait, over the step, is how many of them were runnable at once on average. The
-CPU time of the whole machine (/proc/stat) and of this process (/proc/self/stat), both in clock
-ticks, tell the workers' share of what the training thread competed with. Absent where the kernel
-has no schedstat (nothing is recorded then).
+run queue (`/proc/<pid>/task/<tid>/schedstat`: on-CPU ns, run-queue wait ns, timeslices). The
+training thread's reading is taken at every step end and again once perfdoctor's own work there is
+done (`begin_step`: the profiler's start and stop, the trace's export), so that a step's wait is
+the wait inside it: what the step lost to other runnable threads on the machine (other processes,
+other ranks on its cores, its own DataLoader workers). Where the process's CPU cgroup has a quota,
+the time it was throttled (`cpu.stat`: `throttled_usec` on cgroup v2, `throttled_time` ns on v1) is
+added to the wait and kept apart too. At every step end the main thread of each DataLoader worker
+process alive then is read as well: the workers' time on a CPU plus their wait, over the step, is
+how many of them were runnable at once on average. The CPU time of the whole machine (/proc/stat)
+and of this process (/proc/self/stat), both in clock ticks, tell the workers' share of what the
+training thread competed with. One `pread` per file, each opened once (a few microseconds). Absent
+where the kernel has no schedstat (nothing is recorded then).
 """
 
 from __future__ import annotations
@@ -17,9 +21,38 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from perfdoctor.capture.patches import ErrorLog
 from perfdoctor.contracts.run import CpuWaitRecord
+
+
+def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Path | None:
+    """The cpu.stat of this process's CPU cgroup (v2 unified, else v1's cpu controller), or None."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        rel = path.lstrip("/")
+        if controllers == "" and (Path(root) / rel / "cpu.stat").is_file() and (Path(root) / "cgroup.controllers").exists():
+            return Path(root) / rel / "cpu.stat"
+        if "cpu" in controllers.split(","):
+            for d in (Path(root) / "cpu" / rel, Path(root) / "cpu,cpuacct" / rel):
+                if (d / "cpu.stat").is_file():
+                    return d / "cpu.stat"
+    return None
+
+
+def throttled_ms(text: str) -> float | None:
+    """The throttled time in a cpu.stat's text, in ms (v2 `throttled_usec`, v1 `throttled_time` ns)."""
+    fields = dict(line.split(None, 1) for line in text.splitlines() if " " in line)
+    if "throttled_usec" in fields:
+        return int(fields["throttled_usec"]) / 1e3
+    if "throttled_time" in fields:
+        return int(fields["throttled_time"]) / 1e6
+    return None
 
 
 class CpuWaitProbe:
@@ -27,7 +60,9 @@ class CpuWaitProbe:
         self.err = err
         self.worker_pids = worker_pids
         self.fd: int | None = None
-        self.last: tuple[int, int] | None = None
+        self.cgroup_fd: int | None = None
+        self.last: tuple[int, int] | None = None  # the training thread's reading at the step's start
+        self.last_throttled: float | None = None
         self.workers: dict[int, tuple[int, tuple[int, int]]] = {}  # pid -> (fd, last reading)
         self.ticks: dict[str, int] = {}  # "machine" / "process" -> fd of /proc/stat, /proc/self/stat
         self.last_ticks = (0, 0)
@@ -38,6 +73,14 @@ class CpuWaitProbe:
         try:
             self.fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
             self.last = _read(self.fd)
+            stat = cgroup_cpu_stat()
+            if stat is not None:
+                try:
+                    self.cgroup_fd = os.open(stat, os.O_RDONLY)
+                    self.last_throttled = self._throttled()
+                    self.rec.cgroup = self.last_throttled is not None
+                except (OSError, ValueError):
+                    self.cgroup_fd, self.last_throttled = None, None
             self.ticks = {"machine": os.open("/proc/stat", os.O_RDONLY),
                           "process": os.open(f"/proc/{os.getpid()}/stat", os.O_RDONLY)}
             self.last_ticks = self._ticks()
@@ -48,6 +91,9 @@ class CpuWaitProbe:
         for fd in [w[0] for w in self.workers.values()] + list(self.ticks.values()):
             os.close(fd)
         self.workers, self.ticks = {}, {}
+        if self.cgroup_fd is not None:
+            os.close(self.cgroup_fd)
+            self.cgroup_fd = None
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
@@ -60,11 +106,16 @@ class CpuWaitProbe:
             now = _read(self.fd)
             r = self.rec
             while len(r.wait_ms) < i - 1:  # steps missed: nothing known of them
-                for xs in (r.wait_ms, r.run_ms, r.workers_wait_ms, r.workers_run_ms, r.machine_ms, r.process_ms):
+                for xs in (r.wait_ms, r.run_ms, r.throttled_ms, r.workers_wait_ms, r.workers_run_ms, r.machine_ms,
+                           r.process_ms):
                     xs.append(0.0)
                 r.workers.append(0)
+            thr = self._throttled()
+            throttled = thr - self.last_throttled if thr is not None and self.last_throttled is not None else 0.0
+            self.last_throttled = thr
             r.run_ms.append(round((now[0] - self.last[0]) / 1e6, 4))
-            r.wait_ms.append(round((now[1] - self.last[1]) / 1e6, 4))
+            r.wait_ms.append(round((now[1] - self.last[1]) / 1e6 + throttled, 4))
+            r.throttled_ms.append(round(throttled, 4))
             self.last = now
             on, wait, n = self._workers()
             r.workers_run_ms.append(round(on / 1e6, 4))
@@ -77,6 +128,24 @@ class CpuWaitProbe:
         except (OSError, ValueError, IndexError) as e:
             self.err("cpu_wait", e)
             self.uninstall()
+
+    def begin_step(self) -> None:
+        """A step starts (perfdoctor's own work at the step end is done): the training thread's wait
+        counts from here."""
+        if self.fd is None:
+            return
+        try:
+            self.last = _read(self.fd)
+            self.last_throttled = self._throttled()
+        except (OSError, ValueError, IndexError) as e:
+            self.err("cpu_wait", e)
+            self.uninstall()
+
+    def _throttled(self) -> float | None:
+        """The CPU cgroup's throttled time so far (ms), or None where it cannot be read."""
+        if self.cgroup_fd is None:
+            return None
+        return throttled_ms(os.pread(self.cgroup_fd, 4096, 0).decode())
 
     def _workers(self) -> tuple[int, int, int]:
         """The workers' on-CPU and run-queue ns since the last step end (a new worker: since it
@@ -113,14 +182,16 @@ class CpuWaitProbe:
 
     def merge_steps(self) -> None:
         """A stronger step clock took over: its steps are counted from 1 again."""
+        cgroup = self.rec.cgroup
         self.rec = _empty()
+        self.rec.cgroup = cgroup
 
     def records(self) -> CpuWaitRecord | None:
         return self.rec if self.rec.wait_ms else None
 
 
 def _empty() -> CpuWaitRecord:
-    return CpuWaitRecord(wait_ms=[], run_ms=[], workers_wait_ms=[], workers_run_ms=[], workers=[],
+    return CpuWaitRecord(wait_ms=[], run_ms=[], throttled_ms=[], workers_wait_ms=[], workers_run_ms=[], workers=[],
                          machine_ms=[], process_ms=[])
 
 

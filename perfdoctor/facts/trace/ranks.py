@@ -32,23 +32,28 @@ class RankSummary:
 
 # What can make one rank the straggler, each a column of the rank table measured on every rank: the
 # cause is the part by which the straggler exceeds the other ranks' median the most.
-CAUSES = (("data_ms", "data loading"), ("compute_ms", "compute"), ("sync_ms", "host syncs"))
+CAUSES = (("data_ms", "data loading"), ("compute_ms", "compute"), ("sync_ms", "host syncs"),
+          ("gc_ms", "garbage collection"), ("cpu_wait_ms", "waiting for a CPU"))
 
 
 def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     """One rank's row: step time, data wait, compute, communication wait, idle (each where measured).
     Communication: the GPU's communication kernels not hidden behind compute (step.comm_ms), or the
     host's collectives (comm.host_share of the step, gloo). Compute: the GPU's kernels, or on a CPU run the step's
-    forward, backward and optimizer less the host's collectives inside them."""
+    forward, backward and optimizer less the host's collectives and Python's garbage collections inside
+    them (a run's gc.compute_ms; gc_ms is all the collections' time on the step, wherever they ran). The
+    training thread's wait for a CPU (cpu_wait_ms, a run's) stays in it: the thread also waits for a CPU
+    on waking from a collective or a data wait, so the wait cannot be placed in one part (`_cause`)."""
     step = f.value("step.time_ms")
     comm = f.value("step.comm_ms")
     share = f.value("comm.host_share") if comm is None else None
     host_comm = round(share * step, 4) if share is not None and step is not None else None
     compute = f.value("step.gpu_kernel_ms")
+    gc = f.value("gc.ms")
     if compute is None and host_comm is not None:
         parts = [f.value(n) for n in ("step.forward_ms", "step.backward_ms", "step.optimizer_ms")]
         if all(p is not None for p in parts):
-            compute = round(max(0.0, sum(parts) - host_comm), 4)
+            compute = round(max(0.0, sum(parts) - host_comm - f.value("gc.compute_ms", 0.0)), 4)
     idle = f.value("step.idle_ms")
     row: dict[str, Any] = {"rank": rank, "file": label, "step_ms": step}
     data = f.value("step.data_ms")
@@ -62,6 +67,13 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     sync = f.value("sync.ms")
     if sync is not None:
         row["sync_ms"] = sync
+    if gc is not None:
+        row["gc_ms"] = round(gc, 4)
+    wait, run = f.value("cpu.wait_ms"), f.value("cpu.run_ms")
+    if wait is not None:
+        row["cpu_wait_ms"] = round(wait, 4)
+        if run is not None and run + wait > 0:
+            row["cpu_wait_share"] = round(wait / (run + wait), 4)  # of the time it had work to run
     if share is not None:
         # a synchronous step lasts as long on every rank: the ranks that wait for the straggler wait
         # inside the collectives, so the rest of the step is each rank's own work (its share, measured
@@ -72,18 +84,38 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
 
 def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, float, str] | None:
     """The part of the step by which the straggler exceeds the other ranks' median the most, by how
-    much (ms per step), and the evidence in words; None where no measured part exceeds it."""
+    much (ms per step), and the evidence in words; None where no measured part exceeds it.
+
+    Waiting for a CPU: on a busy machine a thread that has more to run also waits longer for a CPU, so
+    the straggler's wait counts only beyond what the other ranks' share of waiting (wait / (run + wait),
+    median) would give its own running time; and a thread waits for a CPU mostly while it has work to
+    run, so compute's excess counts only beyond that starvation."""
     others = [r for r in rows if r is not straggler]
-    best: tuple[float, str, str] | None = None
-    for key, name in CAUSES:
+    excess: dict[str, tuple[float, float, float]] = {}  # key -> (excess, mine, theirs)
+    for key, _ in CAUSES:
         mine = straggler.get(key)
         theirs = median([r[key] for r in others if r.get(key) is not None])
-        if mine is None or theirs is None:
+        if mine is not None and theirs is not None:
+            excess[key] = (mine - theirs, mine, theirs)
+    share = median([r["cpu_wait_share"] for r in others if r.get("cpu_wait_share") is not None])
+    if "cpu_wait_ms" in excess and share is not None and straggler.get("cpu_wait_share") is not None:
+        mine = straggler["cpu_wait_ms"]
+        share_s = straggler["cpu_wait_share"]
+        run = mine * (1 - share_s) / share_s if share_s > 0 else 0.0
+        expected = run * share / (1 - share) if share < 1 else mine
+        excess["cpu_wait_ms"] = (mine - expected, mine, expected)
+    if "compute_ms" in excess and "cpu_wait_ms" in excess:
+        e, mine, theirs = excess["compute_ms"]
+        excess["compute_ms"] = (e - max(0.0, excess["cpu_wait_ms"][0]), mine, theirs)
+    best: tuple[float, str, str] | None = None
+    for key, name in CAUSES:
+        if key not in excess:
             continue
-        excess = mine - theirs
-        if excess > 0 and (best is None or excess > best[0]):
-            best = (excess, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, "
-                                  f"{theirs:.1f} ms on the other ranks (median)")
+        ex, mine, theirs = excess[key]
+        if ex > 0 and (best is None or ex > best[0]):
+            base = (f"{theirs:.1f} ms at the other ranks' share of waiting ({share:.0%}, median)"
+                    if key == "cpu_wait_ms" and share is not None else f"{theirs:.1f} ms on the other ranks (median)")
+            best = (ex, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, {base}")
     return (best[1], round(best[0], 4), best[2]) if best is not None else None
 
 
