@@ -21,7 +21,7 @@ class Augmented(Dataset):
 
     def __init__(self, n=256):
         rng = np.random.default_rng(0)
-        self.x = rng.standard_normal((n, 3, 40, 40)).astype(np.float32)
+        self.x = rng.standard_normal((n, 3, 28, 28)).astype(np.float32)
         self.y = rng.integers(0, 10, n)
 
     def __len__(self):
@@ -30,10 +30,10 @@ class Augmented(Dataset):
     def __getitem__(self, i):
         rng = np.random.default_rng(i)
         img = self.x[i] + 0.1 * rng.standard_normal(self.x[i].shape).astype(np.float32)
-        for _ in range(24):  # a few augmentation passes
+        for _ in range(3):  # a few augmentation passes
             img = np.tanh(img) * 1.05 + 0.01 * np.sin(img)
-        top, left = rng.integers(0, 8, 2)
-        crop = img[:, top:top + 32, left:left + 32]
+        top, left = rng.integers(0, 4, 2)
+        crop = img[:, top:top + 24, left:left + 24]
         crop = (crop - crop.mean()) / (crop.std() + 1e-6)
         return torch.from_numpy(np.ascontiguousarray(crop).reshape(-1)), int(self.y[i])
 
@@ -41,7 +41,7 @@ class Augmented(Dataset):
 def main():
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = nn.Sequential(nn.Linear(3 * 32 * 32, 384), nn.ReLU(), nn.Linear(384, 384), nn.ReLU(), nn.Linear(384, 10)).to(device)
+    model = nn.Sequential(nn.Linear(3 * 24 * 24, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     workers = len(os.sched_getaffinity(0))
     loader = DataLoader(Augmented(), batch_size=32, shuffle=True, num_workers=workers, pin_memory=True, persistent_workers=True)
