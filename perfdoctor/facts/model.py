@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from perfdoctor.facts.registry import GLOBAL, SOURCES, check_declared, check_kind
 from perfdoctor.model import Fact, Location
+
+if TYPE_CHECKING:
+    from perfdoctor.contracts.run import Site
 
 
 def supersedes(new: str, old: str) -> bool:
@@ -148,3 +151,14 @@ class Facts:
                 for k, v in sorted(self.subjects.items())
             },
         }
+
+
+def site_subject(facts: Facts, kind: str, site: Site | None) -> Subject | None:
+    """The subject of `kind` at a probe's site (file:line), its location recorded once; None for no site."""
+    if site is None or not site.file:
+        return None
+    s = facts.subject(kind, f"{site.file}:{site.line}")
+    loc = Location(site.file, site.line, site.code, site.function)
+    if loc not in s.locations:
+        s.locations.append(loc)
+    return s

@@ -9,9 +9,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from perfdoctor.contracts.run import Probes, Site
-from perfdoctor.facts.model import Facts, Subject
-from perfdoctor.model import Location
+from perfdoctor.contracts.run import Probes
+from perfdoctor.facts.model import Facts, site_subject
 
 MIN_STALLS = 3  # slow steps a pattern needs among the steady steps (and other steps, as many)
 SLOW_MADS = 2.0  # every slow step above the other steps' median by this many (scaled) MADs ...
@@ -20,16 +19,6 @@ SLOW_MIN_MS = 1.0  # ... and at least this much
 HIT_RATE = 0.75  # share of the pattern's steps that must be that slow (a loaded machine hides a few)
 NORMAL_MAX_SHARE = 0.10  # a line seen in more of the other steps' samples runs on every step
 MIN_BASE = 3  # steady steps without crowding workers that PD018's contention is measured against
-
-
-def _subject(facts: Facts, kind: str, site: Site | None) -> Subject | None:
-    if site is None or not site.file:
-        return None
-    s = facts.subject(kind, f"{site.file}:{site.line}")
-    loc = Location(site.file, site.line, site.code, site.function)
-    if loc not in s.locations:
-        s.locations.append(loc)
-    return s
 
 
 def worker_startup(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
@@ -43,7 +32,7 @@ def worker_startup(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -
     wait stands in (the wait alone)."""
     walls = {x["i"]: x["wall_ms"] for x in steady}
     for dl in probes.dataloaders:
-        s = _subject(facts, "dataloader", dl.site)
+        s = site_subject(facts, "dataloader", dl.site)
         if s is None:
             continue
         s.add("constructed", dl.constructed, "count")
@@ -83,7 +72,7 @@ def gc_calls(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None
                if len(row) >= 2 and int(row[0]) in idx}
         if not per:
             continue
-        s = _subject(facts, "gc_collect", r.site)
+        s = site_subject(facts, "gc_collect", r.site)
         if s is None:
             continue
         s.add("calls_per_step", sum(n for _, n in per.values()) / len(idx), "count",
@@ -156,7 +145,7 @@ def periodic_stall(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -
     if best is None:
         return
     _, line, share = best
-    s = _subject(facts, "periodic_stall", line.site)
+    s = site_subject(facts, "periodic_stall", line.site)
     if s is None:
         return
     s.add("period", p, "count", detail=f"steps {', '.join(str(i) for i in members)} of the steady steps")
@@ -175,7 +164,7 @@ def eval_grad(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> Non
     not an evaluation)."""
     idx = [x["i"] for x in steady]
     for r in probes.eval_grad:
-        s = _subject(facts, "eval_grad", r.site)
+        s = site_subject(facts, "eval_grad", r.site)
         if s is None or not r.calls:
             continue
         s.add("module", r.module)
@@ -204,7 +193,7 @@ def compile_breaks(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -
         return
     idx = {x["i"] for x in steady}
     for b in c.graph_breaks:
-        s = _subject(facts, "graph_break", b.site)
+        s = site_subject(facts, "graph_break", b.site)
         if s is None:
             continue
         s.add("kind", "graph break")
@@ -218,7 +207,7 @@ def compile_breaks(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -
         # (a frame resumed after a break starts at the break's line: that line is reported as the break)
         if not later or not idx or f.site is None or (f.site.file, f.site.line) in breaks:
             continue
-        s = _subject(facts, "graph_break", f.site)
+        s = site_subject(facts, "graph_break", f.site)
         if s is None:
             continue
         s.add("kind", "recompile")
@@ -275,7 +264,7 @@ def worker_contention(facts: Facts, probes: Probes, steady: list[dict[str, Any]]
     cost = tuple(max(0.0, w.wait_ms[k] - usual) * (n - room) / n if n > room else 0.0 for k, n in zip(at, runnable))
     crowded = sum(n > room for n in runnable)
     for dl in loaders:
-        s = _subject(facts, "dataloader", dl.site)
+        s = site_subject(facts, "dataloader", dl.site)
         if s is None:
             continue
         s.add("workers_runnable", statistics.fmean(runnable), "count",

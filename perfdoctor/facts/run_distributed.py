@@ -11,15 +11,14 @@ import ast
 import statistics
 from typing import Any
 
-from perfdoctor.contracts.run import DdpRecord, Probes, Site
-from perfdoctor.facts.model import Facts, Subject
-from perfdoctor.model import Location
+from perfdoctor.contracts.run import DdpRecord, Probes
+from perfdoctor.facts.model import Facts, site_subject
 
 
 def ddp(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
     idx = [int(x["i"]) for x in steady]
     for r in probes.ddp:
-        s = _subject(facts, "ddp", r.site)
+        s = site_subject(facts, "ddp", r.site)
         if s is None:
             continue
         s.add("module", r.module)
@@ -65,7 +64,7 @@ def _accumulation(facts: Facts, r: DdpRecord, idx: list[int], rows: dict[int, li
     backs = [int(rows[i][3]) if i in rows else 0 for i in idx]
     if not backs or statistics.median(backs) <= 1 or r.backward_site is None:
         return
-    s = _subject(facts, "ddp_sync", r.backward_site)
+    s = site_subject(facts, "ddp_sync", r.backward_site)
     if s is None:
         return
     s.add("syncs_per_step", statistics.median(synced), "count",
@@ -76,16 +75,6 @@ def _accumulation(facts: Facts, r: DdpRecord, idx: list[int], rows: dict[int, li
         s.add("comm_ms", r.comm_ms, "ms", detail=f"DDP's own timing of a backward's all-reduces{over}")
     s.add("model", _target(r.site.code if r.site else "") or "model")
     s.add("statement", r.backward_site.code)
-
-
-def _subject(facts: Facts, kind: str, site: Site | None) -> Subject | None:
-    if site is None or not site.file:
-        return None
-    s = facts.subject(kind, f"{site.file}:{site.line}")
-    loc = Location(site.file, site.line, site.code, site.function)
-    if loc not in s.locations:
-        s.locations.append(loc)
-    return s
 
 
 def _target(code: str) -> str | None:

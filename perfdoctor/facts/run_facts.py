@@ -17,7 +17,7 @@ from perfdoctor.contracts.files import TOO_DEEP, check_schema, read_bytes, read_
 from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Rank, Site, Step, Steps, Window, Workers, decode
 from perfdoctor.errors import InputError
 from perfdoctor.facts import run_checklist, run_distributed
-from perfdoctor.facts.model import Facts, Subject
+from perfdoctor.facts.model import Facts, Subject, site_subject
 from perfdoctor.model import Hotspot, Location
 from perfdoctor.stats import breakdown, breakdown_rows, quantile, steady_steps, step_series, step_time_summary
 from perfdoctor.stats import median as median_of
@@ -249,23 +249,6 @@ def _machine(facts: Facts, env: Env, rank: Rank | None = None) -> None:
         facts.add("device.amp_basis", basis, "", m)
 
 
-def _site_key(site: Site | None) -> tuple[str, Location] | None:
-    if site is None or not site.file:
-        return None
-    loc = Location(site.file, site.line, site.code, site.function)
-    return f"{loc.file}:{loc.line}", loc
-
-
-def _subject(facts: Facts, kind: str, site: Site | None):
-    k = _site_key(site)
-    if k is None:
-        return None
-    s = facts.subject(kind, k[0])
-    if k[1] not in s.locations:
-        s.locations.append(k[1])
-    return s
-
-
 @lru_cache(maxsize=128)
 def _source_lines(file: str) -> list[str]:
     """The lines of a user file the run names (regular files only, capped: contracts.files.read_source)."""
@@ -400,7 +383,7 @@ def _host_reads(facts: Facts, probes: Probes, steady_idx: list[int]) -> None:
     for rows in per_line.values():
         mean, kind, site = max(rows, key=lambda x: (x[0], -HOST_READ_ORDER.index(x[1])
                                                       if x[1] in HOST_READ_ORDER else -99))
-        s = _subject(facts, "host_read", site)
+        s = site_subject(facts, "host_read", site)
         if s is not None:
             s.add("kind", kind)
             s.add("count_per_step", mean, "count", detail=f"mean over {len(steady_idx)} steady steps")
@@ -461,7 +444,7 @@ def load_run(run_dir: Path) -> RunData:
     # -- probes -> facts and subjects -----------------------------------------------------------
     steady_idx = [s["i"] - 1 for s in steady]
     for dl in probes.dataloaders:
-        s = _subject(facts, "dataloader", dl.site)
+        s = site_subject(facts, "dataloader", dl.site)
         if s is None:
             continue
         kw = dl.kwargs
@@ -495,13 +478,13 @@ def load_run(run_dir: Path) -> RunData:
             s.add("feeds_cuda", dl.to_cuda, detail="a batch was moved to a CUDA device")
             s.add("non_blocking", dl.non_blocking)
     for dp in probes.dataparallel:
-        s = _subject(facts, "dataparallel", dp.site)
+        s = site_subject(facts, "dataparallel", dp.site)
         if s is not None:
             s.add("constructed", True)
             s.add("device_count", dp.device_count, "count")
     n_loop = max(1, len(run_steps) - 1)
     for ec in probes.empty_cache:
-        s = _subject(facts, "empty_cache", ec.site)
+        s = site_subject(facts, "empty_cache", ec.site)
         if s is not None:
             s.add("calls_per_step", ec.calls_in_steps / n_loop, "count")
             s.add("in_loop", ec.calls_in_steps > 0)
@@ -509,12 +492,12 @@ def load_run(run_dir: Path) -> RunData:
     for an in probes.anomaly:
         if an.enabled:
             facts.add("autograd.anomaly_enabled", True, detail="set_detect_anomaly/detect_anomaly seen")
-            s = _subject(facts, "anomaly", an.site)
+            s = site_subject(facts, "anomaly", an.site)
             if s is not None:
                 s.add("enabled", True)
     models = [f for f in probes.forward if f.params]
     for f in models:
-        s = _subject(facts, "model", f.site)
+        s = site_subject(facts, "model", f.site)
         if s is not None:
             s.add("autocast", f.autocast)
             s.add("param_dtype", f.param_dtype)
@@ -526,7 +509,7 @@ def load_run(run_dir: Path) -> RunData:
         facts.add("model.param_dtype", main.param_dtype, detail=f"parameters of {main.module}")
     holders = probes.loss_holders
     for h in holders:
-        s = _subject(facts, "loss_holder", h.site)
+        s = site_subject(facts, "loss_holder", h.site)
         if s is None:
             continue
         s.add("kind", h.kind)
