@@ -118,6 +118,16 @@ def put(s: Subject, name: str, value: Any, unit: str = "") -> None:
         s.add(full, value, unit=unit, source="static", detail=_DETAIL)
 
 
+def add_union(facts: Facts, name: str, found: bool, yes: str, no: str) -> None:
+    """A global bool fact that is the union over the files, one file's read at a time: this file
+    raises an earlier file's static False to True; a True, or a value from another source, stays."""
+    prior = facts.get(name)
+    if prior is not None and (prior.source != "static" or prior.value):
+        return
+    if prior is None or found:
+        facts.add(name, found, source="static", detail=yes if found else no)
+
+
 class SourceIndex:
     """One parsed file: its nodes, parents, import aliases, loop context and source text."""
 

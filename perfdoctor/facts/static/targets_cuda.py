@@ -10,7 +10,7 @@ import ast
 import re
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import SourceIndex
+from perfdoctor.facts.static.index import SourceIndex, add_union
 
 _CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
 _FACT = "script.targets_cuda"
@@ -29,10 +29,4 @@ def _names_cuda(index: SourceIndex) -> bool:
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
-    prior = facts.get(_FACT)
-    if prior is not None and (prior.source != "static" or prior.value):
-        return
-    named = _names_cuda(index)
-    if prior is None or named:
-        facts.add(_FACT, named, source="static",
-                  detail="the files name a CUDA device" if named else "no CUDA device named in the files")
+    add_union(facts, _FACT, _names_cuda(index), "the files name a CUDA device", "no CUDA device named in the files")

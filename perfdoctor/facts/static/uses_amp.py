@@ -11,7 +11,7 @@ import ast
 import re
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import SourceIndex, kwarg
+from perfdoctor.facts.static.index import SourceIndex, add_union, kwarg
 
 _FACT = "script.uses_amp"
 _AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
@@ -41,10 +41,4 @@ def _uses_amp(index: SourceIndex) -> bool:
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
-    prior = facts.get(_FACT)
-    if prior is not None and (prior.source != "static" or prior.value):
-        return
-    used = _uses_amp(index)
-    if prior is None or used:
-        facts.add(_FACT, used, source="static",
-                  detail="the files use autocast or 16-bit precision" if used else "no autocast or 16-bit precision in the files")
+    add_union(facts, _FACT, _uses_amp(index), "the files use autocast or 16-bit precision", "no autocast or 16-bit precision in the files")
