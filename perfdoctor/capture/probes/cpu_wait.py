@@ -99,7 +99,8 @@ class CpuWaitProbe:
             self.fd = None
 
     def end_step(self, i: int) -> None:
-        """Step `i` ended: the waits and the times on a CPU since the previous step end."""
+        """Step `i` ended: the training thread's wait and time on a CPU since the step began
+        (`begin_step`), the workers' and the machine's since the previous step end."""
         if self.fd is None or self.last is None:
             return
         try:

@@ -75,9 +75,9 @@ class StallSampler(threading.Thread):
             elapsed = clock.pc() - clock.step_start
             late = bool(recent) and elapsed > SLOW * usual
             self._sample(n + 1, late)
-            # look often only while the step runs long; otherwise about once a step
-            # the next look lands when this step would turn slow: a stall at the start of a step (a
-            # checkpoint after the last step's optimizer.step) is still running then
+            # look often only while the step runs long; otherwise once, when this step would turn
+            # slow: a stall at the start of a step (a checkpoint after the last step's
+            # optimizer.step) is still running then
             wait = INTERVAL_S if late else min(QUIET_MAX_S, max(INTERVAL_S, SLOW * usual - elapsed))
 
     def _sample(self, i: int, late: bool = False) -> None:
