@@ -180,7 +180,8 @@ def mode_cli(a) -> bool:
     with tempfile.TemporaryDirectory() as d:
         base = Path(d) / "baseline.json"
         env0 = dict(os.environ, PERFDOCTOR_BENCH_DELAY_FRACTION="0", PERFDOCTOR_BENCH_STEPS="100000")
-        common = ["run", str(SCRIPT), "--steps", str(a.steps), "--out-dir", str(Path(d) / "runs"), "--format", "json"]
+        common = ["run", str(SCRIPT), "--steps", str(a.steps), "--out-dir", str(Path(d) / "runs"), "--overwrite",
+                  "--format", "json"]
         def record_baseline() -> bool:
             for attempt in range(1, a.baseline_attempts + 1):
                 # as the README tells a user: a baseline with a run far slower than the others (another job
@@ -223,9 +224,14 @@ def mode_cli(a) -> bool:
                         out[-1] = f"undecided/{row['verdict']}"
                     else:
                         out[-1] = row["verdict"]
-                    print(f"[cli] trial, delay {delay:.0%}: {out[-1]}, {changes[delay][-1]}", flush=True)
+                    why = [f"{r['metric']} {r['change_pct']:+.1f}%" for r in g["rows"][1:]
+                           if r["verdict"] == "regression" and r["kind"] != "throughput"]
+                    why += [f"new finding {f.get('rule_id') or f.get('rule')}" for f in g.get("failing_findings") or []]
+                    print(f"[cli] trial, delay {delay:.0%}: {out[-1]}, {changes[delay][-1]}"
+                          + (f" (also: {', '.join(why)})" if why else ""), flush=True)
                 except (ValueError, KeyError, IndexError, TypeError):
                     changes[delay].append("?")
+                    print(f"[cli] trial, delay {delay:.0%}: {out[-1]}: {p.stderr.strip()[-300:]}", flush=True)
         tally("cli", [v.split(" ")[0] for v in same], [v.split(" ")[0] for v in slow], t0, a.slowdown)
         print(f"[cli] verdicts, identical: {same}")
         print(f"[cli] verdicts, {a.slowdown:.0%} slower: {slow}")

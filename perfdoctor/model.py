@@ -111,6 +111,12 @@ class Finding:
     saving_range: tuple[float, float] | None = None  # p25..p75 of the saving evaluated step by step
 
 
+    @property
+    def minor(self) -> bool:
+        """A measured finding worth too little to list with the others: the rules engine rates a
+        measured saving under its floor low, and the text and Markdown reports collapse it."""
+        return self.severity == "low" and self.ms_per_step is not None
+
     def sort_key(self) -> tuple:
         measured = self.ms_per_step is not None
         return (0 if measured else 1, -(self.ms_per_step or 0.0), severity_rank(self.severity), self.rule)

@@ -8,7 +8,7 @@ from perfdoctor.facts.model import Facts
 from perfdoctor.model import Location
 from perfdoctor.rules.catalog import load_rule_file, load_rules
 from perfdoctor.rules.config import Settings, load_settings
-from perfdoctor.rules.engine import judge, minor
+from perfdoctor.rules.engine import judge
 
 RULES = load_rules()
 
@@ -211,7 +211,7 @@ def test_severity_follows_the_measured_cost():
     findings = judge(f, RULES)
     assert [x.rule for x in findings] == ["PD010", "PD003"]
     assert findings[1].severity == "low" and findings[1].ms_per_step == pytest.approx(0.83)
-    assert minor(findings[1]) and not minor(findings[0])
+    assert findings[1].minor and not findings[0].minor
 
 
 def test_no_template_prints_n_a():

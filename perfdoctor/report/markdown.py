@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.gate.compare import undecided_sentence
+from perfdoctor.model import Report
 from perfdoctor.report import escape
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
@@ -57,11 +58,6 @@ def _loc(f: Mapping[str, Any], table: bool = False) -> str:
     return _code(where, table) if where else ""
 
 
-def _minor(f: Mapping[str, Any]) -> bool:
-    """`perfdoctor.rules.engine.minor` on a finding read back as a dict."""
-    return f.get("severity") == "low" and bool(f.get("estimated_saving"))
-
-
 def _fence(text: str, lang: str = "") -> str:
     return escape.markdown_fence(text, lang)
 
@@ -71,8 +67,8 @@ def _diff(before: str, after: str) -> str:
     return _fence("\n".join(lines), "diff")
 
 
-def render_report(report: Any) -> str:
-    r = _as_dict(report)
+def render_report(report: Report) -> str:
+    r = report.as_dict()
     run, summary = r.get("run") or {}, r.get("summary") or {}
     st = summary.get("step_time_ms") or {}
     script = Path(str(run.get("script") or "")).name or "trace"
@@ -93,8 +89,9 @@ def render_report(report: Any) -> str:
             frac = b.get("fraction")
             out.append(f"| {cell(b.get('category'))} | {b.get('ms', 0):,.2f} | {'' if frac is None else f'{frac:.0%}'} |")
         out.append("")
-    findings = [f for f in r.get("findings") or [] if not _minor(f)]
-    small = [f for f in r.get("findings") or [] if _minor(f)]
+    minor = [f.minor for f in report.findings]  # the findings' dicts are in the same order
+    findings = [f for f, m in zip(r.get("findings") or [], minor, strict=True) if not m]
+    small = [f for f, m in zip(r.get("findings") or [], minor, strict=True) if m]
     if not findings and not small:
         out += ["No findings. ✅", ""]
     elif findings:

@@ -21,7 +21,6 @@ from rich.text import Text
 from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import Finding, Report
 from perfdoctor.report import escape
-from perfdoctor.rules.engine import minor
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]
@@ -238,8 +237,8 @@ def _report(report: Report) -> Group:
                         if isinstance(r.get(k), float) else _cell(r.get(k, "")) for k in keys])
         parts.append(t)
     if report.findings:
-        major = [f for f in report.findings if not minor(f)]
-        small = [f for f in report.findings if minor(f)]
+        major = [f for f in report.findings if not f.minor]
+        small = [f for f in report.findings if f.minor]
         if major:
             parts.append(Text(f"{len(major)} finding(s), most costly first", style="bold"))
         for i, f in enumerate(major, 1):

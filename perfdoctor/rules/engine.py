@@ -163,11 +163,6 @@ def gpu_only_context(facts: Facts) -> str | None:
     return None
 
 
-def minor(finding: Finding) -> bool:
-    """A measured finding worth too little to list with the others (the text report collapses it)."""
-    return finding.severity == "low" and finding.ms_per_step is not None
-
-
 def _severity(rule: Rule, ms: float | None, frac: float | None, gpu_only: bool) -> str:
     if ms is not None and (ms < MINOR_MS or (frac is not None and frac < MINOR_FRACTION)):
         return "low"
@@ -312,5 +307,5 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
             if f is not None and f.fingerprint() not in seen:
                 seen.add(f.fingerprint())
                 findings.append(f)
-    findings.sort(key=lambda f: (minor(f), *f.sort_key()))
+    findings.sort(key=lambda f: (f.minor, *f.sort_key()))
     return findings
