@@ -96,6 +96,15 @@ def test_memory_growth_only_when_clearly_linear(tmp_path):
     assert h.facts["loss_holder.kind"].value == "list" and h.facts["loss_holder.graphs_per_step"].value == 1.0
 
 
+def test_rss_peak_leaves_out_the_steps_the_profiler_held(tmp_path):
+    # the window (skip 5, last step 12) and the export step 13 hold the profiler's buffers: +90 MB
+    base = 1 << 28
+    r = load_run(make_run(tmp_path, mem=lambda i: base + (90 << 20 if 6 <= i <= 13 else (i % 4) << 20)))
+    peak = r.facts.get("memory.peak_bytes")
+    assert peak.value == base + (3 << 20)
+    assert peak.detail == "max process RSS at step ends (steps 1..5, 14..40)"
+
+
 def test_machine_facts(tmp_path):
     r = load_run(make_run(tmp_path / "cpu"))
     amp = r.facts.get("device.amp_available")

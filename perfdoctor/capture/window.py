@@ -16,12 +16,20 @@ micro-batches per optimizer step):
   before it stops); the recorded steps are cut to fit `budget_events` (at least one is recorded).
 When the budget ends the window, the profiler stops (the trace so far is saved), meta.json's window
 says why (`stopped_by`), the report says so in a note, and the run goes on unprofiled.
+
+When the profiler has stopped, the C heap's free pages go back to the system (glibc `malloc_trim`):
+the profiler's event buffers and the trace export are freed by then but would otherwise stay in the
+process's resident memory for the rest of the run, 20-100 MB that varied from run to run (a small
+CPU model: peak RSS 352-439 MB under perfdoctor against 334-343 MB bare; 350-357 MB with the trim).
+The script's memory is untouched (only free pages are returned), and the run's RSS, which the
+report and the gate's peak-memory row read, is the script's again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import cProfile
+import ctypes
 import gzip
 import os
 import pstats
@@ -50,6 +58,15 @@ BUDGET_EVENTS = 1_000_000  # estimated trace events in the recorded steps (about
 # (sample_scripts/pd006_loss_graph_retained.py), 10 (LSTMCell loops, tests/data/scripts/lbfgs_long.py).
 # A rough estimate, set towards the high end: the time budget is the hard bound
 EVENTS_PER_CALL = 5.0
+
+
+def _return_free_memory() -> None:
+    """glibc's `malloc_trim(0)`: the heap's free pages back to the system (see the module docstring).
+    Elsewhere (musl, macOS) nothing."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 @contextlib.contextmanager
@@ -291,6 +308,7 @@ class Window:
         if prof is not None:
             with _without_kineto_chatter():
                 prof.stop()  # in the record phase this calls _save_trace with what was recorded
+            _return_free_memory()
 
     def _abort(self) -> None:
         self._stop_python()

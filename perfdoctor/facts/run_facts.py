@@ -161,11 +161,15 @@ def _span(idx: list[int]) -> str:
     return "step" + ("s " if len(idx) > 1 else " ") + ", ".join(f"{a}..{b}" if b > a else f"{a}" for a, b in runs)
 
 
-def _memory(facts: Facts, run_steps: list[Step], steady: list[dict[str, Any]], env: Env) -> float | None:
+def _memory(facts: Facts, run_steps: list[Step], steady: list[dict[str, Any]], env: Env,
+            profiled: range) -> float | None:
     """The memory facts, from one source for the whole run, named in each fact's detail with the
     steps it read: CUDA memory per device where the script used CUDA (each device's allocated
     bytes at step ends, its peak within each step), else the process RSS. The device reported is
-    the one that grows (or peaks) most; returns the growth per step, None if none is clear."""
+    the one that grows (or peaks) most; returns the growth per step, None if none is clear.
+    The RSS peak leaves out the steps the profiler held (`profiled`: its warm-up and recorded steps
+    and the step that carries the trace export): their RSS holds the profiler's event buffers,
+    tens of MB that vary from run to run and are not the script's (CUDA memory does not)."""
     by_dev: dict[int, list[tuple[int, int, int]]] = {}  # device -> (step, allocated, peak)
     for st in run_steps:
         for c in st.cuda_mem or []:
@@ -173,6 +177,7 @@ def _memory(facts: Facts, run_steps: list[Step], steady: list[dict[str, Any]], e
     steady_i = {x["i"] for x in steady}
     if not by_dev:
         rows = [(st.i, st.mem_bytes) for st in run_steps if st.mem_bytes is not None]
+        rows = [r for r in rows if r[0] not in profiled] or rows
         if rows:
             facts.add("memory.peak_bytes", max(m for _, m in rows), "bytes",
                       detail=f"max process RSS at step ends ({_span([i for i, _ in rows])})")
@@ -433,13 +438,14 @@ def load_run(run_dir: Path) -> RunData:
                       per_step=tuple(_part(s, k) for s in steady))
         facts.add("step.other_ms", split["other"], "ms",
                   detail=f"step time not in data, forward, backward, optimizer; {which}")
+    held = (range(int(window.get("skip") or 0) + 1, int(window["last_step"]) + 1)
+            if profiled and window.get("last_step") is not None else range(0))
     if steps:  # every step of the run, for the charts: which were steady, which the profiler held
         summary["step_series"] = step_series([s["wall_ms"] for s in steps], [s["i"] for s in steady],
-                                             [int(window.get("skip") or 0) + 1, int(window["last_step"])]
-                                             if profiled and window.get("last_step") is not None else None)
+                                             [held.start, held.stop - 1] if held else None)
 
     # -- memory -------------------------------------------------------------------------------------
-    growth = _memory(facts, run_steps, steady, env)
+    growth = _memory(facts, run_steps, steady, env, range(held.start, held.stop + 1) if held else held)
 
     # -- probes -> facts and subjects -----------------------------------------------------------
     steady_idx = [s["i"] - 1 for s in steady]
