@@ -107,7 +107,7 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
      "0 where the trace shows a single-process DataLoader iterator (read where no subject has it)"),
     # memory
     ("memory.peak_bytes", "bytes", "run", "CUDA: the highest memory allocated within a step, on the device that "
-     "peaks most; else the max process RSS at step ends"),
+     "peaks most; else the max process RSS at step ends outside the profiled window"),
     ("memory.total_bytes", "bytes", "machine", "the memory of the device the memory facts are about on CUDA, else "
      "the host's"),
     ("memory.free_bytes", "bytes", "machine", "free memory at the end of the run (on CUDA: on that device)"),
