@@ -372,3 +372,45 @@ def test_cpu_wait_is_read_per_step_with_the_cgroups_throttling(tmp_path):
     f = Facts()
     worker_contention(f, Probes(cpu_wait=rec), [{"i": i, "wall_ms": 10.0} for i in range(1, 11)])
     assert "cpu.wait_ms" not in f  # fewer than half the steady steps read: no fact
+
+
+def _render(fmt: str, report) -> str:
+    import io
+
+    from rich.console import Console
+
+    from perfdoctor.report.formats import render
+
+    if fmt != "text":
+        return render(fmt, report)
+    buf = io.StringIO()
+    Console(file=buf, width=200, no_color=True).print(render(fmt, report))
+    return buf.getvalue()
+
+
+def test_the_rank_table_draws_every_measured_column_and_only_those():
+    """The columns a job's ranks measured (GC, waiting for a CPU, host syncs, ...) are drawn in the text,
+    markdown and HTML reports; a column no rank has is not drawn."""
+    from perfdoctor.model import Report
+
+    base = [{"rank": r, "file": f"rank-{r}", "step_ms": 40.0, "data_ms": 0.4, "compute_ms": 3.0, "comm_ms": 36.0,
+             "idle_ms": None, "idle_fraction": None} for r in (0, 1)]
+    plain = Report(run={}, summary={}, findings=[], ranks=base)
+    full = Report(run={}, summary={}, findings=[], ranks=[
+        {**row, "sync_ms": 0.25, "gc_ms": 0.3 + 30 * row["rank"], "cpu_wait_ms": 0.5 + 7 * row["rank"],
+         "cpu_wait_share": 0.1 + 0.3 * row["rank"], "busy_share": 0.1 + 0.8 * row["rank"]} for row in base])
+    text = _render("text", full)
+    for key in ("gc_ms", "cpu_wait_ms", "cpu_wait_share", "sync_ms", "busy_share"):
+        assert key in text and key not in _render("text", plain)
+    head = next(line for line in text.splitlines() if "┃ rank" in line)
+    row1 = next(line for line in text.splitlines() if line.startswith("│    1 │"))
+    cells = dict(zip([c.strip() for c in head.split("┃")[1:-1]], [c.strip() for c in row1.split("│")[1:-1]]))
+    assert (cells["gc_ms"], cells["cpu_wait_ms"], cells["cpu_wait_share"], cells["busy_share"]) == ("30.3", "7.5", "40%", "90%")
+    assert "idle_ms" not in text  # no rank has it
+    md = _render("markdown", full)
+    assert "| GC (ms) | CPU wait (ms) | CPU wait share | own work share |" in md
+    assert "| 1 | 40.0 | 0.4 | 3.0 | 36.0 | 0.2 | 30.3 | 7.5 | 40% | 90% |" in md
+    assert "GC (ms)" not in _render("markdown", plain) and "| Rank | step (ms) |" in _render("markdown", plain)
+    page = _render("html", full)
+    assert '<th class="n">GC</th><th class="n">CPU wait</th>' in page and '<td class="n">30.3 ms</td>' in page
+    assert "<th class=\"n\">GC</th>" not in _render("html", plain)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.gate.compare import undecided_sentence
+from perfdoctor.model import RANK_COLUMNS
 from perfdoctor.report import escape
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
@@ -93,6 +94,7 @@ def render_report(report: Any) -> str:
             frac = b.get("fraction")
             out.append(f"| {cell(b.get('category'))} | {b.get('ms', 0):,.2f} | {'' if frac is None else f'{frac:.0%}'} |")
         out.append("")
+    out += _ranks(r.get("ranks") or [])
     findings = [f for f in r.get("findings") or [] if not _minor(f)]
     small = [f for f in r.get("findings") or [] if _minor(f)]
     if not findings and not small:
@@ -141,6 +143,23 @@ def render_report(report: Any) -> str:
     for n in r.get("notes") or []:
         out.append(f"> {md(n)}")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _ranks(rows: list[Mapping[str, Any]]) -> list[str]:
+    """The rank table of a distributed job: the columns some rank has a value for."""
+    cols = [c for c in RANK_COLUMNS if any(row.get(c[0]) is not None for row in rows)]
+    if not rows or not cols:
+        return []
+    out = ["| Rank | " + " | ".join(label + (" (ms)" if kind == "ms" else "") for _, label, kind in cols) + " |",
+           "|---:|" + "".join("---:|" if kind != "str" else "---|" for _, _, kind in cols)]
+    for row in rows:
+        cells = []
+        for key, _, kind in cols:
+            v = row.get(key)
+            cells.append("" if v is None else f"{v:.0%}" if kind == "share" and isinstance(v, (int, float))
+                         else f"{v:,.1f}" if isinstance(v, (int, float)) else cell(v))
+        out.append(f"| {cell(row.get('rank'))} | " + " | ".join(cells) + " |")
+    return out + [""]
 
 
 def _num(v: Any, unit: str) -> str:
