@@ -312,9 +312,10 @@ _RANK_SHOWN = ("step_ms", "compute_ms", "idle_ms", "idle_fraction")  # the colum
 
 
 def _rank_cell(v: Any, kind: str) -> str:
-    if kind == "str":
+    if kind == "str" or not isinstance(v, (int, float)):
         return f"<td>{_e('' if v is None else v)}</td>"
-    return f'<td class="n">{_e("" if v is None else _pct(v) if kind == "share" else _ms(v))}</td>'
+    shown = _pct(v) if kind == "share" else _ms(v) if kind == "ms" else f"{v:.0f} MHz" if kind == "MHz" else f"{v:.1f}"
+    return f'<td class="n">{_e(shown)}</td>'
 
 
 def _ranks(report: Report) -> str:

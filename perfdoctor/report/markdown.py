@@ -150,14 +150,16 @@ def _ranks(rows: list[Mapping[str, Any]]) -> list[str]:
     cols = [c for c in RANK_COLUMNS if any(row.get(c[0]) is not None for row in rows)]
     if not rows or not cols:
         return []
-    out = ["| Rank | " + " | ".join(label + (" (ms)" if kind == "ms" else "") for _, label, kind in cols) + " |",
+    out = ["| Rank | " + " | ".join(label + (f" ({kind})" if kind in ("ms", "MHz") else "") for _, label, kind in cols) + " |",
            "|---:|" + "".join("---:|" if kind != "str" else "---|" for _, _, kind in cols)]
     for row in rows:
         cells = []
         for key, _, kind in cols:
             v = row.get(key)
-            cells.append("" if v is None else f"{v:.0%}" if kind == "share" and isinstance(v, (int, float))
-                         else f"{v:,.1f}" if isinstance(v, (int, float)) else cell(v))
+            if v is None or not isinstance(v, (int, float)):
+                cells.append(cell("" if v is None else v))
+            else:
+                cells.append(f"{v:.0%}" if kind == "share" else f"{v:,.0f}" if kind == "MHz" else f"{v:,.1f}")
         out.append(f"| {cell(row.get('rank'))} | " + " | ".join(cells) + " |")
     return out + [""]
 

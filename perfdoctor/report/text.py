@@ -234,7 +234,7 @@ def _report(report: Report) -> Group:
         for k in keys:
             t.add_column(k, justify="right")
         for r in report.ranks:
-            t.add_row(*[(f"{r[k]:.0%}" if kinds[k] == "share" else f"{r[k]:.1f}")
+            t.add_row(*[(f"{r[k]:.0%}" if kinds[k] == "share" else f"{r[k]:.0f}" if kinds[k] == "MHz" else f"{r[k]:.1f}")
                         if isinstance(r.get(k), float) else _cell(r.get(k, "")) for k in keys])
         parts.append(t)
     if report.findings:
