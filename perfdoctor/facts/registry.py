@@ -338,11 +338,11 @@ SUBJECT_FACTS.update({
         ("traversal_ms", "ms", "run", "time per steady step in DDP's search for unused parameters (its walk of the autograd graph after forward), mean"),
     ]),
     "ddp_sync": _declare("ddp_sync", [
-        ("syncs_per_step", "count", "run", "backward passes that all-reduced per optimizer step (median over the steady steps)"),
-        ("backwards_per_step", "count", "run", "backward passes per optimizer step (median over the steady steps)"),
-        ("comm_ms", "ms", "run", "DDP's own mean time of one backward's all-reduces (ms per backward, its sampled iterations)"),
-        ("model", "str", "run", "the DDP as named where it is built (the assignment's target), else model"),
-        ("statement", "str", "run", "the backward line as written"),
+        ("syncs_per_step", "count", "run/trace", "backward passes that all-reduced per optimizer step (median over the steady steps)"),
+        ("backwards_per_step", "count", "run/trace", "backward passes per optimizer step (median over the steady steps)"),
+        ("comm_ms", "ms", "run/trace", "DDP's own mean time of one backward's all-reduces (ms per backward, its sampled iterations); a trace: the collectives that backward started, merged"),
+        ("model", "str", "run/trace", "the DDP as named where it is built (the assignment's target), else model"),
+        ("statement", "str", "run/trace", "the backward line as written (a trace: loss.backward(), its code is not in the trace)"),
     ]),
 })
 SUBJECT_KINDS = tuple(SUBJECT_FACTS)
