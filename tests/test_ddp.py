@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLES
+from conftest import SAMPLES, run_cli
 
 from perfdoctor.contracts.run import DdpRecord, Probes, Site
 from perfdoctor.facts.model import Facts
@@ -255,3 +255,21 @@ def test_pd032_from_a_trace_is_left_to_the_run_where_the_probe_measured_ddp(tmp_
     f = _facts(gradient_as_bucket_view=True, syncs=1, backwards=1)  # the probe: no accumulation seen
     add_trace_facts(load_trace(_ddp_trace(tmp_path / "t.pt.trace.json.gz", (1, 1, 1, 1))), f)
     assert not f.of_kind("ddp_sync")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("stem, fires", [("pd032_ddp_no_sync", True), ("pd032_ddp_no_sync_fixed", False)])
+def test_pd032_from_each_ranks_trace_of_a_gloo_job(tmp_path, stem, fires):
+    """The trace a rank of a 2-rank gloo job recorded, reported on its own (no probe), shows PD032."""
+    import json
+
+    job = tmp_path / "job"
+    p = run_cli("run", "--nproc-per-node", "2", "--steps", "15", "--out-dir", str(job), "-f", "json",
+                "-o", str(tmp_path / "job.json"), str(SAMPLES / f"{stem}.py"), timeout=420)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for rank in (0, 1):
+        p = run_cli("report", str(job / f"rank-{rank}" / "trace.json.gz"), "-f", "json")
+        found = [f for f in json.loads(p.stdout)["findings"] if f["rule"] == "PD032"]
+        assert bool(found) is fires, (rank, p.stdout[-2000:])
+        if fires:
+            assert found[0]["title"].startswith("4 of 4 backward passes") and found[0]["estimated_saving"]["ms_per_step"] > 0

@@ -18,13 +18,10 @@ from bisect import bisect_left, bisect_right
 
 from perfdoctor.facts.trace.context import SRC, TraceContext
 from perfdoctor.facts.trace.intervals import merge
-from perfdoctor.facts.trace.stacks import location
-from perfdoctor.model import Location
 from perfdoctor.stats import median
-from perfdoctor.trace.model import CPU_OP, KERNEL, PYFUNC, USER_ANN
+from perfdoctor.trace.model import CPU_OP, KERNEL, USER_ANN
 
 ACCUMULATE = "autograd::engine::evaluate_function: torch::autograd::AccumulateGrad"
-BACKWARD_CALLS = ("torch/_tensor.py", "torch/autograd/__init__.py")  # Tensor.backward, autograd.backward
 
 
 def add(ctx: TraceContext) -> None:
@@ -92,10 +89,9 @@ def add(ctx: TraceContext) -> None:
     if (median(backs) or 0) < 2 or (median(syncs) or 0) < 2:
         return
     synced = [p for s in steps for p in s if p[2] is not None]
-    key, loc = _where(ctx, [i for _, _, i in synced if i is not None])
-    sub = ctx.facts.subject("ddp_sync", key)
-    if loc is not None and loc not in sub.locations:
-        sub.locations.append(loc)
+    # no location: the trace's Python frames do not give the line that called backward (a frame already
+    # running when the profiler started is named by its line then, one entered later by its first line)
+    sub = ctx.facts.subject("ddp_sync", "trace:ddp_sync")
     which = f"{len(steps)} complete optimizer steps in the trace"
     sub.add("syncs_per_step", median(syncs), "count", SRC,
             detail=f"backward passes with DDP's all-reduces (inside AccumulateGrad), median over {which}")
@@ -107,19 +103,6 @@ def add(ctx: TraceContext) -> None:
                        "that all-reduced")
     sub.add("model", "model", "str", SRC)
     sub.add("statement", "loss.backward()", "str", SRC)
-
-
-def _where(ctx: TraceContext, reduces: list[int]) -> tuple[str, Location | None]:
-    """The subject's key and location: the user's line that called backward (the Python frames of
-    the training thread, where the trace has them; else those around DDP's first all-reduce)."""
-    t = ctx.trace
-    calls = [i for i in t.indices(PYFUNC) if t.strings[t.name[i]].startswith(BACKWARD_CALLS)
-             and t.strings[t.name[i]].endswith("): backward")]
-    for i in calls[:1] + reduces[:1]:
-        f = ctx.stacks.frame(i)
-        if f is not None:
-            return location(f[0])
-    return "trace:ddp_sync", None
 
 
 def _comm_ms(ctx: TraceContext, passes: list[tuple[float, float]]) -> float | None:
