@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SAMPLES
+from conftest import SAMPLES, run_cli
 
 from perfdoctor.contracts.run import DdpRecord, Probes, Site
 from perfdoctor.facts.model import Facts
@@ -187,3 +187,89 @@ def test_samples_plant_one_ddp_problem_each():
         assert "# perfdoctor-run: --nproc-per-node 2" in bad and "# perfdoctor-run: --nproc-per-node 2" in good
         code = [[line for line in text.splitlines() if not line.startswith('"""')][4:] for text in (bad, good)]
         assert any(setting in line for line in code[0]) != any(setting in line for line in code[1])
+
+
+def _ddp_trace(path: Path, synced, hook: str = "torch::autograd::AccumulateGrad", steps: int = 4) -> Path:
+    """A CPU trace of DDP with gradient accumulation as torch.profiler writes it (gloo): per profiled
+    step the micro-batches' forward ops on the training thread, their backward passes (the autograd
+    engine's evaluate_function spans, DDP's c10d::allreduce_ inside `hook`'s, gloo's all-reduce on a
+    worker thread), then the optimizer step. `synced`: which micro-batches all-reduce."""
+    import gzip
+    import json
+
+    ev, ts = [], 0.0
+
+    def x(name, start, dur, tid=1, cat="cpu_op"):
+        ev.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": start, "dur": dur})
+
+    for n in range(steps):
+        t0 = ts
+        for sync in synced:
+            x("aten::linear", ts, 300)
+            x("aten::cross_entropy_loss", ts + 320, 50)
+            b = ts + 400
+            x("autograd::engine::evaluate_function: AddmmBackward0", b, 200)
+            x(f"autograd::engine::evaluate_function: {hook}", b + 210, 400)
+            if sync:
+                x("c10d::allreduce_", b + 300, 50)
+                x("gloo:all_reduce", b + 310, 2000, tid=2, cat="user_annotation")
+            ts = b + 2500
+        x("Optimizer.step#SGD.step", ts, 200, cat="user_annotation")
+        ts += 300
+        x(f"ProfilerStep#{n + 1}", t0, ts - t0, cat="user_annotation")
+        ts += 10
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
+    return path
+
+
+@pytest.mark.parametrize("synced, hook, fires", [
+    ((1, 1, 1, 1), "torch::autograd::AccumulateGrad", True),
+    ((0, 0, 0, 1), "torch::autograd::AccumulateGrad", False),  # no_sync() on all but the last
+    ((1,), "torch::autograd::AccumulateGrad", False),  # no accumulation
+    ((1, 1, 1, 1), "RowParallelLinearBackward", False),  # a model's own collective in its backward: not DDP's
+])
+def test_pd032_from_a_trace_alone(tmp_path, synced, hook, fires):
+    from perfdoctor.facts.trace import add_trace_facts
+    from perfdoctor.trace import load_trace
+
+    f = Facts()
+    f.add("step.time_ms", 12.0, "ms")
+    add_trace_facts(load_trace(_ddp_trace(tmp_path / "rank0.pt.trace.json.gz", synced, hook)), f)
+    found = _found(f, "PD032")
+    assert bool(found) is fires
+    if fires:
+        (s,) = f.of_kind("ddp_sync")
+        got = {k.split(".", 1)[1]: v.value for k, v in s.facts.items()}
+        assert (got["syncs_per_step"], got["backwards_per_step"]) == (4, 4) and got["statement"] == "loss.backward()"
+        assert got["comm_ms"] == pytest.approx(2.0)  # gloo's span in one backward
+        (x,) = found
+        assert "4 of 4 backward passes" in x.title and x.ms_per_step == pytest.approx(6.0)
+    else:
+        assert not f.of_kind("ddp_sync")
+
+
+def test_pd032_from_a_trace_is_left_to_the_run_where_the_probe_measured_ddp(tmp_path):
+    from perfdoctor.facts.trace import add_trace_facts
+    from perfdoctor.trace import load_trace
+
+    f = _facts(gradient_as_bucket_view=True, syncs=1, backwards=1)  # the probe: no accumulation seen
+    add_trace_facts(load_trace(_ddp_trace(tmp_path / "t.pt.trace.json.gz", (1, 1, 1, 1))), f)
+    assert not f.of_kind("ddp_sync")
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("stem, fires", [("pd032_ddp_no_sync", True), ("pd032_ddp_no_sync_fixed", False)])
+def test_pd032_from_each_ranks_trace_of_a_gloo_job(tmp_path, stem, fires):
+    """The trace a rank of a 2-rank gloo job recorded, reported on its own (no probe), shows PD032."""
+    import json
+
+    job = tmp_path / "job"
+    p = run_cli("run", "--nproc-per-node", "2", "--steps", "15", "--out-dir", str(job), "-f", "json",
+                "-o", str(tmp_path / "job.json"), str(SAMPLES / f"{stem}.py"), timeout=420)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for rank in (0, 1):
+        p = run_cli("report", str(job / f"rank-{rank}" / "trace.json.gz"), "-f", "json")
+        found = [f for f in json.loads(p.stdout)["findings"] if f["rule"] == "PD032"]
+        assert bool(found) is fires, (rank, p.stdout[-2000:])
+        if fires:
+            assert found[0]["title"].startswith("4 of 4 backward passes") and found[0]["estimated_saving"]["ms_per_step"] > 0

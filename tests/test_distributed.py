@@ -330,13 +330,13 @@ def test_cpu_wait_is_read_per_step_with_the_cgroups_throttling(tmp_path):
     import time
 
     from perfdoctor.capture.patches import ErrorLog
-    from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe, cgroup_cpu_stat, throttled_ms
+    from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe, cgroup_cpu_stat, throttling
     from perfdoctor.contracts.run import Probes
     from perfdoctor.facts.run_checklist import worker_contention
 
-    assert throttled_ms("usage_usec 10\nthrottled_usec 2500\n") == 2.5  # cgroup v2
-    assert throttled_ms("nr_throttled 3\nthrottled_time 7000000\n") == 7.0  # v1, ns
-    assert throttled_ms("usage_usec 10\n") is None
+    assert throttling("usage_usec 10\nnr_throttled 4\nthrottled_usec 2500\n") == (2.5, 4)  # cgroup v2
+    assert throttling("nr_throttled 3\nthrottled_time 7000000\n") == (7.0, 3)  # v1, ns
+    assert throttling("usage_usec 10\n") is None
     v2 = tmp_path / "v2"
     (v2 / "job.slice").mkdir(parents=True)
     (v2 / "cgroup.controllers").write_text("cpu io\n")
@@ -363,7 +363,7 @@ def test_cpu_wait_is_read_per_step_with_the_cgroups_throttling(tmp_path):
     finally:
         probe.uninstall()
     rec = probe.records()
-    assert rec is not None and len(rec.wait_ms) == len(rec.throttled_ms) == len(rec.run_ms) == 4
+    assert rec is not None and len(rec.wait_ms) == len(rec.throttled_ms) == len(rec.throttled_periods) == len(rec.run_ms) == 4
     assert all(w >= t >= 0 for w, t in zip(rec.wait_ms, rec.throttled_ms))
     f = Facts()
     worker_contention(f, Probes(cpu_wait=rec), [{"i": i, "wall_ms": 10.0} for i in range(1, 5)])
@@ -372,3 +372,187 @@ def test_cpu_wait_is_read_per_step_with_the_cgroups_throttling(tmp_path):
     f = Facts()
     worker_contention(f, Probes(cpu_wait=rec), [{"i": i, "wall_ms": 10.0} for i in range(1, 11)])
     assert "cpu.wait_ms" not in f  # fewer than half the steady steps read: no fact
+
+
+def _render(fmt: str, report) -> str:
+    import io
+
+    from rich.console import Console
+
+    from perfdoctor.report.formats import render
+
+    if fmt != "text":
+        return render(fmt, report)
+    buf = io.StringIO()
+    Console(file=buf, width=200, no_color=True).print(render(fmt, report))
+    return buf.getvalue()
+
+
+def test_the_rank_table_draws_every_measured_column_and_only_those():
+    """The columns a job's ranks measured (GC, waiting for a CPU, host syncs, ...) are drawn in the text,
+    markdown and HTML reports; a column no rank has is not drawn."""
+    from perfdoctor.model import Report
+
+    base = [{"rank": r, "file": f"rank-{r}", "step_ms": 40.0, "data_ms": 0.4, "compute_ms": 3.0, "comm_ms": 36.0,
+             "idle_ms": None, "idle_fraction": None} for r in (0, 1)]
+    plain = Report(run={}, summary={}, findings=[], ranks=base)
+    full = Report(run={}, summary={}, findings=[], ranks=[
+        {**row, "sync_ms": 0.25, "gc_ms": 0.3 + 30 * row["rank"], "cpu_wait_ms": 0.5 + 7 * row["rank"],
+         "cpu_wait_share": 0.1 + 0.3 * row["rank"], "busy_share": 0.1 + 0.8 * row["rank"],
+         "gpu_clock_mhz": 1980.0 - 780 * row["rank"]} | ({"gpu_throttle": "power cap"} if row["rank"] else {})
+        for row in base])
+    text = _render("text", full)
+    for key in ("gc_ms", "cpu_wait_ms", "cpu_wait_share", "sync_ms", "busy_share"):
+        assert key in text and key not in _render("text", plain)
+    head = next(line for line in text.splitlines() if "┃ rank" in line)
+    row1 = next(line for line in text.splitlines() if line.startswith("│    1 │"))
+    cells = dict(zip([c.strip() for c in head.split("┃")[1:-1]], [c.strip() for c in row1.split("│")[1:-1]]))
+    assert (cells["gc_ms"], cells["cpu_wait_ms"], cells["cpu_wait_share"], cells["busy_share"]) == ("30.3", "7.5", "40%", "90%")
+    assert (cells["gpu_clock_mhz"], cells["gpu_throttle"]) == ("1200", "power cap")
+    assert "idle_ms" not in text  # no rank has it
+    md = _render("markdown", full)
+    assert "| GC (ms) | CPU wait (ms) | CPU wait share | own work share |" in md
+    assert "| 1 | 40.0 | 0.4 | 3.0 | 36.0 | 0.2 | 30.3 | 7.5 | 40% | 90% | 1,200 | power cap |" in md
+    assert "| 0 | 40.0 | 0.4 | 3.0 | 36.0 | 0.2 | 0.3 | 0.5 | 10% | 10% | 1,980 |  |" in md
+    assert "GC (ms)" not in _render("markdown", plain) and "| Rank | step (ms) |" in _render("markdown", plain)
+    page = _render("html", full)
+    assert '<th class="n">GC</th><th class="n">CPU wait</th>' in page and '<td class="n">30.3 ms</td>' in page
+    assert '<td class="n">1200 MHz</td><td>power cap</td>' in page
+    assert "<th class=\"n\">GC</th>" not in _render("html", plain)
+
+
+def test_a_straggler_held_back_by_its_cpu_quota_is_named_cpu_throttling():
+    """The wait for a CPU that the CPU cgroup's quota made (cpu.stat throttled time beyond the other
+    ranks') is CPU throttling; a wait with no more throttling than theirs stays waiting for a CPU."""
+    def rank(wait, run, throttled, periods, fwd=1.0, bwd=38.0, comm=35):
+        f = _rank_facts(40, 0.4, fwd, bwd, 0.2, comm)
+        f.add("cpu.wait_ms", wait, "ms", "run")
+        f.add("cpu.run_ms", run, "ms", "run")
+        f.add("cpu.throttled_ms", throttled, "ms", "run")
+        f.add("cpu.throttled_periods", periods, "number", "run")
+        return f
+
+    fast = [rank(0.5, 4.0, 0.0, 0) for _ in range(2)]
+    g, rows = cross_rank([(0, "a"), (1, "b"), (2, "c")], [fast[0], rank(30.0, 8.0, 26.0, 6.5, 12.0, 27.0, 3.0),
+                                                          fast[1]], "run")
+    assert g.value("ranks.straggler") == 1 and g.value("ranks.straggler_cause") == "CPU throttling"
+    assert g.value("ranks.straggler_excess_ms") == pytest.approx(26.0)
+    assert "held rank 1 back 26.0 ms per step in 6.5 of the quota's periods" in g.get("ranks.straggler_cause").detail
+    assert [r["cpu_throttled_ms"] for r in rows] == [0.0, 26.0, 0.0]
+    # throttled as much as the others (one cgroup for the node's ranks): its run-queue wait is the cause
+    fast = [rank(0.5, 4.0, 0.0, 0) for _ in range(2)]
+    g, rows = cross_rank([(0, "a"), (1, "b"), (2, "c")], [fast[0], rank(30.0, 8.0, 0.0, 0, 12.0, 27.0, 3.0),
+                                                          fast[1]], "run")
+    assert g.value("ranks.straggler_cause") == "waiting for a CPU"
+    assert all("cpu_throttled_ms" not in r and "cpu_throttled_periods" not in r for r in rows)  # no rank throttled
+
+
+def _gpu_rank(kernel_ms, comm_ms, mhz, share=0.0, reasons=None):
+    f = Facts()
+    f.add("step.time_ms", 50.0, "ms", "trace")
+    f.add("step.gpu_kernel_ms", kernel_ms, "ms", "trace")
+    f.add("step.comm_ms", comm_ms, "ms", "trace")
+    f.add("step.idle_ms", 50.0 - kernel_ms - comm_ms, "ms", "trace")
+    if mhz is not None:
+        f.add("gpu.sm_clock_mhz", mhz, "number", "run")
+        f.add("gpu.throttled_share", share, "ratio", "run")
+        f.add("gpu.throttle_reasons", reasons, "str", "run")
+    return f
+
+
+def test_a_straggler_whose_gpu_runs_at_a_lower_clock_is_named_gpu_throttling():
+    fast = [_gpu_rank(20.0, 25.0, 1980.0) for _ in range(3)]
+    hot = _gpu_rank(33.0, 12.0, 1200.0, 0.9, "power cap, thermal (hardware)")
+    g, rows = cross_rank([(0, "a"), (1, "b"), (2, "c"), (3, "d")], [fast[0], fast[1], hot, fast[2]], "run")
+    assert g.value("ranks.straggler") == 2 and g.value("ranks.straggler_cause") == "GPU throttling"
+    assert g.value("ranks.straggler_excess_ms") == pytest.approx(13.0)
+    detail = g.get("ranks.straggler_cause").detail
+    assert "1200 MHz" in detail and "1980 MHz on the other ranks" in detail and "power cap, thermal (hardware) (90%" in detail
+    assert rows[2]["gpu_clock_mhz"] == 1200.0 and rows[2]["gpu_throttled_share"] == 0.9
+    assert rows[0]["gpu_clock_mhz"] == 1980.0 and "gpu_throttle" not in rows[0]  # no reason set there
+    # the same clock as the others: its compute is the cause
+    g, _ = cross_rank([(0, "a"), (1, "b")], [fast[0], _gpu_rank(33.0, 12.0, 1980.0)], "run")
+    assert g.value("ranks.straggler_cause") == "compute"
+    # no clock readings (no NVML, a trace): compute, and no clock column
+    g, rows = cross_rank([(0, "a"), (1, "b")], [_gpu_rank(20.0, 25.0, None), _gpu_rank(33.0, 12.0, None)], "run")
+    assert g.value("ranks.straggler_cause") == "compute" and all("gpu_clock_mhz" not in r for r in rows)
+
+
+def test_throttling_facts_from_the_probe_records():
+    from perfdoctor.contracts.run import CpuWaitRecord, GpuClockRecord, Probes
+    from perfdoctor.facts.run_distributed import throttling
+
+    steady = [{"i": i} for i in (3, 4, 5, 6)]
+    cpu = CpuWaitRecord(wait_ms=[9.0] * 6, run_ms=[5.0] * 6, throttled_ms=[0, 0, 4.0, 0.0, 8.0, 4.0],
+                        throttled_periods=[0, 0, 1, 0, 2, 1], cgroup=True)
+    gpu = GpuClockRecord(max_mhz=1980.0, by_step=[[1, 1980, 0], [3, 1410, 0x4], [5, 1395, 0x4 | 0x40 | 0x1],
+                                                  [6, 1980, 0x1]])
+    f = Facts()
+    throttling(f, Probes(cpu_wait=cpu, gpu_clock=gpu), steady)
+    assert f.value("cpu.throttled_ms") == pytest.approx(4.0) and f.value("cpu.throttled_periods") == 1.0
+    assert f.value("gpu.sm_clock_mhz") == 1410.0  # the steady steps' readings only
+    assert f.value("gpu.throttled_share") == pytest.approx(2 / 3)  # idle (0x1) is no slowdown
+    assert f.value("gpu.throttle_reasons") == "power cap, thermal (hardware)"
+    assert f.value("gpu.sm_clock_max_mhz") == 1980.0
+    f = Facts()  # no cgroup readable, no NVML: nothing
+    throttling(f, Probes(cpu_wait=CpuWaitRecord(wait_ms=[1.0] * 6, throttled_ms=[0.0] * 6)), steady)
+    assert "cpu.throttled_ms" not in f and "gpu.sm_clock_mhz" not in f
+
+
+def test_gpu_clock_probe_reads_nvml_a_few_times_a_second_and_is_silent_without_it(monkeypatch):
+    import types
+
+    from perfdoctor.capture.patches import ErrorLog
+    from perfdoctor.capture.probes import gpu_clock
+
+    class Cuda:
+        initialized = False
+
+        def is_initialized(self):
+            return self.initialized
+
+        def current_device(self):
+            return 0
+
+        def get_device_properties(self, d):
+            return types.SimpleNamespace(uuid="1234-abcd")
+
+    calls = []
+
+    def fake_nvml():
+        m = types.ModuleType("pynvml")
+        m.NVML_CLOCK_SM = 1
+        m.nvmlInit = lambda: calls.append("init")
+        m.nvmlShutdown = lambda: calls.append("shutdown")
+        m.nvmlDeviceGetHandleByUUID = lambda uuid: calls.append(uuid) or "h0"
+        m.nvmlDeviceGetMaxClockInfo = lambda h, kind: 1980
+        m.nvmlDeviceGetClockInfo = lambda h, kind: 1410 if (h, kind) == ("h0", 1) else 0
+        m.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: 0x4  # an older binding's name
+        return m
+
+    now = [0.0]
+    monkeypatch.setattr(gpu_clock.time, "perf_counter", lambda: now[0])
+    torch = types.SimpleNamespace(cuda=Cuda())
+    err = ErrorLog()
+    probe = gpu_clock.GpuClockProbe(torch, err, fake_nvml)
+    probe.install()
+    probe.end_step(1)  # CUDA not initialised yet (a CPU run, or before the model moved): nothing
+    assert probe.records() is None and calls == []
+    torch.cuda.initialized = True
+    for i in range(2, 12):
+        now[0] += 0.03  # 30 ms steps: a look every 0.1 s at most (step 1's counts): steps 5 and 9
+        probe.end_step(i)
+    probe.uninstall()
+    rec = probe.records()
+    assert calls[:2] == ["init", "GPU-1234-abcd"] and calls[-1] == "shutdown"
+    assert rec.max_mhz == 1980.0 and [r[0] for r in rec.by_step] == [5, 9]
+    assert all(r[1:] == [1410.0, 4] for r in rec.by_step) and not err.items
+
+    def no_nvml():
+        raise ImportError("No module named 'pynvml'")
+
+    probe = gpu_clock.GpuClockProbe(torch, err, no_nvml)
+    for i in range(1, 5):
+        now[0] += 1.0
+        probe.end_step(i)
+    assert probe.records() is None and probe.off and not err.items  # nothing said

@@ -29,6 +29,7 @@ from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
 from perfdoctor.capture.probes.forward import ForwardProbe
 from perfdoctor.capture.probes.gc_calls import GcCallProbe
 from perfdoctor.capture.probes.gc_time import GcTimeProbe
+from perfdoctor.capture.probes.gpu_clock import GpuClockProbe
 from perfdoctor.capture.probes.holders import HolderScanner
 from perfdoctor.capture.probes.host_reads import HostReadProbe
 from perfdoctor.capture.probes.stalls import StallSampler
@@ -81,6 +82,7 @@ class Recorder:
         self.stalls = StallSampler(self.clock, self.errors)
         self.compile = CompileProbe(self.errors)
         self.cpu_wait = CpuWaitProbe(self.errors, self.dataloader.worker_pids)
+        self.gpu_clock = GpuClockProbe(torch, self.errors)
         self.window = self._new_window()
         self.user_profiler = UserProfilerGuard(torch, lambda: self.window, self.errors)
         self.forward.poll = self.dataloader.poll = self._poll  # the window's time budget, inside long steps
@@ -91,7 +93,7 @@ class Recorder:
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
                         self.host_reads, self.user_profiler, self.gc_calls, self.ddp, self.gc_time, self.stalls,
-                        self.compile, self.cpu_wait)
+                        self.compile, self.cpu_wait, self.gpu_clock)
 
     @property
     def stopping(self) -> bool:
@@ -134,6 +136,7 @@ class Recorder:
     def _on_step(self, i: int) -> None:
         self.cpu_wait.end_step(i)
         self.compile.end_step(i)
+        self.gpu_clock.end_step(i)
         self.dataloader.end_step()
         self.host_reads.end_step()
         self.cuda_batches.end_step(i)
@@ -156,6 +159,7 @@ class Recorder:
         self.dataloader.merge_steps()
         self.host_reads.merge_steps()
         self.cpu_wait.merge_steps()
+        self.gpu_clock.merge_steps()
         if self.window.state != "wait":
             self.window.discard()
         self.window = self._new_window()
@@ -198,7 +202,7 @@ class Recorder:
                         host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(), ddp=self.ddp.records(),
                         gc_time=self.gc_time.records(), stalls=self.stalls.records(),
                         eval_grad=self.forward.eval_grad_records(), compile=self.compile.records(len(steps) + 1),
-                        cpu_wait=self.cpu_wait.records())
+                        cpu_wait=self.cpu_wait.records(), gpu_clock=self.gpu_clock.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb)

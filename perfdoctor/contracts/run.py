@@ -371,12 +371,20 @@ class CpuWaitRecord(Struct, kw_only=True):
     wait_ms: list[float] = []  # the training thread's, within the step; the cgroup's throttled time included
     run_ms: list[float] = []
     throttled_ms: list[float] = []  # of wait_ms, the time the process's CPU cgroup was throttled
+    throttled_periods: list[int] = []  # the cgroup's quota periods in which it was throttled (nr_throttled)
     cgroup: bool = False  # the CPU cgroup's throttled time was readable (and is in the wait)
     workers_wait_ms: list[float] = []  # summed over the worker processes alive at the step's end
     workers_run_ms: list[float] = []
     workers: list[int] = []  # worker processes read at each step's end
     machine_ms: list[float] = []  # CPU time every process on the machine used (/proc/stat, all CPUs)
     process_ms: list[float] = []  # CPU time this process used, all its threads (/proc/self/stat)
+
+
+class GpuClockRecord(Struct, kw_only=True):
+    """The SM clock of the rank's GPU and its clock throttle reasons (NVML), read at step ends a few
+    times a second (capture/probes/gpu_clock.py): a straggler rank's "GPU throttling" cause."""
+    max_mhz: float | None = None  # the device's maximum SM clock
+    by_step: list[list[float]] = []  # [step, SM clock MHz, throttle reasons (NVML's bit mask)] per reading
 
 
 class Probes(Struct, kw_only=True):
@@ -394,6 +402,7 @@ class Probes(Struct, kw_only=True):
     eval_grad: list[EvalGradRecord] = []
     compile: CompileRecord | None = None
     cpu_wait: CpuWaitRecord | None = None
+    gpu_clock: GpuClockRecord | None = None
 
 
 # -- hotspots.json -----------------------------------------------------------------------------

@@ -127,7 +127,7 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("ranks.count", "count", "run/trace", "ranks in a job folder or a folder of per-rank traces"),
     ("ranks.imbalance_ratio", "ratio", "run/trace", "step / (step - (max - median) per-rank work (step less host collectives)), else max / median GPU compute or step time, >= 1"),
     ("ranks.straggler", "number", "run/trace", "the rank with the most work (step less host collectives), GPU compute or step time"),
-    ("ranks.straggler_cause", "str", "run/trace", "what makes the straggler slow, from its own evidence: data loading, compute, host syncs, garbage collection or waiting for a CPU"),
+    ("ranks.straggler_cause", "str", "run/trace", "what makes the straggler slow, from its own evidence: data loading, compute, host syncs, garbage collection, waiting for a CPU, CPU throttling or GPU throttling"),
     ("ranks.straggler_excess_ms", "ms", "run/trace", "how much longer the straggler's cause takes on it than on the other ranks (median)"),
     ("ranks.idle_spread", "ratio", "run/trace", "max - min GPU idle fraction across ranks"),
 ])
@@ -309,12 +309,18 @@ SUBJECT_FACTS.update({
     ]),
 })
 # A rank's own evidence for the straggler's cause beyond data, compute and host syncs
-# (capture/probes/gc_time.py and cpu_wait.py, facts/run_distributed.py, facts/trace/ranks.py).
+# (capture/probes/gc_time.py, cpu_wait.py and gpu_clock.py, facts/run_distributed.py, facts/trace/ranks.py).
 GLOBAL_FACTS.update(_declare(GLOBAL, [
     ("gc.ms", "ms", "run", "time per steady step in Python's garbage collections, automatic and explicit (mean)"),
     ("gc.compute_ms", "ms", "run", "the part of gc.ms inside forward, backward and the optimizer step (in their time)"),
     ("cpu.wait_ms", "ms", "run", "time per steady step the training thread was runnable but waited for a CPU (run queue), plus its CPU cgroup's throttled time where readable (mean)"),
     ("cpu.run_ms", "ms", "run", "time per steady step the training thread ran on a CPU (mean): how much of cpu.wait_ms its own work explains"),
+    ("cpu.throttled_ms", "ms", "run", "of cpu.wait_ms, the time per steady step its CPU cgroup's quota held the process back (cpu.stat throttled time, mean; where readable)"),
+    ("cpu.throttled_periods", "number", "run", "the CPU cgroup's quota periods per steady step in which it was throttled (cpu.stat nr_throttled, mean)"),
+    ("gpu.sm_clock_mhz", "number", "run", "the GPU's SM clock in MHz (NVML, read at step ends a few times a second; median over the steady steps)"),
+    ("gpu.sm_clock_max_mhz", "number", "run", "the GPU's maximum SM clock in MHz (NVML)"),
+    ("gpu.throttled_share", "ratio", "run", "share of the SM clock readings with a power or thermal clock throttle reason set (NVML)"),
+    ("gpu.throttle_reasons", "str", "run", "the power and thermal clock throttle reasons set on those readings (power cap, thermal, ...)"),
 ]))
 # DistributedDataParallel (PD031-PD033): how each DDP was built and what it did on the steps
 # (capture/probes/ddp.py, facts/run_distributed.py).
@@ -332,11 +338,11 @@ SUBJECT_FACTS.update({
         ("traversal_ms", "ms", "run", "time per steady step in DDP's search for unused parameters (its walk of the autograd graph after forward), mean"),
     ]),
     "ddp_sync": _declare("ddp_sync", [
-        ("syncs_per_step", "count", "run", "backward passes that all-reduced per optimizer step (median over the steady steps)"),
-        ("backwards_per_step", "count", "run", "backward passes per optimizer step (median over the steady steps)"),
-        ("comm_ms", "ms", "run", "DDP's own mean time of one backward's all-reduces (ms per backward, its sampled iterations)"),
-        ("model", "str", "run", "the DDP as named where it is built (the assignment's target), else model"),
-        ("statement", "str", "run", "the backward line as written"),
+        ("syncs_per_step", "count", "run/trace", "backward passes that all-reduced per optimizer step (median over the steady steps)"),
+        ("backwards_per_step", "count", "run/trace", "backward passes per optimizer step (median over the steady steps)"),
+        ("comm_ms", "ms", "run/trace", "DDP's own mean time of one backward's all-reduces (ms per backward, its sampled iterations); a trace: the collectives that backward started, merged"),
+        ("model", "str", "run/trace", "the DDP as named where it is built (the assignment's target), else model"),
+        ("statement", "str", "run/trace", "the backward line as written (a trace: loss.backward(), its code is not in the trace)"),
     ]),
 })
 SUBJECT_KINDS = tuple(SUBJECT_FACTS)

@@ -3,7 +3,8 @@ probe's records (`capture/probes/ddp.py`): one `ddp` subject per DDP constructio
 `ddp_sync` subject at the backward line of a DDP that all-reduced on several backward passes of one
 optimizer step; and the causes beyond data, compute and host syncs that the rank table can name for
 a straggler (`facts/trace/ranks.py`): the time in Python's garbage collector per step
-(`capture/probes/gc_time.py`) and the training thread's wait for a CPU (`capture/probes/cpu_wait.py`)."""
+(`capture/probes/gc_time.py`), the training thread's wait for a CPU and its CPU cgroup's throttling
+(`capture/probes/cpu_wait.py`), and its GPU's clock and throttle reasons (`capture/probes/gpu_clock.py`)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,48 @@ def gc_time(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
     which = f"mean over {len(series)} steady steps, {sum(1 for v in series if v)} with a collection"
     facts.add("gc.ms", statistics.fmean(series), "ms", detail=which, per_step=series)
     facts.add("gc.compute_ms", statistics.fmean(inner), "ms", detail=which, per_step=inner)
+
+
+# NVML's clock throttle reasons that slow a busy GPU down (nvmlClocksEventReasons): power and heat.
+# The others (idle, application clocks, sync boost, display clock) are not a slowdown of its work.
+GPU_THROTTLE_REASONS = ((0x4, "power cap"), (0x8, "hardware slowdown"), (0x20, "thermal (software)"),
+                        (0x40, "thermal (hardware)"), (0x80, "power brake"))
+
+
+def throttling(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
+    """The CPU cgroup's quota (`cpu.throttled_ms`, `cpu.throttled_periods`, where cpu.stat was
+    readable) and the GPU's clock (`gpu.sm_clock_mhz`, `gpu.throttled_share`, `gpu.throttle_reasons`,
+    where NVML was) on the steady steps: a straggler rank's "CPU throttling" or "GPU throttling"."""
+    w = probes.cpu_wait
+    at = [int(x["i"]) - 1 for x in steady]
+    if w is not None and w.cgroup and at and all(0 <= k < len(w.throttled_ms) for k in at):
+        series = tuple(w.throttled_ms[k] for k in at)
+        facts.add("cpu.throttled_ms", statistics.fmean(series), "ms",
+                  detail=f"the CPU cgroup's throttled time (cpu.stat), mean over {len(at)} steady steps", per_step=series)
+        if len(w.throttled_periods) == len(w.throttled_ms):
+            facts.add("cpu.throttled_periods", statistics.fmean(w.throttled_periods[k] for k in at), "number",
+                      detail=f"nr_throttled (cpu.stat), mean over {len(at)} steady steps")
+    g = probes.gpu_clock
+    if g is None or not g.by_step:
+        return
+    idx = {int(x["i"]) for x in steady}
+    rows = [r for r in g.by_step if int(r[0]) in idx]
+    which = f"{len(rows)} readings (NVML) at steady step ends"
+    if not rows:  # readings a few times a second: a short run may have none on its steady steps
+        rows, which = g.by_step, f"{len(g.by_step)} readings (NVML) at step ends, none on a steady step"
+    facts.add("gpu.sm_clock_mhz", statistics.median(r[1] for r in rows), "number",
+              detail=f"median of {which}" + (f", of at most {g.max_mhz:.0f} MHz" if g.max_mhz else ""))
+    if g.max_mhz:
+        facts.add("gpu.sm_clock_max_mhz", g.max_mhz, "number", detail="the device's maximum SM clock (NVML)")
+    slow = [r for r in rows if int(r[2]) & sum(bit for bit, _ in GPU_THROTTLE_REASONS)]
+    facts.add("gpu.throttled_share", len(slow) / len(rows), "ratio",
+              detail=f"of {which}, those with a power or thermal clock throttle reason")
+    seen = 0
+    for r in slow:
+        seen |= int(r[2])
+    names = [name for bit, name in GPU_THROTTLE_REASONS if seen & bit]
+    if names:
+        facts.add("gpu.throttle_reasons", ", ".join(names), "str", detail=f"set on {len(slow)} of {which}")
 
 
 def _accumulation(facts: Facts, r: DdpRecord, idx: list[int], rows: dict[int, list[float]], synced: list[int]) -> None:

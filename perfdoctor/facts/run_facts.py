@@ -537,6 +537,7 @@ def load_run(run_dir: Path) -> RunData:
     run_checklist.worker_contention(facts, probes, steady)
     run_distributed.ddp(facts, probes, steady)
     run_distributed.gc_time(facts, probes, steady)
+    run_distributed.throttling(facts, probes, steady)
 
     # -- notes --------------------------------------------------------------------------------------
     n = len(run_steps) if clock != "whole-run" else 0

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfdoctor import __version__
-from perfdoctor.model import Finding, Hotspot, Report
+from perfdoctor.model import RANK_COLUMNS, Finding, Hotspot, Report
 from perfdoctor.report import escape
 from perfdoctor.report.text import chart_top
 
@@ -308,6 +308,16 @@ def _gpu_summary(report: Report) -> str:
 
 # -- ranks ------------------------------------------------------------------------------------------------
 
+_RANK_SHOWN = ("step_ms", "compute_ms", "idle_ms", "idle_fraction")  # the columns every rank table has
+
+
+def _rank_cell(v: Any, kind: str) -> str:
+    if kind == "str" or not isinstance(v, (int, float)):
+        return f"<td>{_e('' if v is None else v)}</td>"
+    shown = _pct(v) if kind == "share" else _ms(v) if kind == "ms" else f"{v:.0f} MHz" if kind == "MHz" else f"{v:.1f}"
+    return f'<td class="n">{_e(shown)}</td>'
+
+
 def _ranks(report: Report) -> str:
     rows = report.ranks
     if not rows:
@@ -348,14 +358,19 @@ def _ranks(report: Report) -> str:
                f'</text>')
     legend = "".join(f"<li>{_swatch(i)}{n}</li>" for i, n in enumerate(("GPU compute", "GPU idle",
                                                                          "rest of the step (communication, copies, CPU)")))
+    # step, compute, idle and idle share always; the other columns where some rank has a value
+    extra = [c for c in RANK_COLUMNS if c[0] not in _RANK_SHOWN and any(r.get(c[0]) is not None for r in rows)]
     table = ['<table><thead><tr><th>rank</th><th>file</th><th class="n">step</th><th class="n">GPU compute</th>'
-             '<th class="n">GPU idle</th><th class="n">idle share</th></tr></thead><tbody>']
+             '<th class="n">GPU idle</th><th class="n">idle share</th>'
+             + "".join(("<th>" if kind == "str" else '<th class="n">') + f"{_e(label)}</th>" for _, label, kind in extra)
+             + '</tr></thead><tbody>']
     for j, r in enumerate(rows):
         table.append(f'<tr{" class=strong" if r.get("rank") == straggler else ""}><td>{_e(r.get("rank"))}</td>'
                      f'<td><code>{_e(r.get("file", ""))}</code></td>'
                      f'<td class="n">{_data(f"ranks.{j}.step_ms", r.get("step_ms"), _ms(r.get("step_ms")))}</td>'
                      f'<td class="n">{_e(_ms(r.get("compute_ms")))}</td><td class="n">{_e(_ms(r.get("idle_ms")))}</td>'
-                     f'<td class="n">{_e(_pct(r.get("idle_fraction")))}</td></tr>')
+                     f'<td class="n">{_e(_pct(r.get("idle_fraction")))}</td>'
+                     + "".join(_rank_cell(r.get(key), kind) for key, _, kind in extra) + '</tr>')
     table.append("</tbody></table>")
     imb = _fact(report, "ranks.imbalance_ratio")
     head = (f'<p>{len(rows)} ranks; the slowest sets the pace of every synchronous step.'

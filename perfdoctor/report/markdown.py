@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.gate.compare import undecided_sentence
-from perfdoctor.model import Report
+from perfdoctor.model import RANK_COLUMNS, Report
 from perfdoctor.report import escape
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
@@ -89,6 +89,7 @@ def render_report(report: Report) -> str:
             frac = b.get("fraction")
             out.append(f"| {cell(b.get('category'))} | {b.get('ms', 0):,.2f} | {'' if frac is None else f'{frac:.0%}'} |")
         out.append("")
+    out += _ranks(r.get("ranks") or [])
     minor = [f.minor for f in report.findings]  # the findings' dicts are in the same order
     findings = [f for f, m in zip(r.get("findings") or [], minor, strict=True) if not m]
     small = [f for f, m in zip(r.get("findings") or [], minor, strict=True) if m]
@@ -138,6 +139,25 @@ def render_report(report: Report) -> str:
     for n in r.get("notes") or []:
         out.append(f"> {md(n)}")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _ranks(rows: list[Mapping[str, Any]]) -> list[str]:
+    """The rank table of a distributed job: the columns some rank has a value for."""
+    cols = [c for c in RANK_COLUMNS if any(row.get(c[0]) is not None for row in rows)]
+    if not rows or not cols:
+        return []
+    out = ["| Rank | " + " | ".join(label + (f" ({kind})" if kind in ("ms", "MHz") else "") for _, label, kind in cols) + " |",
+           "|---:|" + "".join("---:|" if kind != "str" else "---|" for _, _, kind in cols)]
+    for row in rows:
+        cells = []
+        for key, _, kind in cols:
+            v = row.get(key)
+            if v is None or not isinstance(v, (int, float)):
+                cells.append(cell("" if v is None else v))
+            else:
+                cells.append(f"{v:.0%}" if kind == "share" else f"{v:,.0f}" if kind == "MHz" else f"{v:,.1f}")
+        out.append(f"| {cell(row.get('rank'))} | " + " | ".join(cells) + " |")
+    return out + [""]
 
 
 def _num(v: Any, unit: str) -> str:

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfdoctor.gate.compare import Comparison
-from perfdoctor.model import Finding, Report
+from perfdoctor.model import RANK_COLUMNS, Finding, Report
 from perfdoctor.report import escape
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
@@ -228,12 +228,12 @@ def _report(report: Report) -> Group:
     parts: list[RenderableType] = [_summary(report)]
     if report.ranks:
         t = Table(title="ranks", title_justify="left")
-        keys = [k for k in ("rank", "step_ms", "data_ms", "compute_ms", "comm_ms", "idle_ms", "idle_fraction") if
-                any(r.get(k) is not None for r in report.ranks)]
+        kinds = {"rank": "str"} | {k: kind for k, _, kind in RANK_COLUMNS}
+        keys = [k for k in kinds if any(r.get(k) is not None for r in report.ranks)]
         for k in keys:
             t.add_column(k, justify="right")
         for r in report.ranks:
-            t.add_row(*[(f"{r[k]:.0%}" if k.endswith("fraction") else f"{r[k]:.1f}")
+            t.add_row(*[(f"{r[k]:.0%}" if kinds[k] == "share" else f"{r[k]:.0f}" if kinds[k] == "MHz" else f"{r[k]:.1f}")
                         if isinstance(r.get(k), float) else _cell(r.get(k, "")) for k in keys])
         parts.append(t)
     if report.findings:

@@ -8,7 +8,7 @@ done (`begin_step`: the profiler's start and stop, the trace's export), so that 
 the wait inside it: what the step lost to other runnable threads on the machine (other processes,
 other ranks on its cores, its own DataLoader workers). Where the process's CPU cgroup has a quota,
 the time it was throttled (`cpu.stat`: `throttled_usec` on cgroup v2, `throttled_time` ns on v1) is
-added to the wait and kept apart too. At every step end the main thread of each DataLoader worker
+added to the wait and kept apart too, with the quota periods in which it was throttled (`nr_throttled`). At every step end the main thread of each DataLoader worker
 process alive then is read as well: the workers' time on a CPU plus their wait, over the step, is
 how many of them were runnable at once on average. The CPU time of the whole machine (/proc/stat)
 and of this process (/proc/self/stat), both in clock ticks, tell the workers' share of what the
@@ -45,13 +45,15 @@ def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs
     return None
 
 
-def throttled_ms(text: str) -> float | None:
-    """The throttled time in a cpu.stat's text, in ms (v2 `throttled_usec`, v1 `throttled_time` ns)."""
+def throttling(text: str) -> tuple[float, int] | None:
+    """The throttled time in a cpu.stat's text, in ms (v2 `throttled_usec`, v1 `throttled_time` ns), and
+    the quota periods in which the cgroup was throttled (`nr_throttled`, 0 where absent)."""
     fields = dict(line.split(None, 1) for line in text.splitlines() if " " in line)
+    periods = int(fields.get("nr_throttled", 0))
     if "throttled_usec" in fields:
-        return int(fields["throttled_usec"]) / 1e3
+        return int(fields["throttled_usec"]) / 1e3, periods
     if "throttled_time" in fields:
-        return int(fields["throttled_time"]) / 1e6
+        return int(fields["throttled_time"]) / 1e6, periods
     return None
 
 
@@ -62,7 +64,7 @@ class CpuWaitProbe:
         self.fd: int | None = None
         self.cgroup_fd: int | None = None
         self.last: tuple[int, int] | None = None  # the training thread's reading at the step's start
-        self.last_throttled: float | None = None
+        self.last_throttled: tuple[float, int] | None = None  # ms, periods
         self.workers: dict[int, tuple[int, tuple[int, int]]] = {}  # pid -> (fd, last reading)
         self.ticks: dict[str, int] = {}  # "machine" / "process" -> fd of /proc/stat, /proc/self/stat
         self.last_ticks = (0, 0)
@@ -111,12 +113,14 @@ class CpuWaitProbe:
                            r.process_ms):
                     xs.append(0.0)
                 r.workers.append(0)
-            thr = self._throttled()
-            throttled = thr - self.last_throttled if thr is not None and self.last_throttled is not None else 0.0
+                r.throttled_periods.append(0)
+            thr, last = self._throttled(), self.last_throttled
+            throttled, periods = (thr[0] - last[0], thr[1] - last[1]) if thr is not None and last is not None else (0.0, 0)
             self.last_throttled = thr
             r.run_ms.append(round((now[0] - self.last[0]) / 1e6, 4))
             r.wait_ms.append(round((now[1] - self.last[1]) / 1e6 + throttled, 4))
             r.throttled_ms.append(round(throttled, 4))
+            r.throttled_periods.append(periods)
             self.last = now
             on, wait, n = self._workers()
             r.workers_run_ms.append(round(on / 1e6, 4))
@@ -142,11 +146,12 @@ class CpuWaitProbe:
             self.err("cpu_wait", e)
             self.uninstall()
 
-    def _throttled(self) -> float | None:
-        """The CPU cgroup's throttled time so far (ms), or None where it cannot be read."""
+    def _throttled(self) -> tuple[float, int] | None:
+        """The CPU cgroup's throttled time so far (ms) and its throttled periods, or None where they
+        cannot be read."""
         if self.cgroup_fd is None:
             return None
-        return throttled_ms(os.pread(self.cgroup_fd, 4096, 0).decode())
+        return throttling(os.pread(self.cgroup_fd, 4096, 0).decode())
 
     def _workers(self) -> tuple[int, int, int]:
         """The workers' on-CPU and run-queue ns since the last step end (a new worker: since it
@@ -192,8 +197,8 @@ class CpuWaitProbe:
 
 
 def _empty() -> CpuWaitRecord:
-    return CpuWaitRecord(wait_ms=[], run_ms=[], throttled_ms=[], workers_wait_ms=[], workers_run_ms=[], workers=[],
-                         machine_ms=[], process_ms=[])
+    return CpuWaitRecord(wait_ms=[], run_ms=[], throttled_ms=[], throttled_periods=[], workers_wait_ms=[],
+                         workers_run_ms=[], workers=[], machine_ms=[], process_ms=[])
 
 
 def _read(fd: int) -> tuple[int, int]:

@@ -21,6 +21,7 @@ from perfdoctor.facts.trace import (
     counters,
     dataloader,
     dataparallel,
+    ddp_sync,
     device,
     empty_cache,
     gpu,
@@ -56,6 +57,7 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
         matmul.add(ctx)
         comm.add(ctx)
         dataparallel.add(ctx)
+        ddp_sync.add(ctx)
         dataloader.add(ctx, steps.data_loading)
         counters.add(ctx)
         return summary

@@ -37,7 +37,9 @@ CAUSES = (("data_ms", "data loading"), ("compute_ms", "compute"), ("sync_ms", "h
 
 
 def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
-    """One rank's row: step time, data wait, compute, communication wait, idle (each where measured).
+    """One rank's row: step time, data wait, compute, communication wait, idle (always there), and each
+    of the others where measured (`perfdoctor.model.RANK_COLUMNS`).
+
     Communication: the GPU's communication kernels not hidden behind compute (step.comm_ms), or the
     host's collectives (comm.host_share of the step, gloo). Compute: the GPU's kernels, or on a CPU run the step's
     forward, backward and optimizer less the host's collectives and Python's garbage collections inside
@@ -74,6 +76,15 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
         row["cpu_wait_ms"] = round(wait, 4)
         if run is not None and run + wait > 0:
             row["cpu_wait_share"] = round(wait / (run + wait), 4)  # of the time it had work to run
+    throttled = f.value("cpu.throttled_ms")
+    if throttled is not None:
+        row["cpu_throttled_ms"] = round(throttled, 4)
+        if f.value("cpu.throttled_periods") is not None:
+            row["cpu_throttled_periods"] = f.value("cpu.throttled_periods")
+    for key, name in (("gpu_clock_mhz", "gpu.sm_clock_mhz"), ("gpu_throttled_share", "gpu.throttled_share"),
+                      ("gpu_throttle", "gpu.throttle_reasons")):
+        if f.value(name) is not None:
+            row[key] = f.value(name)
     if share is not None:
         # a synchronous step lasts as long on every rank: the ranks that wait for the straggler wait
         # inside the collectives, so the rest of the step is each rank's own work (its share, measured
@@ -82,9 +93,14 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
     return row
 
 
+# Columns left out of every row where no rank has more than 0 in them: no rank was throttled.
+THROTTLE_KEYS = ("cpu_throttled_ms", "cpu_throttled_periods", "gpu_throttled_share")
+
+
 def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, float, str] | None:
     """The part of the step by which the straggler exceeds the other ranks' median the most, by how
-    much (ms per step), and the evidence in words; None where no measured part exceeds it.
+    much (ms per step), and the evidence in words; None where no measured part exceeds it. Throttling
+    of its CPUs or its GPU, where it explains that part, is named instead (`_throttling`).
 
     Waiting for a CPU: on a busy machine a thread that has more to run also waits longer for a CPU, so
     the straggler's wait counts only beyond what the other ranks' share of waiting (wait / (run + wait),
@@ -107,7 +123,7 @@ def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, 
     if "compute_ms" in excess and "cpu_wait_ms" in excess:
         e, mine, theirs = excess["compute_ms"]
         excess["compute_ms"] = (e - max(0.0, excess["cpu_wait_ms"][0]), mine, theirs)
-    best: tuple[float, str, str] | None = None
+    best: tuple[float, str, str, str] | None = None  # excess, key, cause, evidence
     for key, name in CAUSES:
         if key not in excess:
             continue
@@ -115,8 +131,45 @@ def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, 
         if ex > 0 and (best is None or ex > best[0]):
             base = (f"{theirs:.1f} ms at the other ranks' share of waiting ({share:.0%}, median)"
                     if key == "cpu_wait_ms" and share is not None else f"{theirs:.1f} ms on the other ranks (median)")
-            best = (ex, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, {base}")
-    return (best[1], round(best[0], 4), best[2]) if best is not None else None
+            best = (ex, key, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, {base}")
+    if best is None:
+        return None
+    return _throttling(others, straggler, best[1], best[0]) or (best[2], round(best[0], 4), best[3])
+
+
+def _throttling(others: list[dict[str, Any]], straggler: dict[str, Any], key: str, ex: float
+                ) -> tuple[str, float, str] | None:
+    """The straggler's cause where throttling explains it: its CPU cgroup's quota (at least half of its
+    excess wait for a CPU is throttled time beyond the other ranks'), or its GPU's clock (its compute
+    excess, where the GPU's SM clock ran slower than the other ranks' and the slower clock explains at
+    least half of it, or a power or thermal throttle reason was set on it more often than on theirs)."""
+    r = straggler["rank"]
+    if key == "cpu_wait_ms" and straggler.get("cpu_throttled_ms") is not None:
+        mine = straggler["cpu_throttled_ms"]
+        theirs = median([o["cpu_throttled_ms"] for o in others if o.get("cpu_throttled_ms") is not None]) or 0.0
+        if mine - theirs >= ex / 2:
+            periods = straggler.get("cpu_throttled_periods")
+            held = f" in {periods:.1f} of the quota's periods per step" if periods else ""
+            return ("CPU throttling", round(mine - theirs, 4),
+                    f"CPU throttling: its CPU cgroup's quota held rank {r} back {mine:.1f} ms per step{held}, "
+                    f"{theirs:.1f} ms on the other ranks (median); it waited {straggler['cpu_wait_ms']:.1f} ms per "
+                    "step for a CPU in all")
+    mhz = straggler.get("gpu_clock_mhz")
+    if key != "compute_ms" or mhz is None:
+        return None
+    their_mhz = median([o["gpu_clock_mhz"] for o in others if o.get("gpu_clock_mhz") is not None])
+    if their_mhz is None or mhz >= their_mhz * 0.97:
+        return None
+    explained = (straggler["compute_ms"] or 0.0) * (1 - mhz / their_mhz)
+    share = straggler.get("gpu_throttled_share") or 0.0
+    their_share = median([o.get("gpu_throttled_share") or 0.0 for o in others]) or 0.0
+    if explained < ex / 2 and share - their_share < 0.25:
+        return None
+    reasons = f", throttle reasons: {straggler['gpu_throttle']} ({share:.0%} of its readings)" \
+        if straggler.get("gpu_throttle") else ""
+    return ("GPU throttling", round(ex, 4),
+            f"GPU throttling: rank {r}'s GPU ran at {mhz:.0f} MHz (SM clock, median), {their_mhz:.0f} MHz on the "
+            f"other ranks (median){reasons}; its compute took {ex:.1f} ms per step more than theirs")
 
 
 def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str = "trace"
@@ -130,6 +183,10 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
     at the other ranks' median (the step less the straggler's excess), so that PD012's saving is that excess."""
     out = Facts()
     rows = [_row(rank, label, f) for (rank, label), f in zip(ranks, per_rank)]
+    for k in THROTTLE_KEYS:
+        if not any(r.get(k) for r in rows):
+            for r in rows:
+                r.pop(k, None)
     out.add("ranks.count", len(rows), "count", source)
     key = next((k for k in ("busy_share", "compute_ms") if all(r.get(k) for r in rows)), "step_ms")
     vals = [r[key] for r in rows if r[key] is not None]
