@@ -500,7 +500,8 @@ def test_host_reads_in_the_training_step(tmp_path):
     assert got == {10: {"kind": "item", "in_loop": True}, 11: {"kind": "cpu, numpy", "in_loop": True},
                    12: {"kind": "print", "in_loop": True}, 15: {"kind": "float", "in_loop": True},
                    26: {"kind": "item", "in_loop": True},
-                   14: {"kind": "item, print", "in_loop": False}}  # every 100 steps: the run's count is not trusted
+                   14: {"kind": "item, print", "in_loop": False},  # every 100 steps: the run's count is not trusted
+                   33: {"kind": "cpu", "in_loop": False}}  # the epoch loop's own body: once per epoch
 
 
 def test_uses_amp_counts_autocast_on_any_path(tmp_path):
@@ -765,3 +766,86 @@ def test_host_reads_less_often_than_every_step(tmp_path):
     assert got[17] == {"kind": "numpy", "in_loop": False}  # labels: a host batch tensor, never moved first
     assert got[28] == {"kind": "item", "in_loop": True}  # a guard that takes the generator's step: per step
     assert 21 not in got  # a device tensor kept in the meter: no read
+
+
+_EVAL_BESIDE_TRAINING = """\
+    import torch
+
+    def fit_one_epoch(net, batches, opt):
+        for xb, yb in batches:
+            opt.zero_grad()
+            err = net(xb).sub(yb).pow(2).mean()
+            err.backward()
+            opt.step()
+            running = err.item()
+            log_grads(net)
+
+    def log_grads(net):
+        for p in net.parameters():
+            norms.append(p.grad.norm().item())
+
+    @torch.no_grad()
+    def score(net, batches):
+        hits = 0
+        for xb, yb in batches:
+            hits += (net(xb).argmax(1) == yb).sum().item()
+            spread(net(xb))
+        return hits
+
+    def spread(out):
+        return out.std().item()
+
+    net = net.to("cuda")
+    for epoch in range(5):
+        fit_one_epoch(net, train_batches, opt)
+        score(net, val_batches)
+        for xb, yb in val_batches:
+            val = net(xb).mean().item()
+        for xb, yb in train_batches:
+            loss = net(xb).mean()
+            loss.backward()
+            opt.step()
+            seen = loss.item()
+        last = loss.item()
+    """
+
+
+def test_host_reads_outside_the_training_step_are_not_per_step(tmp_path):
+    facts, path = analyse(tmp_path, _EVAL_BESIDE_TRAINING)
+    got = by_line(facts, "host_read")
+    lines = textwrap.dedent(_EVAL_BESIDE_TRAINING).splitlines()
+    at = {text: next(i for i, ln in enumerate(lines, 1) if text in ln)
+          for text in ("running =", "norms.append", "hits +=", "out.std", "val =", "seen =", "last =")}
+    # evaluation loops (a function of its own, a helper only it calls, one inline in the epoch
+    # loop) and the epoch loop's own body: no training step runs them
+    for text in ("hits +=", "out.std", "val =", "last ="):
+        assert got[at[text]]["in_loop"] is False, text
+    # the training loop, a training loop nested in the epoch loop, and the inner loop of a helper
+    # the training loop calls: every step
+    assert got[at["running ="]] == {"kind": "item", "in_loop": True}
+    assert got[at["seen ="]] == {"kind": "item", "in_loop": True}
+    assert got.get(at["norms.append"], {}).get("in_loop") is not False
+
+
+def test_a_run_count_in_an_evaluation_loop_is_no_per_step_finding(tmp_path):
+    """The probe counts an evaluation between epochs as reads per training step; the static read
+    of the same line (one subject, keyed on file:line) says no training step runs it."""
+    from perfdoctor.contracts.run import Site
+    from perfdoctor.facts.model import site_subject
+    from perfdoctor.rules.catalog import load_rules
+    from perfdoctor.rules.engine import judge
+
+    facts, path = analyse(tmp_path, _EVAL_BESIDE_TRAINING)
+    facts.add("step.time_ms", 20.0, "ms", "run")
+    facts.add("device.type", "cpu", "", "machine")
+    lines = textwrap.dedent(_EVAL_BESIDE_TRAINING).splitlines()
+    at = {}
+    for text, count in (("running =", 1.0), ("hits +=", 0.5), ("val =", 0.5), ("norms.append", 3.0)):
+        at[text] = line = next(i for i, ln in enumerate(lines, 1) if text in ln)
+        s = site_subject(facts, "host_read", Site(file=str(path.resolve()), line=line, code=text))
+        assert s is not None
+        s.add("kind", "item", "", "run")
+        s.add("count_per_step", count, "count", "run")
+    flagged = {f.locations[0].line for f in judge(facts, load_rules()) if f.rule == "PD008"}
+    seen = next(i for i, ln in enumerate(lines, 1) if "seen =" in ln)  # the source's per-step read, uncounted
+    assert flagged == {at["running ="], at["norms.append"], seen}

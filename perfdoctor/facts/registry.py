@@ -208,7 +208,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
     "host_read": _declare("host_read", [
         ("kind", "str", "run/static", "how the value is read to the host: item, cpu, numpy, tolist, float, int, print"),
         ("count_per_step", "count", "run", "reads at this line per training step"),
-        ("in_loop", "bool", "static", "in the training loop (a loop that runs backward), not behind a periodic guard"),
+        ("in_loop", "bool", "static", "in the training loop (a loop that runs backward), not behind a periodic guard; "
+                                      "False in a loop no training step runs (an evaluation loop)"),
     ]),
     "anomaly": _declare("anomaly", [
         ("enabled", "bool", "run", "set_detect_anomaly(True) / detect_anomaly() seen here"),

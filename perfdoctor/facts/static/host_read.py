@@ -17,8 +17,12 @@ for a short run, may count one per step), so the rule trusts the source there:
   print_freq steps), and in `__str__` / `__repr__` / `__format__` where no training loop formats
   anything on every step (the meters a periodic display prints);
 - `.numpy()` / `.tolist()` / `.cpu()` of a batch tensor from a DataLoader that the step never moves to the
-  device (labels turned one-hot on the host): a host tensor on a GPU run too.
-An evaluation loop with no backward is left out.
+  device (labels turned one-hot on the host): a host tensor on a GPU run too;
+- in a loop that no training step runs, in a file whose loops show where the steps are
+  (`SourceIndex.in_training_step` False): an evaluation loop and a function it calls (the probe
+  counts an evaluation between epochs as reads per training step too), an epoch loop's own body
+  (once per epoch). An inner loop of the training loop (`for p in model.parameters():
+  p.grad.norm().item()`) reads on every step.
 """
 
 from __future__ import annotations
@@ -54,12 +58,19 @@ def detect(index: SourceIndex, facts: Facts) -> None:
         if (isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in training_fns
                 and fn.name in index.called_in_loop):
             _reads(index, fn.body, fn, reads)
+    # reads in a loop that no training step runs, where the file shows where its steps are: an
+    # evaluation loop (the run's probe counts its reads too, per training step, when it runs
+    # between epochs)
+    outside: list[tuple[ast.expr, str]] = [
+        (n, kind) for n in index.nodes if isinstance(n, ast.expr) and (kind := _any_read(n)) is not None
+        and index.in_loop(n) and index.in_training_step(n) is False] if index.has_training_loop() else []
+    not_per_step = host | {n.lineno for n, _ in outside}
     for line, (read, kinds) in reads.items():
         s = index.subject(facts, "host_read", read)
         put(s, "kind", ", ".join(sorted(kinds, key=_ORDER.index)))
-        put(s, "in_loop", line not in host)
+        put(s, "in_loop", line not in not_per_step)
     rare: dict[int, tuple[ast.expr, list[str]]] = {}
-    for read, kind in _less_than_every_step(index, training_loops):
+    for read, kind in [*_less_than_every_step(index, training_loops), *outside]:
         if read.lineno not in reads:
             kinds = rare.setdefault(read.lineno, (read, []))[1]
             if kind not in kinds:

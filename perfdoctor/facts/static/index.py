@@ -166,7 +166,10 @@ class SourceIndex:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 self.functions.setdefault(node.name, []).append(node)
         self._step_fns, self._epoch_fns = self._training_functions()
+        self._batch_step_fns = self._step_fns - self._epoch_fns  # one step per call
         self._trains: dict[int, bool] = {}
+        self._direct: dict[int, bool] = {}  # `_steps_directly` by the loop or function's id
+        self._callers: dict[str, list[ast.Call]] | None = None  # function name -> its calls in this file
 
     # -- names and context ---------------------------------------------------------------
     def _aliases(self) -> dict[str, str]:
@@ -272,6 +275,57 @@ class SourceIndex:
     def has_training_loop(self) -> bool:
         """Some loop of this file takes training steps."""
         return any(isinstance(n, LOOPS) and self.trains(n) for n in self.nodes)
+
+    def _steps_directly(self, owner: ast.AST) -> bool:
+        """The body of `owner` (a loop or a function), outside its inner loops, takes a training
+        step: backward, an optimizer step, or a call of a step function that is not an epoch
+        function (one whose own loop takes the steps)."""
+        key = id(owner)
+        if key not in self._direct:
+            found = False
+            stack: list[ast.AST] = list(owner.body)  # type: ignore[attr-defined]
+            while stack and not found:
+                n = stack.pop()
+                found = isinstance(n, ast.Call) and (self._takes_step(n, set())
+                                                     or self.local_callee(n) in self._batch_step_fns)
+                if not isinstance(n, (*LOOPS, *_SCOPES, ast.ClassDef)):
+                    stack.extend(ast.iter_child_nodes(n))
+            self._direct[key] = found
+        return self._direct[key]
+
+    def in_training_step(self, node: ast.AST, depth: int = 0) -> bool | None:
+        """Whether `node` runs inside a training step. True when a loop around it takes the step
+        in its own body (not an epoch loop, whose inner loop takes them), when its function takes
+        one outside its loops (`def train_step(batch): ... loss.backward()`), or when a call of its
+        function does (three levels). False when none does and the source shows every place it
+        runs from: an evaluation loop, an epoch loop's own body, module code around the training
+        loop. None when it cannot tell: a function no code of this file calls, a `forward` the
+        model's call runs, a lambda, calls more than three levels deep."""
+        child, parent = node, self.parents.get(node)
+        while parent is not None and not isinstance(parent, (*_SCOPES, ast.ClassDef)):
+            # the body, and a `for`'s iterator or a `while`'s test (a generator it draws batches
+            # from runs between the steps); not the `else:` after the loop
+            if isinstance(parent, LOOPS) and child not in parent.orelse and self._steps_directly(parent):
+                return True
+            child, parent = parent, self.parents.get(parent)
+        scope = self.context(node)[0]
+        if scope is None:
+            return False
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or scope.name in ("forward", "__call__"):
+            return None
+        if self._steps_directly(scope):
+            return True
+        if self._callers is None:
+            self._callers = {}
+            for c in self.calls:
+                name = self.local_callee(c)
+                if name is not None:
+                    self._callers.setdefault(name, []).append(c)
+        sites = self._callers.get(scope.name, [])
+        if not sites or depth >= 3:
+            return None
+        seen = [self.in_training_step(c, depth + 1) for c in sites]
+        return True if True in seen else (None if None in seen else False)
 
     def enclosing_loop(self, node: ast.AST) -> ast.AST | None:
         """The innermost for/while loop around `node` within its function (its body, not its iterator)."""
