@@ -32,7 +32,7 @@ from perfdoctor.gate.baseline import (
 from perfdoctor.gate.baseline import save_baseline as write_baseline
 from perfdoctor.gate.compare import Comparison, compare_files
 from perfdoctor.model import Finding, Location, Report, at_or_above
-from perfdoctor.report import html, jsonfmt
+from perfdoctor.report import jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, check_settings, describe_changes, load_settings
 from perfdoctor.rules.engine import judge
@@ -453,6 +453,8 @@ def warm_up() -> None:
 def write_run_reports(report: Report, run_dir: Path) -> None:
     """report.json (contracts/report.py) and report.html, always written into the run folder whatever
     --format."""
+    from perfdoctor.report import html  # imports rich: not on `report`'s path
+
     (run_dir / "report.json").write_text(jsonfmt.render_report(report), encoding="utf-8")
     (run_dir / "report.html").write_text(html.render_report(report), encoding="utf-8")
 
