@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfdoctor.capture.runner import RunResult, clear_run_files, run_job, run_script
 from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
 from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.facts.model import Facts, Subject
@@ -38,7 +37,8 @@ from perfdoctor.rules.config import Settings, check_settings, describe_changes, 
 from perfdoctor.rules.engine import judge
 from perfdoctor.rules.expr import names_in
 
-if TYPE_CHECKING:  # imported where used: the trace layer is not needed to start every command
+if TYPE_CHECKING:  # imported where used: the trace layer and the runner are not needed to start every command
+    from perfdoctor.capture.runner import RunResult
     from perfdoctor.facts.trace import RankSummary
 
 
@@ -525,6 +525,8 @@ def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Pat
         if previous and not overwrite:
             raise InputError(f"--out-dir {out_dir}: holds a previous run; give another folder, "
                              f"or --overwrite to replace it")
+        from perfdoctor.capture.runner import clear_run_files
+
         for d in previous:
             clear_run_files(d)
             if d != out_dir:
@@ -548,6 +550,8 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
     `launcher_args` (torch.distributed.run's options: --nproc-per-node N...) each run is a distributed
     job (capture.runner.run_job): a job folder of rank run folders, each with its own report, and the
     merged report (analyse_job) in the job folder."""
+    from perfdoctor.capture.runner import run_job, run_script  # not on `report`'s path (start-up time)
+
     if repeats is None:
         repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
     most = max(repeats, DEFAULT_MAX_REPEATS if max_repeats is None else max_repeats) if baseline is not None else repeats
