@@ -306,6 +306,7 @@ def _summarise_ranks(files: list[Path], settings: Settings, rules: list[Rule],
         return [_summarise_and_judge(p, settings, rules) for p in files]
     from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor  # 16 ms: only when used
 
+    import perfdoctor.facts.trace  # noqa: F401  # the merge needs it too: imported once, before the workers fork
     pool = ProcessPoolExecutor(max_workers=n, initializer=_init_rank_worker, initargs=(settings, rules))
     try:
         return list(pool.map(_rank_worker, files))
