@@ -106,6 +106,7 @@ def test_plain_report_command_line_reads_as_typer_does(argv: list[str], monkeypa
     monkeypatch.setattr(perfdoctor.analysis, "check_writable", lambda path, option: None)
     monkeypatch.setattr(cli, "_emit", lambda fmt, output, report: seen.append((fmt, output, report, cli._state["debug"])))
     monkeypatch.delenv("PERFDOCTOR_DEBUG", raising=False)
+    monkeypatch.setitem(cli._state, "debug", False)  # restored after the test: `--debug` sets it
     monkeypatch.setattr("sys.argv", ["perfdoctor", *argv])
     assert cli._plain_report(argv) is not None
     with pytest.raises(SystemExit) as e:
