@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import io
 import os
 import sys
 from enum import Enum
@@ -352,6 +355,26 @@ def _plain_report(argv: list[str]) -> dict | None:
     return args if args["path"] is not None else None
 
 
+def _report_as_typer_does(args: dict) -> int:
+    """`report(**args)` with what typer's `main` does around a command: Ctrl-C exits 130, end of input
+    aborts, a reader gone from stdout (`| head`) exits 1 quietly. Returns the exit code."""
+    try:
+        report(**args)
+    except KeyboardInterrupt:
+        return 130
+    except EOFError as e:
+        sys.stderr.write("\n")
+        raise typer.Abort() from e
+    except OSError as e:
+        if e.errno != errno.EPIPE:
+            raise
+        # nothing reads stdout any more: what is still buffered goes nowhere, not into an error at exit
+        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
 def main() -> None:
     if len(sys.argv) == 1:
         sys.argv.append("--help")
@@ -359,8 +382,7 @@ def main() -> None:
         plain = _plain_report(sys.argv[1:])
         if plain is not None:  # the common `report` command line, without typer's start-up (see _plain_report)
             _state["debug"] = plain.pop("debug") or bool(os.environ.get("PERFDOCTOR_DEBUG"))
-            report(**plain)
-            sys.exit(0)
+            sys.exit(_report_as_typer_does(plain))
         code = app(standalone_mode=False)  # an Exit inside a command comes back as its code
         sys.exit(code if isinstance(code, int) else 0)
     except PerfdoctorError as e:

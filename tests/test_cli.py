@@ -117,6 +117,30 @@ def test_plain_report_command_line_reads_as_typer_does(argv: list[str], monkeypa
     assert len(seen) == 2 and seen[0] == seen[1], seen
 
 
+@pytest.mark.parametrize("raised", [KeyboardInterrupt(), EOFError(), BrokenPipeError(32, "Broken pipe"),
+                                    OSError(5, "I/O error")])
+def test_plain_report_ends_as_typer_does(raised: BaseException, monkeypatch: pytest.MonkeyPatch,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C, end of input, a closed pipe and other errors inside `report` end the command the same way
+    whether typer read its command line or cli._plain_report did (exit code and stderr)."""
+    import perfdoctor.analysis
+    from perfdoctor import cli
+
+    def fail(path, config):
+        raise raised
+
+    monkeypatch.setattr(perfdoctor.analysis, "analyse_path", fail)
+    monkeypatch.setitem(cli._state, "debug", False)
+    monkeypatch.delenv("PERFDOCTOR_DEBUG", raising=False)
+    ends = []
+    for argv in (["report", "t.json", "-f", "json"], ["report", "t.json", "--format=json"]):  # plain, typer
+        monkeypatch.setattr("sys.argv", ["perfdoctor", *argv])
+        with pytest.raises(SystemExit) as e:
+            cli.main()
+        ends.append((e.value.code, capsys.readouterr().err))
+    assert ends[0] == ends[1], ends
+
+
 @pytest.mark.parametrize("argv", [["report"], ["report", "a.json", "b.json"], ["report", "--help"],
                                   ["report", "t.json", "--format=json"], ["report", "t.json", "-f", "yaml"],
                                   ["report", "t.json", "-f", "json", "-f", "text"], ["report", "t.json", "-o"],
