@@ -8,7 +8,9 @@ git-ignored), then runs, each in a fresh process:
 - `perfdoctor report RANK_FILE --format json` on one rank's trace (the single-trace time);
 - `perfdoctor report FOLDER --format json` on the folder of N ranks,
 
-and prints for each: wall time; the parent's peak RSS and the largest worker's peak RSS (getrusage
+and prints for each: wall time; CPU time of the whole process tree (user + system: unlike the wall
+time, independent of what else the machine runs), from which the folder's time on C idle CPUs is
+estimated; the parent's peak RSS and the largest worker's peak RSS (getrusage
 SELF and CHILDREN of the process that runs the CLI: RUSAGE_CHILDREN is the peak of the largest
 worker the pool joined); and the total RSS of the process tree sampled every 20 ms from /proc (the
 parent and all its workers at once: what the machine had to hold).
@@ -22,6 +24,7 @@ CPUs as that takes) and under 1 GB.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -68,13 +71,21 @@ def tree_rss_mb(pid: int) -> float:
     return total / 1024
 
 
-def run(target: Path, workers: int | None) -> tuple[float, float, float, float]:
-    """Wall s, parent peak MB, largest worker peak MB, sampled peak of the whole tree MB."""
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's reaped children and their reaped descendants."""
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
+
+
+def run(target: Path, workers: int | None) -> tuple[float, float, float, float, float]:
+    """Wall s, parent peak MB, largest worker peak MB, sampled peak of the whole tree MB, CPU s of
+    the whole tree (the CLI and its workers)."""
     env = dict(os.environ)
     cmd = [sys.executable, "-c", CLI.format(root=str(ROOT)), str(target)]
     if workers is not None:  # taskset: the workers follow the usable CPUs
         cmd = ["taskset", "-c", f"0-{workers - 1}", *cmd]
     peak = [0.0]
+    cpu0 = _children_cpu()
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env)
 
@@ -92,7 +103,7 @@ def run(target: Path, workers: int | None) -> tuple[float, float, float, float]:
     if p.returncode != 0:
         raise RuntimeError(f"{target} exited {p.returncode}: {err[-2000:]}")
     own, kids = (float(x) for x in err.strip().splitlines()[-1].split())
-    return wall, own, kids, peak[0]
+    return wall, own, kids, peak[0], _children_cpu() - cpu0
 
 
 def make_ranks(src: Path, mb: int, n: int, out: Path) -> list[Path]:
@@ -148,12 +159,21 @@ def main() -> None:
         print(f"{n} ranks x {files[0].stat().st_size / 1e6:.1f} MB from {Path(src).name} "
               f"(made in {time.perf_counter() - t0:.0f} s); {cpus} usable CPUs", flush=True)
         run(files[0], workers)  # compile the bytecode once
-        w1, own1, _, tree1 = run(files[0], workers)
-        print(f"one rank:  {w1:6.2f} s, peak {own1:.0f} MB", flush=True)
-        w, own, kids, tree = run(out, workers)
+        w1, own1, _, tree1, cpu1 = run(files[0], workers)
+        print(f"one rank:  {w1:6.2f} s, peak {own1:.0f} MB, CPU {cpu1:.2f} s", flush=True)
+        w, own, kids, tree, cpu = run(out, workers)
         print(f"{n} ranks: {w:6.2f} s ({w / w1:.1f}x one rank; {n * w1 / w:.1f} ranks' work per rank-time), "
               f"parent peak {own:.0f} MB, largest worker peak {kids:.0f} MB, "
               f"process tree peak {tree:.0f} MB (sampled every 20 ms)", flush=True)
+        # CPU time does not depend on what else the machine runs (the wall time here does). The folder's
+        # CPU = start-up + n x one rank's work; one rank alone = start-up + one rank's work. With C CPUs
+        # to itself, the folder takes about start-up + ceil(n / C) x one rank's work (a worker per CPU)
+        work = (cpu - cpu1) / (n - 1) if n > 1 else cpu1
+        start = max(cpu1 - work, 0.0)
+        print(f"CPU time: one rank {cpu1:.2f} s, {n} ranks {cpu:.1f} s: one rank's work {work:.2f} s, start-up "
+              f"{start:.2f} s; on C idle CPUs about start-up + ceil({n} / C) x work: "
+              + ", ".join(f"{c} CPUs {start + -(-n // c) * work:.1f} s = {(start + -(-n // c) * work) / cpu1:.1f}x one rank"
+                          for c in (2, 16, 64)), flush=True)
     finally:
         if not keep:
             shutil.rmtree(out, ignore_errors=True)

@@ -15,7 +15,10 @@ numbers, written to a temp dir and deleted afterwards), print:
 
     python benchmarks/trace_speed.py [TRACE] [--sizes 60,1000] [--repeat 3] [--cold-bytecode] [--hta PYTHON]
 
-    python -m venv /tmp/hta && /tmp/hta/bin/pip install traceinsight==0.6.1
+    python -m venv /tmp/hta && /tmp/hta/bin/pip install traceinsight==0.6.1 pandas==3.1.1 numpy==2.4.6
+
+HTA's speed is mostly pandas': the figures in the README were taken with the pandas and numpy pinned
+above (what pip chose for traceinsight 0.6.1 on Python 3.11 on 2026-11-23).
 
 The children run as an installed perfdoctor does: with its bytecode cached (pip compiles .pyc
 files at install). An editable install in an environment with PYTHONDONTWRITEBYTECODE=1 instead

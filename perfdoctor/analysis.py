@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfdoctor.capture.runner import RunResult, clear_run_files, run_job, run_script
 from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
 from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.facts.model import Facts, Subject
@@ -32,13 +31,14 @@ from perfdoctor.gate.baseline import (
 from perfdoctor.gate.baseline import save_baseline as write_baseline
 from perfdoctor.gate.compare import Comparison, compare_files
 from perfdoctor.model import Finding, Location, Report, at_or_above
-from perfdoctor.report import html, jsonfmt
+from perfdoctor.report import jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, check_settings, describe_changes, load_settings
 from perfdoctor.rules.engine import judge
 from perfdoctor.rules.expr import names_in
 
-if TYPE_CHECKING:  # imported where used: the trace layer is not needed to start every command
+if TYPE_CHECKING:  # imported where used: the trace layer and the runner are not needed to start every command
+    from perfdoctor.capture.runner import RunResult
     from perfdoctor.facts.trace import RankSummary
 
 
@@ -306,6 +306,7 @@ def _summarise_ranks(files: list[Path], settings: Settings, rules: list[Rule],
         return [_summarise_and_judge(p, settings, rules) for p in files]
     from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor  # 16 ms: only when used
 
+    import perfdoctor.facts.trace  # noqa: F401  # the merge needs it too: imported once, before the workers fork
     pool = ProcessPoolExecutor(max_workers=n, initializer=_init_rank_worker, initargs=(settings, rules))
     try:
         return list(pool.map(_rank_worker, files))
@@ -453,6 +454,8 @@ def warm_up() -> None:
 def write_run_reports(report: Report, run_dir: Path) -> None:
     """report.json (contracts/report.py) and report.html, always written into the run folder whatever
     --format."""
+    from perfdoctor.report import html  # imports rich: not on `report`'s path
+
     (run_dir / "report.json").write_text(jsonfmt.render_report(report), encoding="utf-8")
     (run_dir / "report.html").write_text(html.render_report(report), encoding="utf-8")
 
@@ -523,6 +526,8 @@ def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Pat
         if previous and not overwrite:
             raise InputError(f"--out-dir {out_dir}: holds a previous run; give another folder, "
                              f"or --overwrite to replace it")
+        from perfdoctor.capture.runner import clear_run_files
+
         for d in previous:
             clear_run_files(d)
             if d != out_dir:
@@ -546,6 +551,8 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
     `launcher_args` (torch.distributed.run's options: --nproc-per-node N...) each run is a distributed
     job (capture.runner.run_job): a job folder of rank run folders, each with its own report, and the
     merged report (analyse_job) in the job folder."""
+    from perfdoctor.capture.runner import run_job, run_script  # not on `report`'s path (start-up time)
+
     if repeats is None:
         repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
     most = max(repeats, DEFAULT_MAX_REPEATS if max_repeats is None else max_repeats) if baseline is not None else repeats

@@ -117,6 +117,7 @@ def test_bare_event_array(tmp_path):
     (b'{"traceEvents": 5}', "not a list"),
     (b'{"traceEvents": []}', "no profiler events"),
     (b'[1, 2]', "no profiler events"),
+    (b' [ "schemaVersion": 1]', "not valid JSON"),  # a wrong type first, malformed after (msgspec types as it parses)
 ])
 def test_bad_input(tmp_path, content, words):
     p = tmp_path / "bad.json"

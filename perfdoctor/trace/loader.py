@@ -486,9 +486,12 @@ def _finish(trace: Trace, b: _Builder, head: bytearray, buf: bytearray | None) -
         trace.meta = {k: getattr(t, k) for k in _META_KEYS if getattr(t, k) is not None}
     else:
         try:
-            b.add(_events_decoder.decode(doc))
-        except msgspec.ValidationError:
-            b.add_lenient(_any_decoder.decode(doc))
+            try:
+                events = _events_decoder.decode(doc)
+            except msgspec.ValidationError:  # msgspec types as it parses: the JSON may still be malformed later on
+                b.add_lenient(_any_decoder.decode(doc))
+            else:
+                b.add(events)
         except (msgspec.DecodeError, UnicodeDecodeError) as e:
             raise InputError(f"{path}: not valid JSON ({_short(e)}); the file is truncated or not a trace") from None
     if not len(trace.kind):
