@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import io
 import os
 import sys
 from enum import Enum
@@ -312,77 +309,10 @@ def _err(msg: str) -> None:
     sys.stderr.flush()
 
 
-_REPORT_OPTIONS = {"--format": "fmt", "-f": "fmt", "--output": "output", "-o": "output", "--config": "config"}
-
-
-def _plain_report(argv: list[str]) -> dict | None:
-    """The arguments of `[--debug] report PATH [--format F] [--output FILE] [--config FILE]` spelled
-    plainly (short or long option names, each option at most once, each value its own word, no word
-    but the option names starting with `-`), as `report()` takes them; None for any other command line.
-
-    typer 0.2x coerces every parameter through a pydantic TypeAdapter: importing pydantic and building
-    the adapters is about 0.1 s of every start, a sixth of `report` on a 60 MB trace. The common
-    `report` command line is read here instead; everything else (help, `--opt=value`, repeated
-    options, any error to explain) goes through typer as before."""
-    debug = argv[:1] == ["--debug"]
-    words = argv[1:] if debug else argv
-    if words[:1] != ["report"]:
-        return None
-    args: dict = {"debug": debug, "path": None, "fmt": Format("text"), "output": None, "config": None}
-    given = set()
-    rest = words[1:]
-    i = 0
-    while i < len(rest):
-        w = rest[i]
-        if w in _REPORT_OPTIONS:
-            key = _REPORT_OPTIONS[w]
-            if key in given or i + 1 == len(rest) or not rest[i + 1] or rest[i + 1].startswith("-"):
-                return None
-            value = rest[i + 1]
-            if key == "fmt":
-                if value not in FORMATS:
-                    return None
-                args[key] = Format(value)
-            else:
-                args[key] = Path(value)
-            given.add(key)
-            i += 2
-        elif w and not w.startswith("-") and args["path"] is None:
-            args["path"] = Path(w)
-            i += 1
-        else:
-            return None
-    return args if args["path"] is not None else None
-
-
-def _report_as_typer_does(args: dict) -> int:
-    """`report(**args)` with what typer's `main` does around a command: Ctrl-C exits 130, end of input
-    aborts, a reader gone from stdout (`| head`) exits 1 quietly. Returns the exit code."""
-    try:
-        report(**args)
-    except KeyboardInterrupt:
-        return 130
-    except EOFError as e:
-        sys.stderr.write("\n")
-        raise typer.Abort() from e
-    except OSError as e:
-        if e.errno != errno.EPIPE:
-            raise
-        # nothing reads stdout any more: what is still buffered goes nowhere, not into an error at exit
-        with contextlib.suppress(OSError, ValueError, io.UnsupportedOperation):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    return 0
-
-
 def main() -> None:
     if len(sys.argv) == 1:
         sys.argv.append("--help")
     try:
-        plain = _plain_report(sys.argv[1:])
-        if plain is not None:  # the common `report` command line, without typer's start-up (see _plain_report)
-            _state["debug"] = plain.pop("debug") or bool(os.environ.get("PERFDOCTOR_DEBUG"))
-            sys.exit(_report_as_typer_does(plain))
         code = app(standalone_mode=False)  # an Exit inside a command comes back as its code
         sys.exit(code if isinstance(code, int) else 0)
     except PerfdoctorError as e:

@@ -89,69 +89,6 @@ def test_report_on_unreadable_input_is_one_line_exit_2(kind: str, tmp_path: Path
     _one_error_line(p)
 
 
-PLAIN_REPORT = [["report", "t.json"], ["report", "t.json", "-f", "json"], ["--debug", "report", "t.json"],
-                ["report", "--format", "sarif", "t.json", "--output", "o.sarif", "--config", "c.toml"],
-                ["report", "-o", "o.txt", "t.json"]]
-
-
-@pytest.mark.parametrize("argv", PLAIN_REPORT)
-def test_plain_report_command_line_reads_as_typer_does(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    """`main` reads the common `report` command line itself (cli._plain_report: no pydantic at start-up);
-    the command then gets exactly what typer would have given it."""
-    import perfdoctor.analysis
-    from perfdoctor import cli
-
-    seen: list[tuple] = []
-    monkeypatch.setattr(perfdoctor.analysis, "analyse_path", lambda path, config: (path, config))
-    monkeypatch.setattr(perfdoctor.analysis, "check_writable", lambda path, option: None)
-    monkeypatch.setattr(cli, "_emit", lambda fmt, output, report: seen.append((fmt, output, report, cli._state["debug"])))
-    monkeypatch.delenv("PERFDOCTOR_DEBUG", raising=False)
-    monkeypatch.setitem(cli._state, "debug", False)  # restored after the test: `--debug` sets it
-    monkeypatch.setattr("sys.argv", ["perfdoctor", *argv])
-    assert cli._plain_report(argv) is not None
-    with pytest.raises(SystemExit) as e:
-        cli.main()
-    assert e.value.code == 0
-    cli._state["debug"] = False
-    cli.app(argv, standalone_mode=False)
-    assert len(seen) == 2 and seen[0] == seen[1], seen
-
-
-@pytest.mark.parametrize("raised", [KeyboardInterrupt(), EOFError(), BrokenPipeError(32, "Broken pipe"),
-                                    OSError(5, "I/O error")])
-def test_plain_report_ends_as_typer_does(raised: BaseException, monkeypatch: pytest.MonkeyPatch,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
-    """Ctrl-C, end of input, a closed pipe and other errors inside `report` end the command the same way
-    whether typer read its command line or cli._plain_report did (exit code and stderr)."""
-    import perfdoctor.analysis
-    from perfdoctor import cli
-
-    def fail(path, config):
-        raise raised
-
-    monkeypatch.setattr(perfdoctor.analysis, "analyse_path", fail)
-    monkeypatch.setitem(cli._state, "debug", False)
-    monkeypatch.delenv("PERFDOCTOR_DEBUG", raising=False)
-    ends = []
-    for argv in (["report", "t.json", "-f", "json"], ["report", "t.json", "--format=json"]):  # plain, typer
-        monkeypatch.setattr("sys.argv", ["perfdoctor", *argv])
-        with pytest.raises(SystemExit) as e:
-            cli.main()
-        ends.append((e.value.code, capsys.readouterr().err))
-    assert ends[0] == ends[1], ends
-
-
-@pytest.mark.parametrize("argv", [["report"], ["report", "a.json", "b.json"], ["report", "--help"],
-                                  ["report", "t.json", "--format=json"], ["report", "t.json", "-f", "yaml"],
-                                  ["report", "t.json", "-f", "json", "-f", "text"], ["report", "t.json", "-o"],
-                                  ["report", "-x.json"], ["report", ""], ["--version"], ["rules"],
-                                  ["report", "t.json", "--debug"], ["report", "t.json", "-o", "-"]])
-def test_other_command_lines_go_through_typer(argv: list[str]) -> None:
-    from perfdoctor import cli
-
-    assert cli._plain_report(argv) is None
-
-
 NO_TORCH = '''
 import sys
 class _NoTorch:
