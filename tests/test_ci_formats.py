@@ -186,7 +186,7 @@ def test_markdown_report_summary_table_and_details():
     assert "<details><summary><b>PD002</b>" in md and "</details>" in md
     assert "```diff\n- loader = DataLoader(ds, batch_size=64)\n+ loader = DataLoader(ds, batch_size=64, num_workers=4, pin_memory=True)\n```" in md
     assert "persistent_workers=True too" in md and "> profiled steps 5-8" in md
-    assert "No findings" in markdown.render_report(report([]).as_dict())
+    assert "No findings" in markdown.render_report(report([]))
 
 
 def test_append_step_summary(tmp_path):
