@@ -3,7 +3,11 @@
 A step ends at an optimizer step (a global post hook on every optimizer); a script that never
 steps an optimizer is clocked by `torch.autograd.backward` calls, then by DataLoader batches, else
 the whole run is one span. A stronger clock that appears later takes over: the steps counted so
-far merge into its first step.
+far merge into its first step. A backward or a batch while an optimizer step runs (between its pre
+and post hooks: the closure of LBFGS, Lightning's automatic optimisation) belongs to that step and
+ends none, also before the first optimizer step has ended: LBFGS's first step (20 closure
+evaluations) is one step, never 20 backward steps that the optimizer clock merges afterwards (the
+profiled window would open on them, and its work be thrown away at the merge).
 
 The clock keeps the per-step timings: the probes add the time they measure (DataLoader waits,
 forward) to its running totals, the clock itself times backward and the optimizer step (less the
@@ -104,7 +108,7 @@ class StepClock:
                 clock.bwd += clock.pc() - t
             if clock.closed:
                 clock.after_close()
-            elif clock.kind == "backward" or clock.kind is None:
+            elif not clock.opt_depth and (clock.kind == "backward" or clock.kind is None):
                 if clock.event("backward"):
                     clock.tick()
             return out
@@ -117,7 +121,7 @@ class StepClock:
         """A DataLoader batch is asked for: with the DataLoader clock, the previous one's step ends."""
         if self.closed:
             self.after_close()
-        elif self.dl_calls and (self.kind == "dataloader" or self.kind is None):
+        elif self.dl_calls and not self.opt_depth and (self.kind == "dataloader" or self.kind is None):
             if self.event("dataloader"):
                 self.tick()
         self.dl_calls += 1
@@ -198,7 +202,6 @@ class StepClock:
             self.steps.append((i, now - self.t0, wall * 1e3, self.data * 1e3, self.fwd * 1e3,
                                self.bwd * 1e3, self.opt * 1e3, self.rss(), self.device_mem.read(i)))
             self.data = self.fwd = self.bwd = self.opt = self.own = 0.0
-            self.opt_inner0 = 0.0  # a step that ends inside an optimizer step: what follows is the next one's
             self.on_step(i)  # bookkeeping from here on is not part of any step's time
             if now - self._last_flush > FLUSH_S:
                 self.flush()
