@@ -1,14 +1,20 @@
 """The step clock's step ends, driven event by event (a stand-in torch: no tensors, no CUDA): a
 backward or a DataLoader batch inside an optimizer step (LBFGS's closure, Lightning's automatic
-optimisation) ends no step, before the optimizer clock was first seen as after."""
+optimisation) ends no step, before the optimizer clock was first seen as after. One end-to-end run
+(marked e2e): an LBFGS script under `perfdoctor run --steps 2`."""
 
 from __future__ import annotations
 
+import json
+import textwrap
 import time
 import types
 from typing import Any
 
-from perfdoctor.capture.clock import StepClock
+import pytest
+
+from perfdoctor.capture import run_script
+from perfdoctor.capture.clock import StepClock, StepsReached
 from perfdoctor.capture.patches import ErrorLog
 
 
@@ -112,3 +118,55 @@ def test_backward_without_an_optimizer_step_still_clocks_and_is_merged_later():
     assert run.ticks == [1, 2] and run.clock.kind == "backward"
     run.lbfgs_step(5)  # an optimizer appears: the backward steps so far merge into its first step
     assert run.merges == 1 and run.clock.kind == "optimizer" and len(run.clock.steps) == 1
+
+
+def test_steps_limit_is_reached_at_the_optimizer_step_not_inside_its_closure():
+    run = Run()
+    run.clock.steps_limit = 1
+    limits: list[int] = []
+    run.clock.on_limit = lambda: limits.append(len(run.clock.steps))
+    run.opt_pre()
+    for _ in range(3):
+        run.backward()  # `--steps 1` would have stopped the script inside its first closure
+    assert limits == [] and not run.clock.stopping
+    with pytest.raises(StepsReached):
+        run.opt_post()
+    assert limits == [1] and run.clock.kind == "optimizer"
+
+
+LBFGS = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+opt = torch.optim.LBFGS(model.parameters(), max_iter=5, tolerance_grad=0, tolerance_change=0)
+evals = 0
+for step in range(4):
+    def closure():
+        global evals
+        evals += 1
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        return loss
+    opt.step(closure)
+    print("step", step, "closure evaluations", evals, flush=True)
+"""
+
+
+@pytest.mark.e2e
+def test_lbfgs_steps_are_optimizer_steps_under_perfdoctor_run(tmp_path, capfd):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(LBFGS).lstrip())
+    r = run_script(str(script), out_dir=tmp_path / "run", steps=2, window=(0, 0, 1))
+    assert r.exit_code == 0
+    meta = json.loads((r.run_dir / "meta.json").read_text())
+    steps = json.loads((r.run_dir / "steps.json").read_text())["steps"]
+    # two LBFGS steps of 5 closure evaluations each: `--steps 2` stops after the second optimizer
+    # step, never inside the first one's closures
+    assert meta["step_clock"] == "optimizer" and meta["exit"]["reason"] == "steps-reached"
+    assert len(steps) == 2 and all(s["backward_ms"] > 0 for s in steps)
+    assert meta["window"]["trace"] and meta["window"]["first_step"] == 1
+    out = capfd.readouterr().out
+    assert "step 0 closure evaluations 5" in out and "step 1 closure evaluations 10" not in out

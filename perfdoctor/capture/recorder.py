@@ -103,7 +103,9 @@ class Recorder:
                       budget_s=self.budget[0], budget_events=self.budget[1])
 
     def _poll(self) -> None:
-        self.window.poll()
+        t0 = self.clock.pc()
+        if self.window.poll():  # the budget ended the window inside a step: stopping it is perfdoctor's time
+            self.clock.exclude(t0)
 
     # -- installation ---------------------------------------------------------------------------
     def install(self) -> None:
