@@ -100,7 +100,7 @@ class Recorder:
 
     def _new_window(self) -> Window:
         return Window(self.torch, self.run_dir, *self.window_cfg, worker_pids=self.dataloader.worker_pids,
-                      budget_s=self.budget[0], budget_events=self.budget[1])
+                      budget_s=self.budget[0], budget_events=self.budget[1], rss=self.clock.rss)
 
     def _poll(self) -> None:
         t0 = self.clock.pc()
