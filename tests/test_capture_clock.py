@@ -98,6 +98,19 @@ def test_closure_time_is_backward_inside_the_one_step():
     assert bwd + opt <= wall + 1e-6
 
 
+def test_own_work_inside_a_closure_is_neither_optimizer_nor_step_time():
+    run = Run()
+    run.opt_pre()
+    run.backward()
+    t0 = run.clock.pc()
+    time.sleep(0.05)  # the profiled window stops inside the optimizer step
+    run.clock.exclude(t0)
+    run.backward()
+    run.opt_post()
+    (_, _, wall, _, _, bwd, opt, *_), = run.clock.steps
+    assert opt < 20 and wall < bwd + 20  # ms: the 50 ms are out of both
+
+
 def test_nested_optimizer_steps_and_batches_inside_one_end_one_step():
     run = Run()
     run.clock.before_batch()  # the first batch: it ends nothing

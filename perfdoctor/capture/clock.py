@@ -58,6 +58,7 @@ class StepClock:
         self.bwd_depth = self.opt_depth = 0
         self.opt_t0 = 0.0
         self.opt_inner0 = 0.0  # data + forward + backward so far when the optimizer step began
+        self.opt_own0 = 0.0  # perfdoctor's own time so far when the optimizer step began
         self.own = 0.0  # s of perfdoctor's own work inside the current step (`exclude`), taken out of it
         self.clock_opt: int | None = None  # id() of the optimizer whose step ends a step
         self.opt_seen: set[int] = set()
@@ -130,6 +131,7 @@ class StepClock:
         if self.opt_depth == 0:
             self.opt_t0 = self.pc()
             self.opt_inner0 = self.data + self.fwd + self.bwd
+            self.opt_own0 = self.own
         self.opt_depth += 1
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
@@ -140,8 +142,9 @@ class StepClock:
         if self.opt_depth:
             return
         # a closure (LBFGS, Lightning's automatic optimisation: optimizer.step(closure)) runs forward
-        # and backward inside the step: that time is forward and backward, measured as such, not optimizer
-        inner = self.data + self.fwd + self.bwd - self.opt_inner0
+        # and backward inside the step: that time is forward and backward, measured as such, not
+        # optimizer; perfdoctor's own work inside it (the profiled window's stop) is no one's
+        inner = self.data + self.fwd + self.bwd - self.opt_inner0 + self.own - self.opt_own0
         self.opt += max(0.0, self.pc() - self.opt_t0 - max(0.0, inner))
         oid = id(opt)
         if self.kind != "optimizer":
