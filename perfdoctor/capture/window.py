@@ -12,9 +12,7 @@ micro-batches per optimizer step):
   looks at the clock at each step's end and, through `poll`, at each module call on the main thread
   (submodules included) and each DataLoader batch, so that it also ends inside a long step or a long
   forward (past the budget by at most one stretch without a module call: a backward, say); the
-  trace keeps what was recorded. Stopping costs a fraction of the recorded time (measured on
-  LSTMCell loops, the densest events: 57 s recorded, 147 MB of JSON, 7 s to stop, export and gzip),
-  and inside a step it is perfdoctor's own time, not the step's.
+  trace keeps what was recorded. A stop inside a step is perfdoctor's own time, not the step's.
 - events: at the end of the warm-up, cProfile's call count per warm-up step estimates the trace's
   events per step (`EVENTS_PER_CALL`, within a few times either way: torch.profiler counts nothing
   before it stops); the recorded steps are cut to fit `budget_events` (at least one is recorded).
@@ -24,7 +22,7 @@ micro-batches per optimizer step):
   inside a step too. This bounds what stopping costs where a warm-up estimate cannot: a window with
   no warm-up, one huge step. Stopping and exporting take about twice the recording time where the
   events are densest (LSTMCell loops, 8 us per recorded operator: 20 s recorded, 3.1 M events,
-  8.6 GB held, 48 s to stop, export and gzip), so the time budget alone does not bound them. The
+  about 8.6 GB held, 48 s to stop, export and gzip), so the time budget alone does not bound them. The
   estimate counts the script's own growth too (a step's saved activations): it errs towards a
   shorter window.
 When the budget ends the window, the profiler stops (the trace so far is saved), meta.json's window
@@ -61,10 +59,11 @@ BUDGET_EVENTS = 1_000_000  # estimated trace events in the recorded steps (about
 # events plus the operators' events (forward and autograd backward, which cProfile does not see).
 # Measured: 0.65 (torch.save and deepcopy in the step, tests/data/scripts/pickling.py), 2.1
 # (sample_scripts/pd006_loss_graph_retained.py), 10 (LSTMCell loops, tests/data/scripts/lbfgs_long.py).
-# A rough estimate, set towards the high end: the time budget is the hard bound
+# A rough estimate, set towards the high end: the time budget and the memory estimate below, while
+# the profiler runs, are the hard bounds
 EVENTS_PER_CALL = 5.0
 # memory kineto holds per recorded event (record_shapes and with_stack: an operator's shapes and
-# Python stack). Measured: 2.8 KB (LSTMCell loops of time_sequence_prediction); set lower, so that
+# Python stack). Measured: about 2.8 KB (LSTMCell loops of time_sequence_prediction); set lower, so that
 # the estimate errs towards more events
 BYTES_PER_EVENT = 2048
 LOOK_S = 0.25  # how often `poll` reads the memory growth while the profiler runs
@@ -178,7 +177,8 @@ class Window:
         self.rss0: int | None = None  # ... at the profiler's start
         self.next_look = float("inf")  # perf_counter() at which `poll` next reads the memory growth
         self.stopped_by: str | None = None  # "time" | "events": the budget ended the window early
-        self.events_per_step: int | None = None  # the estimate at the end of the warm-up
+        # the estimate at the end of the warm-up, or from the memory growth where that ended the window
+        self.events_per_step: int | None = None
         self.ticked = 0  # the last step that ended (tick)
         self.pc = time.perf_counter
         self.own = False  # perfdoctor's own profiler is being started or stepped (UserProfilerGuard)
@@ -253,7 +253,7 @@ class Window:
         """The events recorded so far (estimated from the memory growth) fill the event budget;
         if so, `events_per_step` is set from them (over the `steps` profiled, the last one in part)."""
         now = self.rss() if self.rss0 is not None else None
-        if now is None or self.rss0 is None:
+        if now is None or self.rss0 is None:  # no /proc: the time budget alone
             return False
         events = max(0, now - self.rss0) // BYTES_PER_EVENT
         if events < self.budget_events:
