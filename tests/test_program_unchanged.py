@@ -19,7 +19,7 @@ from perfdoctor.capture.patches import ErrorLog  # noqa: E402
 from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe  # noqa: E402
 from perfdoctor.capture.probes.dataloader import DataLoaderProbe  # noqa: E402
 from perfdoctor.capture.probes.forward import ForwardProbe  # noqa: E402
-from perfdoctor.capture.window import Window  # noqa: E402
+from perfdoctor.capture.window import BYTES_PER_EVENT, Window  # noqa: E402
 
 
 class Clock:
@@ -27,7 +27,7 @@ class Clock:
 
     def __init__(self):
         self.pc = time.perf_counter
-        self.fwd = self.data = 0.0
+        self.fwd = self.data = self.own = 0.0
         self.bwd_depth = 0
         self.kind = None
         self.steps: list = []
@@ -36,7 +36,7 @@ class Clock:
         pass
 
     def exclude(self, t0):
-        pass
+        self.own += self.pc() - t0
 
 
 @pytest.fixture
@@ -158,3 +158,60 @@ def test_window_stops_inside_a_step_when_its_time_is_spent(tmp_path: Path):
     w.tick(1)
     w.finish()
     assert w.meta().stopped_by == "time" and w.next_at > 1000
+
+
+def test_window_ends_when_the_events_it_holds_fill_the_budget(tmp_path: Path):
+    """kineto keeps every event in memory until it stops: the growth since the profiler started
+    estimates the events recorded, looked at while a step runs and at its end."""
+    mem = [1 << 30]
+    w = Window(torch, tmp_path, 0, 0, 5, budget_events=1000, rss=lambda: mem[0])
+    w.tick(0)
+    w.next_look = 0.0  # its next look is due
+    assert not w.poll() and w.state == "active"  # nothing grew
+    mem[0] += 400 * BYTES_PER_EVENT
+    w.tick(1)
+    assert w.state == "active" and w.recorded == 1
+    mem[0] += 600 * BYTES_PER_EVENT
+    assert not w.poll()  # not due yet: the memory is read every LOOK_S
+    w.next_look = 0.0
+    torch.randn(64, 64) @ torch.randn(64, 64)
+    assert w.poll()  # inside step 2: the budget is full
+    assert (w.state, w.stopped_by, w.last_step) == ("done", "events", 2) and w.trace_saved
+    assert w.meta().events_per_step == 500  # 1000 events over steps 1 and 2 (in part)
+    w.tick(2)
+    w.finish()
+    assert w.meta().stopped_by == "events"
+
+    at_step_end = Window(torch, tmp_path / "b", 0, 0, 5, budget_events=1000, rss=lambda: mem[0])
+    (tmp_path / "b").mkdir()
+    at_step_end.tick(0)
+    mem[0] += 2000 * BYTES_PER_EVENT
+    at_step_end.tick(1)
+    assert (at_step_end.state, at_step_end.stopped_by, at_step_end.last_step) == ("done", "events", 1)
+
+
+def test_window_ends_inside_one_long_forward_and_its_stop_is_not_forward_time(forward, tmp_path: Path):
+    """One top-level call can hold a whole closure (LBFGS over a long LSTMCell loop): the window
+    looks at its budget at every module call, submodules too, and stops inside the forward."""
+    m = _model()  # 25 modules: the Sequential, 8 blocks, a LayerNorm and a Linear in each
+    w = Window(torch, tmp_path, 0, 0, 5, budget_s=0.0)
+    w.tick(0)  # the profiler starts, its time already spent
+    polls: list[int] = []
+
+    def poll():  # as the coordinator's: the window's stop inside a step is perfdoctor's own time
+        polls.append(1)
+        t0 = forward.clock.pc()
+        if w.poll():
+            time.sleep(0.2)  # stopping a long recording takes a while
+            forward.clock.exclude(t0)
+
+    forward.poll = poll
+    x = torch.randn(4, 16)
+    t0 = time.perf_counter()
+    out = m(x)
+    wall = time.perf_counter() - t0
+    assert len(polls) == 25 and w.state == "done" and w.stopped_by == "time"
+    assert w.trace_saved and (tmp_path / "trace.json.gz").stat().st_size > 0
+    assert forward.clock.fwd < wall - 0.15  # the stop is not the forward's time
+    forward.uninstall()
+    assert torch.equal(out, m(x))

@@ -3,7 +3,11 @@
 A step ends at an optimizer step (a global post hook on every optimizer); a script that never
 steps an optimizer is clocked by `torch.autograd.backward` calls, then by DataLoader batches, else
 the whole run is one span. A stronger clock that appears later takes over: the steps counted so
-far merge into its first step.
+far merge into its first step. A backward or a batch while an optimizer step runs (between its pre
+and post hooks: the closure of LBFGS, Lightning's automatic optimisation) belongs to that step and
+ends none, also before the first optimizer step has ended: LBFGS's first step (20 closure
+evaluations) is one step, never 20 backward steps that the optimizer clock merges afterwards (the
+profiled window would open on them, and its work be thrown away at the merge).
 
 The clock keeps the per-step timings: the probes add the time they measure (DataLoader waits,
 forward) to its running totals, the clock itself times backward and the optimizer step (less the
@@ -54,6 +58,7 @@ class StepClock:
         self.bwd_depth = self.opt_depth = 0
         self.opt_t0 = 0.0
         self.opt_inner0 = 0.0  # data + forward + backward so far when the optimizer step began
+        self.opt_own0 = 0.0  # perfdoctor's own time so far when the optimizer step began
         self.own = 0.0  # s of perfdoctor's own work inside the current step (`exclude`), taken out of it
         self.clock_opt: int | None = None  # id() of the optimizer whose step ends a step
         self.opt_seen: set[int] = set()
@@ -104,7 +109,7 @@ class StepClock:
                 clock.bwd += clock.pc() - t
             if clock.closed:
                 clock.after_close()
-            elif clock.kind == "backward" or clock.kind is None:
+            elif not clock.opt_depth and (clock.kind == "backward" or clock.kind is None):
                 if clock.event("backward"):
                     clock.tick()
             return out
@@ -117,7 +122,7 @@ class StepClock:
         """A DataLoader batch is asked for: with the DataLoader clock, the previous one's step ends."""
         if self.closed:
             self.after_close()
-        elif self.dl_calls and (self.kind == "dataloader" or self.kind is None):
+        elif self.dl_calls and not self.opt_depth and (self.kind == "dataloader" or self.kind is None):
             if self.event("dataloader"):
                 self.tick()
         self.dl_calls += 1
@@ -126,6 +131,7 @@ class StepClock:
         if self.opt_depth == 0:
             self.opt_t0 = self.pc()
             self.opt_inner0 = self.data + self.fwd + self.bwd
+            self.opt_own0 = self.own
         self.opt_depth += 1
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
@@ -136,8 +142,9 @@ class StepClock:
         if self.opt_depth:
             return
         # a closure (LBFGS, Lightning's automatic optimisation: optimizer.step(closure)) runs forward
-        # and backward inside the step: that time is forward and backward, measured as such, not optimizer
-        inner = self.data + self.fwd + self.bwd - self.opt_inner0
+        # and backward inside the step: that time is forward and backward, measured as such, not
+        # optimizer; perfdoctor's own work inside it (the profiled window's stop) is no one's
+        inner = self.data + self.fwd + self.bwd - self.opt_inner0 + self.own - self.opt_own0
         self.opt += max(0.0, self.pc() - self.opt_t0 - max(0.0, inner))
         oid = id(opt)
         if self.kind != "optimizer":
@@ -198,7 +205,6 @@ class StepClock:
             self.steps.append((i, now - self.t0, wall * 1e3, self.data * 1e3, self.fwd * 1e3,
                                self.bwd * 1e3, self.opt * 1e3, self.rss(), self.device_mem.read(i)))
             self.data = self.fwd = self.bwd = self.opt = self.own = 0.0
-            self.opt_inner0 = 0.0  # a step that ends inside an optimizer step: what follows is the next one's
             self.on_step(i)  # bookkeeping from here on is not part of any step's time
             if now - self._last_flush > FLUSH_S:
                 self.flush()

@@ -102,10 +102,12 @@ class Recorder:
 
     def _new_window(self) -> Window:
         return Window(self.torch, self.run_dir, *self.window_cfg, worker_pids=self.dataloader.worker_pids,
-                      budget_s=self.budget[0], budget_events=self.budget[1])
+                      budget_s=self.budget[0], budget_events=self.budget[1], rss=self.clock.rss)
 
     def _poll(self) -> None:
-        self.window.poll()
+        t0 = self.clock.pc()
+        if self.window.poll():  # the budget ended the window inside a step: stopping it is perfdoctor's time
+            self.clock.exclude(t0)
 
     # -- installation ---------------------------------------------------------------------------
     def install(self) -> None:

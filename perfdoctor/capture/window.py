@@ -9,11 +9,22 @@ The window has a budget, so that a run under perfdoctor takes about its bare tim
 whatever a step holds (one LBFGS step of 20 closure evaluations, a long evaluation loop, dozens of
 micro-batches per optimizer step):
 - time: `budget_s` of wall time from the profiler's start (warm-up and recorded steps). The window
-  looks at the clock at each step's end and, through `poll`, at each top-level module call and each
-  DataLoader batch, so that it also ends inside a long step; the trace keeps what was recorded.
+  looks at the clock at each step's end and, through `poll`, at each module call on the main thread
+  (submodules included) and each DataLoader batch, so that it also ends inside a long step or a long
+  forward (past the budget by at most one stretch without a module call: a backward, say); the
+  trace keeps what was recorded. A stop inside a step is perfdoctor's own time, not the step's.
 - events: at the end of the warm-up, cProfile's call count per warm-up step estimates the trace's
   events per step (`EVENTS_PER_CALL`, within a few times either way: torch.profiler counts nothing
   before it stops); the recorded steps are cut to fit `budget_events` (at least one is recorded).
+  While the profiler runs, the events recorded so far are estimated from the process's memory
+  growth since it started (kineto keeps every event in memory until it stops: `BYTES_PER_EVENT`),
+  looked at every `LOOK_S` through `poll` and at step ends; past the budget the window ends there,
+  inside a step too. This bounds what stopping costs where a warm-up estimate cannot: a window with
+  no warm-up, one huge step. Stopping and exporting take about twice the recording time where the
+  events are densest (LSTMCell loops, 8 us per recorded operator: 20 s recorded, 3.1 M events,
+  about 8.6 GB held, 48 s to stop, export and gzip), so the time budget alone does not bound them. The
+  estimate counts the script's own growth too (a step's saved activations): it errs towards a
+  shorter window.
 When the budget ends the window, the profiler stops (the trace so far is saved), meta.json's window
 says why (`stopped_by`), the report says so in a note, and the run goes on unprofiled.
 
@@ -56,8 +67,23 @@ BUDGET_EVENTS = 1_000_000  # estimated trace events in the recorded steps (about
 # events plus the operators' events (forward and autograd backward, which cProfile does not see).
 # Measured: 0.65 (torch.save and deepcopy in the step, tests/data/scripts/pickling.py), 2.1
 # (sample_scripts/pd006_loss_graph_retained.py), 10 (LSTMCell loops, tests/data/scripts/lbfgs_long.py).
-# A rough estimate, set towards the high end: the time budget is the hard bound
+# A rough estimate, set towards the high end: the time budget and the memory estimate below, while
+# the profiler runs, are the hard bounds
 EVENTS_PER_CALL = 5.0
+# memory kineto holds per recorded event (record_shapes and with_stack: an operator's shapes and
+# Python stack). Measured: about 2.8 KB (LSTMCell loops of time_sequence_prediction); set lower, so that
+# the estimate errs towards more events
+BYTES_PER_EVENT = 2048
+LOOK_S = 0.25  # how often `poll` reads the memory growth while the profiler runs
+
+
+def _rss() -> int | None:
+    """The process's resident memory in bytes (None where /proc is not there)."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _return_free_memory() -> None:
@@ -141,7 +167,7 @@ class Sampler(threading.Thread):
 class Window:
     def __init__(self, torch: Any, run_dir: Path, skip: int, warmup: int, active: int,
                  worker_pids: Callable[[], list[int]] = list, budget_s: float = BUDGET_S,
-                 budget_events: int = BUDGET_EVENTS):
+                 budget_events: int = BUDGET_EVENTS, rss: Callable[[], int | None] = _rss):
         self.torch = torch
         self.run_dir = run_dir
         self.worker_pids = worker_pids  # the live DataLoader worker processes, asked when the window opens
@@ -164,8 +190,12 @@ class Window:
         self.main_ident = threading.get_ident()
         self.budget_s, self.budget_events = budget_s, budget_events
         self.deadline = float("inf")  # perf_counter() at which the time budget is spent
+        self.rss = rss  # the process's resident bytes: the events recorded so far, estimated
+        self.rss0: int | None = None  # ... at the profiler's start
+        self.next_look = float("inf")  # perf_counter() at which `poll` next reads the memory growth
         self.stopped_by: str | None = None  # "time" | "events": the budget ended the window early
-        self.events_per_step: int | None = None  # the estimate at the end of the warm-up
+        # the estimate at the end of the warm-up, or from the memory growth where that ended the window
+        self.events_per_step: int | None = None
         self.ticked = 0  # the last step that ended (tick)
         self.pc = time.perf_counter
         self.own = False  # perfdoctor's own profiler is being started or stepped (UserProfilerGuard)
@@ -194,7 +224,10 @@ class Window:
                     if self.warmup == 0:
                         self.python_steps += 1
                 if self.pc() > self.deadline:  # out of time: step i is the last one profiled
-                    self._expire(i)
+                    self._expire(i, "time")
+                    return
+                if self._over_events(i - self.skip):  # the events so far fill the budget
+                    self._expire(i, "events")
                     return
                 if self.state == "warmup" and i >= self.skip + self.warmup and self.cprof is not None:
                     self.cprof.disable()
@@ -213,19 +246,43 @@ class Window:
             self._abort()
 
     # -- the budget -----------------------------------------------------------------------------
-    def poll(self) -> None:
-        """Called often by the probes (main thread or not): end the window once its time is spent."""
-        if self.pc() > self.deadline and threading.get_ident() == self.main_ident and self.state != "done":
-            try:
-                self._expire(self.ticked + 1)  # the step in progress: profiled in part
-            except Exception as e:  # noqa: BLE001 - the script must go on whatever the profiler does
-                self.error = f"{type(e).__name__}: {e}"
+    def poll(self) -> bool:
+        """Called often by the probes (main thread or not): end the window once its time or its
+        events are spent; True if this call ended it."""
+        now = self.pc()
+        if now < self.next_look and now <= self.deadline:
+            return False
+        if threading.get_ident() != self.main_ident or self.state == "done":
+            return False
+        why = "time" if now > self.deadline else None
+        if why is None:
+            self.next_look = now + LOOK_S
+            if not self._over_events(self.ticked + 1 - self.skip):
+                return False
+            why = "events"
+        try:
+            self._expire(self.ticked + 1, why)  # the step in progress: profiled in part
+        except Exception as e:  # noqa: BLE001 - the script must go on whatever the profiler does
+            self.error = f"{type(e).__name__}: {e}"
+        return True
 
-    def _expire(self, last: int) -> None:
-        """The time budget is spent: stop now (inside step `last` or at its end) and keep what was
-        recorded; the run goes on unprofiled."""
-        self.stopped_by = "time"
-        self.deadline = float("inf")
+    def _over_events(self, steps: int) -> bool:
+        """The events recorded so far (estimated from the memory growth) fill the event budget;
+        if so, `events_per_step` is set from them (over the `steps` profiled, the last one in part)."""
+        now = self.rss() if self.rss0 is not None else None
+        if now is None or self.rss0 is None:  # no /proc: the time budget alone
+            return False
+        events = max(0, now - self.rss0) // BYTES_PER_EVENT
+        if events < self.budget_events:
+            return False
+        self.events_per_step = int(events // max(1, steps))
+        return True
+
+    def _expire(self, last: int, why: str) -> None:
+        """The time or event budget is spent: stop now (inside step `last` or at its end) and keep
+        what was recorded; the run goes on unprofiled."""
+        self.stopped_by = why
+        self.deadline = self.next_look = float("inf")
         self.last_step = last
         self._stop_python()
         self._stop_profiler()
@@ -272,9 +329,11 @@ class Window:
         self.prof = tp.profile(activities=acts, record_shapes=True, with_stack=True,
                                schedule=tp.schedule(wait=0, warmup=self.warmup, active=self.active, repeat=1),
                                on_trace_ready=self._save_trace)
+        self.rss0 = self.rss()
         with _without_kineto_chatter(), self._own_call():
             self.prof.start()
         self.deadline = self.pc() + self.budget_s
+        self.next_look = self.pc() + LOOK_S
 
     def _start_python(self) -> None:
         # the sampler needs the GIL to look: with the default 5 ms switch interval it would mostly
@@ -304,7 +363,7 @@ class Window:
         prof, self.prof = self.prof, None
         self.state = "done"
         self.next_at = 1 << 62
-        self.deadline = float("inf")
+        self.deadline = self.next_look = float("inf")
         if prof is not None:
             with _without_kineto_chatter():
                 prof.stop()  # in the record phase this calls _save_trace with what was recorded

@@ -12,8 +12,11 @@ constant to dynamo, and from there the wrapper only calls through, so the traced
 a bare run gets. The probe's bookkeeping is keyed by `id()` and checked through a weak reference,
 never stored on the module.
 
-Each top-level call first lets the profiled window look at its time budget (`poll`), so that the
-window can end inside a long step. Top-level modules are discovered during the first steps (`stop_discovery`); later top-level
+Each module call on the main thread, top-level or not, first lets the profiled window look at its
+time budget (`poll`), so that the window ends inside a long step, even inside one long forward
+(LBFGS's closure over a 999-step LSTMCell loop is one top-level call); perfdoctor's own work inside
+a forward (the window's stop, a probe's site lookup: `StepClock.exclude`) is not forward time.
+Top-level modules are discovered during the first steps (`stop_discovery`); later top-level
 calls of those modules are still counted and timed, other modules' calls just pass through.
 """
 
@@ -72,10 +75,12 @@ class ForwardProbe:
         # (it crashes the interpreter when there is none)
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             # compiling() first: to dynamo it is True, and nothing below is traced
-            if compiling() or probe.busy or get_ident() != main or clock.bwd_depth:
+            if compiling() or get_ident() != main or clock.bwd_depth:
                 # (activation checkpointing re-runs forward inside backward: not a forward call)
                 return orig(self, *args, **kwargs)
             probe.poll()
+            if probe.busy:  # a submodule's call inside a followed forward
+                return orig(self, *args, **kwargs)
             followed = probe._enter(self)
             # an eval-mode forward that records autograd (PD019)
             eg = probe._eval_grad(self) if not self.training and grad_enabled() else None
@@ -83,14 +88,14 @@ class ForwardProbe:
                 return orig(self, *args, **kwargs)
             probe.busy = True
             saved = eg.measure() if eg is not None else None
-            t0 = pc()
+            t0, own0 = pc(), clock.own
             try:
                 if saved is None:
                     return orig(self, *args, **kwargs)
                 with saved_tensors_hooks(saved.pack, saved.unpack):
                     return orig(self, *args, **kwargs)
             finally:
-                dt = pc() - t0
+                dt = pc() - t0 - max(0.0, clock.own - own0)  # less perfdoctor's own work inside it
                 probe.busy = False
                 if followed:
                     clock.fwd += dt

@@ -1,0 +1,185 @@
+"""The step clock's step ends, driven event by event (a stand-in torch: no tensors, no CUDA): a
+backward or a DataLoader batch inside an optimizer step (LBFGS's closure, Lightning's automatic
+optimisation) ends no step, before the optimizer clock was first seen as after. One end-to-end run
+(marked e2e): an LBFGS script under `perfdoctor run --steps 2`."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+import types
+from typing import Any
+
+import pytest
+
+from perfdoctor.capture import run_script
+from perfdoctor.capture.clock import StepClock, StepsReached
+from perfdoctor.capture.patches import ErrorLog
+
+
+class Writer:
+    """What the clock writes of the steps (nothing reaches a disk)."""
+
+    def __init__(self) -> None:
+        self.restarts: list[str] = []
+
+    def restart_steps(self, kind: str) -> None:
+        self.restarts.append(kind)
+
+    def append_steps(self, steps: list[tuple]) -> None:
+        pass
+
+
+BACKWARD_S = 0.005
+
+
+def _backward(*args: Any, **kwargs: Any) -> None:
+    time.sleep(BACKWARD_S)
+
+
+def _torch() -> Any:
+    cuda = types.SimpleNamespace(is_initialized=lambda: False, reset_peak_memory_stats=lambda device=None: None)
+    return types.SimpleNamespace(autograd=types.SimpleNamespace(backward=_backward), cuda=cuda)
+
+
+class Run:
+    """A StepClock with its backward wrapper installed on a stand-in torch, and what it reported."""
+
+    def __init__(self) -> None:
+        self.torch = _torch()
+        self.writer = Writer()
+        self.clock = StepClock(self.torch, self.writer, ErrorLog())  # type: ignore[arg-type]
+        self.ticks: list[int] = []
+        self.merges = 0
+        self.clock.on_step = self.ticks.append
+        self.clock.on_merge = self._merged
+        self.clock._install_backward()
+        self.opt = object()
+
+    def _merged(self) -> None:
+        self.merges += 1
+
+    def backward(self) -> None:
+        self.torch.autograd.backward()
+
+    def opt_pre(self) -> None:
+        self.clock._opt_pre(self.opt, (), {})
+
+    def opt_post(self) -> None:
+        self.clock._opt_post(self.opt, (), {})
+
+    def lbfgs_step(self, closures: int) -> None:
+        self.opt_pre()
+        for _ in range(closures):
+            self.backward()
+        self.opt_post()
+
+
+def test_closure_backwards_inside_the_first_optimizer_step_end_no_step():
+    run = Run()
+    run.opt_pre()
+    run.backward()
+    assert run.ticks == [] and run.clock.kind is None  # no backward clock, no step inside the optimizer step
+    run.backward()
+    run.opt_post()
+    assert run.ticks == [1] and run.clock.kind == "optimizer"
+    assert run.merges == 0 and run.writer.restarts == ["optimizer"]  # nothing counted to merge
+    run.lbfgs_step(20)
+    run.lbfgs_step(3)
+    assert run.ticks == [1, 2, 3] and len(run.clock.steps) == 3
+
+
+def test_closure_time_is_backward_inside_the_one_step():
+    run = Run()
+    run.lbfgs_step(4)
+    (_, _, wall, _, _, bwd, opt, *_), = run.clock.steps
+    assert bwd >= 4 * BACKWARD_S * 1e3 > opt >= 0  # the closures' backward is backward, not optimizer
+    assert bwd + opt <= wall + 1e-6
+
+
+def test_own_work_inside_a_closure_is_neither_optimizer_nor_step_time():
+    run = Run()
+    run.opt_pre()
+    run.backward()
+    t0 = run.clock.pc()
+    time.sleep(0.05)  # the profiled window stops inside the optimizer step
+    run.clock.exclude(t0)
+    run.backward()
+    run.opt_post()
+    (_, _, wall, _, _, bwd, opt, *_), = run.clock.steps
+    assert opt < 20 and wall < bwd + 20  # ms: the 50 ms are out of both
+
+
+def test_nested_optimizer_steps_and_batches_inside_one_end_one_step():
+    run = Run()
+    run.clock.before_batch()  # the first batch: it ends nothing
+    run.opt_pre()
+    run.opt_pre()  # a wrapping optimizer (Lookahead-like) steps its inner one
+    run.backward()
+    run.clock.before_batch()  # a closure that fetches a batch: part of the optimizer step
+    run.opt_post()
+    assert run.ticks == []
+    run.opt_post()
+    assert run.ticks == [1] and run.clock.kind == "optimizer"
+
+
+def test_backward_without_an_optimizer_step_still_clocks_and_is_merged_later():
+    run = Run()
+    run.backward()
+    run.backward()
+    assert run.ticks == [1, 2] and run.clock.kind == "backward"
+    run.lbfgs_step(5)  # an optimizer appears: the backward steps so far merge into its first step
+    assert run.merges == 1 and run.clock.kind == "optimizer" and len(run.clock.steps) == 1
+
+
+def test_steps_limit_is_reached_at_the_optimizer_step_not_inside_its_closure():
+    run = Run()
+    run.clock.steps_limit = 1
+    limits: list[int] = []
+    run.clock.on_limit = lambda: limits.append(len(run.clock.steps))
+    run.opt_pre()
+    for _ in range(3):
+        run.backward()  # `--steps 1` would have stopped the script inside its first closure
+    assert limits == [] and not run.clock.stopping
+    with pytest.raises(StepsReached):
+        run.opt_post()
+    assert limits == [1] and run.clock.kind == "optimizer"
+
+
+LBFGS = """
+import torch, torch.nn as nn
+torch.manual_seed(0)
+torch.set_num_threads(1)
+model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 1))
+x, y = torch.randn(64, 8), torch.randn(64, 1)
+opt = torch.optim.LBFGS(model.parameters(), max_iter=5, tolerance_grad=0, tolerance_change=0)
+evals = 0
+for step in range(4):
+    def closure():
+        global evals
+        evals += 1
+        opt.zero_grad()
+        loss = ((model(x) - y) ** 2).mean()
+        loss.backward()
+        return loss
+    opt.step(closure)
+    print("step", step, "closure evaluations", evals, flush=True)
+"""
+
+
+@pytest.mark.e2e
+def test_lbfgs_steps_are_optimizer_steps_under_perfdoctor_run(tmp_path, capfd):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(LBFGS).lstrip())
+    r = run_script(str(script), out_dir=tmp_path / "run", steps=2, window=(0, 0, 1))
+    assert r.exit_code == 0
+    meta = json.loads((r.run_dir / "meta.json").read_text())
+    steps = json.loads((r.run_dir / "steps.json").read_text())["steps"]
+    # two LBFGS steps of 5 closure evaluations each: `--steps 2` stops after the second optimizer
+    # step, never inside the first one's closures
+    assert meta["step_clock"] == "optimizer" and meta["exit"]["reason"] == "steps-reached"
+    assert len(steps) == 2 and all(s["backward_ms"] > 0 for s in steps)
+    assert meta["window"]["trace"] and meta["window"]["first_step"] == 1
+    out = capfd.readouterr().out
+    assert "step 0 closure evaluations 5" in out and "step 1 closure evaluations 10" not in out
