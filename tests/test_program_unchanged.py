@@ -167,15 +167,15 @@ def test_window_ends_when_the_events_it_holds_fill_the_budget(tmp_path: Path):
     w = Window(torch, tmp_path, 0, 0, 5, budget_events=1000, rss=lambda: mem[0])
     w.tick(0)
     w.next_look = 0.0  # its next look is due
-    assert not w.poll() and w.state == "active"  # nothing grew
+    assert w.poll() is None and w.state == "active"  # nothing grew
     mem[0] += 400 * BYTES_PER_EVENT
     w.tick(1)
     assert w.state == "active" and w.recorded == 1
     mem[0] += 600 * BYTES_PER_EVENT
-    assert not w.poll()  # not due yet: the memory is read every LOOK_S
+    assert w.poll() is None  # not due yet: the memory is read every LOOK_S
     w.next_look = 0.0
     torch.randn(64, 64) @ torch.randn(64, 64)
-    assert w.poll()  # inside step 2: the budget is full
+    assert w.poll() is not None  # inside step 2: the budget is full
     assert (w.state, w.stopped_by, w.last_step) == ("done", "events", 2) and w.trace_saved
     assert w.meta().events_per_step == 500  # 1000 events over steps 1 and 2 (in part)
     w.tick(2)
@@ -200,8 +200,8 @@ def test_window_ends_inside_one_long_forward_and_its_stop_is_not_forward_time(fo
 
     def poll():  # as the coordinator's: the window's stop inside a step is perfdoctor's own time
         polls.append(1)
-        t0 = forward.clock.pc()
-        if w.poll():
+        t0 = w.poll()
+        if t0 is not None:
             time.sleep(0.2)  # stopping a long recording takes a while
             forward.clock.exclude(t0)
 

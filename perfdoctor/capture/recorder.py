@@ -105,8 +105,8 @@ class Recorder:
                       budget_s=self.budget[0], budget_events=self.budget[1], rss=self.clock.rss)
 
     def _poll(self) -> None:
-        t0 = self.clock.pc()
-        if self.window.poll():  # the budget ended the window inside a step: stopping it is perfdoctor's time
+        t0 = self.window.poll()
+        if t0 is not None:  # the budget ended the window inside a step: stopping it is perfdoctor's time
             self.clock.exclude(t0)
 
     # -- installation ---------------------------------------------------------------------------

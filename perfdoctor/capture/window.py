@@ -77,15 +77,6 @@ BYTES_PER_EVENT = 2048
 LOOK_S = 0.25  # how often `poll` reads the memory growth while the profiler runs
 
 
-def _rss() -> int | None:
-    """The process's resident memory in bytes (None where /proc is not there)."""
-    try:
-        with open("/proc/self/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 def _return_free_memory() -> None:
     """glibc's `malloc_trim(0)`: the heap's free pages back to the system (see the module docstring).
     Elsewhere (musl, macOS) nothing."""
@@ -167,7 +158,7 @@ class Sampler(threading.Thread):
 class Window:
     def __init__(self, torch: Any, run_dir: Path, skip: int, warmup: int, active: int,
                  worker_pids: Callable[[], list[int]] = list, budget_s: float = BUDGET_S,
-                 budget_events: int = BUDGET_EVENTS, rss: Callable[[], int | None] = _rss):
+                 budget_events: int = BUDGET_EVENTS, rss: Callable[[], int | None] = lambda: None):
         self.torch = torch
         self.run_dir = run_dir
         self.worker_pids = worker_pids  # the live DataLoader worker processes, asked when the window opens
@@ -190,7 +181,9 @@ class Window:
         self.main_ident = threading.get_ident()
         self.budget_s, self.budget_events = budget_s, budget_events
         self.deadline = float("inf")  # perf_counter() at which the time budget is spent
-        self.rss = rss  # the process's resident bytes: the events recorded so far, estimated
+        # the process's resident bytes (the step clock's reader, StepClock.rss; None: no /proc, and the
+        # time budget alone): the events recorded so far, estimated
+        self.rss = rss
         self.rss0: int | None = None  # ... at the profiler's start
         self.next_look = float("inf")  # perf_counter() at which `poll` next reads the memory growth
         self.stopped_by: str | None = None  # "time" | "events": the budget ended the window early
@@ -246,31 +239,33 @@ class Window:
             self._abort()
 
     # -- the budget -----------------------------------------------------------------------------
-    def poll(self) -> bool:
-        """Called often by the probes (main thread or not): end the window once its time or its
-        events are spent; True if this call ended it."""
+    def poll(self) -> float | None:
+        """Called often by the probes (main thread or not; on every module call: one clock read when
+        there is nothing to do): end the window once its time or its events are spent. Returns the
+        perf_counter() at which this call began ending it, None if it did not (the caller takes the
+        stop out of the step: `StepClock.exclude`)."""
         now = self.pc()
         if now < self.next_look and now <= self.deadline:
-            return False
+            return None
         if threading.get_ident() != self.main_ident or self.state == "done":
-            return False
+            return None
         why = "time" if now > self.deadline else None
         if why is None:
             self.next_look = now + LOOK_S
             if not self._over_events(self.ticked + 1 - self.skip):
-                return False
+                return None
             why = "events"
         try:
             self._expire(self.ticked + 1, why)  # the step in progress: profiled in part
         except Exception as e:  # noqa: BLE001 - the script must go on whatever the profiler does
             self.error = f"{type(e).__name__}: {e}"
-        return True
+        return now
 
     def _over_events(self, steps: int) -> bool:
         """The events recorded so far (estimated from the memory growth) fill the event budget;
         if so, `events_per_step` is set from them (over the `steps` profiled, the last one in part)."""
         now = self.rss() if self.rss0 is not None else None
-        if now is None or self.rss0 is None:  # no /proc: the time budget alone
+        if now is None or self.rss0 is None:  # no reading (no /proc): the time budget alone
             return False
         events = max(0, now - self.rss0) // BYTES_PER_EVENT
         if events < self.budget_events:
