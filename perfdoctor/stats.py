@@ -65,18 +65,24 @@ def warmup_steps(n_total: int) -> int:
     return max(2, math.ceil(0.10 * n_total))
 
 
+def profiler_steps(window: dict | None) -> range:
+    """The steps the profiler held: its warm-up and recorded steps and the step after them, which
+    carries the profiler's stop and the trace export (empty where no step was profiled)."""
+    window = window or {}
+    last = window.get("last_step")
+    return range(int(window.get("skip") or 0) + 1, int(last) + 2) if last is not None else range(0)
+
+
 def steady_steps(steps: list[dict], window: dict | None, min_steps: int = 3) -> list[dict]:
     """Steady-state steps, the one definition the report summary and the gate share: the warm-up
     dropped (`warmup_steps`, and every step before the profiler's schedule begins), and the
     profiler's window dropped (its warm-up and recorded steps, whose timings the profiler and
     cProfile inflate, and the step after it, which carries the profiler's stop and the trace
     export). A short run falls back to fewer exclusions until `min_steps` remain."""
-    window = window or {}
-    skip = int(window.get("skip") or 0)
-    last = window.get("last_step")
-    drop = max(warmup_steps(len(steps)), skip)
+    drop = max(warmup_steps(len(steps)), int((window or {}).get("skip") or 0))
+    held = profiler_steps(window)
     after = [s for s in steps if s["i"] > drop]
-    outside = [s for s in after if last is None or not (skip + 1 <= s["i"] <= int(last) + 1)]
+    outside = [s for s in after if s["i"] not in held]
     for cand in (outside, after, [s for s in steps if s["i"] > 1]):
         if len(cand) >= min_steps:
             return cand

@@ -19,7 +19,15 @@ from perfdoctor.errors import InputError
 from perfdoctor.facts import run_checklist, run_distributed
 from perfdoctor.facts.model import Facts, Subject, site_subject
 from perfdoctor.model import Hotspot, Location
-from perfdoctor.stats import breakdown, breakdown_rows, quantile, steady_steps, step_series, step_time_summary
+from perfdoctor.stats import (
+    breakdown,
+    breakdown_rows,
+    profiler_steps,
+    quantile,
+    steady_steps,
+    step_series,
+    step_time_summary,
+)
 from perfdoctor.stats import median as median_of
 
 # How much faster a GPU runs a training step's forward, backward and optimizer than this machine's
@@ -438,14 +446,13 @@ def load_run(run_dir: Path) -> RunData:
                       per_step=tuple(_part(s, k) for s in steady))
         facts.add("step.other_ms", split["other"], "ms",
                   detail=f"step time not in data, forward, backward, optimizer; {which}")
-    held = (range(int(window.get("skip") or 0) + 1, int(window["last_step"]) + 1)
-            if profiled and window.get("last_step") is not None else range(0))
+    held = profiler_steps(window) if profiled else range(0)  # its window and the export step after it
     if steps:  # every step of the run, for the charts: which were steady, which the profiler held
         summary["step_series"] = step_series([s["wall_ms"] for s in steps], [s["i"] for s in steady],
-                                             [held.start, held.stop - 1] if held else None)
+                                             [held.start, held.stop - 2] if held else None)
 
     # -- memory -------------------------------------------------------------------------------------
-    growth = _memory(facts, run_steps, steady, env, range(held.start, held.stop + 1) if held else held)
+    growth = _memory(facts, run_steps, steady, env, held)
 
     # -- probes -> facts and subjects -----------------------------------------------------------
     steady_idx = [s["i"] - 1 for s in steady]
