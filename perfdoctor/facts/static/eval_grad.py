@@ -59,8 +59,7 @@ def _function(index: SourceIndex, facts: Facts, fn: ast.FunctionDef | ast.AsyncF
                 and c.lineno > evals[name] and not _under_no_grad(index, c, fn)]
     if not forwards:
         return
-    callers = [c for c in index.calls if (isinstance(c.func, ast.Name) and c.func.id == fn.name)
-               or (isinstance(c.func, ast.Attribute) and c.func.attr == fn.name)]
+    callers = index.calls_named(fn.name)
     if not callers or any(_under_no_grad(index, c, None) for c in callers):
         return
     for c in forwards:

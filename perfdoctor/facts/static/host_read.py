@@ -87,8 +87,7 @@ def _less_than_every_step(index: SourceIndex, training_loops: list[ast.AST]) -> 
     periodic_fns: set[str] = set()
     for _ in range(4):  # functions called only from guarded code or from other such functions
         for name in index.functions:
-            sites = [c for c in index.calls if (isinstance(c.func, ast.Name) and c.func.id == name)
-                     or (isinstance(c.func, ast.Attribute) and c.func.attr == name)]
+            sites = index.calls_named(name)
             if name not in periodic_fns and sites and all(
                     index.periodic(c, None) or index.function_name(c) in periodic_fns for c in sites):
                 periodic_fns.add(name)

@@ -293,6 +293,22 @@ class SourceIndex:
             self._direct[key] = found
         return self._direct[key]
 
+    def callers(self, name: str) -> list[ast.Call]:
+        """The calls in this file that may call its function `name` (`local_callee`), in source order."""
+        if self._callers is None:
+            self._callers = {}
+            for c in self.calls:
+                callee = self.local_callee(c)
+                if callee is not None:
+                    self._callers.setdefault(callee, []).append(c)
+        return self._callers.get(name, [])
+
+    def calls_named(self, name: str) -> list[ast.Call]:
+        """The calls `name(...)` and `<anything>.name(...)`: every call that may reach a function
+        `name`, methods of other objects included (wider than `callers`)."""
+        return [c for c in self.calls if (isinstance(c.func, ast.Name) and c.func.id == name)
+                or (isinstance(c.func, ast.Attribute) and c.func.attr == name)]
+
     def in_training_step(self, node: ast.AST, depth: int = 0) -> bool | None:
         """Whether `node` runs inside a training step. True when a loop around it takes the step
         in its own body (not an epoch loop, whose inner loop takes them), when its function takes
@@ -315,13 +331,7 @@ class SourceIndex:
             return None
         if self._steps_directly(scope):
             return True
-        if self._callers is None:
-            self._callers = {}
-            for c in self.calls:
-                name = self.local_callee(c)
-                if name is not None:
-                    self._callers.setdefault(name, []).append(c)
-        sites = self._callers.get(scope.name, [])
+        sites = self.callers(scope.name)
         if not sites or depth >= 3:
             return None
         seen = [self.in_training_step(c, depth + 1) for c in sites]
@@ -370,7 +380,7 @@ class SourceIndex:
             return True
         if depth >= 3:
             return False
-        return any(self.local_callee(c) == scope.name and self.per_step(c, depth + 1) for c in self.calls)
+        return any(self.per_step(c, depth + 1) for c in self.callers(scope.name))
 
     def function_name(self, node: ast.AST) -> str:
         scope, _ = self.context(node)
