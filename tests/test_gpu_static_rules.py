@@ -383,3 +383,50 @@ def test_pd028_sequential_and_forward(tmp_path):
     assert "    nn.Conv2d(3, 16, 3, bias=False),\n" in after
     assert after.replace("nn.Conv2d(3, 16, 3, bias=False)", "nn.Conv2d(3, 16, 3)") == got[6].fix.before
     assert got[16].fix.after.strip() == "self.conv = nn.Conv1d(8, 8, 3, bias=False)"
+
+
+MODELS = """\
+    class Stem(nn.Module):  # a base class: the run records it through Net's __mro__
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+
+    class Net(Stem):
+        def forward(self, x):
+            return self.stem(x)
+
+    class Unused(nn.Module):  # defined (or imported from a models file) but never called
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+            self.bn = nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            return self.bn(self.conv(x))
+
+    def factory():
+        class Local(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Sequential(nn.Conv1d(3, 8, 3), nn.BatchNorm1d(8))
+        return Local()
+
+    head = nn.Sequential(nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8))  # in no class: always judged
+    """
+
+
+@pytest.mark.parametrize("ran, lines_found, convs", [
+    (None, [8, 17, 27, 30], 4),  # no run says which classes ran: every class is judged
+    ({"Stem", "Net"}, [8, 30], 2),
+    ({"Stem", "Net", "factory.<locals>.Local"}, [8, 27, 30], 3),
+    (set(), [30], 1),  # the run's models hold none of this file's classes
+])
+def test_pd028_and_conv_net_judge_only_the_classes_the_run_called(tmp_path, ran, lines_found, convs):
+    path = tmp_path / "train.py"
+    path.write_text(HEAD + textwrap.dedent(MODELS))
+    facts = machine(Facts())
+    classes = None if ran is None else {f"{path.resolve()}:{q}" for q in ran} | {"/elsewhere/models.py:Net"}
+    analyse_files([path], facts, classes)
+    assert sorted(lines(facts, "conv_bias")) == lines_found
+    assert [s.facts["conv_net.convs"].value for s in facts.of_kind("conv_net")] == [convs]
+    assert sorted(f.locations[0].line for f in findings(facts, tmp_path, "PD028")) == lines_found

@@ -72,6 +72,31 @@ def test_forward_probe_leaves_nothing_on_the_module(forward):
     assert torch.nn.Module.__call__ is bare_call
 
 
+class _Base(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _Inner()
+
+
+class _Inner(torch.nn.Module):
+    def forward(self, x):
+        return x
+
+
+class _Net(_Base):
+    def forward(self, x):
+        return self.inner(x)
+
+
+def test_forward_probe_names_the_user_classes_of_the_model_it_follows(forward):
+    m = torch.nn.Sequential(_Net(), torch.nn.ReLU())
+    m(torch.randn(2))
+    (r,) = forward.records()
+    here = str(Path(__file__).resolve())
+    assert r.classes == sorted(f"{here}:{q}" for q in ("_Base", "_Inner", "_Net"))  # no torch class, bases too
+    assert vars(m).keys() == vars(torch.nn.Sequential(_Net(), torch.nn.ReLU())).keys()
+
+
 def test_forward_probe_does_not_change_compiled_graphs(forward):
     from torch._dynamo.utils import counters
 

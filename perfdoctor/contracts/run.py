@@ -258,6 +258,10 @@ class ForwardRecord(Struct, kw_only=True):
     device: str | None = None
     params: int | None = None
     autocast: bool = False  # autocast was on in at least half the calls
+    # the classes (and their bases) of its module tree when first called that the user's files
+    # define, as "<real path>:<qualname>": static detectors of model code judge only the models that
+    # ran; None in a run folder written before perfdoctor recorded them
+    classes: list[str] | None = None
 
 
 class LossHolderRecord(Struct, kw_only=True):

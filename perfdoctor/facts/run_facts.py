@@ -14,7 +14,21 @@ from typing import Any, TypeVar
 import msgspec
 
 from perfdoctor.contracts.files import TOO_DEEP, check_schema, read_bytes, read_source
-from perfdoctor.contracts.run import SCHEMA, Env, Hotspots, Meta, Probes, Rank, Site, Step, Steps, Window, Workers, decode
+from perfdoctor.contracts.run import (
+    SCHEMA,
+    Env,
+    ForwardRecord,
+    Hotspots,
+    Meta,
+    Probes,
+    Rank,
+    Site,
+    Step,
+    Steps,
+    Window,
+    Workers,
+    decode,
+)
 from perfdoctor.errors import InputError
 from perfdoctor.facts import run_checklist, run_distributed
 from perfdoctor.facts.model import Facts, Subject, site_subject
@@ -53,6 +67,9 @@ class RunData:
     notes: list[str] = field(default_factory=list)
     user_files: list[Path] = field(default_factory=list)
     trace_path: Path | None = None
+    # the user-defined classes of the models the run called ("<file>:<qualname>"); None where the
+    # run saw no model called (then nothing is known of which ran)
+    model_classes: set[str] | None = None
 
 
 def _bytes(path: Path) -> bytes | None:
@@ -402,6 +419,14 @@ def _host_reads(facts: Facts, probes: Probes, steady_idx: list[int]) -> None:
             s.add("count_per_step", mean, "count", detail=f"mean over {len(steady_idx)} steady steps")
 
 
+def _model_classes(forward: list[ForwardRecord]) -> set[str] | None:
+    """The user-defined classes of the models the run called; None where it called none, or where
+    its run folder predates the record."""
+    if not forward or any(fw.classes is None for fw in forward):
+        return None
+    return {c for fw in forward for c in fw.classes or ()}
+
+
 def load_run(run_dir: Path) -> RunData:
     run_dir = Path(run_dir)
     meta, raw_meta = _read_meta(run_dir)
@@ -604,4 +629,5 @@ def load_run(run_dir: Path) -> RunData:
         notes.append(f"py-spy could not sample every DataLoader worker ({workers.error}); "
                      f"hot spots in the workers are {'partial' if workers.samples else 'missing'}")
     return RunData(meta=raw_meta, facts=facts, summary=summary, hotspots=_hotspots(hs) + worker_hot, notes=notes,
-                   user_files=[p for p in users if p.is_file()], trace_path=trace if trace.exists() else None)
+                   user_files=[p for p in users if p.is_file()], trace_path=trace if trace.exists() else None,
+                   model_classes=_model_classes(probes.forward))

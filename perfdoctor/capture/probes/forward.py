@@ -23,6 +23,7 @@ calls of those modules are still counted and timed, other modules' calls just pa
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import threading
 import weakref
@@ -35,6 +36,7 @@ from perfdoctor.capture import sites
 from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.contracts.run import EvalGradRecord, ForwardRecord
+from perfdoctor.usercode import is_user_file
 
 
 def is_compiling(torch: Any) -> Callable[[], bool]:
@@ -131,7 +133,8 @@ class ForwardProbe:
         r = ForwardRecord(site=sites.caller_site(3), module=type(mod).__name__, calls=0, autocast_calls=0,
                           param_dtype=str(p.dtype).replace("torch.", "") if p is not None else None,
                           device=p.device.type if p is not None else "cpu",
-                          params=int(sum(q.numel() for q in mod.parameters())))
+                          params=int(sum(q.numel() for q in mod.parameters())),
+                          classes=_user_classes(mod))
         self.known[id(mod)] = (weakref.ref(mod), r)
         self.forward.append(r)
         return r
@@ -165,6 +168,17 @@ class ForwardProbe:
 
     def eval_grad_records(self) -> list[EvalGradRecord]:
         return [e.record() for e in self.eval_grad.values()]
+
+
+def _user_classes(mod: Any) -> list[str]:
+    """The classes of `mod`'s module tree and their bases that the user's files define, as
+    "<real path of the file>:<qualname>" (read from the classes; nothing on the modules is touched)."""
+    out: set[str] = set()
+    for cls in {c for m in mod.modules() for c in type(m).__mro__}:
+        f = getattr(sys.modules.get(cls.__module__), "__file__", None)
+        if f and is_user_file(f):
+            out.add(f"{os.path.realpath(f)}:{cls.__qualname__}")
+    return sorted(out)
 
 
 class SavedTensors:

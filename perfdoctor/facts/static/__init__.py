@@ -61,11 +61,17 @@ DETECTORS = (
 )
 
 
-def analyse_files(paths: list[Path], facts: Facts) -> None:
-    """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped."""
+def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | None = None) -> None:
+    """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped.
+    `model_classes`: the classes of the models a run called ("<absolute file>:<qualname>", their
+    bases included), where a run knows them: the detectors of model code judge only those
+    (`SourceIndex.model_ran`); None: every class in the files."""
     for path in paths:
         index = read(Path(path))
         if index is None:
             continue
+        if model_classes is not None:
+            prefix = f"{index.file}:"
+            index.ran_classes = {c[len(prefix):] for c in model_classes if c.startswith(prefix)}
         for detect in DETECTORS:
             detect(index, facts)

@@ -5,7 +5,8 @@ per-channel bias cancels out: it costs a parameter tensor, an add and its gradie
 Two shapes are recognised: consecutive layers of `nn.Sequential(conv, bn, ...)`, and a forward
 that calls `self.bn(self.conv(x))` with `self.conv` / `self.bn` built in the same class. A
 convolution given `bias=False` (or a bias that is not a literal, or a positional one), and a BatchNorm given
-`affine=False` (its bias cannot absorb the shift of frozen statistics), are left out."""
+`affine=False` (its bias cannot absorb the shift of frozen statistics), are left out, and so is a
+layer of a model class the run never called (`SourceIndex.model_ran`: a file of several models)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _affine(call: ast.Call) -> bool:
 
 
 def _pair(index: SourceIndex, facts: Facts, conv: ast.Call, norm: ast.Call, pattern: str) -> None:
-    if _has_bias(conv) and _affine(norm):
+    if _has_bias(conv) and _affine(norm) and index.model_ran(conv):
         s = index.subject(facts, "conv_bias", conv)
         put(s, "layer", (dotted(conv.func) or "").rsplit(".", 1)[-1])
         put(s, "norm", (dotted(norm.func) or "").rsplit(".", 1)[-1])

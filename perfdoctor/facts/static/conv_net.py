@@ -1,6 +1,7 @@
 """Convolutional models (PD016 cudnn-benchmark, PD023 channels-last): one `conv_net` subject per
 file that constructs convolution layers, keyed on the first one, with the layer as written, its
-spatial dimensions and how many the file constructs."""
+spatial dimensions and how many the file constructs; the layers of a model class the run never
+called are not counted (`SourceIndex.model_ran`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ CONVS = {f"torch.nn.{kind}{d}d": d for d in (1, 2, 3) for kind in ("Conv", "Conv
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
-    convs = [c for c in index.calls if index.qual(c.func) in CONVS]
+    convs = [c for c in index.calls if index.qual(c.func) in CONVS and index.model_ran(c)]
     if not convs:
         return
     first = min(convs, key=lambda c: (c.lineno, c.col_offset))

@@ -170,6 +170,32 @@ class SourceIndex:
         self._trains: dict[int, bool] = {}
         self._direct: dict[int, bool] = {}  # `_steps_directly` by the loop or function's id
         self._callers: dict[str, list[ast.Call]] | None = None  # function name -> its calls in this file
+        # the qualnames of this file's classes that were part of the models a run called, where a
+        # run says (set by `static.analyse_files`); None: unknown
+        self.ran_classes: set[str] | None = None
+
+    def model_ran(self, node: ast.AST) -> bool:
+        """False where `node` is inside a class of this file that the run's models did not hold
+        (a model the script defines or imports but never called); True inside one they held,
+        outside any class, or where no run says which classes ran."""
+        if self.ran_classes is None:
+            return True
+        cls = next((p for p in self._ancestors(node) if isinstance(p, ast.ClassDef)), None)
+        if cls is None:
+            return True
+        names = [cls.name]  # its __qualname__: "Outer.Inner", "make.<locals>.Net"
+        for p in self._ancestors(cls):
+            if isinstance(p, ast.ClassDef):
+                names.append(p.name)
+            elif isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names += ["<locals>", p.name]
+        return ".".join(reversed(names)) in self.ran_classes
+
+    def _ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
+        p = self.parents.get(node)
+        while p is not None:
+            yield p
+            p = self.parents.get(p)
 
     # -- names and context ---------------------------------------------------------------
     def _aliases(self) -> dict[str, str]:
