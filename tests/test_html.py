@@ -107,6 +107,12 @@ def test_gpu_trace_page_shows_the_gpu_timeline() -> None:
     assert float(got["facts.gpu.idle_host_wait_ms"]) == r.facts["gpu.idle_host_wait_ms"].value
     assert float(got["facts.gpu.utilization"]) == r.facts["gpu.utilization"].value
 
+    # a trace has no source to rewrite: its fixes are words alone, shown as the fix (not "for
+    # example") and without an empty diff
+    words = [f for f in r.findings if f.fix and not (f.fix.before or f.fix.after)]
+    assert words and not any(f.fix.example for f in words)
+    assert '<pre class="diff"></pre>' not in page and "Fix, for example:" not in page
+
 
 def test_rank_folder_page_marks_the_straggler() -> None:
     r = analyse_path(RANKS)

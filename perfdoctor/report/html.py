@@ -391,7 +391,8 @@ def _diff(fix) -> str:
     lines += [f'<span class="add">+ {_e(l[indent:])}</span>' for l in (after or ([""] if before else []))]
     head = "Fix, for example:" if fix.example else "Fix:"
     note = f'<p class="note">{_e(fix.note)}</p>' if fix.note else ""
-    return f'<div class="fix"><p><strong>{head}</strong></p><pre class="diff">{"".join(lines)}</pre>{note}</div>'
+    diff = f'<pre class="diff">{"".join(lines)}</pre>' if lines else ""  # a note-only fix has no diff
+    return f'<div class="fix"><p><strong>{head}</strong></p>{diff}{note}</div>'
 
 
 def _paras(text: str) -> str:

@@ -191,8 +191,8 @@ def _fix(rule: Rule, subject: Subject | None, lookup: Callable[[str], Any], file
         return Fix(before=render_template(rule.fix_text.get("before", ""), lookup),
                    after=render_template(rule.fix_text["after"], lookup),
                    note=render_template(rule.fix_text.get("note", ""), lookup), example=True)
-    if rule.fix_text.get("note"):
-        return Fix(before="", after="", note=render_template(rule.fix_text["note"], lookup), example=True)
+    if rule.fix_text.get("note"):  # words only: nothing to illustrate, so no example to call it
+        return Fix(before="", after="", note=render_template(rule.fix_text["note"], lookup))
     return None
 
 
