@@ -63,26 +63,30 @@ class Run:
     def backward(self) -> None:
         self.torch.autograd.backward()
 
-    def opt_pre(self) -> None:
-        self.clock._opt_pre(self.opt, (), {})
-
-    def opt_post(self) -> None:
-        self.clock._opt_post(self.opt, (), {})
+    def step(self, body: Any = None, opt: Any = None) -> None:
+        """`opt.step()` as torch runs it: one frame (its step wrapper) calls the pre hooks, the
+        step's body (`body()`: a closure's backward, an inner optimizer's step), the post hooks."""
+        opt = self.opt if opt is None else opt
+        self.clock._opt_pre(opt, (), {})
+        if body is not None:
+            body()
+        self.clock._opt_post(opt, (), {})
 
     def lbfgs_step(self, closures: int) -> None:
-        self.opt_pre()
-        for _ in range(closures):
-            self.backward()
-        self.opt_post()
+        def closures_() -> None:
+            for _ in range(closures):
+                self.backward()
+        self.step(closures_)
 
 
 def test_closure_backwards_inside_the_first_optimizer_step_end_no_step():
     run = Run()
-    run.opt_pre()
-    run.backward()
-    assert run.ticks == [] and run.clock.kind is None  # no backward clock, no step inside the optimizer step
-    run.backward()
-    run.opt_post()
+
+    def closures() -> None:
+        run.backward()
+        assert run.ticks == [] and run.clock.kind is None  # no backward clock, no step inside the optimizer step
+        run.backward()
+    run.step(closures)
     assert run.ticks == [1] and run.clock.kind == "optimizer"
     assert run.merges == 0 and run.writer.restarts == ["optimizer"]  # nothing counted to merge
     run.lbfgs_step(20)
@@ -100,13 +104,14 @@ def test_closure_time_is_backward_inside_the_one_step():
 
 def test_own_work_inside_a_closure_is_neither_optimizer_nor_step_time():
     run = Run()
-    run.opt_pre()
-    run.backward()
-    t0 = run.clock.pc()
-    time.sleep(0.05)  # the profiled window stops inside the optimizer step
-    run.clock.exclude(t0)
-    run.backward()
-    run.opt_post()
+
+    def closures() -> None:
+        run.backward()
+        t0 = run.clock.pc()
+        time.sleep(0.05)  # the profiled window stops inside the optimizer step
+        run.clock.exclude(t0)
+        run.backward()
+    run.step(closures)
     (_, _, wall, _, _, bwd, opt, *_), = run.clock.steps
     assert opt < 20 and wall < bwd + 20  # ms: the 50 ms are out of both
 
@@ -114,13 +119,15 @@ def test_own_work_inside_a_closure_is_neither_optimizer_nor_step_time():
 def test_nested_optimizer_steps_and_batches_inside_one_end_one_step():
     run = Run()
     run.clock.before_batch()  # the first batch: it ends nothing
-    run.opt_pre()
-    run.opt_pre()  # a wrapping optimizer (Lookahead-like) steps its inner one
-    run.backward()
-    run.clock.before_batch()  # a closure that fetches a batch: part of the optimizer step
-    run.opt_post()
-    assert run.ticks == []
-    run.opt_post()
+
+    def inner() -> None:
+        run.backward()
+        run.clock.before_batch()  # a closure that fetches a batch: part of the optimizer step
+
+    def outer() -> None:
+        run.step(inner)  # a wrapping optimizer (Lookahead-like) steps its inner one
+        assert run.ticks == []
+    run.step(outer)
     assert run.ticks == [1] and run.clock.kind == "optimizer"
 
 
@@ -138,13 +145,30 @@ def test_steps_limit_is_reached_at_the_optimizer_step_not_inside_its_closure():
     run.clock.steps_limit = 1
     limits: list[int] = []
     run.clock.on_limit = lambda: limits.append(len(run.clock.steps))
-    run.opt_pre()
-    for _ in range(3):
-        run.backward()  # `--steps 1` would have stopped the script inside its first closure
-    assert limits == [] and not run.clock.stopping
+
+    def closures() -> None:
+        for _ in range(3):
+            run.backward()  # `--steps 1` would have stopped the script inside its first closure
+        assert limits == [] and not run.clock.stopping
     with pytest.raises(StepsReached):
-        run.opt_post()
+        run.step(closures)
     assert limits == [1] and run.clock.kind == "optimizer"
+
+
+def test_a_step_that_raised_out_of_the_optimizer_and_was_caught_ends_there():
+    run = Run()
+    run.lbfgs_step(1)
+
+    def fails() -> None:
+        run.backward()
+        raise FloatingPointError("nan in the update")  # the script catches it and goes on
+    for _ in range(2):
+        with pytest.raises(FloatingPointError):
+            run.step(fails)  # its post hook never comes
+        assert run.clock.opt_depth == 1
+    run.lbfgs_step(1)  # the next step of the optimizer is a step again (it was never, before)
+    run.lbfgs_step(1)
+    assert run.ticks == [1, 2, 3] and run.clock.opt_depth == 0
 
 
 LBFGS = """

@@ -55,7 +55,10 @@ class StepClock:
         #  CUDA memory per device or None)
         self.steps: list[tuple] = []
         self.data = self.fwd = self.bwd = self.opt = 0.0  # seconds in the current step
-        self.bwd_depth = self.opt_depth = 0
+        self.bwd_depth = 0
+        # the running optimizer steps, outermost first: id() of torch's step wrapper frame, which
+        # calls the pre and post hooks (a wrapping optimizer steps an inner one: two)
+        self.opt_frames: list[int] = []
         self.opt_t0 = 0.0
         self.opt_inner0 = 0.0  # data + forward + backward so far when the optimizer step began
         self.opt_own0 = 0.0  # perfdoctor's own time so far when the optimizer step began
@@ -127,15 +130,33 @@ class StepClock:
                 self.tick()
         self.dl_calls += 1
 
+    @property
+    def opt_depth(self) -> int:
+        """Optimizer steps running now (nested where one optimizer steps another)."""
+        return len(self.opt_frames)
+
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if self.opt_depth == 0:
+        frame = sys._getframe(1)  # torch's step wrapper, which calls the hooks
+        if self.opt_frames:
+            # a step whose frame is no longer running raised out of `optimizer.step()` and the
+            # script caught it: its post hook never came; it ended there (else no backward,
+            # batch or later step would end a step again)
+            running, f = set(), frame.f_back
+            while f is not None:
+                running.add(id(f))
+                f = f.f_back
+            while self.opt_frames and self.opt_frames[-1] not in running:
+                self.opt_frames.pop()
+        if not self.opt_frames:
             self.opt_t0 = self.pc()
             self.opt_inner0 = self.data + self.fwd + self.bwd
             self.opt_own0 = self.own
-        self.opt_depth += 1
+        self.opt_frames.append(id(frame))
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
-        self.opt_depth = max(0, self.opt_depth - 1)
+        frame = id(sys._getframe(1))
+        if frame in self.opt_frames:
+            del self.opt_frames[self.opt_frames.index(frame):]
         if self.closed:
             self.after_close()
             return
