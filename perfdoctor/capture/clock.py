@@ -157,6 +157,8 @@ class StepClock:
         frame = id(sys._getframe(1))
         if frame in self.opt_frames:
             del self.opt_frames[self.opt_frames.index(frame):]
+        elif self.opt_frames:  # called from another frame than its pre hook (a torch that calls hooks otherwise)
+            self.opt_frames.pop()
         if self.closed:
             self.after_close()
             return
