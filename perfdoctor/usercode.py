@@ -7,8 +7,9 @@ A file is the user's unless it belongs to torch, perfdoctor, an installed packag
 library. Two kinds of paths are judged:
 
 - paths of this machine (the capture child's frames): excluded by where this interpreter keeps
-  its standard library and packages (`sysconfig`), where perfdoctor lives, and where torch lives
-  once it is imported;
+  its standard library and packages (`sysconfig`), where perfdoctor lives, where torch lives
+  once it is imported, and a package installed into another folder of sys.path (`pip install
+  --target DIR` on PYTHONPATH: its distribution's metadata lies in that folder);
 - paths recorded elsewhere (a torch.profiler trace from another machine): excluded by their shape,
   since the other machine's folders are unknown: `site-packages` / `dist-packages`, a
   `/lib/python` or `/usr/lib` folder, a `/torch/` folder, and the short names torch.profiler
@@ -22,6 +23,7 @@ import ast
 import os
 import sys
 import sysconfig
+from pathlib import Path
 
 _PERFDOCTOR_DIR = os.path.dirname(os.path.abspath(__file__))
 _SHORT_NOT_USER = frozenset({"torch", "perfdoctor"})
@@ -56,7 +58,51 @@ def _judge(path: str) -> bool:
             return False
     if _prefixes is None:
         _prefixes = _excluded_prefixes()
-    return not (path.startswith(_prefixes) or os.path.abspath(path).startswith(_prefixes))
+    if path.startswith(_prefixes) or os.path.abspath(path).startswith(_prefixes):
+        return False
+    return not (os.path.isabs(path) and _in_installed_package(os.path.abspath(path)))
+
+
+_installed: dict[str, frozenset[str]] = {}  # sys.path folder -> the top-level names pip installed there
+
+
+def _in_installed_package(path: str) -> bool:
+    """The file is part of a package that pip installed into a folder of sys.path other than the
+    standard ones: `pip install --target DIR` on PYTHONPATH, a vendored site folder. Its top-level
+    name is listed by a wheel's metadata in that same folder (`*.dist-info`): the user's own code on
+    PYTHONPATH has none there, and a project installed in editable mode keeps its `*.dist-info` in
+    site-packages (an old `setup.py develop` leaves `*.egg-info` in the source tree: not read)."""
+    for entry in sys.path:
+        folder = os.path.abspath(entry or os.curdir)
+        if not path.startswith(folder + os.sep):
+            continue
+        top = path[len(folder) + 1:].split(os.sep, 1)[0]
+        if top.removesuffix(".py") in _top_levels(folder):
+            return True
+    return False
+
+
+def _top_levels(folder: str) -> frozenset[str]:
+    got = _installed.get(folder)
+    if got is None:
+        names: set[str] = set()
+        try:
+            infos = [n for n in os.listdir(folder) if n.endswith(".dist-info")]
+        except OSError:
+            infos = []
+        if infos:
+            from importlib import metadata  # only for a folder that holds installed distributions
+
+            for info in infos:
+                dist = metadata.PathDistribution(Path(folder, info))
+                top = dist.read_text("top_level.txt")
+                if top:
+                    names.update(t.strip() for t in top.splitlines() if t.strip())
+                else:  # no top_level.txt: the first part of every installed file's path
+                    names.update(f.parts[0].removesuffix(".py") for f in dist.files or ()
+                                 if f.parts and not f.parts[0].endswith((".dist-info", ".egg-info", "..")))
+        got = _installed[folder] = frozenset(names)
+    return got
 
 
 def is_user_file(path: str) -> bool:
@@ -72,6 +118,7 @@ def reset_cache() -> None:
     global _prefixes
     _prefixes = None
     _cache.clear()
+    _installed.clear()
 
 
 def kwargs_style(call: ast.Call) -> str:

@@ -406,6 +406,36 @@ def test_kwargs_style_reads_the_call():
     assert DataLoader(*[[1]], batch_size=2) == "literal"  # positional *args are not keyword arguments
 
 
+def test_a_package_pip_installed_into_a_folder_on_sys_path_is_not_the_users(tmp_path, monkeypatch):
+    from perfdoctor import usercode
+
+    site = tmp_path / "site"  # `pip install --target site lightning`, then PYTHONPATH=site
+    for rel in ("lightning/trainer.py", "yaml/__init__.py", "mine/model.py", "train.py"):
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text("")
+    (site / "lightning-2.6.6.dist-info").mkdir()
+    (site / "lightning-2.6.6.dist-info" / "top_level.txt").write_text("lightning\n")
+    (site / "PyYAML-6.0.dist-info").mkdir()  # no top_level.txt: its RECORD's paths say
+    (site / "PyYAML-6.0.dist-info" / "METADATA").write_text("Name: PyYAML\nVersion: 6.0\n")
+    (site / "PyYAML-6.0.dist-info" / "RECORD").write_text("yaml/__init__.py,,\nPyYAML-6.0.dist-info/RECORD,,\n")
+    proj = tmp_path / "proj"  # the user's project, set up with an old `setup.py develop`: an egg-info
+    (proj / "mine.egg-info").mkdir(parents=True)
+    (proj / "mine.egg-info" / "top_level.txt").write_text("mine\n")
+    (proj / "mine").mkdir()
+    (proj / "mine" / "model.py").write_text("")
+    monkeypatch.setattr(sys, "path", [str(proj), str(site), *sys.path])
+    usercode.reset_cache()
+    try:
+        assert not usercode.is_user_file(str(site / "lightning" / "trainer.py"))
+        assert not usercode.is_user_file(str(site / "yaml" / "__init__.py"))
+        assert usercode.is_user_file(str(site / "mine" / "model.py"))  # no wheel there lists it
+        assert usercode.is_user_file(str(site / "train.py"))
+        assert usercode.is_user_file(str(proj / "mine" / "model.py"))
+    finally:
+        monkeypatch.undo()
+        usercode.reset_cache()
+
+
 def test_is_user_file_for_this_machine_and_recorded_paths(tmp_path):
     import os
     import sysconfig
