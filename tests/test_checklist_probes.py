@@ -1,6 +1,7 @@
 """The capture probes of the checklist rules, driven by a stand-in step clock (no torch): gc.collect()
 calls per site and step (PD027), the run-long stack sampler (PD020), the CPU waits from schedstat
-(PD018), dynamo's records read after each step (PD029, from a stand-in `torch._dynamo.utils`); the
+(PD018), dynamo's records read after each step (PD029, from a stand-in `torch._dynamo.utils`),
+torch.cuda.empty_cache() calls inside the steps (PD005, a stand-in `torch.cuda`); the
 DataLoader start-up times (PD015) are covered end to end by tests/test_e2e_samples.py, the eval-mode
 forwards (PD019) by tests/test_program_unchanged.py (real torch)."""
 
@@ -20,6 +21,7 @@ import pytest
 from perfdoctor.capture.patches import ErrorLog
 from perfdoctor.capture.probes.compile import CompileProbe
 from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe
+from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
 from perfdoctor.capture.probes.gc_calls import GcCallProbe
 from perfdoctor.capture.probes.stalls import StallSampler
 
@@ -41,6 +43,31 @@ class Clock:
         now = self.pc()
         self.steps.append((len(self.steps) + 1, 0.0, (now - self.step_start) * 1e3))
         self.step_start = now
+
+
+def test_empty_cache_calls_count_inside_steps_only(monkeypatch):
+    monkeypatch.setattr("perfdoctor.capture.sites.is_user_file", lambda f: f == __file__)
+    freed: list[int] = []
+    cuda = types.SimpleNamespace(empty_cache=lambda: freed.append(1))
+    torch = types.SimpleNamespace(cuda=cuda)
+    clock = Clock()
+    probe = EmptyCacheProbe(torch, clock, ErrorLog())  # type: ignore[arg-type]
+    probe.install()
+
+    def teardown() -> None:  # a library's end of fit, after the last step
+        torch.cuda.empty_cache()
+    try:
+        torch.cuda.empty_cache()  # set-up, before the first step ended
+        clock.tick()
+        for _ in range(3):
+            torch.cuda.empty_cache()
+            clock.tick()
+        teardown()
+    finally:
+        probe.uninstall()
+    assert len(freed) == 5 and torch.cuda.empty_cache is cuda.empty_cache
+    recs = sorted(probe.records(), key=lambda r: r.site.line)
+    assert [(r.calls, r.calls_in_steps) for r in recs] == [(1, 0), (1, 0), (3, 3)]  # teardown, set-up, loop
 
 
 def test_gc_calls_counted_per_site_and_step(monkeypatch):

@@ -1,4 +1,5 @@
-"""`torch.cuda.empty_cache()` calls, per call site: how many, and how many inside the steps."""
+"""`torch.cuda.empty_cache()` calls, per call site: how many, and how many inside the steps (after
+the first step's end and before the last's)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ class EmptyCacheProbe:
         self.err = err
         self.patches = Patches()
         self.calls: dict[tuple, EmptyCacheRecord] = {}
+        # per call site, the calls by how many steps had ended when they were made
+        self.by_step: dict[tuple, dict[int, int]] = {}
 
     def install(self) -> None:
         torch, probe = self.torch, self
@@ -30,8 +33,9 @@ class EmptyCacheProbe:
                 if r is None:
                     r = probe.calls[key] = EmptyCacheRecord(site=site, calls=0, calls_in_steps=0)
                 r.calls += 1
-                if probe.clock.steps:
-                    r.calls_in_steps += 1
+                by = probe.by_step.setdefault(key, {})
+                n = len(probe.clock.steps)
+                by[n] = by.get(n, 0) + 1
             except Exception as e:  # noqa: BLE001
                 probe.err("empty_cache", e)
             return orig()
@@ -45,4 +49,9 @@ class EmptyCacheProbe:
         self.patches.undo()
 
     def records(self) -> list[EmptyCacheRecord]:
+        """`calls_in_steps`: the calls made inside a step that ended, after the first: not those
+        before it (set-up) nor after the last step's end (a library's teardown at the end of fit)."""
+        done = len(self.clock.steps)
+        for key, r in self.calls.items():
+            r.calls_in_steps = sum(c for n, c in self.by_step.get(key, {}).items() if 1 <= n < done)
         return list(self.calls.values())
