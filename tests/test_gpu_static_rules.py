@@ -430,3 +430,63 @@ def test_pd028_and_conv_net_judge_only_the_classes_the_run_called(tmp_path, ran,
     assert sorted(lines(facts, "conv_bias")) == lines_found
     assert [s.facts["conv_net.convs"].value for s in facts.of_kind("conv_net")] == [convs]
     assert sorted(f.locations[0].line for f in findings(facts, tmp_path, "PD028")) == lines_found
+
+
+# -- Lightning: the Trainer and Fabric move the batches and pick the GPU --------------------------
+LIGHTNING = """\
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+
+class Data(L.LightningDataModule):
+    def train_dataloader(self):
+        return DataLoader(self.ds, batch_size=32)
+
+    def val_dataloader(self):
+        return DataLoader(self.ds, batch_size=32)
+
+
+def main(model, ds):
+    train = DataLoader(ds, batch_size=64)
+    val = DataLoader(ds, batch_size=64)
+    kept = DataLoader(ds, batch_size=64)  # never given to Lightning
+    trainer = L.Trainer(max_epochs=1{accelerator})
+    trainer.fit(model, train, val_dataloaders=val)
+    fabric = L.Fabric()
+    a, b = fabric.setup_dataloaders(DataLoader(ds), DataLoader(ds), move_to_device={move})
+    for x in kept:
+        pass
+"""
+
+
+@pytest.mark.parametrize("accelerator, move", [("", "True"), (', accelerator="cpu"', "False")])
+def test_lightning_loaders_feed_the_gpu_that_the_trainer_picks(tmp_path, accelerator, move):
+    path = tmp_path / "train.py"
+    path.write_text(LIGHTNING.format(accelerator=accelerator, move=move))
+    facts = Facts()
+    facts.add("device.type", "cpu", "", "machine")
+    analyse_files([path], facts)
+    got = lines(facts, "dataloader")
+    feeds = {n: (v.get("feeds_cuda"), v.get("trains")) for n, v in got.items()}
+    fabric = (True, None) if move == "True" else (None, None)
+    assert feeds == {8: (True, True), 11: (True, False), 15: (True, True), 16: (True, False), 17: (None, None),
+                     21: fabric}
+    assert got[8]["non_blocking"] is True  # Lightning copies with non_blocking=True on CUDA
+    # the Trainer and Fabric are left to pick the device ("auto"): a GPU where there is one. Fabric()
+    # is in both files, so only its absence would make the second False
+    assert facts.value("script.targets_cuda") is True
+    pd003 = sorted(f.locations[0].line for f in findings(facts, tmp_path, "PD003"))
+    assert pd003 == [8, 15] + ([21] if move == "True" else [])
+
+
+def test_a_lightning_trainer_told_cpu_targets_no_gpu(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text('import lightning as L\ntrainer = L.Trainer(accelerator="cpu")\n')
+    facts = Facts()
+    analyse_files([path], facts)
+    assert facts.value("script.targets_cuda") is False
+    path.write_text('import pytorch_lightning as pl\ntrainer = pl.Trainer(devices=1)\n')
+    facts = Facts()
+    analyse_files([path], facts)
+    assert facts.value("script.targets_cuda") is True

@@ -9,6 +9,11 @@ where its loops take none while another loop of the file does, or all sit in an 
 (`evaluate`, `eval_split`, `test`: an evaluation or test loader, its copies are not on the training
 step), absent otherwise.
 
+Lightning moves batches itself (to the module's device, non_blocking on CUDA): a loader that Lightning
+iterates (`lightning_stage`: built in a `*_dataloader` hook, given to a Trainer's `fit` / `validate` /
+`test` / `predict` or to Fabric's `setup_dataloaders`) feeds CUDA wherever the script runs on a GPU,
+with no `.to(device)` in the user's code; a Trainer's training loader trains, its others do not.
+
 `pin_memory_on_cuda` is the value pin_memory takes when the script runs on a CUDA device:
 `pin_memory=use_cuda`, `pin_memory=torch.cuda.is_available()` and a kwargs dict that gets
 `pin_memory: True` on the accelerator path (`if use_cuda: kwargs.update({"pin_memory": True})`)
@@ -36,6 +41,12 @@ from perfdoctor.usercode import kwargs_style
 # functions that evaluate rather than train: `evaluate`, `eval_split`, `test`, `validate`, `run_validation`
 _EVAL_NAME = re.compile(r"(^|_)(eval|evaluate|evaluation|test|valid|validate|validation)($|_)", re.I)
 DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
+_HOOK = re.compile(r"^(train|val|test|predict)_dataloader$")  # Lightning's dataloader hooks
+_EVAL_STAGES = ("val", "test", "predict")
+# a Lightning Trainer's methods that iterate loaders: their loader parameters after the model
+_TRAINER_CALLS = {"fit": ("train_dataloaders", "val_dataloaders"), "validate": ("dataloaders",),
+                  "test": ("dataloaders",), "predict": ("dataloaders",)}
+_TRAINER_KWARGS = frozenset({"train_dataloaders", "val_dataloaders", "dataloaders"})
 # DataLoader's positional parameters, in order (torch 2.x).
 _POSITIONAL = ("dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers",
                "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn",
@@ -71,16 +82,57 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     if isinstance(on_cuda, bool):
         put(s, "pin_memory_on_cuda", on_cuda)
     moves = batch_moves(index, call)
+    stage = lightning_stage(index, call)
     if moves:
         put(s, "feeds_cuda", True)
         put(s, "non_blocking", all(
             isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m, _ in moves))
+    elif stage is not None:  # Lightning moves these batches to the module's device, non_blocking on CUDA
+        put(s, "feeds_cuda", True)
+        put(s, "non_blocking", True)
     loops = [loop for loop, _ in batch_loops(index, call)]
-    if any(index.trains(loop) for loop in loops):
+    if any(index.trains(loop) for loop in loops) or stage == "train":
         put(s, "trains", True)
-    elif loops and (index.has_training_loop() or all(
+    elif stage in _EVAL_STAGES or loops and (index.has_training_loop() or all(
             _EVAL_NAME.search(index.function_name(loop)) for loop in loops)):
         put(s, "trains", False)  # an evaluation loader beside the training one, or in an eval function
+
+
+def lightning_stage(index: SourceIndex, call: ast.Call) -> str | None:
+    """Where Lightning iterates this DataLoader and moves its batches to the module's device: "train"
+    or "val"/"test"/"predict" for a loader built in a class's `<stage>_dataloader` method (a
+    LightningModule's or LightningDataModule's hook) or given to a Trainer's `fit` / `validate` /
+    `test` / `predict`; "fabric" for one given to Fabric's `setup_dataloaders` (without
+    `move_to_device=False`: the loops over it say whether it trains); None elsewhere. A loader is
+    given directly or by the name it is bound to in the same function."""
+    scope = index.context(call)[0]
+    if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and isinstance(index.parents.get(scope), ast.ClassDef):
+        m = _HOOK.match(scope.name)
+        if m:
+            return m.group(1)
+    parent = index.parents.get(call)
+    bound = dotted(parent.targets[0]) if isinstance(parent, ast.Assign) and len(parent.targets) == 1 else None
+
+    def given(node: ast.AST | None, c: ast.Call) -> bool:
+        return node is call or (bound is not None and node is not None and dotted(node) == bound
+                                and index.context(c)[0] is scope)
+
+    for c in index.calls:
+        attr = c.func.attr if isinstance(c.func, ast.Attribute) else None
+        if attr == "setup_dataloaders":
+            move = kwarg(c, "move_to_device")
+            if not (isinstance(move, ast.Constant) and move.value is False) and any(given(a, c) for a in c.args):
+                return "fabric"
+        elif attr in _TRAINER_CALLS:
+            # fit(model, train_dataloaders, val_dataloaders, datamodule), validate/test/predict(model, dataloaders):
+            # by Lightning's own keywords, or by position where the receiver is a Trainer
+            named = {k.arg: k.value for k in c.keywords if k.arg in _TRAINER_KWARGS}
+            positional = (dict(zip(_TRAINER_CALLS[attr], c.args[1:]))
+                          if isinstance(c.func, ast.Attribute) and index.lightning_trainer(c.func.value) else {})
+            for arg, node in {**positional, **named}.items():
+                if given(node, c):
+                    return "train" if arg == "train_dataloaders" else "val"
+    return None
 
 
 def batch_loops(index: SourceIndex, dl_call: ast.Call) -> list[tuple[ast.AST, set[str]]]:

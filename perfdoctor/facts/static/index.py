@@ -41,6 +41,8 @@ _OFF_CUDA_NAME = re.compile(r"^(no_(cuda|gpu|accel|accelerator)|(use_|force_|onl
 _OPTIMIZER_NAME = re.compile(r"optim|(^|[._])opt($|[_A-Z0-9])|scaler", re.I)
 _CUDA_AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_available",
                              "torch.backends.mps.is_available", "torch.xpu.is_available"})
+LIGHTNING_TRAINERS = frozenset({"lightning.Trainer", "lightning.pytorch.Trainer", "lightning.pytorch.trainer.Trainer",
+                                "pytorch_lightning.Trainer", "pytorch_lightning.trainer.Trainer"})
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda  # the enclosing function of a node
@@ -190,6 +192,19 @@ class SourceIndex:
             elif isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 names += ["<locals>", p.name]
         return ".".join(reversed(names)) in self.ran_classes
+
+    def lightning_trainer(self, node: ast.AST) -> bool:
+        """`node` is a Lightning Trainer: a `Trainer(...)` call, or a name this file binds to one
+        (`trainer = L.Trainer(...)`), or LightningCLI's `cli.trainer`."""
+        if isinstance(node, ast.Call):
+            return self.qual(node.func) in LIGHTNING_TRAINERS
+        if isinstance(node, ast.Attribute) and node.attr == "trainer":
+            return True
+        name = dotted(node)
+        return name is not None and any(
+            isinstance(n, ast.Assign) and any(dotted(t) == name for t in n.targets)
+            and isinstance(n.value, ast.Call) and self.qual(n.value.func) in LIGHTNING_TRAINERS
+            for n in self.nodes)
 
     def _ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
         p = self.parents.get(node)
