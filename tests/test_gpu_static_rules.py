@@ -490,3 +490,47 @@ def test_a_lightning_trainer_told_cpu_targets_no_gpu(tmp_path):
     facts = Facts()
     analyse_files([path], facts)
     assert facts.value("script.targets_cuda") is True
+
+
+ACCELERATE = """\
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+
+def main(args, model, optimizer, ds):
+    accelerator = Accelerator(cpu=args.cpu{placement})
+    train_dataloader = DataLoader(ds, batch_size=32, shuffle=True)
+    eval_dataloader = DataLoader(ds, batch_size=32)
+    other = DataLoader(ds)
+    model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader)
+    for batch in train_dataloader:
+        loss = model(batch)
+        accelerator.backward(loss)
+        optimizer.step()
+    for batch in eval_dataloader:
+        model(batch)
+    tokenizer = object()
+    tokenizer.prepare(other)  # not an Accelerator
+"""
+
+
+@pytest.mark.parametrize("placement", ["", ", device_placement=False"])
+def test_accelerate_prepare_moves_the_loaders_it_is_given(tmp_path, placement):
+    path = tmp_path / "train.py"
+    path.write_text(ACCELERATE.format(placement=placement))
+    facts = Facts()
+    facts.add("device.type", "cpu", "", "machine")
+    analyse_files([path], facts)
+    got = lines(facts, "dataloader")
+    feeds = {n: (v.get("feeds_cuda"), v.get("trains"), v.get("non_blocking")) for n, v in got.items()}
+    moved = not placement
+    assert feeds == {8: (True if moved else None, True, None), 9: (True if moved else None, False, None),
+                     10: (None, None, None)}
+    assert facts.value("script.targets_cuda") is True  # the --cpu flag is an opt-in: the GPU is the script's path
+    assert sorted(f.locations[0].line for f in findings(facts, tmp_path, "PD003")) == ([8] if moved else [])
+    path.write_text("from accelerate import Accelerator\naccelerator = Accelerator(cpu=True)\n")
+    facts = Facts()
+    analyse_files([path], facts)
+    assert facts.value("script.targets_cuda") is False

@@ -82,14 +82,15 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     if isinstance(on_cuda, bool):
         put(s, "pin_memory_on_cuda", on_cuda)
     moves = batch_moves(index, call)
-    stage = lightning_stage(index, call)
+    stage = framework_stage(index, call)
     if moves:
         put(s, "feeds_cuda", True)
         put(s, "non_blocking", all(
             isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m, _ in moves))
-    elif stage is not None:  # Lightning moves these batches to the module's device, non_blocking on CUDA
+    elif stage is not None:  # the framework moves these batches to the model's device
         put(s, "feeds_cuda", True)
-        put(s, "non_blocking", True)
+        if stage != "accelerate":  # Lightning copies with non_blocking on CUDA; Accelerate as configured
+            put(s, "non_blocking", True)
     loops = [loop for loop, _ in batch_loops(index, call)]
     if any(index.trains(loop) for loop in loops) or stage == "train":
         put(s, "trains", True)
@@ -98,13 +99,15 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
         put(s, "trains", False)  # an evaluation loader beside the training one, or in an eval function
 
 
-def lightning_stage(index: SourceIndex, call: ast.Call) -> str | None:
-    """Where Lightning iterates this DataLoader and moves its batches to the module's device: "train"
-    or "val"/"test"/"predict" for a loader built in a class's `<stage>_dataloader` method (a
-    LightningModule's or LightningDataModule's hook) or given to a Trainer's `fit` / `validate` /
-    `test` / `predict`; "fabric" for one given to Fabric's `setup_dataloaders` (without
-    `move_to_device=False`: the loops over it say whether it trains); None elsewhere. A loader is
-    given directly or by the name it is bound to in the same function."""
+def framework_stage(index: SourceIndex, call: ast.Call) -> str | None:
+    """Where a training framework iterates this DataLoader and moves its batches to the model's device:
+    "train" or "val"/"test"/"predict" for a loader built in a class's `<stage>_dataloader` method (a
+    LightningModule's or LightningDataModule's hook) or given to a Lightning Trainer's `fit` /
+    `validate` / `test` / `predict`; "fabric" for one given to Fabric's `setup_dataloaders` (without
+    `move_to_device=False`), "accelerate" for one given to Hugging Face Accelerate's
+    `accelerator.prepare` (an `Accelerator` without `device_placement=False`): for these two the
+    loops over it say whether it trains; None elsewhere. A loader is given directly or by the name
+    it is bound to in the same function."""
     scope = index.context(call)[0]
     if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and isinstance(index.parents.get(scope), ast.ClassDef):
         m = _HOOK.match(scope.name)
@@ -123,6 +126,9 @@ def lightning_stage(index: SourceIndex, call: ast.Call) -> str | None:
             move = kwarg(c, "move_to_device")
             if not (isinstance(move, ast.Constant) and move.value is False) and any(given(a, c) for a in c.args):
                 return "fabric"
+        elif attr == "prepare" and isinstance(c.func, ast.Attribute) and index.accelerator_places(c.func.value):
+            if any(given(a, c) for a in c.args):
+                return "accelerate"
         elif attr in _TRAINER_CALLS:
             # fit(model, train_dataloaders, val_dataloaders, datamodule), validate/test/predict(model, dataloaders):
             # by Lightning's own keywords, or by position where the receiver is a Trainer

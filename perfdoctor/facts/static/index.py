@@ -43,6 +43,7 @@ _CUDA_AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_av
                              "torch.backends.mps.is_available", "torch.xpu.is_available"})
 LIGHTNING_TRAINERS = frozenset({"lightning.Trainer", "lightning.pytorch.Trainer", "lightning.pytorch.trainer.Trainer",
                                 "pytorch_lightning.Trainer", "pytorch_lightning.trainer.Trainer"})
+ACCELERATORS = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda  # the enclosing function of a node
@@ -205,6 +206,20 @@ class SourceIndex:
             isinstance(n, ast.Assign) and any(dotted(t) == name for t in n.targets)
             and isinstance(n.value, ast.Call) and self.qual(n.value.func) in LIGHTNING_TRAINERS
             for n in self.nodes)
+
+    def accelerator_places(self, node: ast.AST) -> bool:
+        """`node` is a Hugging Face Accelerate `Accelerator` that places batches on its device: a
+        name this file binds to `Accelerator(...)` without `device_placement=False` (or the call
+        itself), or an attribute or name called `accelerator` that the file does not bind otherwise."""
+        calls = [node] if isinstance(node, ast.Call) else [
+            n.value for n in self.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+            and any(dotted(t) == dotted(node) for t in n.targets)] if dotted(node) else []
+        made = [c for c in calls if self.qual(c.func) in ACCELERATORS]
+        if made:
+            return any(not (isinstance(v := kwarg(c, "device_placement"), ast.Constant) and v.value is False)
+                       for c in made)
+        name = dotted(node) or ""
+        return not calls and name.rsplit(".", 1)[-1] == "accelerator"
 
     def _ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
         p = self.parents.get(node)

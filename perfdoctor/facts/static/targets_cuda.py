@@ -2,7 +2,7 @@
 string, or a `.cuda(...)` call) or select one (`torch.cuda.is_available()`, `torch.cuda.set_device`,
 `torch.accelerator.current_accelerator()`: pytorch/examples pick the accelerator that way), or build
 a Lightning Trainer, Fabric or LightningCLI that picks the GPU by itself (accelerator "auto", the
-default, "gpu" or "cuda")? It is the
+default, "gpu" or "cuda"), or a Hugging Face Accelerate `Accelerator` not told `cpu=True`? It is the
 union over the files of one read: each file's detector raises an earlier file's static False to True,
 and a value from another source is kept."""
 
@@ -12,7 +12,7 @@ import ast
 import re
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import LIGHTNING_TRAINERS, SourceIndex, add_union, kwarg
+from perfdoctor.facts.static.index import ACCELERATORS, LIGHTNING_TRAINERS, SourceIndex, add_union, kwarg
 
 _CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
 _FACT = "script.targets_cuda"
@@ -34,9 +34,18 @@ def _lightning_picks_gpu(index: SourceIndex, call: ast.Call) -> bool:
     return acc is None or isinstance(acc, ast.Constant) and acc.value in _PICKS_GPU
 
 
+def _accelerate_picks_gpu(index: SourceIndex, call: ast.Call) -> bool:
+    """Hugging Face Accelerate's `Accelerator(...)` not told `cpu=True` (a `cpu=args.cpu` flag is the
+    user's opt-in to the CPU: the script's own path is the GPU)."""
+    if index.qual(call.func) not in ACCELERATORS:
+        return False
+    cpu = kwarg(call, "cpu")
+    return not (isinstance(cpu, ast.Constant) and cpu.value is True)
+
+
 def _names_cuda(index: SourceIndex) -> bool:
     for node in index.nodes:
-        if isinstance(node, ast.Call) and _lightning_picks_gpu(index, node):
+        if isinstance(node, ast.Call) and (_lightning_picks_gpu(index, node) or _accelerate_picks_gpu(index, node)):
             return True
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.match(node.value):
             return True
