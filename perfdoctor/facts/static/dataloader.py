@@ -9,10 +9,11 @@ where its loops take none while another loop of the file does, or all sit in an 
 (`evaluate`, `eval_split`, `test`: an evaluation or test loader, its copies are not on the training
 step), absent otherwise.
 
-Lightning moves batches itself (to the module's device, non_blocking on CUDA): a loader that Lightning
-iterates (`lightning_stage`: built in a `*_dataloader` hook, given to a Trainer's `fit` / `validate` /
-`test` / `predict` or to Fabric's `setup_dataloaders`) feeds CUDA wherever the script runs on a GPU,
-with no `.to(device)` in the user's code; a Trainer's training loader trains, its others do not.
+Lightning and Hugging Face Accelerate move batches themselves: a loader that they iterate
+(`framework_stage`: built in a `*_dataloader` hook, given to a Trainer's `fit` / `validate` / `test` /
+`predict`, to Fabric's `setup_dataloaders` or to `accelerator.prepare`) feeds CUDA wherever the script
+runs on a GPU, with no `.to(device)` in the user's code (Lightning's copies are non_blocking on CUDA);
+a Trainer's training loader trains, its others do not.
 
 `pin_memory_on_cuda` is the value pin_memory takes when the script runs on a CUDA device:
 `pin_memory=use_cuda`, `pin_memory=torch.cuda.is_available()` and a kwargs dict that gets

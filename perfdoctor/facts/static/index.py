@@ -194,32 +194,38 @@ class SourceIndex:
                 names += ["<locals>", p.name]
         return ".".join(reversed(names)) in self.ran_classes
 
-    def lightning_trainer(self, node: ast.AST) -> bool:
-        """`node` is a Lightning Trainer: a `Trainer(...)` call, or a name this file binds to one
-        (`trainer = L.Trainer(...)`), or LightningCLI's `cli.trainer`."""
+    def bound_calls(self, node: ast.AST) -> list[ast.Call]:
+        """The calls `node` stands for: itself where it is a call, else the calls this file assigns
+        to its dotted name (`trainer = L.Trainer(...)`, `self.accelerator = Accelerator(...)`)."""
         if isinstance(node, ast.Call):
-            return self.qual(node.func) in LIGHTNING_TRAINERS
-        if isinstance(node, ast.Attribute) and node.attr == "trainer":
-            return True
+            return [node]
         name = dotted(node)
-        return name is not None and any(
-            isinstance(n, ast.Assign) and any(dotted(t) == name for t in n.targets)
-            and isinstance(n.value, ast.Call) and self.qual(n.value.func) in LIGHTNING_TRAINERS
-            for n in self.nodes)
+        return [] if name is None else [
+            n.value for n in self.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+            and any(dotted(t) == name for t in n.targets)]
+
+    def _made_by(self, node: ast.AST, makers: frozenset[str], usual_name: str) -> list[ast.Call] | None:
+        """The calls of `makers` that `node` stands for (`bound_calls`); None where the file binds it
+        to nothing and its name is the usual one for such an object (a parameter `accelerator`,
+        LightningCLI's `cli.trainer`); [] where it is something else."""
+        calls = self.bound_calls(node)
+        made = [c for c in calls if self.qual(c.func) in makers]
+        if made or calls:
+            return made
+        return None if (dotted(node) or "").rsplit(".", 1)[-1] == usual_name else []
+
+    def lightning_trainer(self, node: ast.AST) -> bool:
+        """`node` is a Lightning Trainer: a `Trainer(...)` call or a name bound to one, or a
+        `trainer` the file does not bind (LightningCLI's `cli.trainer`)."""
+        return self._made_by(node, LIGHTNING_TRAINERS, "trainer") != []
 
     def accelerator_places(self, node: ast.AST) -> bool:
-        """`node` is a Hugging Face Accelerate `Accelerator` that places batches on its device: a
-        name this file binds to `Accelerator(...)` without `device_placement=False` (or the call
-        itself), or an attribute or name called `accelerator` that the file does not bind otherwise."""
-        calls = [node] if isinstance(node, ast.Call) else [
-            n.value for n in self.nodes if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
-            and any(dotted(t) == dotted(node) for t in n.targets)] if dotted(node) else []
-        made = [c for c in calls if self.qual(c.func) in ACCELERATORS]
-        if made:
-            return any(not (isinstance(v := kwarg(c, "device_placement"), ast.Constant) and v.value is False)
-                       for c in made)
-        name = dotted(node) or ""
-        return not calls and name.rsplit(".", 1)[-1] == "accelerator"
+        """`node` is a Hugging Face Accelerate `Accelerator` that places batches on its device: an
+        `Accelerator(...)` call or a name bound to one, without `device_placement=False`, or an
+        `accelerator` the file does not bind (a function's parameter)."""
+        made = self._made_by(node, ACCELERATORS, "accelerator")
+        return made is None or any(
+            not (isinstance(v := kwarg(c, "device_placement"), ast.Constant) and v.value is False) for c in made)
 
     def _ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
         p = self.parents.get(node)
