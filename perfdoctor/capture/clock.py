@@ -117,7 +117,6 @@ class StepClock:
                     clock.tick()
             return out
 
-        backward.__wrapped__ = orig  # type: ignore[attr-defined]
         self.patches.replace(self.torch.autograd, "backward", backward)
 
     # -- events ---------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import types
 from typing import Any
 
 MAX_ERRORS = 20
@@ -14,9 +16,14 @@ class Patches:
         self._undo: list[Any] = []
 
     def replace(self, owner: Any, name: str, new: Any) -> Any:
-        """Set `owner.name` to `new`; return what it was."""
+        """Set `owner.name` to `new`; return what it was. A wrapper function takes the original's name,
+        doc and signature (`functools.update_wrapper`: `__wrapped__`), so that what reads them sees
+        the bare function: Lightning re-creates a DataLoader from `inspect.signature(__init__)`'s
+        parameters, and a wrapper's `(loader, *args, **kwargs)` made it ask for a `loader` attribute."""
         had = name in vars(owner)
         old = getattr(owner, name)
+        if isinstance(new, types.FunctionType) and callable(old):
+            functools.update_wrapper(new, old)
         setattr(owner, name, new)
         self._undo.append((owner, name, old, had))
         return old

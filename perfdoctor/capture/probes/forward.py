@@ -22,7 +22,6 @@ calls of those modules are still counted and timed, other modules' calls just pa
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 import threading
@@ -104,7 +103,6 @@ class ForwardProbe:
                 if eg is not None:
                     eg.done(dt, saved, len(clock.steps) + 1 if clock.kind is not None else 0)
 
-        functools.update_wrapper(__call__, orig)
         self.patches.replace(Module, "__call__", __call__)
 
     def uninstall(self) -> None:
