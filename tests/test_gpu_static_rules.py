@@ -460,7 +460,7 @@ def main(model, ds):
 """
 
 
-@pytest.mark.parametrize("accelerator, move", [("", "True"), (', accelerator="cpu"', "False")])
+@pytest.mark.parametrize("accelerator, move", [("", "True"), ("", "False"), (', accelerator="cpu"', "True")])
 def test_lightning_loaders_feed_the_gpu_that_the_trainer_picks(tmp_path, accelerator, move):
     path = tmp_path / "train.py"
     path.write_text(LIGHTNING.format(accelerator=accelerator, move=move))
@@ -469,15 +469,15 @@ def test_lightning_loaders_feed_the_gpu_that_the_trainer_picks(tmp_path, acceler
     analyse_files([path], facts)
     got = lines(facts, "dataloader")
     feeds = {n: (v.get("feeds_cuda"), v.get("trains")) for n, v in got.items()}
-    fabric = (True, None) if move == "True" else (None, None)
-    assert feeds == {8: (True, True), 11: (True, False), 15: (True, True), 16: (True, False), 17: (None, None),
-                     21: fabric}
-    assert got[8]["non_blocking"] is True  # Lightning copies with non_blocking=True on CUDA
-    # the Trainer and Fabric are left to pick the device ("auto"): a GPU where there is one. Fabric()
-    # is in both files, so only its absence would make the second False
+    gpu = True if not accelerator else None  # a Trainer told the CPU: this file's loaders feed no GPU
+    assert feeds == {8: (gpu, True), 11: (gpu, False), 15: (gpu, True), 16: (gpu, False), 17: (None, None),
+                     21: (gpu if move == "True" else None, None)}  # move_to_device=False: Fabric moves nothing
+    if gpu:
+        assert got[8]["non_blocking"] is True  # Lightning copies with non_blocking=True on CUDA
+    # Fabric() is left to pick the device ("auto", a GPU where there is one) in both files
     assert facts.value("script.targets_cuda") is True
     pd003 = sorted(f.locations[0].line for f in findings(facts, tmp_path, "PD003"))
-    assert pd003 == [8, 15] + ([21] if move == "True" else [])
+    assert pd003 == ([8, 15] + ([21] if move == "True" else []) if gpu else [])
 
 
 def test_a_lightning_trainer_told_cpu_targets_no_gpu(tmp_path):

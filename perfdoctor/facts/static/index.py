@@ -44,6 +44,10 @@ _CUDA_AVAILABLE = frozenset({"torch.cuda.is_available", "torch.accelerator.is_av
 LIGHTNING_TRAINERS = frozenset({"lightning.Trainer", "lightning.pytorch.Trainer", "lightning.pytorch.trainer.Trainer",
                                 "pytorch_lightning.Trainer", "pytorch_lightning.trainer.Trainer"})
 ACCELERATORS = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Accelerator"})
+# Lightning's Trainer, Fabric and LightningCLI (which builds a Trainer): their accelerator defaults to "auto"
+LIGHTNING = LIGHTNING_TRAINERS | {"lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric",
+                                  "lightning.pytorch.cli.LightningCLI", "pytorch_lightning.cli.LightningCLI"}
+_PICKS_GPU = frozenset({"auto", "gpu", "cuda"})
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda  # the enclosing function of a node
@@ -193,6 +197,20 @@ class SourceIndex:
             elif isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 names += ["<locals>", p.name]
         return ".".join(reversed(names)) in self.ran_classes
+
+    def framework_picks_gpu(self, call: ast.Call) -> bool | None:
+        """For a training framework's construction, whether it runs on a GPU where there is one: a
+        Lightning Trainer / Fabric / LightningCLI left on accelerator "auto" (the default) or told
+        "gpu" / "cuda", a Hugging Face Accelerate `Accelerator` not told `cpu=True` (a `cpu=args.cpu`
+        flag is an opt-in: the script's own path is the GPU); None for any other call."""
+        q = self.qual(call.func)
+        if q in LIGHTNING:
+            acc = kwarg(call, "accelerator")
+            return acc is None or isinstance(acc, ast.Constant) and acc.value in _PICKS_GPU
+        if q in ACCELERATORS:
+            cpu = kwarg(call, "cpu")
+            return not (isinstance(cpu, ast.Constant) and cpu.value is True)
+        return None
 
     def bound_calls(self, node: ast.AST) -> list[ast.Call]:
         """The calls `node` stands for: itself where it is a call, else the calls this file assigns

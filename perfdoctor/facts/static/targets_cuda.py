@@ -12,40 +12,16 @@ import ast
 import re
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import ACCELERATORS, LIGHTNING_TRAINERS, SourceIndex, add_union, kwarg
+from perfdoctor.facts.static.index import SourceIndex, add_union
 
 _CUDA_STRING = re.compile(r"^cuda(:\d+)?$")
 _FACT = "script.targets_cuda"
 _SELECTS = ("torch.cuda.", "torch.accelerator.")  # device selection: is_available, set_device, current_accelerator
 
 
-# Lightning's Trainer, Fabric and LightningCLI (which builds a Trainer) pick a GPU where there is one:
-# their accelerator defaults to "auto"
-_LIGHTNING = LIGHTNING_TRAINERS | {"lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric",
-                                   "lightning.pytorch.cli.LightningCLI", "pytorch_lightning.cli.LightningCLI"}
-_PICKS_GPU = frozenset({"auto", "gpu", "cuda"})
-
-
-def _lightning_picks_gpu(index: SourceIndex, call: ast.Call) -> bool:
-    """A Trainer / Fabric / LightningCLI left to choose (no accelerator, or "auto"), or told "gpu"/"cuda"."""
-    if index.qual(call.func) not in _LIGHTNING:
-        return False
-    acc = kwarg(call, "accelerator")
-    return acc is None or isinstance(acc, ast.Constant) and acc.value in _PICKS_GPU
-
-
-def _accelerate_picks_gpu(index: SourceIndex, call: ast.Call) -> bool:
-    """Hugging Face Accelerate's `Accelerator(...)` not told `cpu=True` (a `cpu=args.cpu` flag is the
-    user's opt-in to the CPU: the script's own path is the GPU)."""
-    if index.qual(call.func) not in ACCELERATORS:
-        return False
-    cpu = kwarg(call, "cpu")
-    return not (isinstance(cpu, ast.Constant) and cpu.value is True)
-
-
 def _names_cuda(index: SourceIndex) -> bool:
     for node in index.nodes:
-        if isinstance(node, ast.Call) and (_lightning_picks_gpu(index, node) or _accelerate_picks_gpu(index, node)):
+        if isinstance(node, ast.Call) and index.framework_picks_gpu(node):
             return True
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.match(node.value):
             return True
