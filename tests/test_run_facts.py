@@ -173,6 +173,17 @@ def test_notes(tmp_path):
     assert any("whole run is one span" in n for n in r.notes)
 
 
+def test_a_distributed_job_the_script_started_itself_is_named(tmp_path):
+    ddp = {"ddp": [{"site": None, "module": "M", "world_size": 2, "params": 10, "grad_bytes": 40, "by_step": []}]}
+    r = load_run(make_run(tmp_path / "self", probes=ddp,
+                          exit_={"code": 0, "reason": "steps-reached", "traceback": None}))
+    (note,) = [n for n in r.notes if "distributed job" in n]
+    assert "of 2 processes itself" in note and "--steps ended this process alone" in note
+    assert "perfdoctor run --nproc-per-node 2" in note and r.facts.value("run.world_size") is None
+    r = load_run(make_run(tmp_path / "one", probes={"ddp": [dict(ddp["ddp"][0], world_size=1)]}))
+    assert not any("distributed job" in n for n in r.notes)
+
+
 def test_hotspots_with_hot_lines(tmp_path):
     src = tmp_path / "data.py"
     src.write_text("class DS:\n    def __getitem__(self, i):\n        s = 0\n        for k in range(9):\n"

@@ -447,6 +447,15 @@ def load_run(run_dir: Path) -> RunData:
     facts.add("run.step_clock", clock)
     if isinstance(meta.rank, Rank):
         facts.add("run.world_size", meta.rank.world_size, "count", detail=f"this is rank {meta.rank.rank}")
+    elif (world := max((d.world_size for d in probes.ddp), default=0)) > 1:
+        # the script started the other ranks itself (Lightning's launcher, mp.spawn): they ran bare
+        notes.append(f"the script started a distributed job of {world} processes itself (DistributedDataParallel "
+                     f"over {world} ranks; Lightning's and mp.spawn's launchers do so): this report measures "
+                     "the process perfdoctor ran, the other ranks ran without perfdoctor"
+                     + (", and --steps ended this process alone (the others then lose their peer)"
+                        if exit_.reason == "steps-reached" else "")
+                     + f". To measure every rank, launch them with perfdoctor: `perfdoctor run --nproc-per-node "
+                     f"{world} SCRIPT` (Lightning then runs under torchrun's ranks).")
     if len(steps) >= 3:  # the probes looked for retained losses on these steps (PD006 trusts them)
         facts.add("run.loss_scan_steps", min(len(steps), LOSS_SCAN_STEPS), "count")
     _machine(facts, env, meta.rank if isinstance(meta.rank, Rank) else None)
