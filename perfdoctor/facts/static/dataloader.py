@@ -89,7 +89,8 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
         put(s, "non_blocking", all(
             isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m, _ in moves))
     elif stage is not None and not any(index.framework_picks_gpu(c) is False for c in index.calls):
-        # the framework moves these batches to the model's device (unless this file tells it the CPU)
+        # the framework moves these batches to the model's device (unless this file gives it the CPU,
+        # or a device the source does not spell out: `accelerator=args.accelerator`)
         put(s, "feeds_cuda", True)
         if stage != "accelerate":  # Lightning copies with non_blocking on CUDA; Accelerate as configured
             put(s, "non_blocking", True)
