@@ -179,6 +179,12 @@ RANK_COLUMNS = (("step_ms", "step", "ms"), ("data_ms", "data wait", "ms"), ("com
                 ("gpu_throttled_share", "GPU throttled share", "share"), ("gpu_throttle", "GPU throttle reasons", "str"))
 
 
+def rank_header(label: str, kind: str) -> str:
+    """A rank table column's heading in text and Markdown: its label, with the unit where the cells
+    are bare numbers (ms, MHz)."""
+    return label + (f" ({kind})" if kind in ("ms", "MHz") else "")
+
+
 @dataclass
 class Report:
     run: dict[str, Any]  # script, argv, steps_observed, steps_profiled, device, torch, ...

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.gate.compare import undecided_sentence
-from perfdoctor.model import RANK_COLUMNS, Report
+from perfdoctor.model import RANK_COLUMNS, Report, rank_header
 from perfdoctor.report import escape
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
@@ -146,7 +146,7 @@ def _ranks(rows: list[Mapping[str, Any]]) -> list[str]:
     cols = [c for c in RANK_COLUMNS if any(row.get(c[0]) is not None for row in rows)]
     if not rows or not cols:
         return []
-    out = ["| Rank | " + " | ".join(label + (f" ({kind})" if kind in ("ms", "MHz") else "") for _, label, kind in cols) + " |",
+    out = ["| Rank | " + " | ".join(rank_header(label, kind) for _, label, kind in cols) + " |",
            "|---:|" + "".join("---:|" if kind != "str" else "---|" for _, _, kind in cols)]
     for row in rows:
         cells = []

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfdoctor.gate.compare import Comparison
-from perfdoctor.model import RANK_COLUMNS, Finding, Report
+from perfdoctor.model import RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
@@ -229,9 +229,10 @@ def _report(report: Report) -> Group:
     if report.ranks:
         t = Table(title="ranks", title_justify="left")
         kinds = {"rank": "str"} | {k: kind for k, _, kind in RANK_COLUMNS}
+        headers = {"rank": "rank"} | {k: rank_header(label, kind) for k, label, kind in RANK_COLUMNS}
         keys = [k for k in kinds if any(r.get(k) is not None for r in report.ranks)]
-        for k in keys:
-            t.add_column(k, justify="right")
+        for k in keys:  # headings of words, which wrap in a narrow terminal (fact keys were cut to "step_…")
+            t.add_column(headers[k], justify="right")
         for r in report.ranks:
             t.add_row(*[(f"{r[k]:.0%}" if kinds[k] == "share" else f"{r[k]:.0f}" if kinds[k] == "MHz" else f"{r[k]:.1f}")
                         if isinstance(r.get(k), float) else _cell(r.get(k, "")) for k in keys])
