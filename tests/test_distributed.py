@@ -402,14 +402,16 @@ def test_the_rank_table_draws_every_measured_column_and_only_those():
          "gpu_clock_mhz": 1980.0 - 780 * row["rank"]} | ({"gpu_throttle": "power cap"} if row["rank"] else {})
         for row in base])
     text = _render("text", full)
-    for key in ("gc_ms", "cpu_wait_ms", "cpu_wait_share", "sync_ms", "busy_share"):
-        assert key in text and key not in _render("text", plain)
+    heads = ("GC (ms)", "CPU wait (ms)", "CPU wait share", "host syncs (ms)", "own work share")  # the labels, as in Markdown
+    for head in heads:
+        assert head in text and head not in _render("text", plain)
     head = next(line for line in text.splitlines() if "┃ rank" in line)
     row1 = next(line for line in text.splitlines() if line.startswith("│    1 │"))
     cells = dict(zip([c.strip() for c in head.split("┃")[1:-1]], [c.strip() for c in row1.split("│")[1:-1]]))
-    assert (cells["gc_ms"], cells["cpu_wait_ms"], cells["cpu_wait_share"], cells["busy_share"]) == ("30.3", "7.5", "40%", "90%")
-    assert (cells["gpu_clock_mhz"], cells["gpu_throttle"]) == ("1200", "power cap")
-    assert "idle_ms" not in text  # no rank has it
+    assert (cells["GC (ms)"], cells["CPU wait (ms)"], cells["CPU wait share"], cells["own work share"]) == (
+        "30.3", "7.5", "40%", "90%")
+    assert (cells["SM clock (MHz)"], cells["GPU throttle reasons"]) == ("1200", "power cap")
+    assert "GPU idle" not in text and "idle_ms" not in text  # no rank has it
     md = _render("markdown", full)
     assert "| GC (ms) | CPU wait (ms) | CPU wait share | own work share |" in md
     assert "| 1 | 40.0 | 0.4 | 3.0 | 36.0 | 0.2 | 30.3 | 7.5 | 40% | 90% | 1,200 | power cap |" in md
