@@ -93,6 +93,26 @@ def test_the_probe_counts_synchronising_passes_and_reads_the_used_map(gloo, monk
     # the used map, read before each optimizer step: b went unused on the last step only
     assert rec.steps_checked == 6 and rec.unused_steps == 1
     assert rec.comm_ms is not None and rec.comm_ms > 0
+    assert rec.built_by is None  # the user's code built it
+
+
+def test_the_probe_names_the_framework_that_built_the_ddp(gloo, monkeypatch):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from perfdoctor.capture.patches import ErrorLog
+    from perfdoctor.capture.probes.ddp import DdpProbe
+
+    # this file stands for a framework's strategy code (Lightning's, Accelerate's): not the user's
+    monkeypatch.setattr("perfdoctor.capture.probes.ddp.is_user_file", lambda f: f != __file__)
+    probe = DdpProbe(torch, Clock(), ErrorLog())  # type: ignore[arg-type]
+    probe.install()
+    try:
+        DDP(torch.nn.Linear(4, 4))
+    finally:
+        probe.uninstall()
+    (rec,) = probe.records()
+    assert rec.built_by == __name__.split(".")[0]
 
 
 def _site(line: int, sample: str = "pd031_ddp_unused_parameters.py") -> Site:
@@ -169,6 +189,20 @@ def test_pd033_fires_on_a_multi_rank_ddp_without_bucket_views(world, bucket_view
         assert x.ms_per_step is None and "3.9 KB" in x.title
         assert x.fix is not None and not x.fix.example and "# expect: PD033" in x.fix.before
         assert "gradient_as_bucket_view=True" in x.fix.after and "gradient_as_bucket_view" not in x.fix.before
+
+
+@pytest.mark.parametrize("rule, kw", [("PD033", {}), ("PD031", {"find_unused_parameters": True, "steps_checked": 20})])
+@pytest.mark.parametrize("built_by, says", [("lightning", "DDPStrategy("), ("accelerate", "DistributedDataParallelKwargs("),
+                                            (None, None)])
+def test_a_framework_built_ddp_gets_the_frameworks_fix(rule, kw, built_by, says):
+    # the site is the user's line that led to it (trainer.fit): no DDP call there to rewrite
+    site = Site(file=str(SAMPLES / "pd033_ddp_bucket_view.py"), line=1, code="trainer.fit(model)", function="main")
+    (x,) = _found(_facts(site=site, built_by=built_by, **kw), rule)
+    assert x.fix is not None and not x.fix.before and not x.fix.after  # words only
+    if says:
+        assert says in x.fix.note and x.fix.note.index(says) < x.fix.note.index(";")
+    else:
+        assert "DDPStrategy" not in x.fix.note and "DistributedDataParallelKwargs" not in x.fix.note
 
 
 def test_the_ddps_name_for_the_no_sync_fix():

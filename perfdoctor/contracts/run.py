@@ -303,6 +303,7 @@ class DdpRecord(Struct, kw_only=True):
     params: int = 0  # trainable parameters (elements)
     grad_bytes: int = 0  # their gradients' bytes (what a copy of them in DDP's buckets holds)
     world_size: int = 0  # ranks of its process group
+    built_by: str | None = None  # the package whose code built it (lightning, accelerate); None: the user's code
     # [step, synchronising forwards (grad on, not in no_sync()), ms in _post_forward with
     #  find_unused_parameters (the graph walk), backward passes on that step], steps with a synchronising forward
     by_step: list[list[float]] = []

@@ -328,6 +328,7 @@ GLOBAL_FACTS.update(_declare(GLOBAL, [
 SUBJECT_FACTS.update({
     "ddp": _declare("ddp", [
         ("module", "str", "run", "the wrapped module's class name"),
+        ("built_by", "str", "run", "the package whose code built the DDP (lightning, accelerate); absent where the user's code did"),
         ("find_unused_parameters", "bool", "run", "find_unused_parameters as the DDP holds it"),
         ("gradient_as_bucket_view", "bool", "run", "gradient_as_bucket_view as the DDP holds it"),
         ("static_graph", "bool", "run", "static_graph as the DDP holds it"),

@@ -23,6 +23,8 @@ def ddp(facts: Facts, probes: Probes, steady: list[dict[str, Any]]) -> None:
         if s is None:
             continue
         s.add("module", r.module)
+        if r.built_by:
+            s.add("built_by", r.built_by)
         s.add("find_unused_parameters", r.find_unused_parameters)
         s.add("gradient_as_bucket_view", r.gradient_as_bucket_view)
         s.add("static_graph", r.static_graph)

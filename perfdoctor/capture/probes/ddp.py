@@ -22,6 +22,7 @@ dynamo compiles.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -30,6 +31,7 @@ from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.capture.probes.forward import is_compiling
 from perfdoctor.contracts.run import DdpRecord, Site
+from perfdoctor.usercode import is_user_file
 
 LOG_STEPS = 12  # DDP's own comm timing is read on the first steps (DDP samples its first iterations) ...
 LOG_EVERY = 50  # ... and every this many steps after
@@ -77,7 +79,7 @@ class DdpProbe:
         def init(obj: Any, *args: Any, **kwargs: Any) -> None:
             orig_init(obj, *args, **kwargs)
             try:
-                probe._built(obj)
+                probe._built(obj, sys._getframe(1))
             except Exception as e:  # noqa: BLE001
                 probe.err("ddp", e)
 
@@ -108,7 +110,6 @@ class DdpProbe:
                     clock.exclude(t1)
             return out
 
-        backward.__wrapped__ = orig_backward  # type: ignore[attr-defined]
         self.patches.replace(ddp_cls, "__init__", init)
         self.patches.replace(ddp_cls, "_post_forward", post_forward)
         self.patches.replace(torch.autograd, "backward", backward)
@@ -116,7 +117,8 @@ class DdpProbe:
 
         self.patches.hook(opt_mod.register_optimizer_step_pre_hook(self._before_optimizer))
 
-    def _built(self, obj: Any) -> None:
+    def _built(self, obj: Any, caller: Any) -> None:
+        """Record a DDP just built; `caller`: the frame that built it (the user's, or a framework's)."""
         params = [p for p in obj.module.parameters() if p.requires_grad]
         pg = getattr(obj, "process_group", None)
         rec = DdpRecord(site=sites.caller_site(2), module=type(obj.module).__name__,
@@ -124,7 +126,9 @@ class DdpProbe:
                         gradient_as_bucket_view=bool(obj.gradient_as_bucket_view),
                         static_graph=bool(obj.static_graph), params=sum(p.numel() for p in params),
                         grad_bytes=sum(p.numel() * p.element_size() for p in params),
-                        world_size=int(pg.size()) if pg is not None else 0)
+                        world_size=int(pg.size()) if pg is not None else 0,
+                        built_by=None if is_user_file(caller.f_code.co_filename)
+                        else str(caller.f_globals.get("__name__") or "?").split(".", 1)[0])
         d = _Ddp(weakref.ref(obj), rec)
         d.checks = rec.find_unused_parameters and not rec.static_graph
         self.ddps[id(obj)] = d
