@@ -35,11 +35,11 @@ def _no_grad_decorated(index: SourceIndex, fn: ast.FunctionDef | ast.AsyncFuncti
 
 def _under_no_grad(index: SourceIndex, node: ast.AST, stop: ast.AST | None) -> bool:
     """A `with torch.no_grad():` (or inference_mode) encloses `node`, inside `stop` (None: anywhere)."""
-    n = index.parents.get(node)
-    while n is not None and n is not stop:
+    for n in index.ancestors(node):
+        if n is stop:
+            return False
         if isinstance(n, (ast.With, ast.AsyncWith)) and any(_is_no_grad(index, it.context_expr) for it in n.items):
             return True
-        n = index.parents.get(n)
     return False
 
 

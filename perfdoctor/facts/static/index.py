@@ -187,11 +187,11 @@ class SourceIndex:
         outside any class, or where no run says which classes ran."""
         if self.ran_classes is None:
             return True
-        cls = next((p for p in self._ancestors(node) if isinstance(p, ast.ClassDef)), None)
+        cls = next((p for p in self.ancestors(node) if isinstance(p, ast.ClassDef)), None)
         if cls is None:
             return True
         names = [cls.name]  # its __qualname__: "Outer.Inner", "make.<locals>.Net"
-        for p in self._ancestors(cls):
+        for p in self.ancestors(cls):
             if isinstance(p, ast.ClassDef):
                 names.append(p.name)
             elif isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -245,7 +245,8 @@ class SourceIndex:
         return made is None or any(
             not (isinstance(v := kwarg(c, "device_placement"), ast.Constant) and v.value is False) for c in made)
 
-    def _ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
+    def ancestors(self, node: ast.AST) -> Iterator[ast.AST]:
+        """The nodes around `node`, innermost first, up to the module."""
         p = self.parents.get(node)
         while p is not None:
             yield p
