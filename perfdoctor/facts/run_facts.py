@@ -187,12 +187,12 @@ def _span(idx: list[int]) -> str:
 
 
 def _memory(facts: Facts, run_steps: list[Step], steady: list[dict[str, Any]], env: Env,
-            profiled: range) -> float | None:
+            held: range) -> float | None:
     """The memory facts, from one source for the whole run, named in each fact's detail with the
     steps it read: CUDA memory per device where the script used CUDA (each device's allocated
     bytes at step ends, its peak within each step), else the process RSS. The device reported is
     the one that grows (or peaks) most; returns the growth per step, None if none is clear.
-    The RSS peak leaves out the steps the profiler held (`profiled`: its warm-up and recorded steps
+    The RSS peak leaves out the steps the profiler held (`held`: its warm-up and recorded steps
     and the step that carries the trace export): their RSS holds the profiler's event buffers,
     tens of MB that vary from run to run and are not the script's (CUDA memory does not)."""
     by_dev: dict[int, list[tuple[int, int, int]]] = {}  # device -> (step, allocated, peak)
@@ -202,7 +202,7 @@ def _memory(facts: Facts, run_steps: list[Step], steady: list[dict[str, Any]], e
     steady_i = {x["i"] for x in steady}
     if not by_dev:
         rows = [(st.i, st.mem_bytes) for st in run_steps if st.mem_bytes is not None]
-        rows = [r for r in rows if r[0] not in profiled] or rows
+        rows = [r for r in rows if r[0] not in held] or rows
         if rows:
             facts.add("memory.peak_bytes", max(m for _, m in rows), "bytes",
                       detail=f"max process RSS at step ends ({_span([i for i, _ in rows])})")
