@@ -37,8 +37,10 @@ class Fact:
     unit: str = ""  # "ms", "bytes", "count", "ratio", "" for plain values
     source: str = "run"  # one of SOURCES
     detail: str = ""  # how it was measured, in a few words
-    # the value at each steady-state step (the run's per-step measures, aligned on the same steps):
-    # a rule's saving evaluated step by step gives the saving's spread; never written out
+    # the value at each steady-state step, aligned on the same steps as its source's other series (a
+    # run's: its steady steps; a trace's: its profiled steps): a rule's saving evaluated step by step
+    # gives the saving's spread, and the rank table's test of a straggler reads a rank's work step by
+    # step (facts.trace.ranks); never written out
     per_step: tuple[float, ...] = field(default=(), compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ hand; the e2e tests run small gloo jobs on the CPU."""
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,13 @@ from perfdoctor.capture.writer import write, write_meta
 from perfdoctor.contracts.run import SCHEMA, Env, Meta, Rank, Step, Steps, rank_dirs, rank_from_env
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.trace.ranks import cross_rank
+from perfdoctor.facts.trace.ranks import MAX_P, cross_rank, straggler_test
 from perfdoctor.gate.baseline import record_from_run_dir
+from perfdoctor.rules.catalog import load_rules
+from perfdoctor.rules.engine import judge
 
 SAMPLES = REPO / "sample_scripts"
+RULES = {r.id: r for r in load_rules()}
 
 
 def test_torchrun_command_line_is_split_into_launcher_script_and_args():
@@ -107,6 +111,72 @@ def test_straggler_is_the_rank_that_waits_least_and_its_cause_is_its_own_evidenc
     # balanced ranks: no imbalance worth a finding
     g, _ = cross_rank([(0, "a"), (1, "b")], [fast[0], fast[1]], "run")
     assert g.value("ranks.imbalance_ratio") == 1.0
+
+
+def _noisy(rng: random.Random, base: float, n: int, spread: float) -> tuple[float, ...]:
+    return tuple(base * (1 + rng.uniform(-spread, spread)) for _ in range(n))
+
+
+def test_the_straggler_test_tells_a_rank_ahead_at_every_step_from_the_steps_noise():
+    rng = random.Random(1)
+    # two ranks, 10 steps, rank 1 works 20 % more at every step under 10 % noise: exact, 2 of 1024 as far
+    ahead = [_noisy(rng, 1.0, 10, 0.1), _noisy(rng, 1.2, 10, 0.1)]
+    who, p = straggler_test(ahead)
+    assert who == 1 and p == pytest.approx(2 / 1024)
+    # 5 steps: ahead at every step is the best two ranks can show (1 in 16), once behind is not enough
+    assert straggler_test([(1.0,) * 5, (1.2,) * 5]) == (1, pytest.approx(1 / 16))
+    _, p = straggler_test([(1.0, 1.0, 1.0, 1.0, 1.3), (1.2, 1.2, 1.2, 1.2, 1.1)])
+    assert p > MAX_P
+    # eight ranks (a sample of the relabellings, seeded: the same p every time), one ahead
+    ranks = [_noisy(rng, 1.0, 6, 0.1) for _ in range(8)]
+    ranks[5] = _noisy(rng, 1.3, 6, 0.1)
+    who, p = straggler_test(ranks)
+    assert who == 5 and p < 0.01 and straggler_test(ranks) == (who, p)
+    # the same ranks where none is ahead: the greatest excess is the noise's
+    ps = [straggler_test([_noisy(rng, 1.0, 10, 0.3) for _ in range(k)])[1] for k in (2, 4) for _ in range(40)]
+    assert sum(p <= MAX_P for p in ps) <= 16  # 10 % of 80 expected; far more would be a test that is wrong
+    assert sorted(ps)[len(ps) // 2] > 0.2
+    # too few steps, or steps that do not line up: no test
+    assert straggler_test([(1.0, 2.0), (3.0, 4.0)]) is None
+    assert straggler_test([(1.0,) * 5, (1.2,) * 4]) is None and straggler_test([(1.0,) * 5]) is None
+
+
+def _series_facts(step, shares, data=0.5):
+    """A gloo rank whose host collectives (in its backward) take `shares` of each profiled step."""
+    f = Facts()
+    for name, v in (("step.time_ms", step), ("step.data_ms", data), ("step.forward_ms", 1.0),
+                    ("step.backward_ms", step - data - 1.5), ("step.optimizer_ms", 0.5)):
+        f.add(name, v, "ms", "run")
+    f.add("comm.host_share", sorted(shares)[len(shares) // 2], "ratio", "trace", per_step=tuple(shares))
+    return f
+
+
+def test_a_rank_ahead_by_the_steps_noise_alone_is_no_straggler():
+    # 2 ranks of one shared host: which rank waits for the other changes step by step; the medians
+    # differ by a quarter of the step, and a finding on them would be a guess
+    a = _series_facts(5.0, [0.10, 0.40, 0.12, 0.45, 0.11, 0.13, 0.38, 0.12, 0.41, 0.12])
+    b = _series_facts(5.0, [0.40, 0.11, 0.42, 0.12, 0.39, 0.40, 0.12, 0.40, 0.14, 0.38])
+    g, _ = cross_rank([(0, "a"), (1, "b")], [a, b], "run")
+    assert g.value("ranks.imbalance_ratio") > 1.1 and g.value("ranks.imbalance_p") > MAX_P
+    assert g.get("ranks.straggler") is None and g.get("ranks.straggler_cause") is None
+    assert "PD012" not in [x.rule for x in judge(g, [RULES["PD012"]])]
+    # the same medians, rank 0 waiting at every step: rank 1 is the straggler
+    a = _series_facts(5.0, [0.40, 0.41, 0.38, 0.45, 0.39, 0.42, 0.38, 0.43, 0.41, 0.40], data=0.5)
+    b = _series_facts(5.0, [0.10, 0.11, 0.12, 0.12, 0.09, 0.13, 0.12, 0.10, 0.14, 0.11], data=1.9)
+    g, _ = cross_rank([(0, "a"), (1, "b")], [a, b], "run")
+    assert g.value("ranks.straggler") == 1 and g.value("ranks.imbalance_p") <= MAX_P
+    assert g.value("ranks.straggler_cause") == "data loading"
+    assert [x.rule for x in judge(g, [RULES["PD012"]])] == ["PD012"]
+
+
+def test_a_cause_a_few_microseconds_over_the_others_is_not_named():
+    # rank 1 works 0.7 ms more per step, outside its loading, forward, backward and optimizer step (a
+    # log line of its own, say); its data wait and compute are 0.02 ms over the others' and explain nothing
+    a = _series_facts(5.0, [0.30] * 6, data=0.50)
+    b = _series_facts(5.0, [0.16] * 6, data=0.52)
+    b.add("step.backward_ms", 2.32, "ms", "run")
+    g, _ = cross_rank([(0, "a"), (1, "b")], [a, b], "run")
+    assert g.value("ranks.straggler") == 1 and g.get("ranks.straggler_cause") is None
 
 
 def _write_rank(job: Path, rank: int, walls: list[float]) -> None:

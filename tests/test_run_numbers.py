@@ -98,6 +98,15 @@ def test_no_range_without_series_or_with_too_few_steps():
                         None, lambda n: 5.0) is None
 
 
+def test_no_range_from_a_runs_steps_and_its_traces_steps_read_as_one():
+    # a run's steady steps and its trace's profiled steps are other steps, even as many of them
+    f = _pd002_facts([8.0] * 5, [28.0] * 5)
+    f.add("step.gpu_kernel_ms", 3.0, "ms", "trace", per_step=(1.0, 2.0, 3.0, 4.0, 5.0))
+    expr, names = "step.time_ms - step.gpu_kernel_ms", {"step.time_ms", "step.gpu_kernel_ms"}
+    assert saving_range(expr, names, f, None, lambda n: f.value(n)) is None
+    assert saving_range("step.time_ms * 2", {"step.time_ms"}, f, None, lambda n: f.value(n)) == (56.0, 56.0)
+
+
 def test_text_shows_the_range():
     from rich.console import Console
 

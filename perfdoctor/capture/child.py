@@ -177,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     usercode.reset_cache()  # torch is imported now: its folder joins the excluded prefixes
     meta.env.torch = str(torch.__version__)
     write_meta(run_dir, meta)
-    rec = Recorder(torch, run_dir, meta, steps_limit=opts["steps"], window=window.plan(opts["steps"], opts["window"]))
+    distributed = rank is not None and (rank.world_size or 1) > 1
+    rec = Recorder(torch, run_dir, meta, steps_limit=opts["steps"],
+                   window=window.plan(opts["steps"], opts["window"], distributed))
     try:
         rec.install()
     except Exception as e:  # noqa: BLE001 - a probe we cannot install must not stop the script

@@ -437,7 +437,7 @@ def _check(target: str, module: bool, steps: int | None) -> None:
 
 
 def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, window: tuple[int, int, int] | None,
-            script_stdout_to_stderr: bool, show_status: bool) -> tuple[int, bool, float]:
+            script_stdout_to_stderr: bool, show_status: bool, distributed: bool = False) -> tuple[int, bool, float]:
     """Start the child command (the script's stdout to stderr where asked), show the status line read
     from `partial` while it runs, and wait for it: (its exit code, as a shell reports a signal,
     whether a signal was passed on to it, the wall time)."""
@@ -451,7 +451,7 @@ def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, windo
     if show_status:
         from perfdoctor.capture.window import plan
 
-        skip, warmup, active = plan(steps, window)
+        skip, warmup, active = plan(steps, window, distributed)
         status = _Status(target, partial, Progress(steps, skip + warmup + active))
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=_child_env(), stdout=stdout)
@@ -510,7 +510,7 @@ def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple
         child.append("--module")
     cmd = launcher_command(list(launcher_args), [*child, target, "--", *script_args])
     code, signalled, wall = _launch(cmd, target, job_dir / rank_dir_name(0) / PARTIAL, steps, None,
-                                    script_stdout_to_stderr, show_status)
+                                    script_stdout_to_stderr, show_status, distributed=True)
     dirs = rank_dirs(job_dir)
     if not dirs:
         raise InputError(f"torch.distributed.run started no rank (exit {code}): see its error above")

@@ -61,6 +61,10 @@ from perfdoctor.contracts.run import Window as WindowRecord
 from perfdoctor.usercode import is_user_file
 
 DEFAULT = (5, 3, 5)  # skip, warmup (cProfile and the line sampler run here), active (the trace)
+# A rank of a distributed job records 10 steps: the test that tells a straggler from the steps' noise
+# compares the ranks step by step (facts.trace.ranks.straggler_test), and 5 steps of 2 ranks can show
+# a straggler only where it is ahead at every one of them.
+DISTRIBUTED = (5, 3, 10)
 BUDGET_S = 20.0  # wall time of the window, warm-up and recorded steps
 BUDGET_EVENTS = 1_000_000  # estimated trace events in the recorded steps (about 300 MB of JSON)
 # trace events per Python call that cProfile counts in a warm-up step: the Python tracer's call
@@ -114,9 +118,11 @@ def _without_kineto_chatter() -> Iterator[None]:
             os.write(2, rest)
 
 
-def plan(steps: int | None, cfg: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
-    """The window (skip, warmup, active), shrunk so that it ends by step `steps` when that is set."""
-    skip, warmup, active = cfg or DEFAULT
+def plan(steps: int | None, cfg: tuple[int, int, int] | None = None, distributed: bool = False
+         ) -> tuple[int, int, int]:
+    """The window (skip, warmup, active): `cfg`, else a rank's of a distributed job or the default;
+    shrunk so that it ends by step `steps` when that is set."""
+    skip, warmup, active = cfg or (DISTRIBUTED if distributed else DEFAULT)
     if steps and skip + warmup + active > steps:
         active = max(1, min(active, steps // 2))
         warmup = max(0, min(warmup, steps - active - 1))  # keep step 1 out of the window where possible

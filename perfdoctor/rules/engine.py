@@ -203,10 +203,14 @@ def saving_range(expr: str, names: set[str], facts: Facts, subject: Subject | No
                  lookup: Callable[[str], Any]) -> tuple[float, float] | None:
     """The saving's spread: `expr` evaluated at each steady-state step, with every fact that has a
     per-step series (`Fact.per_step`) read at that step and the others at their value; p25..p75 of
-    those per-step savings (each floored at 0). None where no fact in it has a series."""
-    series = {n: f.per_step for n in names if (f := _fact(facts, subject, n)) is not None and f.per_step}
+    those per-step savings (each floored at 0). None where no fact in it has a series, or where the
+    series are of different steps: of different lengths, or from different sources (a run's steady
+    steps and its trace's profiled steps are not the same steps)."""
+    with_series = {n: f for n in names if (f := _fact(facts, subject, n)) is not None and f.per_step}
+    series = {n: f.per_step for n, f in with_series.items()}
     lengths = {len(v) for v in series.values()}
-    if len(lengths) != 1 or (n := lengths.pop()) < MIN_RANGE_STEPS:
+    sources = {f.source for f in with_series.values()}
+    if len(lengths) != 1 or len(sources) != 1 or (n := lengths.pop()) < MIN_RANGE_STEPS:
         return None  # no series, or series of different steps: no per-step reading
     values: list[float] = []
     for k in range(n):

@@ -40,11 +40,15 @@ def add(ctx: TraceContext) -> Breakdown:
     order = GPU_ORDER if gpu else CPU_ORDER
     covered: list[list[float]] = []
     parts: dict[str, float] = {}  # category -> median ms per step
+    kernel_ms: tuple[float, ...] = ()  # the GPU kernels' ms at each step: a rank's compute (facts.trace.ranks)
     for c in order[:-1]:
         if gpu and c in ("optimizer", "backward", "forward"):
             continue
         own = subtract(merge(cats.get(c, [])), covered)
-        parts[c] = (median(per_window(own, windows)) or 0.0) / 1000
+        at_step = per_window(own, windows)
+        parts[c] = (median(at_step) or 0.0) / 1000
+        if c == "gpu kernel":
+            kernel_ms = tuple(v / 1000 for v in at_step)
         # own and covered are disjoint: sorting the two runs by start (linear for timsort) keeps covered
         # disjoint and sorted, as subtract needs (touching intervals need not be joined)
         covered = sorted(covered + own, key=itemgetter(0))
@@ -59,7 +63,8 @@ def add(ctx: TraceContext) -> Breakdown:
         put("step.time_p90_ms", quantile(step_ms, 0.9), "ms")
         put("step.profiled_time_ms", step, "ms", "median profiled step (CPU span + the GPU work it launched)")
     for c, v in split.items():
-        put(_FACT_OF[c], v, "ms", "median per step, each microsecond counted once in priority order")
+        put(_FACT_OF[c], v, "ms", "median per step, each microsecond counted once in priority order",
+            per_step=kernel_ms if c == "gpu kernel" else ())
 
     summary = {
         "steps_observed": nsteps + (1 if t.dropped_last_step else 0),

@@ -75,4 +75,5 @@ def _host_collectives(ctx: TraceContext) -> None:
     share = median(shares)
     if spans and share is not None:
         ctx.put("comm.host_share", min(1.0, share), "ratio",
-                "gloo collectives' share of each profiled step (their spans merged), median over the steps")
+                "gloo collectives' share of each profiled step (their spans merged), median over the steps",
+                per_step=tuple(min(1.0, x) for x in shares))

@@ -49,12 +49,14 @@ class TraceContext:
         self.stacks = Stacks(trace)
         self._comm_name: dict[int, bool] = {}
 
-    def put(self, name: str, value: Any, unit: str = "", detail: str = "") -> None:
-        """Add a global fact (source "trace", floats to 4 digits), unless it is None or already set."""
+    def put(self, name: str, value: Any, unit: str = "", detail: str = "", per_step: tuple[float, ...] = ()) -> None:
+        """Add a global fact (source "trace", floats to 4 digits), unless it is None or already set;
+        `per_step`: its value at each step of the trace (`Fact.per_step`)."""
         if value is not None and name not in self.facts:
             if self.steps_label:
                 detail = f"{detail} ({self.steps_label})" if detail else self.steps_label
-            self.facts.add(name, round(value, 4) if isinstance(value, float) else value, unit, SRC, detail)
+            self.facts.add(name, round(value, 4) if isinstance(value, float) else value, unit, SRC, detail,
+                           per_step=per_step)
 
     def is_comm(self, ni: int) -> bool:
         """Whether the event name of string index `ni` is a collective (NCCL, RCCL, gloo, c10d...)."""

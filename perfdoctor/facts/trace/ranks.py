@@ -6,6 +6,9 @@ picklable, its facts and summary, never the trace), then `cross_rank` merges the
 
 from __future__ import annotations
 
+import itertools
+import math
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -97,10 +100,12 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
 THROTTLE_KEYS = ("cpu_throttled_ms", "cpu_throttled_periods", "gpu_throttled_share")
 
 
-def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, float, str] | None:
+def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any], excess_ms: float) -> tuple[str, float, str] | None:
     """The part of the step by which the straggler exceeds the other ranks' median the most, by how
-    much (ms per step), and the evidence in words; None where no measured part exceeds it. Throttling
-    of its CPUs or its GPU, where it explains that part, is named instead (`_throttling`).
+    much (ms per step), and the evidence in words; None where no measured part exceeds it by at least
+    CAUSE_MIN_SHARE of the straggler's excess in work (`excess_ms`): a part a few microseconds over the
+    others' explains nothing. Throttling of its CPUs or its GPU, where it explains that part, is named
+    instead (`_throttling`).
 
     Waiting for a CPU: on a busy machine a thread that has more to run also waits longer for a CPU, so
     the straggler's wait counts only beyond what the other ranks' share of waiting (wait / (run + wait),
@@ -132,7 +137,7 @@ def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any]) -> tuple[str, 
             base = (f"{theirs:.1f} ms at the other ranks' share of waiting ({share:.0%}, median)"
                     if key == "cpu_wait_ms" and share is not None else f"{theirs:.1f} ms on the other ranks (median)")
             best = (ex, key, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, {base}")
-    if best is None:
+    if best is None or best[0] < CAUSE_MIN_SHARE * excess_ms:
         return None
     return _throttling(others, straggler, best[1], best[0]) or (best[2], round(best[0], 4), best[3])
 
@@ -172,15 +177,82 @@ def _throttling(others: list[dict[str, Any]], straggler: dict[str, Any], key: st
             f"other ranks (median){reasons}; its compute took {ex:.1f} ms per step more than theirs")
 
 
+# A straggler works more than the other ranks step after step: a rank whose median work is the highest
+# only by the steps' noise (a shared host's scheduling, a few milliseconds a step) is none. The
+# permutation test below gives the chance that noise alone makes some rank's work exceed the others'
+# as much as the straggler's does; at most MAX_P, or too few steps to test, names the straggler.
+MAX_P = 0.1
+MIN_TEST_STEPS = 3  # with fewer steps a rank's excess cannot be told from the steps' noise
+EXACT_PERMUTATIONS = 10_000  # up to this many, every relabelling is counted; beyond, a sample
+SAMPLE_CELLS = 400_000  # the sample's size: draws * ranks * steps at most (a 64-rank job stays < 0.2 s)
+CAUSE_MIN_SHARE = 0.25  # a cause explains at least this share of the straggler's excess in work
+
+
+def _work_series(f: Facts, key: str) -> tuple[float, ...]:
+    """The rank's work at each of its steps in the measure `key` of the rank table (its share of the
+    step outside the host's collectives, its GPU kernels' ms or its step's ms); () where not measured
+    step by step."""
+    if key == "busy_share":
+        share = f.get("comm.host_share")
+        return tuple(1.0 - x for x in share.per_step) if share is not None else ()
+    fact = f.get("step.gpu_kernel_ms" if key == "compute_ms" else "step.time_ms")
+    return fact.per_step if fact is not None else ()
+
+
+def straggler_test(series: list[tuple[float, ...]], seed: int = 0) -> tuple[int, float] | None:
+    """The rank (index into `series`, one work series per rank, aligned step by step) whose work
+    exceeds the other ranks' most, step by step, and the chance that step-to-step noise alone makes
+    some rank's work exceed the others' that much: a permutation test. At each step every rank's work
+    is taken less the step's median over the ranks (the step's own slowness is no rank's); a rank's
+    excess is the mean of those over the steps (a mean, not a median: a rank ahead at every step
+    must count for more than one ahead at most). Were no rank slower than the others, the ranks'
+    labels at each step could be exchanged: the p-value is the share of the relabellings (each step's
+    labels permuted on their own: all of them where few, else a seeded sample) whose greatest excess
+    is as large as the observed. None with fewer than MIN_TEST_STEPS steps or series not aligned.
+    Two ranks and 5 steps reach p = 1/16 at best (ahead at every step), 10 steps 1/512."""
+    n = len(series[0]) if series else 0
+    nranks = len(series)
+    if nranks < 2 or n < MIN_TEST_STEPS or any(len(s) != n for s in series):
+        return None
+    steps: list[list[float]] = []
+    for j in range(n):
+        col = [s[j] for s in series]
+        mid = median(col) or 0.0
+        steps.append([v - mid for v in col])
+
+    def excesses(cols: list[list[float]] | tuple[tuple[float, ...], ...]) -> list[float]:
+        return [sum(c[k] for c in cols) / n for k in range(nranks)]
+
+    observed = excesses(steps)
+    straggler = max(range(nranks), key=observed.__getitem__)
+    top = observed[straggler] - 1e-9 * max(1.0, abs(observed[straggler]))
+    if math.factorial(nranks) ** n <= EXACT_PERMUTATIONS:
+        total = hits = 0
+        for cols in itertools.product(*(itertools.permutations(c) for c in steps)):
+            total += 1
+            hits += max(excesses(cols)) >= top
+        return straggler, hits / total
+    rng = random.Random(seed)
+    draws = max(200, min(2000, SAMPLE_CELLS // (nranks * n)))
+    hits = 0
+    for _ in range(draws):
+        cols = [rng.sample(c, nranks) for c in steps]
+        hits += max(excesses(cols)) >= top
+    return straggler, (hits + 1) / (draws + 1)  # the observed labelling is one of the relabellings
+
+
 def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str = "trace"
                ) -> tuple[Facts, list[dict[str, Any]]]:
-    """The rank table (one row per (rank, label), from that rank's facts), the straggler, the
-    imbalance across ranks and the straggler's cause, as facts of `source`.
+    """The rank table (one row per (rank, label), from that rank's facts), the imbalance across ranks,
+    and the straggler and its cause where there is one, as facts of `source`.
 
-    The straggler is the rank with the most work per step: its own share of the step where the host's
-    collectives measure the wait (busy_share), else its GPU compute, else its step time. With
-    busy_share the imbalance is the job's step over the step it would have with the straggler's share
-    at the other ranks' median (the step less the straggler's excess), so that PD012's saving is that excess."""
+    The work that tells the straggler: a rank's own share of the step where the host's collectives
+    measure the wait (busy_share), else its GPU compute, else its step time. The straggler is the rank
+    whose work exceeds the others' most, step by step, where the steps' noise does not explain it
+    (`straggler_test`; ranks.imbalance_p); with fewer steps than the test needs, the rank with the most
+    work per step. With busy_share the imbalance is the job's step over the step it would have with
+    the straggler's share at the other ranks' median (the step less the straggler's excess), so that
+    PD012's saving is that excess; else the straggler's work over the median rank's."""
     out = Facts()
     rows = [_row(rank, label, f) for (rank, label), f in zip(ranks, per_rank)]
     for k in THROTTLE_KEYS:
@@ -192,19 +264,31 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
     vals = [r[key] for r in rows if r[key] is not None]
     mid = median(vals)
     if len(vals) >= 2 and mid is not None and mid > 0:
+        test = straggler_test([_work_series(f, key) for f in per_rank]) if len(vals) == len(rows) else None
+        straggler = rows[test[0]] if test is not None else max(rows, key=lambda r: r[key] or 0)
+        others = [r[key] for r in rows if r is not straggler and r[key] is not None]
         if key == "busy_share":
-            others = sorted(vals)[:-1]
-            ratio = 1 / max(1 - (max(vals) - (median(others) or 0.0)), 1e-9)
+            excess = straggler[key] - (median(others) or 0.0)
+            ratio = 1 / max(1 - excess, 1e-9)
+            excess_ms = excess * (straggler["step_ms"] or 0.0)
             how = "the job's step / the step with the straggler's share of work at the other ranks' (median)"
         else:
-            ratio, how = max(vals) / mid, f"max/median {key}"
-        out.add("ranks.imbalance_ratio", round(ratio, 4), "ratio", source, how)
-        straggler = max(rows, key=lambda r: r[key] or 0)
-        out.add("ranks.straggler", straggler["rank"], "", source, f"rank with most {key}")
-        cause = _cause(rows, straggler)
-        if cause is not None:
-            out.add("ranks.straggler_cause", cause[0], "str", source, cause[2])
-            out.add("ranks.straggler_excess_ms", cause[1], "ms", source, cause[2])
+            ratio, excess_ms = straggler[key] / mid, straggler[key] - (median(others) or 0.0)
+            how = f"the straggler's {key} / the median rank's"
+        out.add("ranks.imbalance_ratio", round(max(ratio, 1.0), 4), "ratio", source, how)
+        if test is not None:
+            n = len(_work_series(per_rank[0], key))
+            out.add("ranks.imbalance_p", round(test[1], 4), "ratio", source,
+                    f"the chance that the steps' noise alone makes a rank's {key} exceed the others' this much: "
+                    f"a permutation test over {n} steps of {len(rows)} ranks (each step's ranks relabelled)")
+        if test is None or test[1] <= MAX_P:
+            how = (f"rank whose {key} exceeds the others' most, step by step (p = {test[1]:.3f})"
+                   if test is not None else f"rank with most {key} (too few steps to test against their noise)")
+            out.add("ranks.straggler", straggler["rank"], "", source, how)
+            cause = _cause(rows, straggler, excess_ms)
+            if cause is not None:
+                out.add("ranks.straggler_cause", cause[0], "str", source, cause[2])
+                out.add("ranks.straggler_excess_ms", cause[1], "ms", source, cause[2])
     idles = [r["idle_fraction"] for r in rows if r["idle_fraction"] is not None]
     if len(idles) >= 2:
         out.add("ranks.idle_spread", round(max(idles) - min(idles), 4), "ratio", source, "max - min idle fraction")
