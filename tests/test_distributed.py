@@ -179,6 +179,22 @@ def test_a_cause_a_few_microseconds_over_the_others_is_not_named():
     assert g.value("ranks.straggler") == 1 and g.get("ranks.straggler_cause") is None
 
 
+@pytest.mark.parametrize("ops", [(87, 87, 87), (87, 120, 87)])
+def test_compute_on_the_same_work_as_the_others_is_a_slower_cpu(ops):
+    # rank 1's forward and backward take 0.7 ms more per step; the others wait for it in the all-reduce
+    ranks = [_series_facts(5.0, [0.30] * 6), _series_facts(5.0, [0.16] * 6), _series_facts(5.0, [0.30] * 6)]
+    for f, n in zip(ranks, ops):
+        f.add("ops.calls_per_step", n, "count", "trace")
+    g, _ = cross_rank([(0, "a"), (1, "b"), (2, "c")], ranks, "run")
+    assert g.value("ranks.straggler") == 1
+    if ops[1] == ops[0]:  # as many operator calls as the others: its CPU runs them slower
+        assert g.value("ranks.straggler_cause") == "a slower CPU"
+        assert "same work (87 operator calls per step" in g.get("ranks.straggler_cause").detail
+    else:  # more of them: more work (a longer sequence, an extra branch), not a slower CPU
+        assert g.value("ranks.straggler_cause") == "compute"
+    assert g.value("ranks.straggler_excess_ms") == pytest.approx(0.7)
+
+
 def _write_rank(job: Path, rank: int, walls: list[float]) -> None:
     d = job / f"rank-{rank}"
     d.mkdir(parents=True)
@@ -548,6 +564,12 @@ def test_a_straggler_whose_gpu_runs_at_a_lower_clock_is_named_gpu_throttling():
     # no clock readings (no NVML, a trace): compute, and no clock column
     g, rows = cross_rank([(0, "a"), (1, "b")], [_gpu_rank(20.0, 25.0, None), _gpu_rank(33.0, 12.0, None)], "run")
     assert g.value("ranks.straggler_cause") == "compute" and all("gpu_clock_mhz" not in r for r in rows)
+    # as many kernels per step as the others at the same clock: a slower GPU (another model, say)
+    ranks = [_gpu_rank(20.0, 25.0, 1980.0), _gpu_rank(33.0, 12.0, 1980.0)]
+    for f in ranks:
+        f.add("kernels.launches_per_step", 412, "count", "trace")
+    g, _ = cross_rank([(0, "a"), (1, "b")], ranks, "run")
+    assert g.value("ranks.straggler_cause") == "a slower GPU" and "412 kernel launches" in g.get("ranks.straggler_cause").detail
 
 
 def test_throttling_facts_from_the_probe_records():

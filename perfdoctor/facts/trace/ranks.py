@@ -100,12 +100,14 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
 THROTTLE_KEYS = ("cpu_throttled_ms", "cpu_throttled_periods", "gpu_throttled_share")
 
 
-def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any], excess_ms: float) -> tuple[str, float, str] | None:
+def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any], excess_ms: float,
+           same_work: tuple[str, float] | None = None) -> tuple[str, float, str] | None:
     """The part of the step by which the straggler exceeds the other ranks' median the most, by how
     much (ms per step), and the evidence in words; None where no measured part exceeds it by at least
     CAUSE_MIN_SHARE of the straggler's excess in work (`excess_ms`): a part a few microseconds over the
     others' explains nothing. Throttling of its CPUs or its GPU, where it explains that part, is named
-    instead (`_throttling`).
+    instead (`_throttling`); so is a slower processor, where compute is the part and the straggler does
+    the same work as the others (`same_work`: ops or kernels per step, `_same_work`).
 
     Waiting for a CPU: on a busy machine a thread that has more to run also waits longer for a CPU, so
     the straggler's wait counts only beyond what the other ranks' share of waiting (wait / (run + wait),
@@ -139,7 +141,35 @@ def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any], excess_ms: flo
             best = (ex, key, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, {base}")
     if best is None or best[0] < CAUSE_MIN_SHARE * excess_ms:
         return None
-    return _throttling(others, straggler, best[1], best[0]) or (best[2], round(best[0], 4), best[3])
+    return (_throttling(others, straggler, best[1], best[0]) or _slower_processor(straggler, best, same_work)
+            or (best[2], round(best[0], 4), best[3]))
+
+
+def _same_work(per_rank: list[Facts], at: int, gpu: bool) -> tuple[str, float] | None:
+    """(what, count per step) where rank `at` runs as many top-level ops per step (CPU; kernel launches
+    on a GPU) as the other ranks' median, within SAME_WORK: the same work; else None."""
+    name, what = ("kernels.launches_per_step", "kernel launches") if gpu else ("ops.calls_per_step", "operator calls")
+    mine = per_rank[at].value(name)
+    theirs = median([f.value(name) for i, f in enumerate(per_rank) if i != at and f.value(name) is not None])
+    if not mine or not theirs or abs(mine - theirs) > SAME_WORK * theirs:
+        return None
+    return what, theirs
+
+
+def _slower_processor(straggler: dict[str, Any], best: tuple[float, str, str, str],
+                      same_work: tuple[str, float] | None) -> tuple[str, float, str] | None:
+    """A compute excess on the same work as the other ranks' (as many ops or kernels per step): the
+    straggler's processor runs it slower (shared with other processes or machines, a lower clock,
+    another model), not more of it (uneven shards or sequence lengths, rank-0-only work)."""
+    ex, key, _, evidence = best
+    if key != "compute_ms" or same_work is None:
+        return None
+    gpu = same_work[0] == "kernel launches"
+    name = "a slower GPU" if gpu else "a slower CPU"
+    return (name, round(ex, 4),
+            f"{name}: {evidence.removeprefix('compute: ')}, for the same work ({same_work[1]:.0f} {same_work[0]} per "
+            f"step on every rank): rank {straggler['rank']}'s {'GPU' if gpu else 'CPU'} runs it slower "
+            f"({'another model, a lower clock or a shared device' if gpu else 'shared with other processes or machines, or a lower clock'})")
 
 
 def _throttling(others: list[dict[str, Any]], straggler: dict[str, Any], key: str, ex: float
@@ -186,6 +216,7 @@ MIN_TEST_STEPS = 3  # with fewer steps a rank's excess cannot be told from the s
 EXACT_PERMUTATIONS = 10_000  # up to this many, every relabelling is counted; beyond, a sample
 SAMPLE_CELLS = 400_000  # the sample's size: draws * ranks * steps at most (a 64-rank job stays < 0.2 s)
 CAUSE_MIN_SHARE = 0.25  # a cause explains at least this share of the straggler's excess in work
+SAME_WORK = 0.02  # op (CPU) or kernel (GPU) counts per step this close to the other ranks': the same work
 
 
 def _work_series(f: Facts, key: str) -> tuple[float, ...]:
@@ -285,7 +316,8 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
             how = (f"rank whose {key} exceeds the others' most, step by step (p = {test[1]:.3f})"
                    if test is not None else f"rank with most {key} (too few steps to test against their noise)")
             out.add("ranks.straggler", straggler["rank"], "", source, how)
-            cause = _cause(rows, straggler, excess_ms)
+            at = rows.index(straggler)
+            cause = _cause(rows, straggler, excess_ms, _same_work(per_rank, at, bool(per_rank[at].value("step.gpu_kernel_ms"))))
             if cause is not None:
                 out.add("ranks.straggler_cause", cause[0], "str", source, cause[2])
                 out.add("ranks.straggler_excess_ms", cause[1], "ms", source, cause[2])
