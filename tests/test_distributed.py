@@ -230,6 +230,7 @@ def test_a_balanced_gloo_job_gives_one_merged_report(tmp_path, nproc):
         meta = json.loads((d / "meta.json").read_text())
         assert meta["rank"]["world_size"] == nproc and meta["exit"]["reason"] == "steps-reached"
         assert meta["window"]["first_step"] == 9  # the same window on every rank, by step number
+        assert meta["window"]["steps_profiled"] == 7  # a job's 10 steps, shrunk to end by --steps 15
         assert len(json.loads((d / "steps.json").read_text())["steps"]) == 15
         assert (d / "report.json").is_file()  # each rank's own report, labelled
         assert json.loads((d / "report.json").read_text())["run"]["label"].startswith(f"rank {d.name[5:]} of")
@@ -256,6 +257,7 @@ def test_a_straggler_is_named_with_its_cause(tmp_path):
     facts = doc["facts"]
     assert facts["ranks.straggler"]["value"] == 1
     assert facts["ranks.straggler_cause"]["value"] == "data loading"
+    assert facts["ranks.imbalance_p"]["value"] <= 0.1  # ahead at the profiled steps, beyond their noise
     pd012 = next(f for f in doc["findings"] if f["rule"] == "PD012")
     assert "Rank 1" in pd012["title"] and "data loading" in pd012["message"]
     pd002 = next(f for f in doc["findings"] if f["rule"] == "PD002")
