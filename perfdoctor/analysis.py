@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
+import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -158,6 +159,9 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     script = data.meta.get("script")
     findings = judge(facts, rules, settings, user_files)
     notes += _input_notes(changes, dropped)
+    needs_gpu = _needs_a_gpu(data.meta, data.summary)
+    if needs_gpu:
+        notes.append(needs_gpu)
     amp = facts.get("device.amp_available")
     if amp is not None and amp.value is False and facts.value("autocast.enabled") is False:
         notes.append(f"the model trains in fp32 without autocast, not flagged (PD007): {amp.detail}")
@@ -179,6 +183,28 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     report = Report(run=run, summary=summary, findings=findings, hotspots=list(data.hotspots), notes=notes,
                     facts=facts.as_mapping())
     return report, facts
+
+
+# the last line of a traceback when CUDA (or NCCL, which needs it) is asked for on a machine without it
+_NO_GPU = re.compile(r"CUDA|NCCL|_cuda_|accelerator device|NVIDIA driver", re.IGNORECASE)
+
+
+def _needs_a_gpu(meta: dict[str, Any], summary: dict[str, Any]) -> str | None:
+    """A note where the script failed before its first step on a machine without a GPU because it asks
+    for one (its error names CUDA, NCCL or the accelerator): a report of nothing measured must not
+    read as a clean bill of health. None otherwise."""
+    exit_ = meta.get("exit") or {}
+    if exit_.get("reason") != "exception" or (meta.get("env") or {}).get("device") == "cuda":
+        return None
+    if summary.get("steps_profiled") or (meta.get("window") or {}).get("steps_profiled"):
+        return None
+    last = ((exit_.get("traceback") or "").strip().splitlines() or [""])[-1]
+    if not _NO_GPU.search(last):
+        return None
+    return ("the script needs a GPU and this machine has none: it failed before its first step, so nothing was "
+            "measured and only its source was read. Run it on a GPU machine, or let it fall back to the CPU where "
+            "CUDA is missing (device = \"cuda\" if torch.cuda.is_available() else \"cpu\", and the \"gloo\" "
+            "backend for torch.distributed)")
 
 
 def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[str, Any], list[Finding]]],

@@ -197,6 +197,14 @@ class Report:
     ranks: list[dict[str, Any]] = field(default_factory=list)  # per-rank summaries, distributed traces
     facts: dict[str, Fact] = field(default_factory=dict)  # the global facts behind the findings
 
+    def nothing_found(self) -> str:
+        """What the report says where no rule found anything: that nothing was measured, where the
+        script failed before its first profiled step (only its source was judged)."""
+        failed = (self.run.get("exit") or {}).get("reason") in ("exception", "sys-exit", "killed")
+        if failed and not self.summary.get("steps_profiled"):
+            return "No problems found in the source; the script failed before its first profiled step, so nothing was measured."
+        return "No problems found by the rules."
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

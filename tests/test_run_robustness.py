@@ -369,3 +369,24 @@ def test_line_sampler_skips_a_frame_with_no_line_yet(monkeypatch) -> None:
     sampler.run()
     assert sampler.counts == {(code.co_filename, 7): 2}
     assert sampler.samples >= 4
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("line,gpu", [("torch.cuda.set_device(0)", True),
+                                      ("torch.zeros(1).to('cuda')", True),
+                                      ("raise ValueError('no such file: data.csv')", False)])
+def test_a_script_that_fails_before_its_first_step_is_no_clean_bill(tmp_path: Path, line: str, gpu: bool) -> None:
+    # on this machine (no GPU) a script that asks for CUDA fails at once: nothing is measured, and the
+    # report says so, and says why where the error is CUDA's, instead of "no problems found"
+    train = script(tmp_path, "train.py", f"""
+        {line}
+        for _ in range(16): step()
+    """)
+    p = run_cli("run", str(train), "--out-dir", str(tmp_path / "run"), cwd=tmp_path, timeout=180)
+    assert p.returncode == 3, p.stderr[-3000:]
+    text = " ".join(p.stdout.split())
+    assert "No problems found in the source; the script failed before its first profiled step, so nothing was " \
+           "measured." in text and "No problems found by the rules" not in text
+    assert ("the script needs a GPU and this machine has none" in text) is gpu
+    md = run_cli("report", str(tmp_path / "run"), "-f", "markdown")
+    assert "nothing was measured" in md.stdout and "No findings. ✅" not in md.stdout

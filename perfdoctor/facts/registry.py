@@ -127,7 +127,7 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("ranks.count", "count", "run/trace", "ranks in a job folder or a folder of per-rank traces"),
     ("ranks.imbalance_ratio", "ratio", "run/trace", "step / (step - (straggler's - other ranks' median) per-rank work (step less host collectives)), else the straggler's / median GPU compute or step time, >= 1"),
     ("ranks.imbalance_p", "ratio", "run/trace", "the chance that the steps' noise alone makes a rank's work exceed the others' as much as the straggler's: a permutation test over the ranks' aligned steps"),
-    ("ranks.straggler", "number", "run/trace", "the rank whose work (step less host collectives), GPU compute or step time exceeds the others' step by step beyond the steps' noise (imbalance_p <= 0.1), or the most where too few steps to test"),
+    ("ranks.straggler", "number", "run/trace", "the rank whose work (step less host collectives), GPU compute or step time exceeds the others' step by step beyond the steps' noise (imbalance_p <= 0.1), or where too few steps to test the most, at 1.1 times the median rank's or more"),
     ("ranks.straggler_cause", "str", "run/trace", "what makes the straggler slow, from its own evidence: data loading, compute, a slower CPU or GPU (the same work as the other ranks, done slower), host syncs, garbage collection, waiting for a CPU, CPU throttling or GPU throttling"),
     ("ranks.straggler_excess_ms", "ms", "run/trace", "how much longer the straggler's cause takes on it than on the other ranks (median)"),
     ("ranks.idle_spread", "ratio", "run/trace", "max - min GPU idle fraction across ranks"),

@@ -485,7 +485,9 @@ def _finding(i: int, f: Finding, rule: Rule | None, step_ms: Any) -> str:
 
 def _findings(report: Report, rules: list[Rule] | None) -> str:
     if not report.findings:
-        return '<section id="findings"><h2>Findings</h2><p class="good">No problems found by the rules.</p></section>'
+        nothing = report.nothing_found()
+        cls = "good" if nothing.endswith("rules.") else "note"
+        return f'<section id="findings"><h2>Findings</h2><p class="{cls}">{_e(nothing)}</p></section>'
     if rules is None:
         from perfdoctor.rules.catalog import load_rules
 

@@ -94,7 +94,8 @@ def render_report(report: Report) -> str:
     findings = [f for f, m in zip(r.get("findings") or [], minor, strict=True) if not m]
     small = [f for f, m in zip(r.get("findings") or [], minor, strict=True) if m]
     if not findings and not small:
-        out += ["No findings. ✅", ""]
+        nothing = report.nothing_found()
+        out += ["No findings. ✅" if nothing.endswith("rules.") else nothing, ""]
     elif findings:
         out += [f"### Findings ({len(findings)})", "",
                 "| # | Rule | Severity | Saves | Location | Finding |", "|---:|---|---|---:|---|---|"]

@@ -255,7 +255,8 @@ def _report(report: Report) -> Group:
                 line.append_text(_t(f"  {f.title}"))
                 parts.append(_indent(line))
     else:
-        parts.append(Text("No problems found by the rules.", style="bold green"))
+        nothing = report.nothing_found()
+        parts.append(Text(nothing, style="bold green" if nothing.endswith("rules.") else "bold yellow"))
     if report.hotspots:
         t = Table(title="hot spots in your code (profiled steps)", title_justify="left", show_edge=False)
         t.add_column("function")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -213,6 +214,7 @@ def _throttling(others: list[dict[str, Any]], straggler: dict[str, Any], key: st
 # as much as the straggler's does; at most MAX_P, or too few steps to test, names the straggler.
 MAX_P = 0.1
 MIN_TEST_STEPS = 3  # with fewer steps a rank's excess cannot be told from the steps' noise
+UNTESTED_MIN_RATIO = 1.1  # with nothing to test it against, only a clear gap names a straggler
 EXACT_PERMUTATIONS = 10_000  # up to this many, every relabelling is counted; beyond, a sample
 SAMPLE_CELLS = 400_000  # the sample's size: draws * ranks * steps at most (a 64-rank job stays < 0.2 s)
 CAUSE_MIN_SHARE = 0.25  # a cause explains at least this share of the straggler's excess in work
@@ -251,7 +253,7 @@ def straggler_test(series: list[tuple[float, ...]], seed: int = 0) -> tuple[int,
         mid = median(col) or 0.0
         steps.append([v - mid for v in col])
 
-    def excesses(cols: list[list[float]] | tuple[tuple[float, ...], ...]) -> list[float]:
+    def excesses(cols: Sequence[Sequence[float]]) -> list[float]:
         return [sum(c[k] for c in cols) / n for k in range(nranks)]
 
     observed = excesses(steps)
@@ -259,9 +261,9 @@ def straggler_test(series: list[tuple[float, ...]], seed: int = 0) -> tuple[int,
     top = observed[straggler] - 1e-9 * max(1.0, abs(observed[straggler]))
     if math.factorial(nranks) ** n <= EXACT_PERMUTATIONS:
         total = hits = 0
-        for cols in itertools.product(*(itertools.permutations(c) for c in steps)):
+        for perm in itertools.product(*(itertools.permutations(c) for c in steps)):
             total += 1
-            hits += max(excesses(cols)) >= top
+            hits += max(excesses(perm)) >= top
         return straggler, hits / total
     rng = random.Random(seed)
     draws = max(200, min(2000, SAMPLE_CELLS // (nranks * n)))
@@ -281,7 +283,7 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
     measure the wait (busy_share), else its GPU compute, else its step time. The straggler is the rank
     whose work exceeds the others' most, step by step, where the steps' noise does not explain it
     (`straggler_test`; ranks.imbalance_p); with fewer steps than the test needs, the rank with the most
-    work per step. With busy_share the imbalance is the job's step over the step it would have with
+    work per step, where that is UNTESTED_MIN_RATIO times the median rank's or more. With busy_share the imbalance is the job's step over the step it would have with
     the straggler's share at the other ranks' median (the step less the straggler's excess), so that
     PD012's saving is that excess; else the straggler's work over the median rank's."""
     out = Facts()
@@ -312,7 +314,7 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
             out.add("ranks.imbalance_p", round(test[1], 4), "ratio", source,
                     f"the chance that the steps' noise alone makes a rank's {key} exceed the others' this much: "
                     f"a permutation test over {n} steps of {len(rows)} ranks (each step's ranks relabelled)")
-        if test is None or test[1] <= MAX_P:
+        if test[1] <= MAX_P if test is not None else ratio >= UNTESTED_MIN_RATIO:
             how = (f"rank whose {key} exceeds the others' most, step by step (p = {test[1]:.3f})"
                    if test is not None else f"rank with most {key} (too few steps to test against their noise)")
             out.add("ranks.straggler", straggler["rank"], "", source, how)
