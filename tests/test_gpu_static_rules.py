@@ -516,6 +516,39 @@ def main(args, model, optimizer, ds):
 """
 
 
+def test_accelerate_prepare_moves_the_loaders_a_helper_returns(tmp_path):
+    # huggingface/accelerate examples/nlp_example.py: get_dataloaders builds both loaders and returns them
+    path = tmp_path / "train.py"
+    path.write_text("""\
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+
+def get_dataloaders(accelerator, ds, batch_size=16):
+    train_dataloader = DataLoader(ds, shuffle=True, batch_size=batch_size)
+    eval_dataloader = DataLoader(ds, shuffle=False, batch_size=32)
+    return train_dataloader, eval_dataloader
+
+
+def training_function(model, optimizer, ds):
+    accelerator = Accelerator()
+    train_dataloader, eval_dataloader = get_dataloaders(accelerator, ds)
+    model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader)
+    for batch in train_dataloader:
+        accelerator.backward(model(**batch).loss)
+        optimizer.step()
+    for batch in eval_dataloader:
+        model(**batch)
+""")
+    facts = Facts()
+    facts.add("device.type", "cpu", "", "machine")
+    analyse_files([path], facts)
+    got = lines(facts, "dataloader")
+    assert {n: (v.get("feeds_cuda"), v.get("trains")) for n, v in got.items()} == {6: (True, True), 7: (True, False)}
+    assert sorted(f.locations[0].line for f in findings(facts, tmp_path, "PD003")) == [6]
+
+
 @pytest.mark.parametrize("placement", ["", ", device_placement=False"])
 def test_accelerate_prepare_moves_the_loaders_it_is_given(tmp_path, placement):
     path = tmp_path / "train.py"

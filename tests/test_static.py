@@ -632,6 +632,50 @@ def test_host_data_given_to_a_legacy_cuda_tensor_type(tmp_path):
     assert got[17]["factory"] == "cuda.LongTensor" and got[11]["in_loop"] is True
 
 
+def test_dataloader_built_in_a_helper_and_kept_by_a_trainer_class(tmp_path):
+    # pytorch/examples distributed/ddp-tutorial-series: the loader is returned by a helper, handed to a
+    # Trainer class and iterated through the attribute its __init__ keeps it in
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader
+
+        class Trainer:
+            def __init__(self, model, train_data, gpu_id):
+                self.train_data = train_data
+                self.gpu_id = gpu_id
+
+            def run_batch(self, source, targets):
+                self.model(source).sum().backward()
+
+            def run_epoch(self):
+                for source, targets in self.train_data:
+                    source = source.to(self.gpu_id)
+                    self.run_batch(source, targets)
+
+        def prepare_dataloader(dataset, batch_size):
+            return DataLoader(dataset, batch_size=batch_size, pin_memory=True)
+
+        def get_dataloaders(ds):
+            train_dl = DataLoader(ds, shuffle=True)
+            eval_dl = DataLoader(ds)
+            return train_dl, eval_dl
+
+        def main(ds, model, device):
+            train_data = prepare_dataloader(ds, 32)
+            Trainer(model, train_data, 0).run_epoch()
+            train_dl, eval_dl = get_dataloaders(ds)
+            for x, y in train_dl:
+                x = x.to(device, non_blocking=True)
+                model(x).sum().backward()
+            unused = DataLoader(ds)
+        """)
+    got = by_line(facts, "dataloader")
+    assert got[18]["feeds_cuda"] is True and got[18]["non_blocking"] is False and got[18]["trains"] is True
+    assert got[21]["feeds_cuda"] is True and got[21]["non_blocking"] is True and got[21]["trains"] is True
+    assert "feeds_cuda" not in got[22]  # returned beside the training loader, never iterated
+    assert "feeds_cuda" not in got[32]
+
+
 def test_evaluation_loader_beside_the_training_one(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -109,19 +109,19 @@ def framework_stage(index: SourceIndex, call: ast.Call) -> str | None:
     `validate` / `test` / `predict`; "fabric" for one given to Fabric's `setup_dataloaders` (without
     `move_to_device=False`), "accelerate" for one given to Hugging Face Accelerate's
     `accelerator.prepare` (an `Accelerator` without `device_placement=False`): for these two the
-    loops over it say whether it trains; None elsewhere. A loader is given directly or by the name
-    it is bound to in the same function."""
+    loops over it say whether it trains; None elsewhere. A loader is given directly or by one of its
+    names (`loader_names`)."""
     scope = index.context(call)[0]
     if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and isinstance(index.parents.get(scope), ast.ClassDef):
         m = _HOOK.match(scope.name)
         if m:
             return m.group(1)
-    parent = index.parents.get(call)
-    bound = dotted(parent.targets[0]) if isinstance(parent, ast.Assign) and len(parent.targets) == 1 else None
+    names = loader_names(index, call)
 
     def given(node: ast.AST | None, c: ast.Call) -> bool:
-        return node is call or (bound is not None and node is not None and dotted(node) == bound
-                                and index.context(c)[0] is scope)
+        where = index.context(c)[0]
+        return node is call or node is not None and any(dotted(node) == name and (anywhere or where is sc)
+                                                        for name, sc, anywhere in names)
 
     for c in index.calls:
         attr = c.func.attr if isinstance(c.func, ast.Attribute) else None
@@ -147,18 +147,9 @@ def framework_stage(index: SourceIndex, call: ast.Call) -> str | None:
 def batch_loops(index: SourceIndex, dl_call: ast.Call) -> list[tuple[ast.AST, set[str]]]:
     """The loops over this loader's batches, each with the names its batch is bound to:
     `for ... in <loader>` (also `enumerate(loader)`, `tqdm(loader)`, `zip(...)`), and loops that
-    draw batches with `next()` from `iter(<loader>)` (`while True: batch = next(it)`), in the
-    scope that names the loader and in a function of this file it is passed to (one level)."""
-    parent = index.parents.get(dl_call)
-    names: list[tuple[str, ast.AST | None, bool]] = []  # (name, scope, any scope)
-    if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(
-            parent.targets[0], (ast.Name, ast.Attribute)):
-        bound = dotted(parent.targets[0])
-        scope = index.context(dl_call)[0]
-        if bound:
-            names.append((bound, scope, "." in bound or scope is None))
-            if "." not in bound:
-                names += _passed_to(index, bound, scope)
+    draw batches with `next()` from `iter(<loader>)` (`while True: batch = next(it)`), wherever
+    `loader_names` finds the loader under a name."""
+    names = loader_names(index, dl_call)
 
     def is_loader(node: ast.AST, where: ast.AST) -> bool:
         scope = index.context(where)[0]
@@ -193,6 +184,80 @@ def batch_loops(index: SourceIndex, dl_call: ast.Call) -> list[tuple[ast.AST, se
         else:
             out.append((draws_in, drawn))
     return out
+
+
+Name = tuple[str, "ast.AST | None", bool]  # (a name of the loader, the scope it is bound in, in any scope)
+
+
+def loader_names(index: SourceIndex, dl_call: ast.Call) -> list[Name]:
+    """The names this DataLoader is known by: the one it is assigned to (`loader = DataLoader(...)`,
+    or `self.loader = ...`, known in any scope); where a function of this file returns it
+    (`return DataLoader(...)`, `return loader`, `return train_loader, val_loader`), the names its
+    callers bind that result to (`train_dl, eval_dl = get_dataloaders(...)`); and, one level on, the
+    parameter of a function or class of this file that one of those names is passed to
+    (`train(model, loader)` with `def train(model, train_loader)`, `Trainer(model, loader)` with
+    `def __init__(self, model, train_data)`) and the attribute that function keeps it in
+    (`self.train_data = train_data`)."""
+    parent = index.parents.get(dl_call)
+    scope = index.context(dl_call)[0]
+    direct: list[tuple[str, ast.AST | None]] = []
+    if isinstance(parent, ast.Assign) and len(parent.targets) == 1 and isinstance(
+            parent.targets[0], (ast.Name, ast.Attribute)):
+        bound = dotted(parent.targets[0])
+        if bound:
+            direct.append((bound, scope))
+    direct += _bound_by_callers(index, dl_call, direct[0][0] if direct else None, scope)
+    names: list[Name] = []
+    for bound, where in direct:
+        names.append((bound, where, "." in bound or where is None))
+        if "." not in bound:
+            for param, fn, _ in _passed_to(index, bound, where):
+                names.append((param, fn, False))
+                names += [(attr, None, True) for attr in _kept_as(fn, param)]
+    return names
+
+
+def _bound_by_callers(index: SourceIndex, dl_call: ast.Call, bound: str | None, scope: ast.AST | None
+                      ) -> list[tuple[str, ast.AST | None]]:
+    """Where the function `scope` returns the loader (the call itself, or its local name `bound`, alone
+    or at a position of a returned tuple): the names the callers in this file bind the result to."""
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return []
+    at: set[int | None] = set()  # None: the whole result; i: item i of a returned tuple
+    for node in walk_scope(scope.body):
+        if isinstance(node, ast.Return) and node.value is not None:
+            value = node.value
+            items = value.elts if isinstance(value, ast.Tuple) else [value]
+            for i, item in enumerate(items):
+                if item is dl_call or bound is not None and "." not in bound and dotted(item) == bound:
+                    at.add(i if isinstance(value, ast.Tuple) else None)
+    if not at:
+        return []
+    out: list[tuple[str, ast.AST | None]] = []
+    for call in index.calls:
+        f = call.func
+        fname = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+        parent = index.parents.get(call)
+        if fname != scope.name or not (isinstance(parent, ast.Assign) and len(parent.targets) == 1):
+            continue
+        target, where = parent.targets[0], index.context(call)[0]
+        for pos in at:
+            if pos is None and isinstance(target, (ast.Name, ast.Attribute)):
+                name = dotted(target)
+            elif pos is not None and isinstance(target, ast.Tuple) and pos < len(target.elts):
+                name = dotted(target.elts[pos])
+            else:
+                name = None
+            if name:
+                out.append((name, where))
+    return out
+
+
+def _kept_as(fn: ast.AST, param: str) -> list[str]:
+    """The attributes function `fn` keeps its parameter `param` in: `self.train_data = param`."""
+    return [name for node in walk_scope(fn.body) if isinstance(node, ast.Assign)  # type: ignore[attr-defined]
+            and isinstance(node.value, ast.Name) and node.value.id == param
+            for t in node.targets if isinstance(t, ast.Attribute) and (name := dotted(t))]
 
 
 def _iter_of(node: ast.AST, is_loader: Callable[[ast.AST, ast.AST], bool], where: ast.AST) -> bool:
@@ -236,6 +301,9 @@ def _passed_to(index: SourceIndex, name: str, scope: ast.AST | None) -> list[tup
     for n in index.nodes:
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
             defs.setdefault(n.name, []).append(n)
+        elif isinstance(n, ast.ClassDef):  # `Trainer(model, loader)`: its __init__ takes it
+            defs.setdefault(n.name, []).extend(
+                b for b in n.body if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)) and b.name == "__init__")
     for call in index.calls:
         if index.context(call)[0] is not scope:
             continue
@@ -243,7 +311,7 @@ def _passed_to(index: SourceIndex, name: str, scope: ast.AST | None) -> list[tup
         fname = f.id if isinstance(f, ast.Name) else (f.attr if isinstance(f, ast.Attribute) else None)
         for fn in defs.get(fname, []) if fname else []:
             params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
-            if isinstance(f, ast.Attribute) and params[:1] in (["self"], ["cls"]):
+            if (isinstance(f, ast.Attribute) or fn.name == "__init__") and params[:1] in (["self"], ["cls"]):
                 params = params[1:]
             for i, a in enumerate(call.args):
                 if isinstance(a, ast.Starred):
