@@ -125,6 +125,18 @@ def test_rank_folder_page_marks_the_straggler() -> None:
     assert "communication exposed" in page and float(got["facts.comm.overlap"]) == r.facts["comm.overlap"].value
 
 
+def test_rank_folder_page_without_a_straggler_says_why() -> None:
+    # the same ranks, where the test found the gaps within the noise of their steps: no rank marked
+    r = analyse_path(RANKS)
+    facts = {k: v for k, v in r.facts.items() if not k.startswith("ranks.straggler")}
+    facts["ranks.imbalance_p"] = dataclasses.replace(r.facts["ranks.imbalance_ratio"], name="ranks.imbalance_p",
+                                                     value=0.4)
+    page = html.render_report(dataclasses.replace(r, facts=facts, findings=[f for f in r.findings if f.rule != "PD012"]))
+    assert 'class="straggler"' not in page and "is the straggler" not in page
+    assert "No rank is a straggler: the gaps between them are within the noise of their steps" in page
+    assert float(parse(page).data["facts.ranks.imbalance_p"]) == 0.4
+
+
 def test_no_input_string_reaches_the_page_as_html(run_report) -> None:
     r = dataclasses.replace(run_report)
     r.run = {**r.run, "device": HOSTILE, "script": f"/tmp/{HOSTILE}/train.py", "run_dir": f"/tmp/{HOSTILE}",

@@ -373,10 +373,14 @@ def _ranks(report: Report) -> str:
                      + "".join(_rank_cell(r.get(key), kind) for key, _, kind in extra) + '</tr>')
     table.append("</tbody></table>")
     imb = _fact(report, "ranks.imbalance_ratio")
+    p = _fact(report, "ranks.imbalance_p")
     head = (f'<p>{len(rows)} ranks; the slowest sets the pace of every synchronous step.'
             + (f' Rank {_e(straggler)} is the straggler (imbalance: the slowest is '
                f'{_data("facts.ranks.imbalance_ratio", imb, f"{imb:.2f}×")} the median).' if straggler is not None
-               and isinstance(imb, (int, float)) else "") + "</p>")
+               and isinstance(imb, (int, float)) else "")
+            + (f' No rank is a straggler: the gaps between them are within the noise of their steps '
+               f'(p = {_data("facts.ranks.imbalance_p", p, f"{p:.2f}")}).'
+               if straggler is None and isinstance(p, (int, float)) else "") + "</p>")
     return ('<section id="ranks"><h2>Ranks</h2>' + head
             + _svg(W, H, "Median step time per rank, split into GPU compute, GPU idle and the rest", "".join(out))
             + f'<ul class="legend">{legend}</ul>' + "".join(table) + "</section>")
