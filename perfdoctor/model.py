@@ -202,7 +202,8 @@ class Report:
         script failed before its first profiled step (only its source was judged)."""
         failed = (self.run.get("exit") or {}).get("reason") in ("exception", "sys-exit", "killed")
         if failed and not self.summary.get("steps_profiled"):
-            return "No problems found in the source; the script failed before its first profiled step, so nothing was measured."
+            return ("No problems found in the source; the script failed before its first profiled step, "
+                    "so nothing was measured.")
         return "No problems found by the rules."
 
     def as_dict(self) -> dict[str, Any]:

@@ -186,10 +186,10 @@ def batch_loops(index: SourceIndex, dl_call: ast.Call) -> list[tuple[ast.AST, se
     return out
 
 
-Name = tuple[str, "ast.AST | None", bool]  # (a name of the loader, the scope it is bound in, in any scope)
+LoaderName = tuple[str, "ast.AST | None", bool]  # (a name of the loader, the scope it is bound in, in any scope)
 
 
-def loader_names(index: SourceIndex, dl_call: ast.Call) -> list[Name]:
+def loader_names(index: SourceIndex, dl_call: ast.Call) -> list[LoaderName]:
     """The names this DataLoader is known by: the one it is assigned to (`loader = DataLoader(...)`,
     or `self.loader = ...`, known in any scope); where a function of this file returns it
     (`return DataLoader(...)`, `return loader`, `return train_loader, val_loader`), the names its
@@ -207,7 +207,7 @@ def loader_names(index: SourceIndex, dl_call: ast.Call) -> list[Name]:
         if bound:
             direct.append((bound, scope))
     direct += _bound_by_callers(index, dl_call, direct[0][0] if direct else None, scope)
-    names: list[Name] = []
+    names: list[LoaderName] = []
     for bound, where in direct:
         names.append((bound, where, "." in bound or where is None))
         if "." not in bound:

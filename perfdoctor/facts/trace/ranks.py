@@ -283,9 +283,10 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
     measure the wait (busy_share), else its GPU compute, else its step time. The straggler is the rank
     whose work exceeds the others' most, step by step, where the steps' noise does not explain it
     (`straggler_test`; ranks.imbalance_p); with fewer steps than the test needs, the rank with the most
-    work per step, where that is UNTESTED_MIN_RATIO times the median rank's or more. With busy_share the imbalance is the job's step over the step it would have with
-    the straggler's share at the other ranks' median (the step less the straggler's excess), so that
-    PD012's saving is that excess; else the straggler's work over the median rank's."""
+    work per step, where that is UNTESTED_MIN_RATIO times the median rank's or more. With busy_share
+    the imbalance is the job's step over the step it would have with the straggler's share at the
+    other ranks' median (the step less the straggler's excess), so that PD012's saving is that
+    excess; else the straggler's work over the median rank's."""
     out = Facts()
     rows = [_row(rank, label, f) for (rank, label), f in zip(ranks, per_rank)]
     for k in THROTTLE_KEYS:
@@ -314,12 +315,17 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
             out.add("ranks.imbalance_p", round(test[1], 4), "ratio", source,
                     f"the chance that the steps' noise alone makes a rank's {key} exceed the others' this much: "
                     f"a permutation test over {n} steps of {len(rows)} ranks (each step's ranks relabelled)")
-        if test[1] <= MAX_P if test is not None else ratio >= UNTESTED_MIN_RATIO:
-            how = (f"rank whose {key} exceeds the others' most, step by step (p = {test[1]:.3f})"
-                   if test is not None else f"rank with most {key} (too few steps to test against their noise)")
+        if test is not None:
+            named = test[1] <= MAX_P
+            how = f"rank whose {key} exceeds the others' most, step by step (p = {test[1]:.3f})"
+        else:
+            named = ratio >= UNTESTED_MIN_RATIO
+            how = f"rank with most {key} (too few steps to test against their noise)"
+        if named:
             out.add("ranks.straggler", straggler["rank"], "", source, how)
             at = rows.index(straggler)
-            cause = _cause(rows, straggler, excess_ms, _same_work(per_rank, at, bool(per_rank[at].value("step.gpu_kernel_ms"))))
+            same = _same_work(per_rank, at, gpu=per_rank[at].value("step.gpu_kernel_ms") is not None)
+            cause = _cause(rows, straggler, excess_ms, same)
             if cause is not None:
                 out.add("ranks.straggler_cause", cause[0], "str", source, cause[2])
                 out.add("ranks.straggler_excess_ms", cause[1], "ms", source, cause[2])
