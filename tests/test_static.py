@@ -52,6 +52,25 @@ def test_dataparallel_aliases(tmp_path):
 
 
 # -- empty_cache -----------------------------------------------------------------------------
+def test_empty_cache_after_each_run_of_a_sweep_is_not_in_the_training_loop(tmp_path):
+    # huggingface/accelerate benchmarks/fp8: a loop over settings, each of which trains, and frees the
+    # cache once after its training: once per run, not per step
+    facts, _ = analyse(tmp_path, """\
+        import torch
+
+        def train_integration(stage):
+            for _ in range(2):
+                for batch in loader:
+                    model(batch).loss.backward()
+                    optimizer.step()
+            torch.cuda.empty_cache()
+
+        for stage in [1, 2]:
+            train_integration(stage)
+        """)
+    assert by_line(facts, "empty_cache") == {8: {"in_loop": False}}
+
+
 def test_empty_cache_in_loop_and_called_from_loop(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch
@@ -74,7 +93,8 @@ def test_empty_cache_in_loop_and_called_from_loop(tmp_path):
             torch.cuda.empty_cache()
         """)
     got = by_line(facts, "empty_cache")
-    assert got == {5: {"in_loop": True}, 8: {"in_loop": False}, 14: {"in_loop": True},
+    # every 100 steps (line 14) is not every step; at module level (16) it runs once
+    assert got == {5: {"in_loop": True}, 8: {"in_loop": False}, 14: {"in_loop": False},
                    16: {"in_loop": False}, 18: {"in_loop": True}}
     s = next(s for s in facts.of_kind("empty_cache") if s.key.endswith(":5"))
     assert s.locations[0].function == "cleanup"
@@ -674,6 +694,26 @@ def test_dataloader_built_in_a_helper_and_kept_by_a_trainer_class(tmp_path):
     assert got[21]["feeds_cuda"] is True and got[21]["non_blocking"] is True and got[21]["trains"] is True
     assert "feeds_cuda" not in got[22]  # returned beside the training loader, never iterated
     assert "feeds_cuda" not in got[32]
+
+
+def test_loaders_of_a_helper_module_iterated_elsewhere_go_by_their_names(tmp_path):
+    # huggingface/accelerate benchmarks/fp8/*/fp8_utils.py: the loaders are built, prepared and returned;
+    # the loops are in the scripts that import them
+    facts, _ = analyse(tmp_path, """\
+        from torch.utils.data import DataLoader
+
+        def get_dataloaders(ds):
+            train_dataloader = DataLoader(ds["train"], shuffle=True)
+            eval_dataloader = DataLoader(ds["validation"])
+            val_loader = DataLoader(ds["validation"])
+            return train_dataloader, eval_dataloader, val_loader
+
+        def get_training_utilities(accelerator, ds):
+            train_dataloader, eval_dataloader, val_loader = get_dataloaders(ds)
+            return accelerator.prepare(train_dataloader, eval_dataloader, val_loader)
+        """)
+    got = by_line(facts, "dataloader")
+    assert "trains" not in got[4] and got[5]["trains"] is False and got[6]["trains"] is False
 
 
 def test_evaluation_loader_beside_the_training_one(tmp_path):

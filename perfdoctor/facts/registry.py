@@ -176,7 +176,7 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
     ]),
     "empty_cache": _declare("empty_cache", [
         ("calls_per_step", "count", "run/trace", "torch.cuda.empty_cache() calls per step"),
-        ("in_loop", "bool", "run/trace/static", "called inside the training loop"),
+        ("in_loop", "bool", "run/trace/static", "called on every training step (static: in the step loop, not behind a periodic guard)"),
         ("calls", "count", "run", "calls in the whole run"),
         ("free_calls_per_step", "count", "trace", "cudaFree/hipFree calls per step"),
     ]),

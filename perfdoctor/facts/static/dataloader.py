@@ -40,7 +40,8 @@ from perfdoctor.facts.static.index import (
 from perfdoctor.usercode import kwargs_style
 
 # functions that evaluate rather than train: `evaluate`, `eval_split`, `test`, `validate`, `run_validation`
-_EVAL_NAME = re.compile(r"(^|_)(eval|evaluate|evaluation|test|valid|validate|validation)($|_)", re.I)
+_EVAL_NAME = re.compile(r"(^|_)(eval|evaluate|evaluation|test|val|valid|validate|validation)($|_)", re.I)
+_TRAIN_NAME = re.compile(r"(^|_)train", re.I)
 DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
 _HOOK = re.compile(r"^(train|val|test|predict)_dataloader$")  # Lightning's dataloader hooks
 _EVAL_STAGES = ("val", "test", "predict")
@@ -100,6 +101,16 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     elif stage in _EVAL_STAGES or loops and (index.has_training_loop() or all(
             _EVAL_NAME.search(index.function_name(loop)) for loop in loops)):
         put(s, "trains", False)  # an evaluation loader beside the training one, or in an eval function
+    elif not loops and _eval_named(loader_names(index, call)):
+        # iterated in no file read (a helper module's `get_dataloaders` returns it): its name says
+        put(s, "trains", False)
+
+
+def _eval_named(names: list[LoaderName]) -> bool:
+    """Whether a loader's names call it an evaluation loader (`eval_dataloader`, `self.val_loader`,
+    `test_dl`) and none a training one."""
+    last = [name.rsplit(".", 1)[-1] for name, _, _ in names]
+    return any(_EVAL_NAME.search(n) for n in last) and not any(_TRAIN_NAME.search(n) for n in last)
 
 
 def framework_stage(index: SourceIndex, call: ast.Call) -> str | None:
