@@ -196,7 +196,7 @@ def _needs_a_gpu(meta: dict[str, Any], summary: dict[str, Any]) -> str | None:
     exit_ = meta.get("exit") or {}
     if exit_.get("reason") != "exception" or (meta.get("env") or {}).get("device") == "cuda":
         return None
-    if summary.get("steps_profiled") or (meta.get("window") or {}).get("steps_profiled"):
+    if summary.get("steps_profiled"):
         return None
     last = ((exit_.get("traceback") or "").strip().splitlines() or [""])[-1]
     if not _NO_GPU.search(last):

@@ -187,6 +187,11 @@ def rank_header(label: str, kind: str) -> str:
     return label + (f" ({kind})" if kind in ("ms", "MHz") else "")
 
 
+NO_FINDINGS = "No problems found by the rules."
+NOTHING_MEASURED = ("No problems found in the source; the script failed before its first profiled step, "
+                    "so nothing was measured.")
+
+
 @dataclass
 class Report:
     run: dict[str, Any]  # script, argv, steps_observed, steps_profiled, device, torch, ...
@@ -197,14 +202,12 @@ class Report:
     ranks: list[dict[str, Any]] = field(default_factory=list)  # per-rank summaries, distributed traces
     facts: dict[str, Fact] = field(default_factory=dict)  # the global facts behind the findings
 
-    def nothing_found(self) -> str:
-        """What the report says where no rule found anything: that nothing was measured, where the
-        script failed before its first profiled step (only its source was judged)."""
+    @property
+    def measured_nothing(self) -> bool:
+        """The script failed before its first profiled step: only its source was judged, and a report
+        without findings says so (NOTHING_MEASURED) instead of NO_FINDINGS."""
         failed = (self.run.get("exit") or {}).get("reason") in ("exception", "sys-exit", "killed")
-        if failed and not self.summary.get("steps_profiled"):
-            return ("No problems found in the source; the script failed before its first profiled step, "
-                    "so nothing was measured.")
-        return "No problems found by the rules."
+        return failed and not self.summary.get("steps_profiled")
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfdoctor import __version__
-from perfdoctor.model import RANK_COLUMNS, Finding, Hotspot, Report
+from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Hotspot, Report
 from perfdoctor.report import escape
 from perfdoctor.report.text import chart_top
 
@@ -489,9 +489,9 @@ def _finding(i: int, f: Finding, rule: Rule | None, step_ms: Any) -> str:
 
 def _findings(report: Report, rules: list[Rule] | None) -> str:
     if not report.findings:
-        nothing = report.nothing_found()
-        cls = "good" if nothing.endswith("rules.") else "note"
-        return f'<section id="findings"><h2>Findings</h2><p class="{cls}">{_e(nothing)}</p></section>'
+        said = f'<p class="note">{_e(NOTHING_MEASURED)}</p>' if report.measured_nothing else \
+            f'<p class="good">{_e(NO_FINDINGS)}</p>'
+        return f'<section id="findings"><h2>Findings</h2>{said}</section>'
     if rules is None:
         from perfdoctor.rules.catalog import load_rules
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.gate.compare import undecided_sentence
-from perfdoctor.model import RANK_COLUMNS, Report, rank_header
+from perfdoctor.model import NOTHING_MEASURED, RANK_COLUMNS, Report, rank_header
 from perfdoctor.report import escape
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
@@ -94,8 +94,7 @@ def render_report(report: Report) -> str:
     findings = [f for f, m in zip(r.get("findings") or [], minor, strict=True) if not m]
     small = [f for f, m in zip(r.get("findings") or [], minor, strict=True) if m]
     if not findings and not small:
-        nothing = report.nothing_found()
-        out += ["No findings. ✅" if nothing.endswith("rules.") else nothing, ""]
+        out += [NOTHING_MEASURED if report.measured_nothing else "No findings. ✅", ""]
     elif findings:
         out += [f"### Findings ({len(findings)})", "",
                 "| # | Rule | Severity | Saves | Location | Finding |", "|---:|---|---|---:|---|---|"]

@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from perfdoctor.gate.compare import Comparison
-from perfdoctor.model import RANK_COLUMNS, Finding, Report, rank_header
+from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
@@ -255,8 +255,8 @@ def _report(report: Report) -> Group:
                 line.append_text(_t(f"  {f.title}"))
                 parts.append(_indent(line))
     else:
-        nothing = report.nothing_found()
-        parts.append(Text(nothing, style="bold green" if nothing.endswith("rules.") else "bold yellow"))
+        parts.append(Text(NOTHING_MEASURED, style="bold yellow") if report.measured_nothing
+                     else Text(NO_FINDINGS, style="bold green"))
     if report.hotspots:
         t = Table(title="hot spots in your code (profiled steps)", title_justify="left", show_edge=False)
         t.add_column("function")
