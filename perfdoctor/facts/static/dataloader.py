@@ -39,7 +39,8 @@ from perfdoctor.facts.static.index import (
 )
 from perfdoctor.usercode import kwargs_style
 
-# functions that evaluate rather than train: `evaluate`, `eval_split`, `test`, `validate`, `run_validation`
+# words of evaluation rather than training: in a function's name (`evaluate`, `eval_split`, `test`,
+# `validate`, `run_validation`) or a loader's (`eval_dataloader`, `val_loader`, `test_dl`)
 _EVAL_NAME = re.compile(r"(^|_)(eval|evaluate|evaluation|test|val|valid|validate|validation)($|_)", re.I)
 _TRAIN_NAME = re.compile(r"(^|_)train", re.I)
 DATALOADER = frozenset({"torch.utils.data.DataLoader", "torch.utils.data.dataloader.DataLoader"})
@@ -83,8 +84,11 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     on_cuda = pin_memory_on_cuda(index, call)
     if isinstance(on_cuda, bool):
         put(s, "pin_memory_on_cuda", on_cuda)
-    moves = batch_moves(index, call)
-    stage = framework_stage(index, call)
+    # the loader's names and the loops over it, found once for the facts below
+    names = loader_names(index, call)
+    over = batch_loops(index, call, names)
+    moves = batch_moves(index, call, over)
+    stage = framework_stage(index, call, names)
     if moves:
         put(s, "feeds_cuda", True)
         put(s, "non_blocking", all(
@@ -95,13 +99,13 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
         put(s, "feeds_cuda", True)
         if stage != "accelerate":  # Lightning copies with non_blocking on CUDA; Accelerate as configured
             put(s, "non_blocking", True)
-    loops = [loop for loop, _ in batch_loops(index, call)]
+    loops = [loop for loop, _ in over]
     if any(index.trains(loop) for loop in loops) or stage == "train":
         put(s, "trains", True)
     elif stage in _EVAL_STAGES or loops and (index.has_training_loop() or all(
             _EVAL_NAME.search(index.function_name(loop)) for loop in loops)):
         put(s, "trains", False)  # an evaluation loader beside the training one, or in an eval function
-    elif not loops and _eval_named(loader_names(index, call)):
+    elif not loops and _eval_named(names):
         # iterated in no file read (a helper module's `get_dataloaders` returns it): its name says
         put(s, "trains", False)
 
@@ -113,7 +117,7 @@ def _eval_named(names: list[LoaderName]) -> bool:
     return any(_EVAL_NAME.search(n) for n in last) and not any(_TRAIN_NAME.search(n) for n in last)
 
 
-def framework_stage(index: SourceIndex, call: ast.Call) -> str | None:
+def framework_stage(index: SourceIndex, call: ast.Call, names: list[LoaderName] | None = None) -> str | None:
     """Where a training framework iterates this DataLoader and moves its batches to the model's device:
     "train" or "val"/"test"/"predict" for a loader built in a class's `<stage>_dataloader` method (a
     LightningModule's or LightningDataModule's hook) or given to a Lightning Trainer's `fit` /
@@ -121,13 +125,14 @@ def framework_stage(index: SourceIndex, call: ast.Call) -> str | None:
     `move_to_device=False`), "accelerate" for one given to Hugging Face Accelerate's
     `accelerator.prepare` (an `Accelerator` without `device_placement=False`): for these two the
     loops over it say whether it trains; None elsewhere. A loader is given directly or by one of its
-    names (`loader_names`)."""
+    names (`names`, else `loader_names`)."""
     scope = index.context(call)[0]
     if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and isinstance(index.parents.get(scope), ast.ClassDef):
         m = _HOOK.match(scope.name)
         if m:
             return m.group(1)
-    names = loader_names(index, call)
+    if names is None:
+        names = loader_names(index, call)
 
     def given(node: ast.AST | None, c: ast.Call) -> bool:
         where = index.context(c)[0]
@@ -155,12 +160,14 @@ def framework_stage(index: SourceIndex, call: ast.Call) -> str | None:
     return None
 
 
-def batch_loops(index: SourceIndex, dl_call: ast.Call) -> list[tuple[ast.AST, set[str]]]:
+def batch_loops(index: SourceIndex, dl_call: ast.Call, names: list[LoaderName] | None = None
+                ) -> list[tuple[ast.AST, set[str]]]:
     """The loops over this loader's batches, each with the names its batch is bound to:
     `for ... in <loader>` (also `enumerate(loader)`, `tqdm(loader)`, `zip(...)`), and loops that
     draw batches with `next()` from `iter(<loader>)` (`while True: batch = next(it)`), wherever
-    `loader_names` finds the loader under a name."""
-    names = loader_names(index, dl_call)
+    the loader goes by one of its names (`names`, else `loader_names`)."""
+    if names is None:
+        names = loader_names(index, dl_call)
 
     def is_loader(node: ast.AST, where: ast.AST) -> bool:
         scope = index.context(where)[0]
@@ -276,11 +283,12 @@ def _iter_of(node: ast.AST, is_loader: Callable[[ast.AST, ast.AST], bool], where
             and len(node.args) == 1 and is_loader(node.args[0], where))
 
 
-def batch_moves(index: SourceIndex, dl_call: ast.Call) -> list[tuple[ast.Call, ast.AST]]:
+def batch_moves(index: SourceIndex, dl_call: ast.Call, loops: list[tuple[ast.AST, set[str]]] | None = None
+                ) -> list[tuple[ast.Call, ast.AST]]:
     """(move, loop) for each `.cuda()` / `.to(device)` / `.type(<CUDA tensor type>)` of this
-    loader's batches in the loops over it (`batch_loops`)."""
+    loader's batches in the loops over it (`loops`, else `batch_loops`)."""
     moves: list[tuple[ast.Call, ast.AST]] = []
-    for loop, tracked in batch_loops(index, dl_call):
+    for loop, tracked in (batch_loops(index, dl_call) if loops is None else loops):
         body = list(walk_scope(loop.body))  # type: ignore[attr-defined]
         for _ in range(3):  # names derived from the batch: `x, y = batch`, `v` in `for k, v in batch.items()`
             for n in body:
