@@ -131,7 +131,7 @@ def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any], excess_ms: flo
     if "compute_ms" in excess and "cpu_wait_ms" in excess:
         e, mine, theirs = excess["compute_ms"]
         excess["compute_ms"] = (e - max(0.0, excess["cpu_wait_ms"][0]), mine, theirs)
-    best: tuple[float, str, str, str] | None = None  # excess, key, cause, evidence
+    best: tuple[float, str, str, str] | None = None  # excess, key, cause, what was measured
     for key, name in CAUSES:
         if key not in excess:
             continue
@@ -139,11 +139,11 @@ def _cause(rows: list[dict[str, Any]], straggler: dict[str, Any], excess_ms: flo
         if ex > 0 and (best is None or ex > best[0]):
             base = (f"{theirs:.1f} ms at the other ranks' share of waiting ({share:.0%}, median)"
                     if key == "cpu_wait_ms" and share is not None else f"{theirs:.1f} ms on the other ranks (median)")
-            best = (ex, key, name, f"{name}: {mine:.1f} ms per step on rank {straggler['rank']}, {base}")
+            best = (ex, key, name, f"{mine:.1f} ms per step on rank {straggler['rank']}, {base}")
     if best is None or best[0] < CAUSE_MIN_SHARE * excess_ms:
         return None
     return (_throttling(others, straggler, best[1], best[0]) or _slower_processor(straggler, best, same_work)
-            or (best[2], round(best[0], 4), best[3]))
+            or (best[2], round(best[0], 4), f"{best[2]}: {best[3]}"))
 
 
 def _same_work(per_rank: list[Facts], at: int, gpu: bool) -> tuple[str, float] | None:
@@ -162,13 +162,13 @@ def _slower_processor(straggler: dict[str, Any], best: tuple[float, str, str, st
     """A compute excess on the same work as the other ranks' (as many ops or kernels per step): the
     straggler's processor runs it slower (shared with other processes or machines, a lower clock,
     another model), not more of it (uneven shards or sequence lengths, rank-0-only work)."""
-    ex, key, _, evidence = best
+    ex, key, _, measured = best
     if key != "compute_ms" or same_work is None:
         return None
     gpu = same_work[0] == "kernel launches"
     name = "a slower GPU" if gpu else "a slower CPU"
     return (name, round(ex, 4),
-            f"{name}: {evidence.removeprefix('compute: ')}, for the same work ({same_work[1]:.0f} {same_work[0]} per "
+            f"{name}: {measured}, for the same work ({same_work[1]:.0f} {same_work[0]} per "
             f"step on every rank): rank {straggler['rank']}'s {'GPU' if gpu else 'CPU'} runs it slower "
             f"({'another model, a lower clock or a shared device' if gpu else 'shared with other processes or machines, or a lower clock'})")
 
@@ -298,7 +298,8 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
     vals = [r[key] for r in rows if r[key] is not None]
     mid = median(vals)
     if len(vals) >= 2 and mid is not None and mid > 0:
-        test = straggler_test([_work_series(f, key) for f in per_rank]) if len(vals) == len(rows) else None
+        series = [_work_series(f, key) for f in per_rank]
+        test = straggler_test(series) if len(vals) == len(rows) else None
         straggler = rows[test[0]] if test is not None else max(rows, key=lambda r: r[key] or 0)
         others = [r[key] for r in rows if r is not straggler and r[key] is not None]
         if key == "busy_share":
@@ -311,7 +312,7 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
             how = f"the straggler's {key} / the median rank's"
         out.add("ranks.imbalance_ratio", round(max(ratio, 1.0), 4), "ratio", source, how)
         if test is not None:
-            n = len(_work_series(per_rank[0], key))
+            n = len(series[0])
             out.add("ranks.imbalance_p", round(test[1], 4), "ratio", source,
                     f"the chance that the steps' noise alone makes a rank's {key} exceed the others' this much: "
                     f"a permutation test over {n} steps of {len(rows)} ranks (each step's ranks relabelled)")
