@@ -252,11 +252,9 @@ def _bound_by_callers(index: SourceIndex, dl_call: ast.Call, bound: str | None, 
     if not at:
         return []
     out: list[tuple[str, ast.AST | None]] = []
-    for call in index.calls:
-        f = call.func
-        fname = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+    for call in index.calls_named(scope.name):
         parent = index.parents.get(call)
-        if fname != scope.name or not (isinstance(parent, ast.Assign) and len(parent.targets) == 1):
+        if not (isinstance(parent, ast.Assign) and len(parent.targets) == 1):
             continue
         target, where = parent.targets[0], index.context(call)[0]
         for pos in at:
