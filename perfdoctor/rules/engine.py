@@ -206,16 +206,15 @@ def saving_range(expr: str, names: set[str], facts: Facts, subject: Subject | No
     those per-step savings (each floored at 0). None where no fact in it has a series, or where the
     series are of different steps: of different lengths, or from different sources (a run's steady
     steps and its trace's profiled steps are not the same steps)."""
-    with_series = {n: f for n in names if (f := _fact(facts, subject, n)) is not None and f.per_step}
-    series = {n: f.per_step for n, f in with_series.items()}
-    lengths = {len(v) for v in series.values()}
-    sources = {f.source for f in with_series.values()}
+    series = {n: f for n in names if (f := _fact(facts, subject, n)) is not None and f.per_step}
+    lengths = {len(f.per_step) for f in series.values()}
+    sources = {f.source for f in series.values()}
     if len(lengths) != 1 or len(sources) != 1 or (n := lengths.pop()) < MIN_RANGE_STEPS:
         return None  # no series, or series of different steps: no per-step reading
     values: list[float] = []
     for k in range(n):
         def at(name: str, k: int = k) -> Any:
-            return series[name][k] if name in series else lookup(name)
+            return series[name].per_step[k] if name in series else lookup(name)
         try:
             v = evaluate(expr, at)
         except (Missing, RuleError):
