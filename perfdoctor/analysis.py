@@ -417,6 +417,11 @@ def analyse_path(path: Path, config: Path | None = None) -> Report:
         return analyse_repeats(path, runs, config)
     try:
         return analyse_trace(path, config)
+    except InputError as e:
+        if path.is_file() and is_run_dir(path.parent):  # report.json, steps.json...: the folder was meant
+            raise InputError(f"{e.message}. {path.name} is a file of the run folder {path.parent}: give the folder, "
+                             f"`perfdoctor report {path.parent}`") from None
+        raise
     except PerfdoctorError:
         raise
     except OSError as e:
@@ -635,10 +640,12 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
 
 
 def compare_paths(base: Path, current: Path, max_regression: float, fail_on: str | None,
-                  strict: bool = False) -> Comparison:
+                  strict: bool = False, allow_different_args: bool = False) -> Comparison:
     """`perfdoctor compare BASE CURRENT`: each side a baseline file, a run folder, a gate's --out-dir
-    (its repeat-N run folders) or a report.json."""
+    (its repeat-N run folders) or a report.json; `allow_different_args`: script arguments that
+    differ do not make the pair not comparable."""
     for p in (base, current):
         if not p.exists():
             raise PerfdoctorError(f"{p}: no such file or folder")
-    return compare_files(base, current, max_regression, fail_on, strict=strict)
+    return compare_files(base, current, max_regression, fail_on, strict=strict,
+                         allow_different_args=allow_different_args)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
+import traceback
 from enum import Enum
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -20,6 +23,24 @@ try:  # typer >= 0.2x vendors click; older typer uses click itself
     from typer import TyperException as _UsageError
 except ImportError:  # pragma: no cover
     from click import ClickException as _UsageError
+
+class _Command(typer.core.TyperCommand):
+    """Every command's parsing: `--debug` is taken wherever it stands before `--` (the README lists it
+    with the common options: `perfdoctor run --debug x.py` as well as `perfdoctor --debug run x.py`).
+    A command that passes arguments on (`run`, allow_extra_args) parses only what stands before the
+    first `--`; what follows it is kept apart, as it is, in `ctx.meta["after_dashes"]`."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        cut = args.index("--") if "--" in args else len(args)
+        before, after = args[:cut], args[cut + 1:]
+        if "--debug" in before:
+            _state["debug"] = True
+            before = [a for a in before if a != "--debug"]
+        if not ctx.allow_extra_args:
+            return super().parse_args(ctx, before + args[cut:])
+        ctx.meta["after_dashes"] = list(after)
+        return super().parse_args(ctx, before)
+
 
 app = typer.Typer(
     name="perfdoctor",
@@ -54,7 +75,7 @@ def _main(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks for errors."),
 ) -> None:
-    _state["debug"] = debug or bool(os.environ.get("PERFDOCTOR_DEBUG"))
+    _state["debug"] = _state["debug"] or debug or bool(os.environ.get("PERFDOCTOR_DEBUG"))
 
 
 def _write(body: str, output: Path | None) -> None:
@@ -109,7 +130,7 @@ def parse_fraction(text: str) -> float:
     return v
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(cls=_Command, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     ctx: typer.Context,
     script: str | None = typer.Argument(None, help="The training script (arguments for it go after --)."),
@@ -148,7 +169,13 @@ def run(
     from perfdoctor.analysis import check_writable, claim_out_dir, run_and_gate
     from perfdoctor.capture.runner import is_launcher, split_launcher_args
 
-    script_args = list(ctx.args)
+    after = list(ctx.meta.get("after_dashes", []))
+    if script is None and module is None and after:
+        script = after.pop(0)  # `run --steps 5 -- train.py --lr 1`
+    target = module if module is not None else script
+    if target is not None and not is_launcher(target, module is not None):
+        _no_unknown_options(ctx, list(ctx.args), target)
+    script_args = list(ctx.args) + after
     if module is not None and script is not None:
         script_args.insert(0, script)  # `run -m pkg -- args`: the first argument belongs to the module
         script = None
@@ -197,6 +224,21 @@ def run(
         raise typer.Exit(EXIT_GATE_FAILED)
 
 
+def _no_unknown_options(ctx: typer.Context, extra: list[str], target: str) -> None:
+    """An option `run` does not know, standing before `--`, is a typo or the script's own: one error
+    line with the nearest perfdoctor option and where the script's arguments go."""
+    unknown = next((a for a in extra if a.startswith("-") and a != "-"), None)
+    if unknown is None:
+        return
+    name = unknown.split("=", 1)[0]
+    known = [o for p in ctx.command.params for o in getattr(p, "opts", []) if o.startswith("--")]
+    near = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+    hint = f"did you mean {near[0]}? " if near else ""
+    at = extra.index(unknown)
+    raise PerfdoctorError(f"no such option: {name}; {hint}arguments for the script go after --: "
+                          f"perfdoctor run [options] {target} -- {' '.join(extra[at:])}")
+
+
 def _rank_output(output: Path | None) -> Path | None:
     """Under an outside launcher (RANK set: torchrun or SLURM running perfdoctor on every rank), each
     rank writes --output with its rank in the name (`report.rank-1.json`), not over the others';
@@ -209,7 +251,7 @@ def _rank_output(output: Path | None) -> Path | None:
     return output.with_name(f"{output.stem}.rank-{rank.rank}{output.suffix}")
 
 
-@app.command()
+@app.command(cls=_Command)
 def compare(
     base: Path = typer.Argument(..., help="The baseline: a baseline file, a run folder or a report.json."),
     current: Path = typer.Argument(
@@ -219,20 +261,24 @@ def compare(
     strict: bool = typer.Option(False, "--strict", help="Fail when the step time is undecided."),
     fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Output format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the comparison to this file."),
+    allow_different_args: bool = typer.Option(
+        False, "--allow-different-args",
+        help="Judge the pair although the script's arguments differ (you changed them on purpose)."),
 ) -> None:
     """Compare two baselines, run folders, gate --out-dirs or run reports; exit 1 on a regression."""
     from perfdoctor.analysis import check_writable, compare_paths
 
     if output is not None:
         check_writable(output, "--output")
-    c = compare_paths(base, current, parse_fraction(max_regression), fail_on.value if fail_on else None, strict)
+    c = compare_paths(base, current, parse_fraction(max_regression), fail_on.value if fail_on else None, strict,
+                      allow_different_args=allow_different_args)
     _emit(fmt, output, comparison=c)
     _step_summary(c)
     if c.failed:
         raise typer.Exit(EXIT_GATE_FAILED)
 
 
-@app.command()
+@app.command(cls=_Command)
 def report(
     path: Path = typer.Argument(
         ..., help="A trace (.json / .json.gz), a folder of per-rank traces, a run folder, or a repeated run's "
@@ -249,13 +295,17 @@ def report(
     _emit(fmt, output, analyse_path(path, config))
 
 
-@app.command("rules")
-def rules_cmd(fmt: Format = typer.Option(Format("text"), "--format", "-f", help="text or json.")) -> None:
+# `rules` writes a table or a JSON list, nothing else: any other format is refused, not printed as text
+RulesFormat = Enum("RulesFormat", {"text": "text", "json": "json"}, type=str)
+
+
+@app.command("rules", cls=_Command)
+def rules_cmd(fmt: RulesFormat = typer.Option(RulesFormat("text"), "--format", "-f", help="text or json.")) -> None:
     """List every rule."""
     from perfdoctor.rules.catalog import load_rules
 
     rules = load_rules()
-    if fmt is Format("json"):
+    if fmt is RulesFormat("json"):
         from perfdoctor.report import jsonfmt
 
         sys.stdout.write(jsonfmt.dumps([r.as_dict() for r in rules]))
@@ -272,7 +322,7 @@ def rules_cmd(fmt: Format = typer.Option(Format("text"), "--format", "-f", help=
     Console().print(t)
 
 
-@app.command()
+@app.command(cls=_Command)
 def explain(rule: str = typer.Argument(..., help="A rule id (PD002) or name (dataloader-workers).")) -> None:
     """Show a rule's documentation: what it does, why it is slow, an example and the fix."""
     from rich.markdown import Markdown
@@ -317,7 +367,7 @@ def main() -> None:
         sys.exit(code if isinstance(code, int) else 0)
     except PerfdoctorError as e:
         if _state["debug"]:
-            raise
+            traceback.print_exc()
         _err(f"error: {e.message}")
         sys.exit(e.exit_code)
     except typer.Exit as e:
@@ -332,9 +382,9 @@ def main() -> None:
             sys.exit(0)
         _err(f"error: {msg}")
         sys.exit(code if code else EXIT_USAGE)
-    except Exception as e:  # anything unexpected: one line, unless --debug
+    except Exception as e:  # anything unexpected: one line, with the traceback before it under --debug
         if _state["debug"]:
-            raise
+            traceback.print_exc()
         _err(f"internal error: {type(e).__name__}: {e} (rerun with --debug for the traceback, and please report it)")
         sys.exit(EXIT_USAGE)
 

@@ -129,14 +129,21 @@ def _r(v: float | None, nd: int = 4) -> float | None:
     return None if v is None else round(v, nd)
 
 
-def env_differences(base: Environment, cur: Environment) -> tuple[list[dict[str, Any]], list[str]]:
-    """Identity keys that differ (these make timings not comparable) and softer notes."""
+def env_differences(base: Environment, cur: Environment, allow_different_args: bool = False
+                    ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Identity keys that differ (these make timings not comparable) and softer notes. With
+    `allow_different_args` (the user changed the script's arguments on purpose) differing arguments
+    are a note, not a difference."""
     diffs = []
+    notes = []
     for k in IDENTITY_KEYS:
         b, c = base.get(k), cur.get(k)
         if b is not None and c is not None and b != c:
+            if k == "args" and allow_different_args:
+                notes.append(f"the script's arguments differ, judged anyway (--allow-different-args): {b} (baseline) "
+                             f"vs {c} (current)")
+                continue
             diffs.append({"key": k, "baseline": b, "current": c})
-    notes = []
     for k in ("python", "platform"):
         if base.get(k) and cur.get(k) and base[k] != cur[k]:
             notes.append(f"{k} differs: {base[k]} (baseline) vs {cur[k]} (current)")
@@ -224,10 +231,11 @@ def _sigma_b2(base: list[RunRecord], cur: list[RunRecord], seed: int) -> tuple[f
 
 
 def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecord], max_regression: float = 0.10,
-            fail_on: str | None = None, seed: int = 0, strict: bool = False) -> Comparison:
+            fail_on: str | None = None, seed: int = 0, strict: bool = False,
+            allow_different_args: bool = False) -> Comparison:
     """Judge `current_records` (one or more runs of the same command) against a baseline. An
     undecided step time fails when its point estimate lies beyond POINT_FAIL_FACTOR thresholds, and
-    fails whatever its estimate with `strict`."""
+    fails whatever its estimate with `strict`. `allow_different_args`: see `env_differences`."""
     if fail_on is not None and fail_on not in SEVERITIES:
         raise InputError(f"--fail-on must be one of high, medium, low (got {fail_on!r})")
     if not 0 < max_regression < 10:
@@ -238,7 +246,7 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
         raise InputError("nothing to compare: the baseline or the current side holds no runs")
     t = max_regression
     notes: list[str] = [n for r in base + cur for n in r.notes]
-    diffs, env_notes = env_differences(base[0].env, cur[0].env)
+    diffs, env_notes = env_differences(base[0].env, cur[0].env, allow_different_args)
     notes += env_notes
     comparable = not diffs
     rows: list[Row] = []
@@ -288,7 +296,9 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
             row.verdict, row.basis = "not-comparable", None
         notes.insert(0, "NOT COMPARABLE: the baseline was recorded in a different environment ("
                      + "; ".join(f"{d['key']}: {d['baseline']} vs {d['current']}" for d in diffs)
-                     + "). Timings are shown but not judged; record a new baseline in this environment.")
+                     + "). Timings are shown but not judged; record a new baseline in this environment"
+                     + ("; arguments changed on purpose: `perfdoctor compare --allow-different-args` judges the pair"
+                        if any(d["key"] == "args" for d in diffs) else "") + ".")
     regressed = [r for r in rows if r.verdict == "regression" and r.kind != "throughput"]
     beyond_timing = bool(failing) or any(r.kind in ("memory", "counter") for r in regressed)
     failed = bool(regressed) or bool(failing) or (strict and undecided)
@@ -342,10 +352,12 @@ def load_side(path: Path | str) -> Baseline | list[RunRecord]:
 
 
 def compare_files(base_path: Path | str, current_path: Path | str, max_regression: float = 0.10,
-                  fail_on: str | None = None, seed: int = 0, strict: bool = False) -> Comparison:
+                  fail_on: str | None = None, seed: int = 0, strict: bool = False,
+                  allow_different_args: bool = False) -> Comparison:
     """`perfdoctor compare BASE CURRENT`: each side a baseline file, a run folder, a gate's
     --out-dir of repeat-N run folders, or a report.json."""
     base = load_side(base_path)
     cur = load_side(current_path)
     cur_records = cur.records if isinstance(cur, Baseline) else cur
-    return compare(base, cur_records, max_regression=max_regression, fail_on=fail_on, seed=seed, strict=strict)
+    return compare(base, cur_records, max_regression=max_regression, fail_on=fail_on, seed=seed, strict=strict,
+                   allow_different_args=allow_different_args)
