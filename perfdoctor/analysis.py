@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import re
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -19,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
 from perfdoctor.errors import InputError, PerfdoctorError
-from perfdoctor.facts.model import Facts, Subject
+from perfdoctor.facts.merge import add_missing, drop_subjects_only_from, merge_findings, resolve_trace_files
+from perfdoctor.facts.model import Facts
 from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, gate_runs
 from perfdoctor.gate.baseline import (
     RunRecord,
@@ -31,7 +31,7 @@ from perfdoctor.gate.baseline import (
 )
 from perfdoctor.gate.baseline import save_baseline as write_baseline
 from perfdoctor.gate.compare import Comparison, compare_files
-from perfdoctor.model import Finding, Location, Report, at_or_above
+from perfdoctor.model import Finding, Report, at_or_above
 from perfdoctor.report import jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, check_settings, describe_changes, load_settings
@@ -40,7 +40,7 @@ from perfdoctor.rules.expr import names_in
 
 if TYPE_CHECKING:  # imported where used: the trace layer and the runner are not needed to start every command
     from perfdoctor.capture.runner import RunResult
-    from perfdoctor.facts.trace import RankSummary
+    from perfdoctor.facts.ranks import RankSummary
 
 
 def _rules_for(config: Path | None) -> tuple[Settings, list[Rule], dict[str, Any]]:
@@ -58,39 +58,6 @@ def is_run_dir(path: Path) -> bool:
 def is_job_dir(path: Path) -> bool:
     """A folder of rank run folders (`rank-<R>/meta.json`): a distributed job's."""
     return path.is_dir() and not (path / "meta.json").exists() and bool(rank_dirs(path))
-
-
-def _resolve_trace_files(facts: Facts, user_files: list[Path]) -> None:
-    """torch.profiler names the user's frames by file name only (`train.py(42): main`). In a run folder
-    the user's files are known: give such locations their full path, and merge a subject into the one
-    the run or the source already has for that line."""
-    for kind, subjects in facts.subjects.items():
-        kept: list[Subject] = []
-        for s in subjects:
-            for i, loc in enumerate(s.locations):
-                if Path(loc.file).is_absolute():
-                    continue
-                match = [p for p in user_files if str(p).endswith("/" + loc.file.lstrip("./"))]
-                if len(match) == 1:
-                    s.locations[i] = Location(str(match[0]), loc.line, loc.code or _line(match[0], loc.line),
-                                              loc.function)
-            if s.locations:
-                key = f"{s.locations[0].file}:{s.locations[0].line}"
-                twin = next((o for o in kept if o.key == key), None)
-                if twin is not None:
-                    twin.merge(s)
-                    continue
-                s.key = key
-            kept.append(s)
-        facts.subjects[kind] = kept
-
-
-def _line(path: Path, line: int) -> str:
-    try:
-        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
-        return lines[line - 1].strip() if 0 < line <= len(lines) else ""
-    except OSError:
-        return ""
 
 
 def _run_info(kind: str, what: dict[str, Any], summary: dict[str, Any], *, step_clock: str | None,
@@ -124,7 +91,8 @@ def analyse_run(run_dir: Path, config: Path | None = None) -> Report:
 def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: dict[str, Any]
                 ) -> tuple[Report, Facts]:
     """A run folder's report, and the facts it was judged on."""
-    from perfdoctor.facts.run_facts import load_run
+    from perfdoctor.facts.run import load_run
+    from perfdoctor.facts.run.notes import needs_a_gpu
     from perfdoctor.facts.static import analyse_files
 
     data = load_run(run_dir)
@@ -154,12 +122,12 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
             notes.append(f"the profiler trace could not be read: {e.message}")
         # where the run's probes measured a kind of thing (its DataLoaders, say), the trace's coarser
         # view of the same thing is not a second finding
-        facts.drop_subjects_only_from("trace", run_kinds)
-        _resolve_trace_files(facts, user_files)
+        drop_subjects_only_from(facts, "trace", run_kinds)
+        resolve_trace_files(facts, user_files)
     script = data.meta.get("script")
     findings = judge(facts, rules, settings, user_files)
     notes += _input_notes(changes, dropped)
-    needs_gpu = _needs_a_gpu(data.meta, data.summary)
+    needs_gpu = needs_a_gpu(data.meta, data.summary)
     if needs_gpu:
         notes.append(needs_gpu)
     amp = facts.get("device.amp_available")
@@ -185,60 +153,25 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     return report, facts
 
 
-# the last line of a traceback when CUDA (or NCCL, which needs it) is asked for on a machine without it
-_NO_GPU = re.compile(r"CUDA|NCCL|_cuda_|accelerator device|NVIDIA driver", re.IGNORECASE)
-
-
-def _needs_a_gpu(meta: dict[str, Any], summary: dict[str, Any]) -> str | None:
-    """A note where the script failed before its first step on a machine without a GPU because it asks
-    for one (its error names CUDA, NCCL or the accelerator): a report of nothing measured must not
-    read as a clean bill of health. None otherwise."""
-    exit_ = meta.get("exit") or {}
-    if exit_.get("reason") != "exception" or (meta.get("env") or {}).get("device") == "cuda":
-        return None
-    if summary.get("steps_profiled"):
-        return None
-    last = ((exit_.get("traceback") or "").strip().splitlines() or [""])[-1]
-    if not _NO_GPU.search(last):
-        return None
-    return ("the script needs a GPU and this machine has none: it failed before its first step, so nothing was "
-            "measured and only its source was read. Run it on a GPU machine, or let it fall back to the CPU where "
-            "CUDA is missing (device = \"cuda\" if torch.cuda.is_available() else \"cpu\", and the \"gloo\" "
-            "backend for torch.distributed)")
-
-
 def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[str, Any], list[Finding]]],
                  rules: list[Rule], settings: Settings, source: str
                  ) -> tuple[Facts, dict[str, Any], list[Finding], list[dict[str, Any]], int]:
     """One view of a distributed run from its ranks ((rank, label), and each rank's facts, summary
-    and findings): the cross-rank facts and table (facts.trace.ranks), each finding once (the costliest
+    and findings): the cross-rank facts and table (facts.ranks), each finding once (the costliest
     rank's, with the ranks it was found on where not all), the cross-rank rules' findings, and the
     summary and step facts of the straggler (else the rank with the slowest step), which sets the
     pace of a synchronous step. Returns (facts, summary, findings, rank rows, index of that rank)."""
-    from perfdoctor.facts.trace import cross_rank
+    from perfdoctor.facts.ranks import cross_rank
 
     facts, rows = cross_rank(ranks, [f for f, _, _ in per_rank], source)
-    by_print: dict[str, tuple[Finding, list[int]]] = {}
-    for (rank, _), (_, _, rank_findings) in zip(ranks, per_rank):
-        for finding in rank_findings:
-            key = finding.fingerprint()
-            if key not in by_print or (finding.ms_per_step or 0) > (by_print[key][0].ms_per_step or 0):
-                by_print[key] = (finding, by_print.get(key, (finding, []))[1])
-            by_print[key][1].append(rank)
-    findings = []
-    for finding, rank_list in by_print.values():
-        if len(rank_list) < len(ranks):
-            finding.message += f" (ranks {', '.join(map(str, sorted(rank_list)))})"
-        findings.append(finding)
+    findings = merge_findings([rank for rank, _ in ranks], [fs for _, _, fs in per_rank])
     straggler = facts.value("ranks.straggler")
     slowest = next((i for i, (rank, _) in enumerate(ranks) if rank == straggler), None)
     if slowest is None:
         slowest = max(range(len(ranks)), key=lambda i: (per_rank[i][1].get("step_time_ms") or {}).get("median") or 0)
     summary = dict(per_rank[slowest][1])
     summary["rank"] = ranks[slowest][0]
-    for fact in per_rank[slowest][0]:
-        if fact.name not in facts:
-            facts.add(fact.name, fact.value, fact.unit, fact.source, fact.detail)
+    add_missing(facts, per_rank[slowest][0])
     # cross-rank rules only (those that read the ranks.* facts): per-rank rules were judged on each
     # rank, with that rank's subjects and facts; the merged facts hold the pace rank's globals alone
     cross = [r for r in rules if any(n.startswith("ranks.") for n in names_in(r.when))]
@@ -472,7 +405,7 @@ def warm_up() -> None:
     report comes sooner."""
 
     def load() -> None:
-        for name in ("perfdoctor.facts.run_facts", "perfdoctor.facts.static", "perfdoctor.trace.loader",
+        for name in ("perfdoctor.facts.run", "perfdoctor.facts.static", "perfdoctor.trace.loader",
                      "perfdoctor.facts.trace", "perfdoctor.rules.fixes.context", "perfdoctor.report.text"):
             try:
                 importlib.import_module(name)

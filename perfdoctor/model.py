@@ -40,7 +40,7 @@ class Fact:
     # the value at each steady-state step, aligned on the same steps as its source's other series (a
     # run's: its steady steps; a trace's: its profiled steps): a rule's saving evaluated step by step
     # gives the saving's spread, and the rank table's test of a straggler reads a rank's work step by
-    # step (facts.trace.ranks); never written out
+    # step (facts.ranks); never written out
     per_step: tuple[float, ...] = field(default=(), compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
@@ -169,7 +169,7 @@ class Hotspot:
                 "lines": self.lines, "process": self.process}
 
 
-# The rank table's columns (Report.ranks, built by facts/trace/ranks.py) after rank and file, in the order
+# The rank table's columns (Report.ranks, built by facts/ranks.py) after rank and file, in the order
 # the reports draw them: (key, label, kind), kind "ms" (per step), "share" (0..1), "count" (per step),
 # "MHz" or "str". A report draws a column where some rank has a value.
 RANK_COLUMNS = (("step_ms", "step", "ms"), ("data_ms", "data wait", "ms"), ("compute_ms", "compute", "ms"),

@@ -15,7 +15,7 @@ import pytest
 
 from perfdoctor.capture import run_script
 from perfdoctor.capture.window import plan
-from perfdoctor.facts.run_facts import load_run
+from perfdoctor.facts.run import load_run
 
 pytestmark = pytest.mark.e2e  # runs real training scripts under perfdoctor: minutes, not seconds
 

@@ -13,7 +13,8 @@ from conftest import SAMPLES, run_cli
 
 from perfdoctor.contracts.run import DdpRecord, Probes, Site
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.run_distributed import _target, ddp
+from perfdoctor.facts.run import RunContext, ddp
+from perfdoctor.facts.run.ddp import _target
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
 
@@ -133,7 +134,7 @@ def _facts(world: int | None = 2, steps: int = 20, **kw) -> Facts:
     if world is not None:
         f.add("run.world_size", world, "count")
     f.add("step.time_ms", 40.0, "ms")
-    ddp(f, Probes(ddp=[rec]), [{"i": i} for i in range(1, steps + 1)])
+    ddp.add(RunContext(f, Probes(ddp=[rec]), [{"i": i} for i in range(1, steps + 1)]))
     return f
 
 

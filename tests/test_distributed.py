@@ -20,7 +20,7 @@ from perfdoctor.capture.writer import write, write_meta
 from perfdoctor.contracts.run import SCHEMA, Env, Meta, Rank, Step, Steps, rank_dirs, rank_from_env
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.trace.ranks import MAX_P, cross_rank, straggler_test
+from perfdoctor.facts.ranks import MAX_P, cross_rank, straggler_test
 from perfdoctor.gate.baseline import record_from_run_dir
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
@@ -359,7 +359,7 @@ def test_gc_time_is_counted_on_the_training_steps_and_becomes_gc_ms():
     from perfdoctor.capture.patches import ErrorLog
     from perfdoctor.capture.probes.gc_time import GcTimeProbe
     from perfdoctor.contracts.run import Probes
-    from perfdoctor.facts.run_distributed import gc_time
+    from perfdoctor.facts.run import RunContext, gc_time
 
     class Clock:
         pc = staticmethod(time.perf_counter)
@@ -385,7 +385,7 @@ def test_gc_time_is_counted_on_the_training_steps_and_becomes_gc_ms():
     rec = probe.records()
     assert [int(r[0]) for r in rec.ms_by_step] == [2, 4] and all(r[1] > 0 and r[2] >= 1 for r in rec.ms_by_step)
     f = Facts()
-    gc_time(f, Probes(gc_time=rec), [{"i": i} for i in range(1, 5)])
+    gc_time.add(RunContext(f, Probes(gc_time=rec), [{"i": i} for i in range(1, 5)]))
     assert f.value("gc.ms") == pytest.approx(sum(r[1] for r in rec.ms_by_step) / 4)
     assert f.get("gc.ms").per_step[0] == 0.0
     assert f.value("gc.compute_ms") == f.value("gc.ms")  # all inside "forward" here
@@ -420,7 +420,8 @@ def test_cpu_wait_is_read_per_step_with_the_cgroups_throttling(tmp_path):
     from perfdoctor.capture.patches import ErrorLog
     from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe, cgroup_cpu_stat, throttling
     from perfdoctor.contracts.run import Probes
-    from perfdoctor.facts.run_checklist import worker_contention
+    from perfdoctor.facts.run import RunContext
+    from perfdoctor.facts.run.cpu_wait import worker_contention
 
     assert throttling("usage_usec 10\nnr_throttled 4\nthrottled_usec 2500\n") == (2.5, 4)  # cgroup v2
     assert throttling("nr_throttled 3\nthrottled_time 7000000\n") == (7.0, 3)  # v1, ns
@@ -454,11 +455,11 @@ def test_cpu_wait_is_read_per_step_with_the_cgroups_throttling(tmp_path):
     assert rec is not None and len(rec.wait_ms) == len(rec.throttled_ms) == len(rec.throttled_periods) == len(rec.run_ms) == 4
     assert all(w >= t >= 0 for w, t in zip(rec.wait_ms, rec.throttled_ms))
     f = Facts()
-    worker_contention(f, Probes(cpu_wait=rec), [{"i": i, "wall_ms": 10.0} for i in range(1, 5)])
+    worker_contention(RunContext(f, Probes(cpu_wait=rec), [{"i": i, "wall_ms": 10.0} for i in range(1, 5)]))
     assert f.value("cpu.wait_ms") == pytest.approx(sum(rec.wait_ms) / 4)
     assert f.value("cpu.run_ms") == pytest.approx(sum(rec.run_ms) / 4) and f.value("cpu.run_ms") > 0
     f = Facts()
-    worker_contention(f, Probes(cpu_wait=rec), [{"i": i, "wall_ms": 10.0} for i in range(1, 11)])
+    worker_contention(RunContext(f, Probes(cpu_wait=rec), [{"i": i, "wall_ms": 10.0} for i in range(1, 11)]))
     assert "cpu.wait_ms" not in f  # fewer than half the steady steps read: no fact
 
 
@@ -576,7 +577,7 @@ def test_a_straggler_whose_gpu_runs_at_a_lower_clock_is_named_gpu_throttling():
 
 def test_throttling_facts_from_the_probe_records():
     from perfdoctor.contracts.run import CpuWaitRecord, GpuClockRecord, Probes
-    from perfdoctor.facts.run_distributed import throttling
+    from perfdoctor.facts.run import RunContext, cpu_wait, gpu_clock
 
     steady = [{"i": i} for i in (3, 4, 5, 6)]
     cpu = CpuWaitRecord(wait_ms=[9.0] * 6, run_ms=[5.0] * 6, throttled_ms=[0, 0, 4.0, 0.0, 8.0, 4.0],
@@ -584,14 +585,18 @@ def test_throttling_facts_from_the_probe_records():
     gpu = GpuClockRecord(max_mhz=1980.0, by_step=[[1, 1980, 0], [3, 1410, 0x4], [5, 1395, 0x4 | 0x40 | 0x1],
                                                   [6, 1980, 0x1]])
     f = Facts()
-    throttling(f, Probes(cpu_wait=cpu, gpu_clock=gpu), steady)
+    ctx = RunContext(f, Probes(cpu_wait=cpu, gpu_clock=gpu), steady)
+    cpu_wait.throttling(ctx)
+    gpu_clock.add(ctx)
     assert f.value("cpu.throttled_ms") == pytest.approx(4.0) and f.value("cpu.throttled_periods") == 1.0
     assert f.value("gpu.sm_clock_mhz") == 1410.0  # the steady steps' readings only
     assert f.value("gpu.throttled_share") == pytest.approx(2 / 3)  # idle (0x1) is no slowdown
     assert f.value("gpu.throttle_reasons") == "power cap, thermal (hardware)"
     assert f.value("gpu.sm_clock_max_mhz") == 1980.0
     f = Facts()  # no cgroup readable, no NVML: nothing
-    throttling(f, Probes(cpu_wait=CpuWaitRecord(wait_ms=[1.0] * 6, throttled_ms=[0.0] * 6)), steady)
+    ctx = RunContext(f, Probes(cpu_wait=CpuWaitRecord(wait_ms=[1.0] * 6, throttled_ms=[0.0] * 6)), steady)
+    cpu_wait.throttling(ctx)
+    gpu_clock.add(ctx)
     assert "cpu.throttled_ms" not in f and "gpu.sm_clock_mhz" not in f
 
 

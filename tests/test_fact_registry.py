@@ -15,7 +15,8 @@ import pytest
 
 from perfdoctor.errors import RuleError
 from perfdoctor.facts import registry
-from perfdoctor.facts.model import Facts, supersedes
+from perfdoctor.facts.merge import drop_subjects_only_from, merge_subject, supersedes
+from perfdoctor.facts.model import Facts
 from perfdoctor.facts.registry import UndeclaredFact
 from perfdoctor.rules.catalog import FIX_KINDS, load_rules, parse_rule
 from perfdoctor.rules.engine import judge
@@ -130,16 +131,16 @@ def test_merge_and_drop_subjects() -> None:
     trace.add("wait_ms", 5.0, "ms", "trace")
     only_trace = f.subject("dataloader", "trace:dataloader")
     only_trace.add("wait_ms", 7.0, "ms", "trace")
-    run.merge(trace)
+    merge_subject(run, trace)
     assert run.facts["dataloader.num_workers"].value == 0 and run.facts["dataloader.wait_ms"].value == 5.0
     other = f.subject("dataloader", "/abs/train.py:9")  # the same subject
     assert other is run
     second = Facts().subject("dataloader", "x:1")
     second.add("pin_memory", True, "", "run")
     second.add("num_workers", 8, "count", "run")
-    run.merge(second)  # run replaces static; a same-source fact of the subject stays
+    merge_subject(run, second)  # run replaces static; a same-source fact of the subject stays
     assert run.facts["dataloader.pin_memory"].value is True and run.facts["dataloader.num_workers"].value == 0
-    f.drop_subjects_only_from("trace", kinds)
+    drop_subjects_only_from(f, "trace", kinds)
     assert [s.key for s in f.of_kind("dataloader")] == ["/abs/train.py:9"]
 
 

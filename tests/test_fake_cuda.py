@@ -23,7 +23,7 @@ from perfdoctor.analysis import analyse_run  # noqa: E402
 from perfdoctor.capture.env import base_env  # noqa: E402
 from perfdoctor.capture.recorder import Recorder  # noqa: E402
 from perfdoctor.contracts.run import SCHEMA, Meta  # noqa: E402
-from perfdoctor.facts.run_facts import load_run  # noqa: E402
+from perfdoctor.facts.run import load_run  # noqa: E402
 
 PKG = Path(__file__).resolve().parent.parent / "perfdoctor"
 MB = 1 << 20

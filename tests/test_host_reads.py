@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.capture import run_script
-from perfdoctor.facts.run_facts import load_run
+from perfdoctor.facts.run import load_run
 
 pytestmark = pytest.mark.e2e  # runs real training scripts under perfdoctor
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from test_run_facts import make_run
 
-from perfdoctor.facts.run_checklist import _period
-from perfdoctor.facts.run_facts import load_run
+from perfdoctor.facts.run import load_run
+from perfdoctor.facts.run.stalls import _period
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.errors import InputError
-from perfdoctor.facts.run_facts import load_run, memory_growth
+from perfdoctor.facts.run import load_run
+from perfdoctor.facts.run.memory import memory_growth
 from perfdoctor.stats import steady_steps
 
 ENV_CPU = {"python": "3.11", "torch": "2.13.0", "cpu_count": 2, "cpu_amx": False, "cpu_model": "EPYC",
@@ -241,7 +242,7 @@ def test_older_files_without_newer_keys_read(tmp_path):
 def test_run_facts_does_not_import_torch():
     import subprocess
 
-    code = "import sys, perfdoctor.facts.run_facts, perfdoctor.capture; print('torch' in sys.modules)"
+    code = "import sys, perfdoctor.facts.run, perfdoctor.capture; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -10,7 +10,7 @@ import pytest
 from test_run_facts import make_run
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.run_facts import load_run
+from perfdoctor.facts.run import load_run
 from perfdoctor.model import Location
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge, saving_range

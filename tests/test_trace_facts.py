@@ -6,7 +6,8 @@ from pathlib import Path
 from statistics import median
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.trace import add_trace_facts, cross_rank, summarise_trace
+from perfdoctor.facts.ranks import cross_rank
+from perfdoctor.facts.trace import add_trace_facts, summarise_trace
 from perfdoctor.trace import load_trace, load_traces
 
 DATA = Path(__file__).parent / "data" / "traces"

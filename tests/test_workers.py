@@ -13,7 +13,7 @@ from conftest import run_cli
 
 from perfdoctor.capture.workers import find_py_spy, parse_collapsed
 from perfdoctor.contracts.run import WorkerLine, Workers
-from perfdoctor.facts.run_facts import worker_hotspots
+from perfdoctor.facts.run.hotspots import worker_hotspots
 
 pytestmark = pytest.mark.e2e  # runs real training scripts under perfdoctor: minutes, not seconds
 

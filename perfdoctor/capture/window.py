@@ -62,7 +62,7 @@ from perfdoctor.usercode import is_user_file
 
 DEFAULT = (5, 3, 5)  # skip, warmup (cProfile and the line sampler run here), active (the trace)
 # A rank of a distributed job records 10 steps: the test that tells a straggler from the steps' noise
-# compares the ranks step by step (facts.trace.ranks.straggler_test), and 5 steps of 2 ranks can show
+# compares the ranks step by step (facts.ranks.straggler_test), and 5 steps of 2 ranks can show
 # a straggler only where it is ahead at every one of them.
 DISTRIBUTED = (5, 3, 10)
 BUDGET_S = 20.0  # wall time of the window, warm-up and recorded steps

@@ -1,5 +1,5 @@
 """The run folder's JSON files: `perfdoctor run` writes them (capture/writer.py), `perfdoctor report
-RUN_DIR` reads them back (facts/run_facts.py). Versioned by meta.json's `schema`, "perfdoctor/run/v1".
+RUN_DIR` reads them back (facts/run/context.py). Versioned by meta.json's `schema`, "perfdoctor/run/v1".
 
 Every field has a default, so that an older v1 folder, or one the parent finished after the child
 died, still reads. A few keys are written only in some runs (the CUDA ones, what is known only at

@@ -7,8 +7,9 @@ A fact that could not be measured is absent, never zero. Rules read facts by nam
 with the subject's facts and the global facts both in scope.
 
 Every name is declared in `perfdoctor.facts.registry` (an undeclared one raises UndeclaredFact), and
-every add follows one precedence rule, `supersedes`: a fact once set stays, except that its own
-source may set it again and run evidence replaces static evidence.
+every add follows one precedence rule, `perfdoctor.facts.merge.supersedes`: a fact once set stays,
+except that its own source may set it again and run evidence replaces static evidence (facts/merge.py
+holds every rule of how evidence for one thing is merged).
 """
 
 from __future__ import annotations
@@ -17,21 +18,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from perfdoctor.facts.merge import supersedes
 from perfdoctor.facts.registry import GLOBAL, SOURCES, check_declared, check_kind
 from perfdoctor.model import Fact, Location
 
 if TYPE_CHECKING:
     from perfdoctor.contracts.run import Site
-
-
-def supersedes(new: str, old: str) -> bool:
-    """Whether evidence from source `new` replaces a fact of the same name already set by source `old`.
-
-    The one precedence rule of every layer: a fact, once set, stays, except that the layer that set
-    it may set it again (a later measurement of its own, e.g. the trace summing a subject's copy time
-    over the copies) and that run evidence replaces static evidence (what ran beats what the source
-    suggests). So the trace never overwrites the run's, the static read's or the machine's facts."""
-    return new == old or (new == "run" and old == "static")
 
 
 def _check_source(source: str) -> None:
@@ -62,15 +54,6 @@ class Subject:
         old = self.facts.get(name)
         if old is None or supersedes(source, old.source):
             self.facts[name] = Fact(name, value, unit, source, detail, tuple(per_step))
-
-    def merge(self, other: Subject) -> None:
-        """Take in the facts of `other`, a second view of the same site (the trace's, found to be on
-        this subject's line): facts this subject lacks, and run facts over its static ones. Its own
-        facts of the same source stay (a second view is not a later measurement)."""
-        for name, fact in other.facts.items():
-            old = self.facts.get(name)
-            if old is None or (fact.source != old.source and supersedes(fact.source, old.source)):
-                self.facts[name] = fact
 
     @property
     def sources(self) -> set[str]:
@@ -132,15 +115,6 @@ class Facts:
     def kinds_from(self, source: str) -> set[str]:
         """The subject kinds of which some subject holds a fact from `source`."""
         return {k for k, subs in self.subjects.items() if any(source in s.sources for s in subs)}
-
-    def drop_subjects_only_from(self, source: str, kinds: set[str]) -> None:
-        """Leave out the subjects of `kinds` that hold no fact from another source than `source`.
-        Where the run's probes measured a kind of thing (its DataLoaders, say), the trace's coarser
-        view of the same thing is not a second subject: `drop_subjects_only_from("trace",
-        kinds_from("run") taken before the trace was added)`."""
-        for kind in kinds:
-            if kind in self.subjects:
-                self.subjects[kind] = [s for s in self.subjects[kind] if s.sources - {source}]
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -1,6 +1,6 @@
 """Every fact perfdoctor produces, declared once: name, unit, scope, producers and a one-line doc.
 
-This is the contract between the layers that measure (`run_facts`, `trace_facts`, `static`, the
+This is the contract between the layers that measure (`facts/run`, `facts/trace`, `facts/static`, the
 machine facts of a run) and the rules that judge. `Facts.add` and `Subject.add` refuse a name that
 is not declared here (a producer's typo fails at once, not as a rule that silently never fires), and
 the rule catalog refuses a rule file that reads an undeclared name (`perfdoctor.rules.catalog`).
@@ -311,7 +311,7 @@ SUBJECT_FACTS.update({
     ]),
 })
 # A rank's own evidence for the straggler's cause beyond data, compute and host syncs
-# (capture/probes/gc_time.py, cpu_wait.py and gpu_clock.py, facts/run_distributed.py, facts/trace/ranks.py).
+# (capture/probes/gc_time.py, cpu_wait.py and gpu_clock.py, read by facts/run/ modules of the same names; facts/ranks.py).
 GLOBAL_FACTS.update(_declare(GLOBAL, [
     ("gc.ms", "ms", "run", "time per steady step in Python's garbage collections, automatic and explicit (mean)"),
     ("gc.compute_ms", "ms", "run", "the part of gc.ms inside forward, backward and the optimizer step (in their time)"),
@@ -325,7 +325,7 @@ GLOBAL_FACTS.update(_declare(GLOBAL, [
     ("gpu.throttle_reasons", "str", "run", "the power and thermal clock throttle reasons set on those readings (power cap, thermal, ...)"),
 ]))
 # DistributedDataParallel (PD031-PD033): how each DDP was built and what it did on the steps
-# (capture/probes/ddp.py, facts/run_distributed.py).
+# (capture/probes/ddp.py, facts/run/ddp.py).
 SUBJECT_FACTS.update({
     "ddp": _declare("ddp", [
         ("module", "str", "run", "the wrapped module's class name"),

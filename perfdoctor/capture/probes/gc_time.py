@@ -1,6 +1,6 @@
 """Time in Python's garbage collector per step, automatic collections and explicit ones alike
 (`gc.callbacks`, removed by `uninstall()`): one rank of a job whose collections run long on its steps
-is a straggler for them (the rank table's `gc_ms`, a cause `facts.trace.ranks` can name). PD027 times
+is a straggler for them (the rank table's `gc_ms`, a cause `facts.ranks` can name). PD027 times
 the explicit `gc.collect()` calls at their lines (`gc_calls.py`). The part of it inside forward,
 backward and the optimizer step is kept apart: it is in those parts' time, and the rank table takes it
 out of the rank's compute."""

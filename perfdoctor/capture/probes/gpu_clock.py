@@ -1,7 +1,7 @@
 """The SM clock of the rank's GPU and why the driver holds it down (NVML's clock throttle reasons:
 power cap, thermal slowdown, ...), read at a step end at most every `INTERVAL_S` (two NVML calls, tens
 of microseconds): a rank whose GPU runs slower than the others' is a straggler for it (the rank
-table's `gpu_clock_mhz`, the cause "GPU throttling" that `facts.trace.ranks` can name).
+table's `gpu_clock_mhz`, the cause "GPU throttling" that `facts.ranks` can name).
 
 Only where the script has initialised CUDA (never initialised here) and NVML's Python binding
 (`pynvml`, the nvidia-ml-py package) imports and starts; otherwise nothing is read or recorded, and

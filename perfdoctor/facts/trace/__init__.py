@@ -1,6 +1,6 @@
 """A loaded trace -> facts (source "trace"): step time and breakdown, GPU idle, syncs, copies,
-matmul precision, communication, DataParallel, DataLoader wait, noise-free counters; and the
-cross-rank view of a folder of per-rank traces.
+matmul precision, communication, DataParallel, DataLoader wait, noise-free counters. A folder of
+per-rank traces is merged by perfdoctor.facts.ranks.
 
 One module per family of facts, each an `add(ctx)` over one shared `TraceContext` (the trace, its
 step windows, launch map, GPU events and python stacks, built once), in the manner of Holistic
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.facts.model import Facts
+from perfdoctor.facts.ranks import RankSummary
 from perfdoctor.facts.trace import (
     breakdown,
     comm,
@@ -30,11 +31,10 @@ from perfdoctor.facts.trace import (
     sync,
 )
 from perfdoctor.facts.trace.context import TraceContext
-from perfdoctor.facts.trace.ranks import RankSummary, cross_rank
 from perfdoctor.trace.loader import load_trace
 from perfdoctor.trace.model import Trace, gc_paused
 
-__all__ = ["RankSummary", "add_trace_facts", "cross_rank", "summarise_trace"]
+__all__ = ["add_trace_facts", "summarise_trace"]
 
 
 def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = None,

@@ -40,7 +40,7 @@ def add(ctx: TraceContext) -> Breakdown:
     order = GPU_ORDER if gpu else CPU_ORDER
     covered: list[list[float]] = []
     parts: dict[str, float] = {}  # category -> median ms per step
-    kernel_ms: tuple[float, ...] = ()  # the GPU kernels' ms at each step: a rank's compute (facts.trace.ranks)
+    kernel_ms: tuple[float, ...] = ()  # the GPU kernels' ms at each step: a rank's compute (facts.ranks)
     for c in order[:-1]:
         if gpu and c in ("optimizer", "backward", "forward"):
             continue

@@ -1,0 +1,85 @@
+"""A run folder (written by `perfdoctor run`) -> facts, summary, hot spots and notes. Never imports torch.
+
+One module per family of facts, each an `add(ctx)` over one shared `RunContext` (`context.py`: the
+run folder's typed files, read once, and its steady-state steps), like the trace's families
+(perfdoctor.facts.trace). The families after the step time and the machine are named after the probe
+whose records they read (capture/probes/<name>.py -> facts/run/<name>.py): a new probe's facts go in
+a module of its own here, added to FAMILIES, with its names declared in facts/registry.py.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.run import (
+    anomaly,
+    compile,
+    cpu_wait,
+    dataloader,
+    dataparallel,
+    ddp,
+    empty_cache,
+    forward,
+    gc_calls,
+    gc_time,
+    gpu_clock,
+    holders,
+    host_reads,
+    hotspots,
+    machine,
+    memory,
+    notes,
+    stalls,
+    steps,
+)
+from perfdoctor.facts.run.context import RunContext
+from perfdoctor.model import Hotspot
+
+__all__ = ["FAMILIES", "RunContext", "RunData", "load_run"]
+
+# In order: the step time first (the others read its steady steps), the memory before the loss
+# holders (they share its growth), the notes before the hot spots' note.
+FAMILIES = (steps, machine, memory, dataloader, dataparallel, empty_cache, anomaly, forward, holders, host_reads,
+            gc_calls, stalls, compile, cpu_wait, ddp, gc_time, gpu_clock, notes, hotspots)
+
+
+@dataclass
+class RunData:
+    meta: dict[str, Any]  # meta.json as written (checked against contracts.run.Meta)
+    facts: Facts
+    summary: dict[str, Any]
+    hotspots: list[Hotspot] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    user_files: list[Path] = field(default_factory=list)
+    trace_path: Path | None = None
+    # the user-defined classes of the models the run called ("<file>:<qualname>"); None where the
+    # run saw no model called (then nothing is known of which ran)
+    model_classes: set[str] | None = None
+
+
+def load_run(run_dir: Path) -> RunData:
+    run_dir = Path(run_dir)
+    ctx = RunContext.read(run_dir)
+    for family in FAMILIES:
+        family.add(ctx)
+    trace = run_dir / "trace.json.gz"
+    return RunData(meta=ctx.raw_meta, facts=ctx.facts, summary=ctx.summary, hotspots=ctx.hotspots, notes=ctx.notes,
+                   user_files=[p for p in _user_files(ctx) if p.is_file()], trace_path=trace if trace.exists() else None,
+                   model_classes=forward.model_classes(ctx.probes.forward))
+
+
+def _user_files(ctx: RunContext) -> list[Path]:
+    """meta.json's user files (those under the script's folder), and the user's own package imported
+    from elsewhere in the project (minGPT's projects/adder/adder.py driving mingpt/trainer.py) where
+    the training loop lives there: the files that built a DataLoader or called the model."""
+    users = [Path(p) for p in ctx.meta.user_files or []]
+    if not users and ctx.meta.script:
+        users = [Path(ctx.meta.script)]
+    for site in [dl.site for dl in ctx.probes.dataloaders] + [fw.site for fw in ctx.probes.forward]:
+        if site is not None and site.file and os.path.isabs(site.file) and Path(site.file) not in users:
+            users.append(Path(site.file))
+    return users

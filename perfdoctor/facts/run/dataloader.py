@@ -1,0 +1,116 @@
+"""The DataLoader probe's records (capture/probes/dataloader.py, cuda_batches.py) -> one `dataloader`
+subject per construction site: its settings, its wait per step, where its batches went, the cost of
+starting its workers per epoch (PD015), and, for a num_workers=0 loader on a CPU run, what a GPU
+would see of its loading (PD002)."""
+
+from __future__ import annotations
+
+import statistics
+
+from perfdoctor.contracts.run import Env
+from perfdoctor.facts.model import Facts, Subject, site_subject
+from perfdoctor.facts.run.context import RunContext
+
+# How much faster a GPU runs a training step's forward, backward and optimizer than this machine's
+# CPU cores, for projecting a CPU run of a CUDA script onto a GPU (PD002). Small CNNs, MLPs and
+# transformers train 10-50x faster on a current GPU than on a few CPU cores; the low end is taken,
+# so the projected GPU step is long and a data stall is only projected where it is clear.
+GPU_SPEEDUP = 10.0
+
+
+def add(ctx: RunContext) -> None:
+    facts, env, steady, median = ctx.facts, ctx.env, ctx.steady, ctx.median
+    steady_idx = ctx.steady_idx
+    for dl in ctx.probes.dataloaders:
+        s = site_subject(facts, "dataloader", dl.site)
+        if s is None:
+            continue
+        kw = dl.kwargs
+        s.add("num_workers", kw.num_workers, "count")
+        s.add("pin_memory", kw.pin_memory)
+        s.add("persistent_workers", kw.persistent_workers)
+        s.add("batch_size", kw.batch_size, "count")
+        s.add("prefetch_factor", kw.prefetch_factor, "count")
+        s.add("multiprocessing_context", kw.multiprocessing_context)
+        s.add("kwargs_style", dl.kwargs_style)
+        s.add("batches", dl.batches, "count")
+        if dl.sampler:
+            s.add("sampler", dl.sampler)
+        if isinstance(dl.sharded, bool):
+            s.add("sharded", dl.sharded, detail=f"sampler {dl.sampler}")
+        waits = dl.wait_ms_per_step
+        ws = [waits[i] for i in steady_idx if 0 <= i < len(waits)]
+        if ws and dl.batches:
+            w = statistics.median(ws)
+            aligned = len(ws) == len(steady)  # a per-step series only where it covers every steady step
+            s.add("wait_ms", w, "ms", detail=f"median time in DataLoader __next__ over {len(ws)} steady steps",
+                  per_step=tuple(ws) if aligned else ())
+            s.add("wait_mean_ms", statistics.fmean(ws), "ms")
+            if median:
+                s.add("wait_fraction", w / median, "ratio", detail="wait_ms / step.time_ms",
+                      per_step=tuple(x / st["wall_ms"] if st["wall_ms"] > 0 else 0.0 for x, st in zip(ws, steady))
+                      if aligned else ())
+        if ws and dl.batches and kw.num_workers == 0 and median is not None:
+            _project_to_gpu(facts, s, statistics.fmean(ws), median, env)
+        if env.device == "cuda":
+            s.add("feeds_cuda", dl.to_cuda, detail="a batch was moved to a CUDA device")
+            s.add("non_blocking", dl.non_blocking)
+    worker_startup(ctx)
+
+
+def _project_to_gpu(facts: Facts, s: Subject, load: float, step: float, env: Env) -> None:
+    """A loader with num_workers=0: the loop's wait in its __next__ is the cost of loading the batch
+    (`load_ms`, the mean: every step pays it). On a CPU run, what a GPU would see: the step's
+    compute (the step less that loading) divided by GPU_SPEEDUP, and the share of such a GPU step
+    the loading would take (PD002 judges it for scripts that target CUDA)."""
+    s.add("load_ms", load, "ms", detail="mean wait in DataLoader __next__ with num_workers=0 over the steady steps")
+    if env.device != "cpu":
+        return
+    gpu = max(0.0, step - load) / GPU_SPEEDUP
+    facts.add("step.gpu_compute_ms", gpu, "ms",
+              detail=f"(median step {step:.1f} ms - data loading {load:.1f} ms) on this CPU / {GPU_SPEEDUP:g}, "
+                     "the low end of a GPU's speed-up over a few CPU cores")
+    if load + gpu > 0:
+        s.add("gpu_wait_fraction", load / (load + gpu), "ratio",
+              detail=f"load_ms / (load_ms + projected GPU compute {gpu:.1f} ms)")
+
+
+def worker_startup(ctx: RunContext) -> None:
+    """PD015: what a DataLoader's epoch start costs beyond a steady step, and that cost per step.
+
+    Measured on the step each epoch's first batch arrived in: its time less the median of the other
+    steady steps. That holds the wait for the new workers (`iter()` and the first batch) and what
+    starting them costs the training process besides (forking a large process, then copy-on-write
+    page faults). The first epoch pays it whatever the settings: the later ones are what persistent
+    workers save. Where no epoch start is a steady step, the time to the first batch less the steady
+    wait stands in (the wait alone)."""
+    walls = {x["i"]: x["wall_ms"] for x in ctx.steady}
+    for dl in ctx.probes.dataloaders:
+        s = site_subject(ctx.facts, "dataloader", dl.site)
+        if s is None:
+            continue
+        s.add("constructed", dl.constructed, "count")
+        first = dl.first_batch_ms
+        s.add("epochs", len(first), "count")
+        s.add("batches_per_epoch", dl.length, "count")
+        if len(first) < 2 or not dl.length or not walls:
+            continue
+        starts = set(dl.first_batch_step[1:])
+        others = [w for i, w in walls.items() if i not in starts]
+        on = [walls[i] for i in dl.first_batch_step[1:] if i in walls]
+        if on and others:
+            base = statistics.median(others)
+            extra = [max(0.0, w - base) for w in on]
+            startup = statistics.median(extra)
+            detail = (f"median over {len(on)} steady epoch-start steps of their time less the other steady steps' "
+                      f"median ({base:.1f} ms)")
+        else:
+            waits = [dl.wait_ms_per_step[i - 1] for i in walls if 0 < i <= len(dl.wait_ms_per_step)]
+            if not waits:
+                continue
+            extra = [max(0.0, x - statistics.median(waits)) for x in first[1:]]
+            startup = statistics.median(extra)
+            detail = f"median time to the first batch of epochs 2..{len(first)} less the median steady wait"
+        s.add("startup_ms", startup, "ms", detail=detail, per_step=tuple(extra))
+        s.add("startup_ms_per_step", startup / dl.length, "ms",
+              detail=f"startup_ms / {dl.length} batches per epoch")

@@ -1,0 +1,31 @@
+"""The host-read probe's records (capture/probes/host_reads.py) -> one `host_read` subject per line of
+the user's code that read tensors on the host in the steady steps (PD008)."""
+
+from __future__ import annotations
+
+from perfdoctor.contracts.run import Site
+from perfdoctor.facts.model import site_subject
+from perfdoctor.facts.run.context import RunContext
+
+HOST_READ_ORDER = ("item", "cpu", "tolist", "numpy", "float", "int", "bool", "print")
+
+
+def add(ctx: RunContext) -> None:
+    """Each line's reads per step (the mean over the steady steps) and how. Several kinds on one
+    line (`loss.cpu().numpy()`) are one value read once: the line counts its most frequent kind."""
+    steady_idx = ctx.steady_idx
+    per_line: dict[tuple[str, int], list[tuple[float, str, Site]]] = {}
+    for r in ctx.probes.host_reads:
+        if r.site is None or not r.kind or not steady_idx:
+            continue
+        counts = r.counts_per_step
+        mean = sum(counts[i] for i in steady_idx if 0 <= i < len(counts)) / len(steady_idx)
+        if mean > 0:
+            per_line.setdefault((r.site.file, r.site.line), []).append((mean, r.kind, r.site))
+    for rows in per_line.values():
+        mean, kind, site = max(rows, key=lambda x: (x[0], -HOST_READ_ORDER.index(x[1])
+                                                      if x[1] in HOST_READ_ORDER else -99))
+        s = site_subject(ctx.facts, "host_read", site)
+        if s is not None:
+            s.add("kind", kind)
+            s.add("count_per_step", mean, "count", detail=f"mean over {len(steady_idx)} steady steps")

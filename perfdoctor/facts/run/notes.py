@@ -1,0 +1,84 @@
+"""meta.json -> the notes a run's report opens with: a distributed job the script started itself,
+how the steps were counted, how the script ended, what became of the profiler's window, too few
+steady steps; and `needs_a_gpu`, the note for a script that failed for want of a GPU."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from perfdoctor.facts.run.context import RunContext
+
+
+def add(ctx: RunContext) -> None:
+    notes, clock, exit_, win, profiled = ctx.notes, ctx.clock, ctx.exit, ctx.window, ctx.profiled
+    world = max((d.world_size for d in ctx.probes.ddp), default=0)
+    if ctx.rank is None and world > 1:
+        # the script started the other ranks itself (Lightning's launcher, mp.spawn): they ran bare
+        notes.append(f"the script started a distributed job of {world} processes itself (DistributedDataParallel "
+                     f"over {world} ranks; Lightning's and mp.spawn's launchers do so): this report measures "
+                     "the process perfdoctor ran, the other ranks ran without perfdoctor"
+                     + (", and --steps ended this process alone (the others then lose their peer)"
+                        if exit_.reason == "steps-reached" else "")
+                     + f". To measure every rank, launch them with perfdoctor: `perfdoctor run --nproc-per-node "
+                     f"{world} SCRIPT` (Lightning then runs under torchrun's ranks).")
+    n = len(ctx.run_steps) if clock != "whole-run" else 0
+    if clock == "backward":
+        notes.append("no optimizer step seen: steps counted by backward() calls")
+    elif clock == "dataloader":
+        notes.append("no optimizer step or backward() seen: steps counted by DataLoader batches")
+    elif clock == "whole-run":
+        notes.append("no steps found (no optimizer step, backward() or DataLoader batch): the whole run is one span")
+    reason, code = exit_.reason, exit_.code
+    if reason == "exception":
+        last = (exit_.traceback or "").strip().splitlines()[-1:] or ["an exception"]
+        notes.append(f"the script failed after {n} steps: {last[0]}")
+    elif reason == "sys-exit" and code:
+        notes.append(f"the script exited with code {code} after {n} steps")
+    elif reason == "killed":
+        notes.append(f"the script was killed (exit code {code}) after about {n} steps: "
+                     "probes and profile were not saved")
+    elif reason == "interrupted":
+        notes.append(f"interrupted after {n} steps")
+    if win is not None and clock != "whole-run":
+        if win.stopped_by == "time":
+            notes.append(f"profiler window stopped at its time budget ({win.budget_s or 0:g} s) in step {win.last_step}: "
+                         f"{profiled} of {win.active} steps recorded, the run went on unprofiled")
+        elif win.stopped_by == "user-profiler":
+            notes.append(f"the script started a torch.profiler of its own after step {win.last_step}: perfdoctor's "
+                         f"profiler window stepped aside there (one profiler runs at a time), {profiled} of "
+                         f"{win.active} steps recorded")
+        elif win.stopped_by == "events":
+            notes.append(f"profiler window shortened to its event budget ({win.budget_events or 0:,} trace events, "
+                         f"about {win.events_per_step or 0:,} per step estimated): {profiled} of {win.active} steps recorded")
+        elif not profiled and not win.trace:
+            notes.append(f"profiler window not reached: the run ended after {n} steps, the window starts "
+                         f"after step {win.skip}")
+        elif not win.completed:
+            notes.append(f"profiler window incomplete: {profiled} of {win.active} steps recorded")
+    if win is not None and win.error:
+        notes.append(f"the profiler failed: {win.error}")
+    if ctx.steady and len(ctx.steady) < 5 and clock != "whole-run":
+        notes.append(f"only {len(ctx.steady)} steady-state steps: timings are rough")
+
+
+# the last line of a traceback when CUDA (or NCCL, which needs it) is asked for on a machine without it
+_NO_GPU = re.compile(r"CUDA|NCCL|_cuda_|accelerator device|NVIDIA driver", re.IGNORECASE)
+
+
+def needs_a_gpu(meta: dict[str, Any], summary: dict[str, Any]) -> str | None:
+    """A note where the script failed before its first step on a machine without a GPU because it asks
+    for one (its error names CUDA, NCCL or the accelerator): a report of nothing measured must not
+    read as a clean bill of health. None otherwise."""
+    exit_ = meta.get("exit") or {}
+    if exit_.get("reason") != "exception" or (meta.get("env") or {}).get("device") == "cuda":
+        return None
+    if summary.get("steps_profiled"):
+        return None
+    last = ((exit_.get("traceback") or "").strip().splitlines() or [""])[-1]
+    if not _NO_GPU.search(last):
+        return None
+    return ("the script needs a GPU and this machine has none: it failed before its first step, so nothing was "
+            "measured and only its source was read. Run it on a GPU machine, or let it fall back to the CPU where "
+            "CUDA is missing (device = \"cuda\" if torch.cuda.is_available() else \"cpu\", and the \"gloo\" "
+            "backend for torch.distributed)")
