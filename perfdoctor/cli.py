@@ -166,8 +166,8 @@ def run(
     master_port: int | None = typer.Option(None, "--master-port", "--master_port", help="Distributed: as torchrun."),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
-    from perfdoctor.analysis import check_writable, claim_out_dir, run_and_gate
     from perfdoctor.capture.runner import is_launcher, split_launcher_args
+    from perfdoctor.orchestrate import check_writable, claim_out_dir, run_and_gate
 
     after = list(ctx.meta.get("after_dashes", []))
     if script is None and module is None and after:
@@ -266,7 +266,8 @@ def compare(
         help="Judge the pair although the script's arguments differ (you changed them on purpose)."),
 ) -> None:
     """Compare two baselines, run folders, gate --out-dirs or run reports; exit 1 on a regression."""
-    from perfdoctor.analysis import check_writable, compare_paths
+    from perfdoctor.analysis import compare_paths
+    from perfdoctor.orchestrate import check_writable
 
     if output is not None:
         check_writable(output, "--output")
@@ -288,7 +289,8 @@ def report(
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
 ) -> None:
     """Analyse an existing torch.profiler trace or a run folder."""
-    from perfdoctor.analysis import analyse_path, check_writable
+    from perfdoctor.analysis import analyse_path
+    from perfdoctor.orchestrate import check_writable
 
     if output is not None:
         check_writable(output, "--output")

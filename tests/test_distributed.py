@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
-from perfdoctor.analysis import claim_out_dir
 from perfdoctor.capture.env import cpu_share
 from perfdoctor.capture.runner import is_launcher, launcher_command, new_run_dir, split_launcher_args
 from perfdoctor.capture.writer import write, write_meta
@@ -22,6 +21,7 @@ from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.ranks import MAX_P, cross_rank, straggler_test
 from perfdoctor.gate.baseline import record_from_run_dir
+from perfdoctor.orchestrate import claim_out_dir
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_cli
 
-from perfdoctor.analysis import check_writable, claim_out_dir
 from perfdoctor.capture import runner
 from perfdoctor.capture.runner import Progress, new_run_dir
 from perfdoctor.contracts.run import Step
 from perfdoctor.errors import InputError
+from perfdoctor.orchestrate import check_writable, claim_out_dir
 
 LOOP = """
 import os, sys, time, torch

@@ -10,7 +10,7 @@ regression, on a new finding at or above `fail_on`, and, when the step time stay
 (`unstable` or `inconclusive`), on a point estimate beyond twice the threshold (a large slowdown
 never passes because the machine was noisy) or on anything undecided with `strict`. An undecided
 gate that does not fail is `undecided`, never `passed`. `perfdoctor run --baseline` adds runs to
-the current side while the step time is undecided (`Comparison.settled`, analysis.run_and_gate).
+the current side while the step time is undecided (`Comparison.settled`, orchestrate.run_and_gate).
 """
 
 from __future__ import annotations

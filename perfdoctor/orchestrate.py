@@ -1,0 +1,231 @@
+"""`perfdoctor run`'s orchestration: claim the output folder, run the script (once, repeated, or as a
+distributed job), analyse each run and write its reports (perfdoctor.analysis, the pipeline), then
+compare the runs with a baseline (adding runs while the step time is undecided) and/or save them as
+one. The CLI only parses, renders and maps to exit codes.
+
+Never imports torch: the script runs in the child process that capture.runner starts."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from perfdoctor.analysis import analyse_job, analyse_run, rules_for, write_run_reports
+from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
+from perfdoctor.errors import InputError
+from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, gate_runs
+from perfdoctor.gate.baseline import RunRecord, load_baseline, record_from_run_dir, repeat_dir, slow_outlier_runs
+from perfdoctor.gate.baseline import save_baseline as write_baseline
+from perfdoctor.gate.compare import Comparison
+from perfdoctor.model import Report, at_or_above
+
+if TYPE_CHECKING:  # imported where used: the runner is not needed to start every command
+    from perfdoctor.capture.runner import RunResult
+
+
+GATE_REPEATS = 3  # runs per side when gating: the gate's unit of evidence is a run, it needs several
+FAILED_REASONS = ("exception", "sys-exit", "killed")  # the script failed: exit 3
+
+
+@dataclass
+class RunOutcome:
+    """What `perfdoctor run` did: the last run's report, every run's result, the gate's comparison
+    (None without --baseline, or when the script failed), and lines for stderr (the baseline saved,
+    warnings about it), in order."""
+
+    report: Report
+    results: list[RunResult]
+    comparison: Comparison | None
+    messages: list[str] = field(default_factory=list)
+    fail_on: str | None = None
+
+    @property
+    def result(self) -> RunResult:
+        return self.results[-1]
+
+    @property
+    def script_failed(self) -> bool:
+        return self.result.exit_code != 0 and self.result.reason in FAILED_REASONS
+
+    @property
+    def interrupted(self) -> bool:
+        return self.result.reason == "interrupted"
+
+    @property
+    def gate_failed(self) -> bool:
+        """The comparison failed; without one, a finding at or above --fail-on fails."""
+        if self.comparison is not None:
+            return self.comparison.failed
+        return self.fail_on is not None and any(at_or_above(f.severity, self.fail_on) for f in self.report.findings)
+
+
+def warm_up() -> None:
+    """Import the analysis (trace loader, static read, libcst for fixes, the text renderer) in a
+    background thread while the script runs in its child process: the parent is idle then, and the
+    report comes sooner."""
+
+    def load() -> None:
+        for name in ("perfdoctor.facts.run", "perfdoctor.facts.static", "perfdoctor.trace.loader",
+                     "perfdoctor.facts.trace", "perfdoctor.rules.fixes.context", "perfdoctor.report.text"):
+            try:
+                importlib.import_module(name)
+            except ImportError:  # reported properly when the analysis imports it for real
+                return
+
+    threading.Thread(target=load, name="perfdoctor-warm-up", daemon=True).start()
+
+
+def check_writable(path: Path, option: str) -> None:
+    """`path` (given as `option`: --output, --save-baseline) can be written: checked before anything
+    runs, so that a typo does not lose the report after minutes of running. Missing parent folders
+    are made (as writing it would); the file is opened for appending, never truncated, and removed
+    again if this made it. One InputError line (exit 2) when it cannot be written."""
+    path = Path(os.path.abspath(path))
+    if path.is_dir():
+        raise InputError(f"{option} {path}: is a folder, give a file name")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab"):
+            pass
+    except OSError as e:
+        raise InputError(f"{option} {path}: cannot write it ({e.strerror or e})") from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+def _previous_runs(out_dir: Path) -> list[Path]:
+    """The run folders a previous `perfdoctor run --out-dir out_dir` left: itself, or its repeat-N,
+    and their rank-R (a distributed job's); the job folders' merged reports go with them."""
+    out = []
+    for d in (out_dir, *sorted(out_dir.glob("repeat-*"))):
+        out += [r for _, r in rank_dirs(d)]
+        if (d / "meta.json").is_file() or (d / "report.json").is_file():
+            out.append(d)
+    return out
+
+
+@contextlib.contextmanager
+def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Path | None]:
+    """`--out-dir` for the whole of one `perfdoctor run` (every repeat): made absolute (the script may
+    change directory) and created, then locked (flock on the folder, released when the run ends or
+    perfdoctor dies), so that a second perfdoctor on the same folder stops with one line instead of
+    writing over the first one's files. Under an outside launcher (RANK set) the folder is the job
+    folder and each rank claims its own `rank-<R>` in it. A folder that holds a previous run is refused, unless
+    `overwrite`: then that run's files (perfdoctor's own, nothing else) are removed first. Without
+    --out-dir every run gets a fresh folder of its own: nothing to claim."""
+    if out_dir is None:
+        yield None
+        return
+    out_dir = Path(os.path.abspath(out_dir))
+    rank = rank_from_env()
+    if rank is not None:  # a rank under an outside launcher: every rank claims its own rank-<R> of the job folder
+        out_dir = out_dir / rank_dir_name(rank.rank)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(out_dir, os.O_RDONLY)
+    except OSError as e:
+        raise InputError(f"--out-dir {out_dir}: cannot create it ({e.strerror or e})") from None
+    try:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock, the previous-run check still holds
+            pass
+        else:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise InputError(f"--out-dir {out_dir}: another perfdoctor run is writing there; "
+                                 f"give each run its own folder") from None
+        previous = _previous_runs(out_dir)
+        if previous and not overwrite:
+            raise InputError(f"--out-dir {out_dir}: holds a previous run; give another folder, "
+                             f"or --overwrite to replace it")
+        from perfdoctor.capture.runner import clear_run_files
+
+        for d in previous:
+            clear_run_files(d)
+            if d != out_dir:
+                with contextlib.suppress(OSError):  # a repeat folder is removed when nothing else is in it
+                    d.rmdir()
+        yield out_dir
+    finally:
+        os.close(fd)
+
+
+def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: Path | None, steps: int | None,
+                 script_stdout_to_stderr: bool, show_status: bool, repeats: int | None = None,
+                 save_baseline: Path | None = None, baseline: Path | None = None, max_regression: float = 0.10,
+                 fail_on: str | None = None, config: Path | None = None, max_repeats: int | None = None,
+                 strict: bool = False, launcher_args: list[str] | None = None) -> RunOutcome:
+    """`perfdoctor run`: run the script `repeats` times (default: GATE_REPEATS with a baseline to save
+    or to compare with, else once; a failed or interrupted run is not repeated), analyse each run and
+    write its report.json, then, unless the script failed, compare the runs with `baseline` (adding
+    runs while the step time is undecided, up to `max_repeats`: gate.adaptive) and/or save them as a
+    baseline. With more than one run possible, the n-th run's folder is `out_dir/repeat-n`. With
+    `launcher_args` (torch.distributed.run's options: --nproc-per-node N...) each run is a distributed
+    job (capture.runner.run_job): a job folder of rank run folders, each with its own report, and the
+    merged report (analyse_job) in the job folder."""
+    from perfdoctor.capture.runner import run_job, run_script  # not on `report`'s path (start-up time)
+
+    if repeats is None:
+        repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
+    most = max(repeats, DEFAULT_MAX_REPEATS if max_repeats is None else max_repeats) if baseline is not None else repeats
+    warm_up()
+    rules_for(config)  # a bad config fails now, before minutes of running
+    base = load_baseline(baseline) if baseline is not None else None  # fail early, before minutes of running
+    results: list[RunResult] = []
+    reports: list[Report] = []
+
+    def next_run(n: int) -> RunRecord | None:
+        """The n-th run: run, analyse, write its reports; its record, or None when it failed or
+        was interrupted (not repeated, not judged)."""
+        run_out = repeat_dir(out_dir, n) if out_dir is not None and most > 1 else out_dir
+        if launcher_args is not None:
+            result = run_job(target, module=module, script_args=script_args, launcher_args=launcher_args,
+                             out_dir=run_out, steps=steps, script_stdout_to_stderr=script_stdout_to_stderr,
+                             show_status=show_status)
+            report = analyse_job(result.run_dir, config, write_rank_reports=True)
+        else:
+            result = run_script(target, module=module, script_args=script_args, out_dir=run_out, steps=steps,
+                                script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status)
+            report = analyse_run(result.run_dir, config)
+        results.append(result)
+        reports.append(report)
+        write_run_reports(report, result.run_dir)
+        if result.exit_code != 0 or result.reason == "interrupted":
+            return None
+        return record_from_run_dir(result.run_dir)
+
+    records: list[RunRecord] = []
+    comparison: Comparison | None = None
+    if base is not None:
+        gated = gate_runs(base, next_run, repeats=repeats, max_repeats=most, max_regression=max_regression,
+                          fail_on=fail_on, strict=strict)
+        records, comparison = gated.records, gated.comparison
+    else:
+        for n in range(1, repeats + 1):
+            record = next_run(n)
+            if record is None:
+                break
+            records.append(record)
+    outcome = RunOutcome(report=reports[-1], results=results, comparison=comparison, fail_on=fail_on)
+    if len(records) < len(results):  # the last run failed or was interrupted: nothing saved or judged
+        return outcome
+    if save_baseline is not None:
+        write_baseline(records, save_baseline)
+        outcome.messages.append(f"baseline of {len(records)} run(s) saved to {save_baseline}")
+        for n, frac in slow_outlier_runs(records, max_regression / 2):
+            outcome.messages.append(
+                f"warning: run {n} of {len(records)} was {frac:.0%} slower than the others, even in its fastest "
+                f"steps: another job may have held the machine. Gates against this baseline will be less "
+                f"decisive; record it again.")
+    return outcome
+
+
