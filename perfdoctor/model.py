@@ -188,7 +188,7 @@ def rank_header(label: str, kind: str) -> str:
 
 
 NO_FINDINGS = "No problems found by the rules."
-NOTHING_MEASURED = ("No problems found in the source; the script failed before its first profiled step, "
+NOTHING_MEASURED = ("No problems found in the source; the script stopped before its first profiled step, "
                     "so nothing was measured.")
 
 
@@ -204,10 +204,10 @@ class Report:
 
     @property
     def measured_nothing(self) -> bool:
-        """The script failed before its first profiled step: only its source was judged, and a report
-        without findings says so (NOTHING_MEASURED) instead of NO_FINDINGS."""
-        failed = (self.run.get("exit") or {}).get("reason") in ("exception", "sys-exit", "killed")
-        return failed and not self.summary.get("steps_profiled")
+        """The script failed or was stopped before its first profiled step: only its source was
+        judged, and a report without findings says so (NOTHING_MEASURED) instead of NO_FINDINGS."""
+        stopped = (self.run.get("exit") or {}).get("reason") in ("exception", "sys-exit", "killed", "interrupted")
+        return stopped and not self.summary.get("steps_profiled")
 
     def as_dict(self) -> dict[str, Any]:
         return {

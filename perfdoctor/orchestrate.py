@@ -187,14 +187,17 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
         """The n-th run: run, analyse, write its reports; its record, or None when it failed or
         was interrupted (not repeated, not judged)."""
         run_out = repeat_dir(out_dir, n) if out_dir is not None and most > 1 else out_dir
+        # the status line says which run it counts the steps of: each run counts from 1
+        label = "" if most == 1 else f"run {n} of {repeats}" if most == repeats else f"run {n} of up to {most}"
         if launcher_args is not None:
             result = run_job(target, module=module, script_args=script_args, launcher_args=launcher_args,
                              out_dir=run_out, steps=steps, script_stdout_to_stderr=script_stdout_to_stderr,
-                             show_status=show_status)
+                             show_status=show_status, label=label)
             report = analyse_job(result.run_dir, config, write_rank_reports=True)
         else:
             result = run_script(target, module=module, script_args=script_args, out_dir=run_out, steps=steps,
-                                script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status)
+                                script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status,
+                                label=label)
             report = analyse_run(result.run_dir, config)
         results.append(result)
         reports.append(report)

@@ -85,3 +85,92 @@ def test_compare_command_has_the_option() -> None:
 def test_readme_names_only_options_that_exist() -> None:
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert "--rebaseline" not in readme
+
+
+# -- runs that go wrong ----------------------------------------------------------------------------
+
+def test_status_line_says_starting_and_how_long_the_first_step_is_awaited(tmp_path: Path, monkeypatch) -> None:
+    import io
+    import sys
+
+    from perfdoctor.capture import runner
+
+    err = io.StringIO()  # not a terminal: a CI log
+    monkeypatch.setattr(sys, "stderr", err)
+    clock = [1000.0]
+    monkeypatch.setattr(runner.time, "monotonic", lambda: clock[0])
+    status = runner._Status("train.py", tmp_path / "steps.partial.jsonl", runner.Progress(None, 13), "run 2 of 3")
+    status.start()
+    for _ in range(70):  # 35 s without a step
+        clock[0] += 0.5
+        status.poll()
+    lines = err.getvalue().splitlines()
+    assert lines[0] == "perfdoctor: running train.py (run 2 of 3): starting"
+    assert lines[1:] == [f"perfdoctor: running train.py (run 2 of 3): waiting for the first step: {s} s"
+                         for s in (10, 20, 30)]
+
+
+def _frame(function: str, file: str, line: int = 1):
+    from perfdoctor.contracts.run import StuckFrame
+
+    return StuckFrame(function=function, file=file, line=line)
+
+
+def test_a_stuck_stack_keeps_the_scripts_frames_and_none_once_the_script_ended() -> None:
+    from perfdoctor.capture.runner import _PACKAGE, _script_frames
+
+    child = _frame("main", f"{_PACKAGE}/capture/child.py")
+    torch_next = _frame("_BaseDataLoaderIter.__next__", "/venv/torch/utils/data/dataloader.py")
+    probe = _frame("__next__", f"{_PACKAGE}/capture/probes/dataloader.py")
+    user = _frame("<module>", "/home/u/train.py", 10)
+    runpy = _frame("run_path", "<frozen runpy>")
+    assert _script_frames([torch_next, probe, user, runpy, child], "main") == [torch_next, user]
+    assert _script_frames([_frame("_del_library", "/venv/torch/library.py"), child], "main") is None  # finalising
+    worker = [_frame("DS.__getitem__", "/home/u/train.py", 6), _frame("_worker_loop", "/venv/torch/worker.py"),
+              torch_next, user, runpy, child]
+    assert _script_frames(worker, "child") == worker[:1]
+
+
+def _failed_run(folder: Path, reason: str, traceback: str | None, stuck: dict | None = None) -> Path:
+    folder.mkdir()
+    (folder / "train.py").write_text("x = (1,\n")
+    meta = {"schema": "perfdoctor/run/v1", "script": str(folder / "train.py"), "argv": ["train.py"],
+            "exit": {"code": 1 if reason == "exception" else 130, "reason": reason, "traceback": traceback},
+            "step_clock": "none", "complete": True, "env": {"cpu_count": 2}}
+    (folder / "meta.json").write_text(json.dumps(meta))
+    (folder / "steps.json").write_text(json.dumps({"steps": [{"i": 1, "end_s": 0.1, "wall_ms": 6.5, "data_ms": 6.0}]}))
+    if stuck is not None:
+        (folder / "stuck.json").write_text(json.dumps(stuck))
+    return folder
+
+
+def test_a_syntax_error_is_no_measurement_and_names_its_line(tmp_path: Path) -> None:
+    from perfdoctor.analysis import analyse_run
+
+    tb = 'Traceback (most recent call last):\n  File "/x/train.py", line 3\n    def f(:\n    ^\nSyntaxError: invalid syntax\n'
+    report = analyse_run(_failed_run(tmp_path / "run", "exception", tb))
+    assert report.summary["steps_observed"] == 0 and not report.summary["step_time_ms"]
+    assert not report.summary["breakdown"] and "step.time_ms" not in report.facts
+    assert "the script failed before its first step ended: SyntaxError: invalid syntax (train.py:3)" in report.notes
+    assert report.measured_nothing and not any("whole run is one span" in n for n in report.notes)
+
+
+def test_a_run_stuck_before_its_first_step_says_where(tmp_path: Path) -> None:
+    from perfdoctor.analysis import analyse_run
+
+    user = str(tmp_path / "run" / "train.py")
+    stuck = {"after_s": 30.4, "processes": [
+        {"pid": 1, "role": "main", "frames": [
+            {"function": "Queue.get", "file": "/usr/lib/python3.11/multiprocessing/queues.py", "line": 113},
+            {"function": "_BaseDataLoaderIter.__next__", "file": "/venv/torch/utils/data/dataloader.py", "line": 725},
+            {"function": "<module>", "file": user, "line": 10}]},
+        *({"pid": p, "role": "child", "frames": [{"function": "DS.__getitem__", "file": user, "line": 6}]}
+          for p in (2, 3))]}
+    report = analyse_run(_failed_run(tmp_path / "run", "interrupted", None, stuck))
+    assert report.notes[0] == (
+        "no step ended: after 30.4 s the script was still before its first step; its main thread was at "
+        "train.py:10 in <module> (waiting for a DataLoader batch); the processes under it (DataLoader workers) "
+        "were at train.py:6 in DS.__getitem__ (2 processes) (py-spy dump; stuck.json in the run folder has the "
+        "stacks)")
+    assert report.summary["stuck"]["processes"][1]["frames"][0]["line"] == 6
+    assert report.measured_nothing  # not "No problems found by the rules"

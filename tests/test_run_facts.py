@@ -167,7 +167,7 @@ def test_notes(tmp_path):
     tb = "Traceback (most recent call last):\n  File \"train.py\", line 3\nValueError: bad batch\n"
     r = load_run(make_run(tmp_path / "exc", n=4, window=dict(WINDOW, completed=False, steps_profiled=0, trace=False),
                           exit_={"code": 1, "reason": "exception", "traceback": tb}))
-    assert "the script failed after 4 steps: ValueError: bad batch" in r.notes
+    assert "the script failed after 4 steps: ValueError: bad batch (train.py:3)" in r.notes
     assert any(n.startswith("profiler window not reached") for n in r.notes)
     r = load_run(make_run(tmp_path / "none", n=1, clock="none"))
     assert r.facts.value("run.step_clock") == "whole-run" and r.summary["step_time_ms"]["n"] == 1

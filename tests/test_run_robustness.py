@@ -385,7 +385,7 @@ def test_a_script_that_fails_before_its_first_step_is_no_clean_bill(tmp_path: Pa
     p = run_cli("run", str(train), "--out-dir", str(tmp_path / "run"), cwd=tmp_path, timeout=180)
     assert p.returncode == 3, p.stderr[-3000:]
     text = " ".join(p.stdout.split())
-    assert "No problems found in the source; the script failed before its first profiled step, so nothing was " \
+    assert "No problems found in the source; the script stopped before its first profiled step, so nothing was " \
            "measured." in text and "No problems found by the rules" not in text
     assert ("the script needs a GPU and this machine has none" in text) is gpu
     md = run_cli("report", str(tmp_path / "run"), "-f", "markdown")

@@ -10,6 +10,7 @@ While it runs, a status line on stderr reads its steps.partial.jsonl (`Progress`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -42,7 +43,7 @@ from perfdoctor.errors import InputError
 
 _SI_KERNEL = 0x80  # siginfo si_code of a signal the kernel sent (the terminal's Ctrl-C)
 RUN_FILES = ("meta.json", "steps.json", "probes.json", "trace.json.gz", "hotspots.json", "profile.pstats",
-             "report.json", "report.html", "steps.partial.jsonl")
+             "report.json", "report.html", "steps.partial.jsonl", "stuck.json")
 
 
 @dataclass
@@ -368,9 +369,11 @@ class Progress:
         (i0, t0), (i1, t1) = self.seen[0], self.seen[-1]
         return (i1 - i0) / (t1 - t0) if t1 > t0 else None
 
-    def parts(self) -> list[str]:
+    def parts(self, waited_s: float = 0.0) -> list[str]:
+        """The status line's parts; `waited_s`: how long the script has run, for a script that has
+        not ended its first step yet."""
         if not self.seen:
-            return ["starting"]
+            return ["starting" if waited_s < 1 else f"waiting for the first step: {_duration(waited_s)}"]
         i = self.seen[-1][0]
         rate = self.rate
         out = [f"step {i}/{self.steps_limit}" if self.steps_limit else f"step {i}"]
@@ -387,29 +390,42 @@ class Progress:
 
 class _Status:
     """The status line on stderr, never on stdout: on a terminal, rich's status updated in place;
-    elsewhere (a CI log) a plain line at most every LOG_EVERY_S, and only when a step was added."""
+    elsewhere (a CI log) a plain line at once ("starting"), then at most every LOG_EVERY_S, when a
+    step was added or while the first step is awaited (a script stuck before it says so). `label`
+    names the run of several (`run 2 of 3`): each run counts its steps from 1."""
 
     LOG_EVERY_S = 10.0
 
-    def __init__(self, target: str, partial: Path, progress: Progress):
+    def __init__(self, target: str, partial: Path, progress: Progress, label: str = ""):
         self.target, self.partial, self.progress = target, partial, progress
+        self.head = f"perfdoctor: running {target}" + (f" ({label})" if label else "")
         self.tty = sys.stderr.isatty()
         self.live = None
         if self.tty:
             from rich.console import Console
 
-            self.live = Console(stderr=True).status(f"perfdoctor: running {target}", spinner="dots")
+            self.live = Console(stderr=True).status(self.head, spinner="dots")
         self.read_at = 0.0
-        self.logged_at = time.monotonic()
+        self.started = self.logged_at = time.monotonic()
         self.changed = False
 
     def start(self) -> None:
+        self.started = self.logged_at = time.monotonic()
         if self.live is not None:
             self.live.start()
+        else:
+            self._line(", ")
 
     def stop(self) -> None:
         if self.live is not None:
             self.live.stop()
+
+    def _line(self, sep: str) -> str:
+        text = f"{self.head}: " + sep.join(self.progress.parts(time.monotonic() - self.started))
+        if self.live is None:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        return text
 
     def poll(self) -> None:
         now = time.monotonic()
@@ -417,16 +433,166 @@ class _Status:
             return
         self.read_at = now
         self.changed |= self.progress.update(_last_step(self.partial))
-        if not self.changed:
-            return
+        waiting = not self.progress.seen
         if self.live is not None:
-            self.live.update(f"perfdoctor: running {self.target}: " + " · ".join(self.progress.parts()))
-            self.changed = False
-        elif now - self.logged_at >= self.LOG_EVERY_S:
+            if self.changed or waiting:
+                self.live.update(self._line(" · "))
+                self.changed = False
+        elif (self.changed or waiting) and now - self.logged_at >= self.LOG_EVERY_S:
             self.logged_at = now
             self.changed = False
-            sys.stderr.write(f"perfdoctor: running {self.target}: " + ", ".join(self.progress.parts()) + "\n")
-            sys.stderr.flush()
+            self._line(", ")
+
+
+STUCK_AFTER_S = 10.0  # without a step ended, where the script is gets looked at after this, then as often again
+
+
+class StuckWatch:
+    """Where a script is while no step has ended: once STUCK_AFTER_S have passed without one, and
+    every STUCK_AFTER_S after, `py-spy dump` of the child (the training process) and of every
+    process under it (its DataLoader workers), each process's main thread, the latest kept in the
+    run folder as stuck.json (contracts.run.Stuck). Removed again when a step ends: the report of a
+    run where no step ended says where it was stuck instead of "no problems found". py-spy runs
+    with --nonblocking (the script is never paused) and outside the poll: a dump started at one poll
+    is read at a later one."""
+
+    def __init__(self, run_dir: Path, progress: Progress, exe: str | None):
+        self.path = run_dir / "stuck.json"
+        self.progress, self.exe = progress, exe
+        self.started = time.monotonic()
+        self.next_at = self.started + STUCK_AFTER_S
+        self.pending: list[tuple[int, str, subprocess.Popen]] = []
+        self.child_pid = 0
+
+    def poll(self) -> None:
+        if self.progress.seen:
+            if self.next_at:
+                self.next_at = 0.0
+                self.path.unlink(missing_ok=True)
+            return
+        if self.pending:
+            if all(p.poll() is not None for _, _, p in self.pending):
+                self._write()
+            return
+        if self.exe and self.child_pid and self.next_at and time.monotonic() >= self.next_at:
+            self.next_at = time.monotonic() + STUCK_AFTER_S
+            for pid, role in [(self.child_pid, "main"), *((c, "child") for c in _descendants(self.child_pid))]:
+                try:
+                    self.pending.append((pid, role, subprocess.Popen(
+                        [self.exe, "dump", "--pid", str(pid), "--json", "--nonblocking", "--full-filenames"],
+                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)))
+                except OSError:
+                    self.exe = None
+                    return
+
+    def stop(self) -> None:
+        for _, _, p in self.pending:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+        self.pending = []
+
+    def _write(self) -> None:
+        from perfdoctor.contracts.run import Stuck, StuckFrame, StuckProcess
+
+        procs = []
+        pending, self.pending = self.pending, []
+        for pid, role, p in pending:
+            out = p.stdout.read() if p.stdout is not None else b""
+            if p.stdout is not None:
+                p.stdout.close()
+            try:
+                threads = msgspec.json.decode(out) if p.returncode == 0 else []
+            except msgspec.MsgspecError:
+                threads = []
+            main = next((t for t in threads if isinstance(t, dict) and t.get("thread_name") == "MainThread"), None)
+            if main is None:
+                continue  # not a Python process (a shell, a compiler), or gone already
+            frames = _script_frames([StuckFrame(function=str(f.get("name", "")), file=str(f.get("filename", "")),
+                                                line=int(f.get("line") or 0))
+                                     for f in main.get("frames") or [] if isinstance(f, dict)], role)
+            if frames is None:
+                if role == "main":
+                    return  # the script has ended (the child is finalising): nothing is stuck
+                continue
+            procs.append(StuckProcess(pid=pid, role=role, frames=frames))
+        if procs and not self.progress.seen:
+            write(self.path, Stuck(after_s=round(time.monotonic() - self.started, 1), processes=procs))
+
+
+_PACKAGE = str(Path(__file__).resolve().parents[1])  # perfdoctor's own frames are left out of a stuck stack
+_WORKER_LOOP = "_worker_loop"  # torch's DataLoader worker loop: a forked worker's frames inside it are its own
+
+
+def _script_frames(frames: list, role: str) -> list | None:
+    """A dumped main thread's frames (innermost first) that belong to the script: without
+    perfdoctor's and runpy's, and for a process under the script (a forked DataLoader worker, whose
+    stack starts with the frames of the loop that forked it) only those inside torch's worker loop.
+    None for the training process when it is no longer running the script (the child's `main` is
+    on the stack with no run of the script inside it: it is writing the run folder)."""
+    if role == "main":
+        at = next((i for i, f in enumerate(frames) if f.function == "main" and f.file.endswith("capture/child.py")), None)
+        if at is None or not any(f.function in ("run_path", "run_module") for f in frames[:at]):
+            return None
+    else:
+        loop = next((i for i, f in enumerate(frames) if f.function == _WORKER_LOOP), None)
+        frames = frames[:loop] if loop is not None else frames
+    return [f for f in frames if not f.file.startswith(_PACKAGE) and "runpy" not in f.file]
+
+
+_PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+
+
+def _adopt_orphans() -> bool:
+    """Make this process the reaper of its descendants' orphans (Linux): a DataLoader worker whose
+    training process died is re-parented to perfdoctor, not to PID 1, and `_end_orphans` ends it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _children() -> set[int]:
+    me = os.getpid()
+    return {pid for pid in _descendants(me) if _ppid(pid) == me}
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return int(f.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _end_orphans(before: set[int]) -> list[int]:
+    """End what the script left behind once the child has ended: the processes re-parented to
+    perfdoctor since the child started (`before`: its children then), and everything under them.
+    SIGTERM, a second for them to go, then SIGKILL; each reaped. Returns their PIDs."""
+    orphans = sorted(_children() - before)
+    tree = orphans + [d for pid in orphans for d in _descendants(pid)]
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 1.0
+    left = set(orphans)
+    while left and time.monotonic() < deadline:
+        for pid in list(left):
+            with contextlib.suppress(ChildProcessError, OSError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    left.discard(pid)
+        time.sleep(0.02)
+    for pid in tree:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in left:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)
+    return tree
 
 
 def _check(target: str, module: bool, steps: int | None) -> None:
@@ -437,30 +603,53 @@ def _check(target: str, module: bool, steps: int | None) -> None:
 
 
 def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, window: tuple[int, int, int] | None,
-            script_stdout_to_stderr: bool, show_status: bool, distributed: bool = False) -> tuple[int, bool, float]:
+            script_stdout_to_stderr: bool, show_status: bool, distributed: bool = False,
+            label: str = "") -> tuple[int, bool, float]:
     """Start the child command (the script's stdout to stderr where asked), show the status line read
-    from `partial` while it runs, and wait for it: (its exit code, as a shell reports a signal,
-    whether a signal was passed on to it, the wall time)."""
+    from `partial` while it runs (`label`: which run of several), watch for a script stuck before
+    its first step (`StuckWatch`, not for a distributed job), wait for it, and end whatever it left
+    running (`_end_orphans`): (its exit code, as a shell reports a signal, whether a signal was
+    passed on to it, the wall time)."""
+    from perfdoctor.capture.window import plan
+    from perfdoctor.capture.workers import find_py_spy
+
     stdout = None
     if script_stdout_to_stderr:
         try:
             stdout = sys.stderr.fileno()
         except (AttributeError, OSError, ValueError):
             stdout = 2
-    status = None
-    if show_status:
-        from perfdoctor.capture.window import plan
+    skip, warmup, active = plan(steps, window, distributed)
+    progress = Progress(steps, skip + warmup + active)
+    status = _Status(target, partial, progress, label) if show_status else None
+    watch = None if distributed else StuckWatch(partial.parent, progress, find_py_spy())
 
-        skip, warmup, active = plan(steps, window, distributed)
-        status = _Status(target, partial, Progress(steps, skip + warmup + active))
+    def poll() -> None:
+        if status is not None:
+            status.poll()
+        else:
+            progress.update(_last_step(partial))
+        if watch is not None:
+            watch.poll()
+
+    adopting = _adopt_orphans()
+    before = _children() if adopting else set()
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=_child_env(), stdout=stdout)
+    if watch is not None:
+        watch.child_pid = proc.pid
     try:
-        received = _wait(proc, status.poll if status is not None else lambda: None,
-                         status.start if status is not None else lambda: None)
+        received = _wait(proc, poll, status.start if status is not None else lambda: None)
     finally:
         if status is not None:
             status.stop()
+        if watch is not None:
+            watch.stop()
+        if proc.poll() is None:  # perfdoctor itself is failing: the script does not outlive it
+            _kill_tree(proc)
+            proc.wait()
+        if adopting:
+            _end_orphans(before)
     rc = proc.returncode
     code = rc if rc >= 0 else 128 - rc  # killed by signal N: 128 + N, as a shell reports it
     return code, received > 0, time.monotonic() - t0
@@ -468,8 +657,9 @@ def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, windo
 
 def run_script(target: str, *, module: bool = False, script_args: list[str] | tuple[str, ...] = (),
                out_dir: Path | None = None, steps: int | None = None, script_stdout_to_stderr: bool = False,
-               show_status: bool = False, window: tuple[int, int, int] | None = None) -> RunResult:
-    """Run a training script (or `-m` module) under perfdoctor's capture; return where the run folder is."""
+               show_status: bool = False, window: tuple[int, int, int] | None = None, label: str = "") -> RunResult:
+    """Run a training script (or `-m` module) under perfdoctor's capture; return where the run folder
+    is. `label`: which run of several, for the status line."""
     _check(target, module, steps)
     run_dir = new_run_dir(target, module, out_dir)
     cmd = [sys.executable, "-m", "perfdoctor.capture.child", "--run-dir", str(run_dir), "--parent-pid", str(os.getpid())]
@@ -481,7 +671,7 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
         cmd.append("--module")
     cmd += [target, "--", *script_args]
     code, signalled, wall = _launch(cmd, target, run_dir / PARTIAL, steps, window, script_stdout_to_stderr,
-                                    show_status)
+                                    show_status, label=label)
     meta = _finish_meta(run_dir, target, module, list(script_args), code, signalled, wall)
     return RunResult(run_dir=run_dir, exit_code=code if meta.exit.code is None else meta.exit.code,
                      reason=meta.exit.reason or "killed")
@@ -496,7 +686,7 @@ def launcher_command(launcher_args: list[str], child_args: list[str]) -> list[st
 
 def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple[str, ...] = (),
             launcher_args: list[str] | tuple[str, ...] = (), out_dir: Path | None = None, steps: int | None = None,
-            script_stdout_to_stderr: bool = False, show_status: bool = False) -> RunResult:
+            script_stdout_to_stderr: bool = False, show_status: bool = False, label: str = "") -> RunResult:
     """Run a distributed training script through torch.distributed.run (`launcher_args`: its options,
     --nproc-per-node N and the rest), every rank under capture: each writes `rank-<R>` inside the job
     folder, with the same profiled window (by step number) and `--steps`. Returns the job folder, and
@@ -510,7 +700,7 @@ def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple
         child.append("--module")
     cmd = launcher_command(list(launcher_args), [*child, target, "--", *script_args])
     code, signalled, wall = _launch(cmd, target, job_dir / rank_dir_name(0) / PARTIAL, steps, None,
-                                    script_stdout_to_stderr, show_status, distributed=True)
+                                    script_stdout_to_stderr, show_status, distributed=True, label=label)
     dirs = rank_dirs(job_dir)
     if not dirs:
         raise InputError(f"torch.distributed.run started no rank (exit {code}): see its error above")

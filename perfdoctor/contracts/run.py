@@ -457,6 +457,26 @@ class Hotspots(Struct, kw_only=True):
     workers: Workers | None = None
 
 
+# -- stuck.json: where a script was while no step ended (capture/runner.py StuckWatch) -----------
+
+class StuckFrame(Struct, kw_only=True):
+    function: str
+    file: str
+    line: int
+
+
+class StuckProcess(Struct, kw_only=True):
+    """One process's main thread, innermost frame first (py-spy dump)."""
+    pid: int
+    role: str  # "main" (the training process) or "child" (a process under it: a DataLoader worker)
+    frames: list[StuckFrame] = []
+
+
+class Stuck(Struct, kw_only=True):
+    after_s: float  # how long the script had run without ending a step when this was taken
+    processes: list[StuckProcess] = []
+
+
 # -- encoding and decoding ----------------------------------------------------------------------
 
 def encode(obj: object) -> bytes:

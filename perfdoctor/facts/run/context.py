@@ -12,7 +12,20 @@ from typing import Any, TypeVar
 import msgspec
 
 from perfdoctor.contracts.files import TOO_DEEP, check_schema, read_bytes
-from perfdoctor.contracts.run import SCHEMA, Env, Exit, Hotspots, Meta, Probes, Rank, Step, Steps, Window, decode
+from perfdoctor.contracts.run import (
+    SCHEMA,
+    Env,
+    Exit,
+    Hotspots,
+    Meta,
+    Probes,
+    Rank,
+    Step,
+    Steps,
+    Stuck,
+    Window,
+    decode,
+)
 from perfdoctor.errors import InputError
 from perfdoctor.facts.model import Facts
 from perfdoctor.model import Hotspot
@@ -45,6 +58,8 @@ class RunContext:
     hotspots: list[Hotspot] = field(default_factory=list)
     # the process's memory growth per step where it is clear (memory.py), which the loss holders share
     growth: float | None = None
+    # where the script was while no step had ended (stuck.json), for a run that ended no step
+    stuck: Stuck | None = None
 
     @classmethod
     def read(cls, run_dir: Path) -> RunContext:
@@ -52,10 +67,24 @@ class RunContext:
         does not hold what its contract says."""
         meta, raw_meta = _read_meta(run_dir)
         run_steps = _read(run_dir / "steps.json", Steps).steps
+        stuck = None
+        if _ended_early(meta):  # the span up to where the script stopped is no step (`ended_early`)
+            run_steps = []
+            try:
+                stuck = _read(run_dir / "stuck.json", Stuck) if (run_dir / "stuck.json").exists() else None
+            except InputError:  # a dump cut short: the run's other files still tell what they can
+                stuck = None
         steps: list[dict[str, Any]] = msgspec.to_builtins(run_steps)
         window: dict[str, Any] = msgspec.to_builtins(meta.window) if meta.window is not None else {}
         return cls(probes=_read(run_dir / "probes.json", Probes), steady=steady_steps(steps, window), meta=meta,
-                   raw_meta=raw_meta, run_steps=run_steps, hotspot_file=_read(run_dir / "hotspots.json", Hotspots))
+                   raw_meta=raw_meta, run_steps=run_steps, hotspot_file=_read(run_dir / "hotspots.json", Hotspots),
+                   stuck=stuck)
+
+    @property
+    def ended_early(self) -> bool:
+        """The script stopped (failed, was interrupted or killed) before any step ended: the span up
+        to there is no step, and nothing of it is reported as one (a syntax error's "1 step, 6.5 ms")."""
+        return _ended_early(self.meta)
 
     @property
     def env(self) -> Env:
@@ -99,6 +128,11 @@ class RunContext:
     def steady_idx(self) -> list[int]:
         """The steady steps as indices into per-step series (step i at i - 1)."""
         return [s["i"] - 1 for s in self.steady]
+
+
+def _ended_early(meta: Meta) -> bool:
+    return CLOCKS.get(meta.step_clock or "none", "whole-run") == "whole-run" and \
+        meta.exit.reason not in ("completed", "steps-reached")
 
 
 def _bytes(path: Path) -> bytes | None:

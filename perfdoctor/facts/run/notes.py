@@ -4,10 +4,15 @@ steady steps; and `needs_a_gpu`, the note for a script that failed for want of a
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Any
 
+import msgspec
+
+from perfdoctor.contracts.run import Stuck, StuckProcess
 from perfdoctor.facts.run.context import RunContext
+from perfdoctor.usercode import is_user_file
 
 
 def add(ctx: RunContext) -> None:
@@ -27,19 +32,22 @@ def add(ctx: RunContext) -> None:
         notes.append("no optimizer step seen: steps counted by backward() calls")
     elif clock == "dataloader":
         notes.append("no optimizer step or backward() seen: steps counted by DataLoader batches")
-    elif clock == "whole-run":
+    elif clock == "whole-run" and not ctx.ended_early:
         notes.append("no steps found (no optimizer step, backward() or DataLoader batch): the whole run is one span")
     reason, code = exit_.reason, exit_.code
+    after = "before its first step ended" if ctx.ended_early else f"after {n} steps"
     if reason == "exception":
-        last = (exit_.traceback or "").strip().splitlines()[-1:] or ["an exception"]
-        notes.append(f"the script failed after {n} steps: {last[0]}")
+        notes.append(f"the script failed {after}: {failure_line(exit_.traceback)}")
     elif reason == "sys-exit" and code:
-        notes.append(f"the script exited with code {code} after {n} steps")
+        notes.append(f"the script exited with code {code} {after}")
     elif reason == "killed":
-        notes.append(f"the script was killed (exit code {code}) after about {n} steps: "
+        notes.append(f"the script was killed (exit code {code}) {after if ctx.ended_early else f'after about {n} steps'}: "
                      "probes and profile were not saved")
     elif reason == "interrupted":
-        notes.append(f"interrupted after {n} steps")
+        notes.append(f"interrupted {after}")
+    if ctx.stuck is not None:
+        ctx.summary["stuck"] = msgspec.to_builtins(ctx.stuck)
+        notes.insert(0, stuck_sentence(ctx.stuck))
     if win is not None and clock != "whole-run":
         if win.stopped_by == "time":
             notes.append(f"profiler window stopped at its time budget ({win.budget_s or 0:g} s) in step {win.last_step}: "
@@ -60,6 +68,45 @@ def add(ctx: RunContext) -> None:
         notes.append(f"the profiler failed: {win.error}")
     if ctx.steady and len(ctx.steady) < 5 and clock != "whole-run":
         notes.append(f"only {len(ctx.steady)} steady-state steps: timings are rough")
+
+
+_FILE_LINE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)', re.MULTILINE)
+
+
+def failure_line(traceback: str | None) -> str:
+    """The exception of a traceback and where it was raised (its last `File "...", line N`: for a
+    SyntaxError, the line that does not parse): `SyntaxError: invalid syntax (syn.py:3)`."""
+    text = (traceback or "").strip()
+    last = text.splitlines()[-1] if text else "an exception"
+    where = list(_FILE_LINE.finditer(text))
+    return last + (f" ({os.path.basename(where[-1]['file'])}:{where[-1]['line']})" if where else "")
+
+
+def _stuck_frame(p: StuckProcess) -> str:
+    """A process's innermost frame in the user's code (else its innermost frame) as `file:line in function`."""
+    frame = next((f for f in p.frames if is_user_file(f.file)), p.frames[0] if p.frames else None)
+    if frame is None:
+        return "no Python frame"
+    return f"{os.path.basename(frame.file)}:{frame.line} in {frame.function}"
+
+
+def stuck_sentence(stuck: Stuck) -> str:
+    """Where a script that ended no step was, from stuck.json: the training process's main thread,
+    then the processes under it (DataLoader workers), by place."""
+    main = [p for p in stuck.processes if p.role == "main"]
+    others: dict[str, int] = {}
+    for p in stuck.processes:
+        if p.role != "main":
+            others[_stuck_frame(p)] = others.get(_stuck_frame(p), 0) + 1
+    text = f"no step ended: after {stuck.after_s:g} s the script was still before its first step"
+    if main:
+        text += f"; its main thread was at {_stuck_frame(main[0])}"
+        if any("torch/utils/data/" in f.file and "__next__" in f.function for f in main[0].frames):
+            text += " (waiting for a DataLoader batch)"
+    if others:
+        text += "; the processes under it (DataLoader workers) were at " + ", ".join(
+            where + (f" ({n} processes)" if n > 1 else "") for where, n in others.items())
+    return text + " (py-spy dump; stuck.json in the run folder has the stacks)"
 
 
 # the last line of a traceback when CUDA (or NCCL, which needs it) is asked for on a machine without it
