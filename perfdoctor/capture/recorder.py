@@ -32,6 +32,7 @@ from perfdoctor.capture.probes.gc_time import GcTimeProbe
 from perfdoctor.capture.probes.gpu_clock import GpuClockProbe
 from perfdoctor.capture.probes.holders import HolderScanner
 from perfdoctor.capture.probes.host_reads import HostReadProbe
+from perfdoctor.capture.probes.modules import ModuleProbe
 from perfdoctor.capture.probes.stalls import StallSampler
 from perfdoctor.capture.probes.user_profiler import UserProfilerGuard
 from perfdoctor.capture.window import BUDGET_EVENTS, BUDGET_S, Window
@@ -70,7 +71,8 @@ class Recorder:
         self.clock.on_step, self.clock.on_merge, self.clock.on_limit = self._on_step, self._on_merge, self._on_limit
         self.cuda_batches = CudaBatchProbe(torch)
         self.dataloader = DataLoaderProbe(torch, self.clock, self.cuda_batches, self.errors)
-        self.forward = ForwardProbe(torch, self.clock, self.errors)
+        self.modules = ModuleProbe(torch, self.errors)
+        self.forward = ForwardProbe(torch, self.clock, self.errors, self.modules)
         self.empty_cache = EmptyCacheProbe(torch, self.clock, self.errors)
         self.anomaly = AnomalyProbe(torch, self.errors)
         self.dataparallel = DataParallelProbe(torch, self.errors)
@@ -91,7 +93,7 @@ class Recorder:
         self.finalised = False
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
-        self._probes = (self.clock, self.dataloader, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
+        self._probes = (self.clock, self.dataloader, self.modules, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
                         self.host_reads, self.user_profiler, self.gc_calls, self.ddp, self.gc_time, self.stalls,
                         self.compile, self.cpu_wait, self.gpu_clock)
 

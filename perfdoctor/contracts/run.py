@@ -248,6 +248,32 @@ class AnomalyRecord(Struct, kw_only=True):
     enabled: bool = False
 
 
+class ConvGroup(Struct, kw_only=True):
+    """The convolutions of a module tree built at one user line (capture/probes/modules.py)."""
+    site: Site | None = None  # the user's line that built them (None: no user frame, or copies that never ran __init__)
+    direct: bool = False  # that line itself constructs the layer (not a library's model builder it called)
+    layer: str = ""  # class name, e.g. Conv2d
+    dims: int = 2  # spatial dimensions
+    count: int = 0
+    bias: int = 0  # of them, built with a bias
+    params: int = 0
+    in_channels: int = 0  # the smallest input channel count among them
+    weights_channels_last: int = 0  # 4-D weights in torch.channels_last (strictly: not also NCHW-contiguous)
+    inputs_seen: int = 0  # of them, called in the watched forward
+    inputs_channels_last: int = 0  # of those, given a 4-D input in torch.channels_last
+    norm: str | None = None  # the BatchNorm class (affine) that a biased one's output went straight into
+    bias_into_norm: int = 0  # convolutions with a bias whose output was an affine BatchNorm's input
+
+
+class ModuleTree(Struct, kw_only=True):
+    """A top-level module's tree at its first call and, from one forward, what its layers were fed."""
+    modules: int = 0  # modules in the tree, itself included
+    layers: dict[str, int] = {}  # class name -> modules of that class (the 64 most common classes)
+    convs: list[ConvGroup] = []  # by construction line and class
+    watched: bool = False  # a forward's submodule calls were seen (input layouts and conv -> norm are known)
+    submodule_calls: int = 0  # submodule calls in that forward
+
+
 class ForwardRecord(Struct, kw_only=True):
     """A top-level module's forward calls (the call site is where the script calls the model)."""
     site: Site | None = None
@@ -262,6 +288,8 @@ class ForwardRecord(Struct, kw_only=True):
     # define, as "<real path>:<qualname>": static detectors of model code judge only the models that
     # ran; None in a run folder written before perfdoctor recorded them
     classes: list[str] | None = None
+    # its module tree (layer counts, convolutions and their layouts, conv -> BatchNorm); None in older folders
+    tree: ModuleTree | None = None
 
 
 class LossHolderRecord(Struct, kw_only=True):

@@ -34,6 +34,7 @@ import msgspec
 from perfdoctor.capture import sites
 from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.patches import ErrorLog, Patches
+from perfdoctor.capture.probes.modules import ModuleProbe, Watch
 from perfdoctor.contracts.run import EvalGradRecord, ForwardRecord
 from perfdoctor.usercode import is_user_file
 
@@ -49,8 +50,9 @@ def is_compiling(torch: Any) -> Callable[[], bool]:
 
 
 class ForwardProbe:
-    def __init__(self, torch: Any, clock: StepClock, err: ErrorLog):
+    def __init__(self, torch: Any, clock: StepClock, err: ErrorLog, modules: ModuleProbe | None = None):
         self.torch = torch
+        self.modules = modules  # the module trees: read at a followed module's first call, one forward watched
         self.clock = clock
         self.err = err
         self.main_ident = threading.get_ident()
@@ -63,6 +65,8 @@ class ForwardProbe:
         # (id() of the module, the calling line's code object, its line) -> the eval-mode forwards there
         self.eval_grad: dict[tuple[int, Any, int], EvalGrad] = {}
         self.poll: Callable[[], None] = lambda: None  # set by the coordinator: the window's time budget
+        self.unwatched: dict[int, ForwardRecord] = {}  # id() of a followed module whose forward was not watched yet
+        self.watching: Watch | None = None  # the watch of the forward running now, if any
 
     def install(self) -> None:
         probe, clock = self, self.clock
@@ -81,13 +85,15 @@ class ForwardProbe:
                 return orig(self, *args, **kwargs)
             probe.poll()
             if probe.busy:  # a submodule's call inside a followed forward
-                return orig(self, *args, **kwargs)
+                w = probe.watching
+                return orig(self, *args, **kwargs) if w is None else w.call(orig, self, args, kwargs)
             followed = probe._enter(self)
             # an eval-mode forward that records autograd (PD019)
             eg = probe._eval_grad(self) if not self.training and grad_enabled() else None
             if not followed and eg is None:
                 return orig(self, *args, **kwargs)
             probe.busy = True
+            probe.watching = probe._watch(self) if followed and probe.unwatched else None
             saved = eg.measure() if eg is not None else None
             t0, own0 = pc(), clock.own
             try:
@@ -98,6 +104,9 @@ class ForwardProbe:
             finally:
                 dt = pc() - t0 - max(0.0, clock.own - own0)  # less perfdoctor's own work inside it
                 probe.busy = False
+                if probe.watching is not None:
+                    probe.watching.finish()
+                    probe.watching = None
                 if followed:
                     clock.fwd += dt
                 if eg is not None:
@@ -134,6 +143,8 @@ class ForwardProbe:
                           params=int(sum(q.numel() for q in mod.parameters())),
                           classes=_user_classes(mod))
         self.known[id(mod)] = (weakref.ref(mod), r)
+        if self.modules is not None:
+            self.unwatched[id(mod)] = r
         self.forward.append(r)
         return r
 
@@ -157,9 +168,22 @@ class ForwardProbe:
             self.err("forward", e)
             return None
 
+    def _watch(self, mod: Any) -> Watch | None:
+        """A watch of this forward's submodule calls where `mod`'s were never watched (its tree is
+        read then: at its first call that torch does not trace)."""
+        r = self.unwatched.get(id(mod))
+        if r is None or self.modules is None:
+            return None
+        w = self.modules.watch(mod, r)
+        if w is not None:
+            del self.unwatched[id(mod)]
+        return w
+
     def stop_discovery(self) -> None:
         """The first steps are over: the top-level modules are known, other calls pass through."""
         self.discover = False
+        if self.modules is not None:
+            self.modules.refresh()
 
     def records(self) -> list[ForwardRecord]:
         return [msgspec.structs.replace(r, autocast=r.autocast_calls * 2 >= r.calls > 0) for r in self.forward]

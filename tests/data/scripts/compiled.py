@@ -39,6 +39,15 @@ def main():
             opt.step()
             if step % 4 == 0:
                 print(f"step {step} loss {loss.item():.6f}")
+        convs = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3))
+        copt = torch.optim.SGD(convs.parameters(), lr=1e-2)
+        cconvs = torch.compile(convs, backend=BACKEND)
+        for step in range(3):
+            closs = cconvs(torch.randn(2, 3, 12, 12)).square().mean()
+            copt.zero_grad()
+            closs.backward()
+            copt.step()
+        print(f"conv loss {closs.item():.6f}")
     print("warnings", sorted({str(w.message)[:60] for w in caught}))
     print("unique_graphs", counters["stats"]["unique_graphs"])
     print("graph_breaks", sum(counters["graph_break"].values()), sorted(k[:60] for k in counters["graph_break"])[:3])

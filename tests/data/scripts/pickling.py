@@ -44,6 +44,17 @@ class Net(nn.Module):
         return self.head(h[:, -1])
 
 
+def conv_net() -> nn.Sequential:
+    layers: list = []
+    c = 3
+    for v in (8, 8, 16):
+        layers.append(nn.Conv2d(c, v, 3, padding=1))
+        layers.append(nn.BatchNorm2d(v))
+        layers += [nn.ReLU()]
+        c = v
+    return nn.Sequential(*layers).to(memory_format=torch.channels_last)
+
+
 def modules_pickled(b: bytes) -> list[str]:
     """The modules whose classes or functions a pickle refers to (tensor pickles hold addresses, so
     their bytes differ from run to run; what they refer to does not)."""
@@ -90,6 +101,16 @@ def main():
             print("  model attributes", sorted(vars(model)), "hooks", len(model._forward_hooks),
                   len(model._forward_pre_hooks), len(clone._forward_hooks))
             print("  loader attributes", sorted(vars(loader)))
+    convs = conv_net()  # layers appended to a list, then nn.Sequential(*layers), in channels_last
+    copt = torch.optim.SGD(convs.parameters(), lr=1e-2)
+    for _ in range(3):
+        closs = convs(torch.randn(4, 3, 16, 16).to(memory_format=torch.channels_last)).square().mean()
+        copt.zero_grad()
+        closs.backward()
+        copt.step()
+    cclone = copy.deepcopy(convs)
+    print("conv net refers to", modules_pickled(pickle.dumps(convs)), "deepcopy-equal",
+          same_tensors(cclone.state_dict().values(), convs.state_dict().values()), f"{closs.item():.6f}")
     torch.save(model, os.path.join(OUT, "model_full.pt"))
     torch.save(model.state_dict(), os.path.join(OUT, "model_state.pt"))
     # (pickled tensors hold storage addresses: a pickle file of the dataset differs from run to run
