@@ -42,7 +42,7 @@ def main():
         convs = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 4, 3))
         copt = torch.optim.SGD(convs.parameters(), lr=1e-2)
         cconvs = torch.compile(convs, backend=BACKEND)
-        for step in range(3):
+        for _ in range(3):
             closs = cconvs(torch.randn(2, 3, 12, 12)).square().mean()
             copt.zero_grad()
             closs.backward()
