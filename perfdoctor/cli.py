@@ -62,6 +62,8 @@ Severity = Enum("Severity", {name: name for name in SEVERITIES}, type=str)  # ty
 
 
 CONFIG_HELP = "Settings file ([tool.perfdoctor]); default: pyproject.toml in the current directory."
+HISTORY_HELP = ("The run history (SQLite) to keep this run in and read from; default .perfdoctor/history.sqlite "
+                "here, or PERFDOCTOR_HISTORY; `off` keeps nothing.")
 
 
 def _version(value: bool) -> None:
@@ -164,6 +166,15 @@ def run(
     rdzv_id: str | None = typer.Option(None, "--rdzv-id", "--rdzv_id", help="Distributed: as torchrun."),
     master_addr: str | None = typer.Option(None, "--master-addr", "--master_addr", help="Distributed: as torchrun."),
     master_port: int | None = typer.Option(None, "--master-port", "--master_port", help="Distributed: as torchrun."),
+    history: str | None = typer.Option(None, "--history", help=HISTORY_HELP),
+    history_baseline: int | None = typer.Option(
+        None, "--history-baseline", min=1, max=50,
+        help="Gate against the newest N recorded runs of this script and its arguments (see --base-branch) "
+             "instead of a baseline file."),
+    base_branch: str | None = typer.Option(
+        None, "--base-branch",
+        help="With --history-baseline: only runs recorded on this git branch (default: the CI's base branch, "
+             "GITHUB_BASE_REF or CI_MERGE_REQUEST_TARGET_BRANCH_NAME, where set; else any branch)."),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
     from perfdoctor.capture.runner import is_launcher, split_launcher_args
@@ -203,6 +214,11 @@ def run(
     for path, option in ((output, "--output"), (save_baseline, "--save-baseline")):
         if path is not None:
             check_writable(path, option)  # before minutes of running, not after
+    if baseline is not None and history_baseline is not None:
+        raise PerfdoctorError("give --baseline FILE or --history-baseline N, not both")
+    store = _history_path(history)
+    if base_branch is None and history_baseline is not None:
+        base_branch = os.environ.get("GITHUB_BASE_REF") or os.environ.get("CI_MERGE_REQUEST_TARGET_BRANCH_NAME") or None
     human = FORMATS[fmt.value].console
     with claim_out_dir(out_dir, overwrite) as run_root:
         outcome = run_and_gate(
@@ -210,7 +226,8 @@ def run(
             out_dir=run_root, steps=steps, script_stdout_to_stderr=not human and output is None,
             show_status=True, repeats=repeats, save_baseline=save_baseline, baseline=baseline,
             max_regression=fraction, fail_on=fail_on.value if fail_on else None, config=config,
-            max_repeats=max_repeats, strict=strict, launcher_args=launcher)
+            max_repeats=max_repeats, strict=strict, launcher_args=launcher, history=store,
+            history_baseline=history_baseline, base_branch=base_branch)
     for line in outcome.messages:
         _err(line)
     if outcome.comparison is not None:
@@ -287,14 +304,60 @@ def report(
     fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Report format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+    history: str | None = typer.Option(None, "--history", help=HISTORY_HELP),
 ) -> None:
     """Analyse an existing torch.profiler trace or a run folder."""
     from perfdoctor.analysis import analyse_path
-    from perfdoctor.orchestrate import check_writable
+    from perfdoctor.orchestrate import check_writable, keep_in_history
 
     if output is not None:
         check_writable(output, "--output")
-    _emit(fmt, output, analyse_path(path, config))
+    store = _history_path(history)
+    report = analyse_path(path, config)
+    for line in keep_in_history(store, path):
+        _err(line)
+    _emit(fmt, output, report)
+
+
+@app.command("history", cls=_Command)
+def history_cmd(
+    script: str | None = typer.Option(None, "--script", help="The script's file name (or module) whose runs to show."),
+    branch: str | None = typer.Option(None, "--branch", help="Only runs recorded on this git branch."),
+    env: str = typer.Option("all", "--env",
+                            help="all, latest (the newest run's environment only) or an environment key."),
+    last: int | None = typer.Option(None, "--last", min=1, help="Only the newest N runs."),
+    history: str | None = typer.Option(None, "--history", help=HISTORY_HELP),
+    fmt: Format = typer.Option(Format("text"), "--format", "-f", help="text, json, markdown or html."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write it to this file."),
+) -> None:
+    """Show a script's recorded runs over time, with the change points in its step time."""
+    from perfdoctor.history import Store
+    from perfdoctor.history.view import build
+    from perfdoctor.orchestrate import check_writable
+    from perfdoctor.report.history import HISTORY_FORMATS, render_history
+
+    if fmt.value not in HISTORY_FORMATS:
+        raise PerfdoctorError(f"--format {fmt.value}: history is written as {', '.join(HISTORY_FORMATS)}")
+    store = _history_path(history)
+    if store is None:
+        raise PerfdoctorError("the history is off (--history off or PERFDOCTOR_HISTORY=off): nothing to show")
+    if output is not None:
+        check_writable(output, "--output")
+    with Store(store, create=False) as s:
+        view = build(s, script=script, branch=branch, env=env, last=last)
+    doc = render_history(fmt.value, view)
+    if FORMATS[fmt.value].console:
+        _print(doc, output)
+    else:
+        _write(doc, output)
+
+
+def _history_path(option: str | None) -> Path | None:
+    """The history store: --history, PERFDOCTOR_HISTORY, or .perfdoctor/history.sqlite here; None: off."""
+    from perfdoctor.history.store import resolve_path
+
+    path = resolve_path(option)
+    return None if path is None else Path(os.path.abspath(path))
 
 
 # `rules` writes a table or a JSON list, nothing else: any other format is refused, not printed as text

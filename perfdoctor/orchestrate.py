@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfdoctor.analysis import analyse_job, analyse_run, rules_for, write_run_reports
+from perfdoctor.analysis import analyse_job, analyse_run, is_job_dir, is_run_dir, rules_for, write_run_reports
 from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
-from perfdoctor.errors import InputError
+from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, gate_runs
 from perfdoctor.gate.baseline import RunRecord, load_baseline, record_from_run_dir, repeat_dir, slow_outlier_runs
 from perfdoctor.gate.baseline import save_baseline as write_baseline
 from perfdoctor.gate.compare import Comparison
+from perfdoctor.history import baseline_from_history, check_store, record_run
 from perfdoctor.model import Report, at_or_above
 
 if TYPE_CHECKING:  # imported where used: the runner is not needed to start every command
@@ -163,7 +164,8 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
                  script_stdout_to_stderr: bool, show_status: bool, repeats: int | None = None,
                  save_baseline: Path | None = None, baseline: Path | None = None, max_regression: float = 0.10,
                  fail_on: str | None = None, config: Path | None = None, max_repeats: int | None = None,
-                 strict: bool = False, launcher_args: list[str] | None = None) -> RunOutcome:
+                 strict: bool = False, launcher_args: list[str] | None = None, history: Path | None = None,
+                 history_baseline: int | None = None, base_branch: str | None = None) -> RunOutcome:
     """`perfdoctor run`: run the script `repeats` times (default: GATE_REPEATS with a baseline to save
     or to compare with, else once; a failed or interrupted run is not repeated), analyse each run and
     write its report.json, then, unless the script failed, compare the runs with `baseline` (adding
@@ -171,17 +173,25 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
     baseline. With more than one run possible, the n-th run's folder is `out_dir/repeat-n`. With
     `launcher_args` (torch.distributed.run's options: --nproc-per-node N...) each run is a distributed
     job (capture.runner.run_job): a job folder of rank run folders, each with its own report, and the
-    merged report (analyse_job) in the job folder."""
+    merged report (analyse_job) in the job folder. Every run is kept in the `history` store (None: off);
+    with `history_baseline` N, the baseline is the newest N recorded runs of the same script and
+    arguments (on `base_branch` where given) instead of a file."""
     from perfdoctor.capture.runner import run_job, run_script  # not on `report`'s path (start-up time)
 
+    gating = baseline is not None or history_baseline is not None
     if repeats is None:
-        repeats = GATE_REPEATS if (save_baseline is not None or baseline is not None) else 1
-    most = max(repeats, DEFAULT_MAX_REPEATS if max_repeats is None else max_repeats) if baseline is not None else repeats
+        repeats = GATE_REPEATS if (save_baseline is not None or gating) else 1
+    most = max(repeats, DEFAULT_MAX_REPEATS if max_repeats is None else max_repeats) if gating else repeats
     warm_up()
     rules_for(config)  # a bad config fails now, before minutes of running
+    check_store(history)  # a damaged store fails now, not after minutes of running
     base = load_baseline(baseline) if baseline is not None else None  # fail early, before minutes of running
+    if history_baseline is not None:
+        base = baseline_from_history(history, Path(target).name if not module else target, list(script_args),
+                                     runs=history_baseline, branch=base_branch)
     results: list[RunResult] = []
     reports: list[Report] = []
+    messages: list[str] = []
 
     def next_run(n: int) -> RunRecord | None:
         """The n-th run: run, analyse, write its reports; its record, or None when it failed or
@@ -202,9 +212,12 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
         results.append(result)
         reports.append(report)
         write_run_reports(report, result.run_dir)
-        if result.exit_code != 0 or result.reason == "interrupted":
-            return None
-        return record_from_run_dir(result.run_dir)
+        record = None if result.exit_code != 0 or result.reason == "interrupted" else record_from_run_dir(result.run_dir)
+        try:
+            record_run(history, result.run_dir, "gate" if base is not None else "run", record)
+        except PerfdoctorError as e:  # the run and its report stand; only its place in the history is lost
+            messages.append(f"warning: the run was not kept in the history: {e.message}")
+        return record
 
     records: list[RunRecord] = []
     comparison: Comparison | None = None
@@ -218,7 +231,8 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
             if record is None:
                 break
             records.append(record)
-    outcome = RunOutcome(report=reports[-1], results=results, comparison=comparison, fail_on=fail_on)
+    outcome = RunOutcome(report=reports[-1], results=results, comparison=comparison, fail_on=fail_on,
+                         messages=messages)
     if len(records) < len(results):  # the last run failed or was interrupted: nothing saved or judged
         return outcome
     if save_baseline is not None:
@@ -232,3 +246,13 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
     return outcome
 
 
+def keep_in_history(store: Path | None, path: Path) -> list[str]:
+    """`perfdoctor report RUN_FOLDER` keeps the run folder in the history (a run kept before is updated,
+    never doubled); a trace alone is not a run. Lines for stderr where it could not be kept."""
+    if store is None or not (is_run_dir(path) or is_job_dir(path)) or not (path / "report.json").is_file():
+        return []
+    try:
+        record_run(store, path, "report")
+    except PerfdoctorError as e:  # the report stands; only its place in the history is lost
+        return [f"warning: the run was not kept in the history: {e.message}"]
+    return []
