@@ -233,3 +233,66 @@ def test_history_command_refuses_formats_it_cannot_write(tmp_path):
     out = subprocess.run([sys.executable, "-m", "perfdoctor", "history", "--history", str(tmp_path / "none.sqlite")],
                          capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "no such file" in out.stderr and not (tmp_path / "none.sqlite").exists()
+
+
+# -- end to end: runs kept by `perfdoctor run`, a gate against them --------------------------------
+
+@pytest.mark.e2e
+def test_runs_are_kept_and_a_gate_takes_its_baseline_from_them(tmp_path):
+    from conftest import REPO, run_cli
+
+    script = str(REPO / "benchmarks" / "steady_train.py")
+    store = str(tmp_path / "h.sqlite")
+
+    def env(delay: float) -> dict:
+        return {"PERFDOCTOR_BENCH_DELAY_FRACTION": str(delay), "PERFDOCTOR_BENCH_STEPS": "100000"}
+
+    p = run_cli("run", script, "--steps", "40", "--repeats", "2", "--history", store, "--out-dir",
+                str(tmp_path / "base"), "-f", "json", env=env(0), cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    h = json.loads(run_cli("history", "--history", store, "-f", "json", cwd=tmp_path).stdout)
+    assert h["script"] == "steady_train.py" and [r["kind"] for r in h["runs"]] == ["run", "run"]
+    assert all(r["step_ms"] and r["environment"]["cpu_count"] for r in h["runs"])
+    # the script made 4x slower per step: the gate against the two recorded runs fails
+    g = run_cli("run", script, "--steps", "40", "--history", store, "--history-baseline", "2", "--repeats", "2",
+                "--max-repeats", "2", "--max-regression", "40%", "--out-dir", str(tmp_path / "slow"), "-f", "json",
+                env=env(3.0), cwd=tmp_path, timeout=300)
+    assert g.returncode == 1, g.stderr
+    # report of a recorded run folder updates it in the history, never doubles it
+    r = run_cli("report", str(tmp_path / "base" / "repeat-1"), "--history", store, "-f", "json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    h = json.loads(run_cli("history", "--history", store, "-f", "json", cwd=tmp_path).stdout)
+    assert [r["kind"] for r in h["runs"]] == ["run", "run", "gate", "gate"]
+    assert h["runs"][2]["step_ms"] > 2 * h["runs"][0]["step_ms"]
+
+
+@pytest.mark.e2e
+def test_compare_explains_a_slower_module_and_a_slower_loader(tmp_path):
+    """tests/data/scripts/slowed.py run plain, with one more block in its Head module, and with a slow
+    dataset: compare names the module (and its matmuls) or the data loading as most of the change."""
+    from conftest import REPO, run_cli
+
+    script = str(REPO / "tests" / "data" / "scripts" / "slowed.py")
+    for variant in ("plain", "layer", "data"):
+        p = run_cli("run", script, "--steps", "40", "--out-dir", str(tmp_path / variant), "--history", "off",
+                    "-f", "json", env={"SLOWED": variant}, cwd=tmp_path, timeout=300)
+        assert p.returncode == 0, p.stderr
+    layer = json.loads(run_cli("compare", str(tmp_path / "plain"), str(tmp_path / "layer"), "-f", "json",
+                               cwd=tmp_path).stdout)["explanation"]
+    top = layer["modules"][0]
+    assert top["name"] == "Net > Head > Sequential > Linear" and top["share"] > 0.5, layer
+    assert top["where"].endswith("slowed.py:31")  # Head, the innermost class the script defines
+    assert layer["operators"][0]["name"].endswith("in Net > Head > Sequential > Linear"), layer
+    data = json.loads(run_cli("compare", str(tmp_path / "plain"), str(tmp_path / "data"), "-f", "json",
+                              cwd=tmp_path).stdout)["explanation"]
+    assert data["phases"][0]["name"] == "data loading" and data["phases"][0]["share"] > 0.5, data
+    text = run_cli("compare", str(tmp_path / "plain"), str(tmp_path / "data"), cwd=tmp_path).stdout
+    assert "why it changed:" in text and "by phase: data loading" in text
+
+
+def test_own_times_subtract_the_intervals_nested_directly_inside():
+    from perfdoctor.gate.explain import _own_times
+
+    own = _own_times([(0, 10, 1), (1, 4, 2), (2, 3, 3), (5, 9, 4), (20, 25, 5)])
+    assert {i: v for i, (v, _) in own.items()} == {1: 3, 2: 2, 3: 1, 4: 4, 5: 5}
+    assert own[3][1] == 2 and own[2][1] == 1 and own[5][1] is None

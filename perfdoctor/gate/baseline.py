@@ -153,7 +153,7 @@ def _identity(env: dict[str, Any], script: str | None, argv: list[str] | None, s
             "args": None if argv is None else _script_args(argv, script)}  # None: unknown, not checked
 
 
-def _meta_and_steps(run_dir: Path) -> tuple[Meta, list[dict[str, Any]]]:
+def meta_and_steps(run_dir: Path) -> tuple[Meta, list[dict[str, Any]]]:
     """meta.json and the steps of a run folder; of a job folder (rank-<R> run folders, a distributed
     job), rank 0's meta and the job's steps: step i is the slowest rank's step i (a synchronous step
     ends when its slowest rank's does), over the steps every rank recorded."""
@@ -170,9 +170,9 @@ def _meta_and_steps(run_dir: Path) -> tuple[Meta, list[dict[str, Any]]]:
 
 def record_from_run_dir(run_dir: Path | str) -> RunRecord:
     """A run record from a run folder (meta.json, steps.json, report.json), or from a job folder of
-    rank run folders (its merged report.json; `_meta_and_steps`)."""
+    rank run folders (its merged report.json; `meta_and_steps`)."""
     run_dir = Path(run_dir)
-    meta, steps = _meta_and_steps(run_dir)
+    meta, steps = meta_and_steps(run_dir)
     window: dict[str, Any] | None = msgspec.to_builtins(meta.window) if meta.window is not None else None
     report = read_report(run_dir / "report.json") if (run_dir / "report.json").exists() else ReportDoc(
         schema="", summary=ReportSummaryDoc(), findings=[])

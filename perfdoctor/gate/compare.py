@@ -40,6 +40,7 @@ from perfdoctor.gate.baseline import (
     record_from_run_dir,
     repeat_dirs,
 )
+from perfdoctor.gate.explain import Explanation, explain
 from perfdoctor.model import SEVERITIES, at_or_above
 
 SCHEMA = "perfdoctor/compare/v1"
@@ -97,6 +98,15 @@ class Comparison:
     # the gate failed on something more current runs cannot take back: a regression of peak memory
     # (the max over runs) or of a counter, or a new finding (the union over runs)
     failed_beyond_timing: bool = False
+    _explanation: list[Explanation | None] = field(default_factory=list, repr=False)
+
+    @property
+    def explanation(self) -> Explanation | None:
+        """Why the sides differ (gate.explain), worked out once, when first asked for: phases from the
+        run folders, modules and operators from their traces; None without run folders on both sides."""
+        if not self._explanation:
+            self._explanation.append(explain(*self.sides, self.env_differences))
+        return self._explanation[0]
 
     @property
     def verdict(self) -> str:
@@ -122,7 +132,8 @@ class Comparison:
                 "failing_findings": msgspec.to_builtins(self.failing_findings),
                 "resolved_findings": msgspec.to_builtins(self.resolved_findings),
                 "findings": msgspec.to_builtins(self.findings),
-                "env_differences": self.env_differences, "notes": self.notes}
+                "env_differences": self.env_differences, "notes": self.notes,
+                "explanation": None if self.explanation is None else self.explanation.as_dict()}
 
 
 def _r(v: float | None, nd: int = 4) -> float | None:

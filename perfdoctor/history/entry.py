@@ -15,8 +15,7 @@ from typing import Any
 import msgspec
 
 from perfdoctor.contracts.report import read_report
-from perfdoctor.gate.baseline import RunRecord, record_from_run_dir
-from perfdoctor.gate.baseline import _meta_and_steps as meta_and_steps
+from perfdoctor.gate.baseline import RunRecord, meta_and_steps, record_from_run_dir
 from perfdoctor.history.store import HistoryRun
 from perfdoctor.stats import quantile
 

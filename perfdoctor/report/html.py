@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from perfdoctor import __version__
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Hotspot, Report
 from perfdoctor.report import escape
+from perfdoctor.report.explain import explanation_lines
 from perfdoctor.report.text import chart_top
 
 if TYPE_CHECKING:
@@ -665,6 +666,9 @@ def _gate(c: Comparison) -> str:
         if items:
             out.append(f'<h3>{title}</h3><ul class="{cls}">'
                        + "".join(f"<li>{_e(f.rule)} {_e(f.title)}</li>" for f in items) + "</ul>")
+    why = explanation_lines(c.explanation)
+    if why:
+        out.append('<h3>Why it changed</h3><ul class="why">' + "".join(f"<li>{_e(x)}</li>" for x in why) + "</ul>")
     out.append(_notes(c.notes))
     out.append("</section>")
     return "".join(out)

@@ -13,9 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from perfdoctor.gate.compare import undecided_sentence
+from perfdoctor.gate.compare import Comparison, undecided_sentence
 from perfdoctor.model import NOTHING_MEASURED, RANK_COLUMNS, Report, rank_header
 from perfdoctor.report import escape
+from perfdoctor.report.explain import explanation_lines
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
                 "inconclusive": "❔ inconclusive", "unstable": "〰️ unstable", "not-comparable": "⚠️ not comparable"}
@@ -202,6 +203,9 @@ def render_comparison(comparison: Any) -> str:
         out.append("")
     if c.get("resolved_findings"):
         out += ["### Resolved findings", ""] + [f"- ✅ **{md(f.get('rule'))}** {md(f.get('title'))}" for f in c["resolved_findings"]] + [""]
+    why = explanation_lines(comparison.explanation) if isinstance(comparison, Comparison) else []
+    if why:
+        out += ["### Why it changed", ""] + [f"- {md(line)}" for line in why] + [""]
     rest = [n for n in c.get("notes") or [] if not n.startswith("NOT COMPARABLE")]
     if rest:
         out += [f"> {md(n)}" for n in rest] + [""]

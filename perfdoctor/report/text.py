@@ -21,6 +21,7 @@ from rich.text import Text
 from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
+from perfdoctor.report.explain import explanation_lines
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]
@@ -321,6 +322,10 @@ def _comparison(comparison: Comparison) -> Group:
     for f in c.get("new_findings", []):
         if f not in c.get("failing_findings", []):
             parts.append(_t(f"new finding: {f.get('rule')} {f.get('title', '')}", style="yellow"))
+    why = explanation_lines(comparison.explanation)
+    if why:
+        parts.append(_t("why it changed:", style="bold"))
+        parts += [_t(f"  {line}") for line in why]
     for n in c.get("notes", []):
         parts.append(_t(f"note: {n}", style="dim"))
     return Group(*parts)

@@ -79,6 +79,7 @@ class Args(msgspec.Struct, gc=False):
     py_id: int | None = msgspec.field(default=-1, name="Python id")
     py_parent: int | None = msgspec.field(default=-1, name="Python parent id")
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
+    seq: int | None = msgspec.field(default=-1, name="Sequence number")  # autograd's: a forward op and its backward
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
     out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
     dtype: str | None = None
@@ -255,6 +256,10 @@ class _Builder:
         for j, s in zip(ops, [args[j].call_stack for j in ops]):
             if s:
                 t.call_stack[base + j] = sidx[s]
+        for j in ops:
+            q = args[j].seq
+            if q is not None and q >= 0:
+                t.seq[base + j] = q
         want = self.want_shape
         for j in [j for j in ops if want[names[j]] and args[j] is not _NO_ARGS]:
             a = args[j]

@@ -86,6 +86,9 @@ class Trace:
     # Sparse per-event args, keyed by event index (only the events that carry them).
     shapes: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # raw JSON: see shape()
     call_stack: dict[int, int] = field(default_factory=dict)  # legacy "Call stack" (string index)
+    # autograd's sequence number of an operator (sparse): a forward op and the backward node
+    # (`autograd::engine::evaluate_function: ...`) made from it share it
+    seq: dict[int, int] = field(default_factory=dict)
     comm: dict[int, dict[str, Any]] = field(default_factory=dict)  # record_param_comms sizes
 
     # Steps, filled by `trace.steps.find_steps` when the trace is loaded.
