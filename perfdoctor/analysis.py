@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from perfdoctor.contracts.report import from_doc, looks_like_report, read_report
 from perfdoctor.contracts.run import rank_dirs
 from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.facts.merge import add_missing, drop_subjects_only_from, merge_findings, resolve_trace_files
@@ -327,7 +328,8 @@ def analyse_repeats(folder: Path, runs: list[Path], config: Path | None = None) 
 
 def analyse_path(path: Path, config: Path | None = None) -> Report:
     """`perfdoctor report PATH`: a run folder, a job folder of rank run folders, a repeated run's folder
-    of repeat-N run folders (the last run, noted), a trace file, or a folder of per-rank traces."""
+    of repeat-N run folders (the last run, noted), a saved report.json (as it was judged: `config` does
+    not apply), a trace file, or a folder of per-rank traces."""
     if not path.exists():
         raise InputError(f"{path}: no such file or folder")
     if is_run_dir(path):
@@ -338,9 +340,11 @@ def analyse_path(path: Path, config: Path | None = None) -> Report:
     if runs:
         return analyse_repeats(path, runs, config)
     try:
+        if looks_like_report(path):
+            return from_doc(read_report(path))  # a saved report, rendered again as it was judged
         return analyse_trace(path, config)
     except InputError as e:
-        if path.is_file() and is_run_dir(path.parent):  # report.json, steps.json...: the folder was meant
+        if path.is_file() and is_run_dir(path.parent):  # steps.json, a broken report.json...: the folder was meant
             raise InputError(f"{e.message}. {path.name} is a file of the run folder {path.parent}: give the folder, "
                              f"`perfdoctor report {path.parent}`") from None
         raise

@@ -299,8 +299,8 @@ def compare(
 @app.command(cls=_Command)
 def report(
     path: Path = typer.Argument(
-        ..., help="A trace (.json / .json.gz), a folder of per-rank traces, a run folder, or a repeated run's "
-                  "--out-dir (its last run, with every run's step time noted)."),
+        ..., help="A trace (.json / .json.gz), a folder of per-rank traces, a run folder, a repeated run's "
+                  "--out-dir (its last run, with every run's step time noted), or a saved report.json."),
     fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Report format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),

@@ -212,3 +212,23 @@ def test_run_missing_script_is_one_line_exit_2(tmp_path: Path) -> None:
     p = run_cli("run", str(tmp_path / "nope.py"))
     assert p.returncode == 2
     assert "nope.py" in _one_error_line(p)
+
+
+def test_report_renders_a_saved_report_json_in_any_format(tmp_path):
+    """`perfdoctor report report.json` renders the saved report again (it was refused): the same
+    document in JSON, its findings in every other format; a broken one is one line, exit 2."""
+    golden = REPO / "tests" / "golden" / "expected" / "pd002_dataloader_workers.json"
+    saved = tmp_path / "report.json"
+    saved.write_text(golden.read_text())
+    p = run_cli("report", str(saved), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout == golden.read_text()
+    for fmt, seen in (("text", "PD002"), ("markdown", "PD002"), ("sarif", '"ruleId": "PD002"'), ("github", "title=PD002")):
+        p = run_cli("report", str(saved), "--format", fmt)
+        assert p.returncode == 0 and seen in p.stdout, (fmt, p.stderr)
+    out = tmp_path / "again.html"
+    assert run_cli("report", str(saved), "--format", "html", "--output", str(out)).returncode == 0
+    assert "PD002" in out.read_text()
+    saved.write_text(golden.read_text().replace('"summary": {', '"summary": {"surprise": 1, ', 1))
+    p = run_cli("report", str(saved))
+    assert p.returncode == 2 and "surprise" in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -65,7 +65,7 @@ def hostile_report() -> Report:
                           lines=[{"line": 4, "code": HOSTILE, "share": 0.5}]),
                   Hotspot(function=HOSTILE, file=FILE, line=3, ms_per_step=1.0, calls_per_step=1.0,
                           process="dataloader-workers")],
-        notes=[HOSTILE], ranks=[{"rank": HOSTILE, "file": FILE, "step_ms": 50.0, "idle_fraction": 0.1}],
+        notes=[HOSTILE], ranks=[{"rank": 0, "file": HOSTILE, "step_ms": 50.0, "idle_fraction": 0.1}],
         facts={"device.name": Fact("device.name", HOSTILE, "", "trace", HOSTILE)})
 
 

@@ -329,13 +329,30 @@ def test_slow_outlier_runs_are_named():
 
 
 def test_every_golden_report_json_reads_back_through_its_contract():
-    """The writer (Report.as_dict through jsonfmt) and the reader (contracts/report.py) agree."""
+    """The writer and the reader are the same types (contracts/report.py): every golden report.json
+    decodes strictly (no field the contract does not declare) and encodes back to the same document,
+    every key in its place; a field the contract does not know is refused, where it is written and
+    where it is read."""
+    import msgspec
+
+    from perfdoctor.contracts.report import ReportDoc, to_doc
+    from perfdoctor.model import Report
+
     golden = sorted((Path(__file__).resolve().parent / "golden" / "expected").glob("*.json"))
-    assert golden
+    assert len(golden) >= 18
     for path in golden:
         doc = read_report(path)
+        raw = json.loads(path.read_text())
         assert doc.schema == "perfdoctor/report/v1" and doc.summary.step_time_ms is not None, path.name
-        assert [f.identity() for f in doc.findings] == [f["fingerprint"] for f in json.loads(path.read_text())["findings"]]
+        assert json.dumps(msgspec.to_builtins(doc)) == json.dumps(raw), path.name  # same keys, same order
+        assert [f.identity() for f in doc.findings] == [f["fingerprint"] for f in raw["findings"]]
+        for where in (raw["run"], raw["summary"], raw["findings"][0] if raw["findings"] else raw):
+            where["surprise"] = 1
+            with pytest.raises(msgspec.ValidationError, match="surprise"):
+                msgspec.convert(raw, ReportDoc)
+            del where["surprise"]
+    with pytest.raises(msgspec.ValidationError, match="new_key"):  # the writer goes through the contract
+        to_doc(Report(run={"kind": "run", "new_key": 1}, summary={}, findings=[]))
 
 
 def test_invalid_baseline_or_report_is_one_input_error_naming_file_and_field(tmp_path):

@@ -1,11 +1,14 @@
 """report.json (schema "perfdoctor/report/v1"): the JSON report `perfdoctor run` writes into every run
 folder and `--format json` prints.
 
-The writer is `Report.as_dict()` (perfdoctor/model.py) through report/jsonfmt.py, which keeps the
-document's key order and rounding; these Structs are the contract it follows, and what the gate
-reads back (a report.json beside its run folder, or alone for a summary-only comparison). Only the
-schema, `summary` and `findings` are required: everything else has a default, so a report.json
-written by hand for a test or a tool still reads. A test checks that every golden report decodes."""
+These Structs are report.json, written and read by the same types: report/jsonfmt.py writes
+`to_doc(report)` (`Report.as_dict()`'s rounding, these Structs' key order), the gate reads it back
+(a report.json beside its run folder, or alone for a summary-only comparison), and `perfdoctor
+report report.json` renders it again in any format (`from_doc`). A field the Structs do not declare
+is refused both ways (`forbid_unknown_fields`). Only the schema, `summary` and `findings` are
+required: everything else has a default, so a report.json written by hand for a test or a tool
+still reads. Tests decode every golden report.json and check that it encodes back to the same bytes,
+and that a report rendered from its saved report.json is the report rendered from the analysis."""
 
 from __future__ import annotations
 
@@ -13,30 +16,39 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from perfdoctor.contracts.files import Count, Ms, StepMs, check_schema, decode, read_bytes, schema_of
 from perfdoctor.model import SCHEMA as REPORT_SCHEMA
-from perfdoctor.model import identity_of
+from perfdoctor.model import Fact, Finding, Fix, Hotspot, Location, Report, identity_of
+
+# Every Struct of report.json forbids fields it does not declare: a key the writer adds without a
+# field here fails the writer's own encode (report/jsonfmt.py goes through ReportDoc) and the reader.
+# A key that is only sometimes written is UNSET by default (and then not written at all).
 
 
-class ToolDoc(msgspec.Struct):
+class Doc(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class ToolDoc(Doc):
     name: str = "perfdoctor"
     version: str = ""
 
 
-class ThresholdDoc(msgspec.Struct):
+class ThresholdDoc(Doc):
     rule: str
     name: str
     default: Any = None
     value: Any = None
 
 
-class ProjectRuleDoc(msgspec.Struct):
+class ProjectRuleDoc(Doc):
     id: str
     file: str = ""
 
 
-class ConfigDoc(msgspec.Struct):
+class ConfigDoc(Doc):
     """What the project's `[tool.perfdoctor]` changed: rules turned off, thresholds moved, rules added."""
 
     file: str | None = None
@@ -45,31 +57,58 @@ class ConfigDoc(msgspec.Struct):
     project_rules: list[ProjectRuleDoc] = []
 
 
-class RunInfoDoc(msgspec.Struct):
-    """`run`: what was analysed; a run folder (kind "run") or a trace (kind "trace")."""
+class ExitDoc(Doc):
+    """How the script ended (meta.json's exit, contracts.run.Exit)."""
+
+    code: int | None | UnsetType = UNSET
+    reason: str | None | UnsetType = UNSET
+    traceback: str | None | UnsetType = UNSET
+
+
+class RankDoc(Doc):
+    """A rank of a distributed job (meta.json's rank, contracts.run.Rank)."""
+
+    rank: int
+    local_rank: int | None | UnsetType = UNSET
+    world_size: int | None | UnsetType = UNSET
+    local_world_size: int | None | UnsetType = UNSET
+    node_rank: int | None | UnsetType = UNSET
+    cpu_share: int | None | UnsetType = UNSET
+
+
+class RunInfoDoc(Doc):
+    """`run`: what was analysed: a run folder (kind "run": script... trace_file, a rank's rank and
+    label), a trace or a folder of per-rank traces (kind "trace": trace, files), or a job folder of
+    rank run folders (kind "job": a run's keys less rank and trace_file, and job_dir, ranks,
+    rank_dirs). Fields in the order they are written."""
 
     kind: str = "run"
-    script: str | None = None
-    module: str | None = None
-    argv: list[str] | None = None  # None: unknown
-    run_dir: str | None = None
-    trace_file: str | None = None
-    trace: str | None = None
-    files: list[str] = []
+    trace: str | UnsetType = UNSET
+    files: list[str] | UnsetType = UNSET
+    script: str | None | UnsetType = UNSET
+    module: str | None | UnsetType = UNSET
+    argv: list[str] | UnsetType = UNSET
+    run_dir: str | None | UnsetType = UNSET
+    trace_file: str | None | UnsetType = UNSET
+    rank: RankDoc | UnsetType = UNSET
+    label: str | UnsetType = UNSET  # a rank's "rank 1 of 4", a job's summary of which rank is shown
     steps_observed: int | None = None
     steps_profiled: int | None = None
     step_clock: str | None = None
     device: str | None = None
     torch: str | None = None
-    exit: dict[str, Any] = {}
+    exit: ExitDoc | UnsetType = UNSET  # a run's and a job's
     settings: str | None = None
     # present when the project's config changed what is checked (rules.config.check_settings)
-    config: ConfigDoc | None = None
+    config: ConfigDoc | UnsetType = UNSET
     # present when the loader dropped or repaired trace events: how many, by reason
-    dropped_events: dict[str, int] = {}
+    dropped_events: dict[str, int] | UnsetType = UNSET
+    job_dir: str | UnsetType = UNSET
+    ranks: list[int] | UnsetType = UNSET
+    rank_dirs: list[str] | UnsetType = UNSET
 
 
-class StepTimeDoc(msgspec.Struct):
+class StepTimeDoc(Doc):
     median: StepMs | None = None
     p90: StepMs | None = None
     mean: StepMs | None = None
@@ -78,43 +117,72 @@ class StepTimeDoc(msgspec.Struct):
     n: Count | None = None
 
 
-class BreakdownDoc(msgspec.Struct):
+class BreakdownDoc(Doc):
     category: str
     ms: Ms | None = None
     fraction: float | None = None
 
 
-class SummaryDoc(msgspec.Struct):
+class StepSeriesDoc(Doc):
+    """Every step's time (step i at index i - 1), the runs of steady steps, the profiler's window
+    (perfdoctor.stats.step_series): the charts' data."""
+
+    ms: list[float] = []
+    steady: list[list[int]] = []
+    window: list[int] | None = None
+
+
+class GpuDeviceDoc(Doc):
+    device: int
+    utilization: float
+    busy_ms: float
+    idle_ms: float
+
+
+class GpuDoc(Doc):
+    """The GPU's share of the step (facts.trace.gpu): the busiest device's, and each device's where
+    several were used."""
+
+    utilization: float
+    idle_ms: float
+    idle_host_wait_fraction: float
+    devices: list[GpuDeviceDoc] | UnsetType = UNSET
+
+
+class SummaryDoc(Doc):
     steps_observed: int | None = None
     steps_profiled: int | None = None
     step_clock: str | None = None
     step_time_ms: StepTimeDoc | None = None
     breakdown: list[BreakdownDoc] = []
-    gpu_breakdown: list[BreakdownDoc] = []
-    rank: int | None = None  # a folder of per-rank traces: the slowest rank's summary
+    steady_steps: list[int] | UnsetType = UNSET  # a run's first and last steady step
+    step_series: StepSeriesDoc | UnsetType = UNSET
+    gpu: GpuDoc | UnsetType = UNSET  # a trace's (or a run's trace's) GPU
+    gpu_breakdown: list[BreakdownDoc] | UnsetType = UNSET  # a CUDA run's step on the GPU
+    rank: int | UnsetType = UNSET  # several ranks: the rank whose summary this is
 
 
-class LocationDoc(msgspec.Struct):
+class LocationDoc(Doc):
     file: str = ""
     line: int = 0
     code: str = ""
     function: str = ""
 
 
-class SavingDoc(msgspec.Struct):
+class SavingDoc(Doc):
     ms_per_step: float
     fraction_of_step: float | None = None
-    range_ms: list[float] | None = None  # [p25, p75] of the saving evaluated step by step
+    range_ms: list[float] | UnsetType = UNSET  # [p25, p75] of the saving evaluated step by step
 
 
-class FixDoc(msgspec.Struct):
+class FixDoc(Doc):
     before: str = ""
     after: str = ""
     note: str = ""
     example: bool = False
 
 
-class FactDoc(msgspec.Struct):
+class FactDoc(Doc):
     fact: str = ""
     value: Any = None  # int, float, bool or str
     unit: str = ""
@@ -122,7 +190,7 @@ class FactDoc(msgspec.Struct):
     detail: str = ""
 
 
-class FindingDoc(msgspec.Struct):
+class FindingDoc(Doc):
     rule: str
     name: str = ""
     severity: str | None = None
@@ -143,25 +211,56 @@ class FindingDoc(msgspec.Struct):
         return identity_of(msgspec.to_builtins(self))
 
 
-class HotspotDoc(msgspec.Struct):
+class HotLineDoc(Doc):
+    line: int
+    code: str = ""
+    share: float = 0.0
+    samples: int = 0
+
+
+class HotspotDoc(Doc):
     function: str
     file: str
     line: int
     ms_per_step: float
     calls_per_step: float
-    lines: list[dict[str, Any]] = []
+    lines: list[HotLineDoc] = []
     process: str = "main"
 
 
-class ReportDoc(msgspec.Struct):
+class RankRowDoc(Doc):
+    """One rank's row of the rank table (facts.ranks; the columns are perfdoctor.model.RANK_COLUMNS):
+    step, compute and idle always there, the others where measured."""
+
+    rank: int
+    file: str = ""
+    step_ms: float | None = None
+    data_ms: float | UnsetType = UNSET
+    compute_ms: float | None = None
+    comm_ms: float | UnsetType = UNSET
+    idle_ms: float | None = None
+    idle_fraction: float | None = None
+    sync_ms: float | UnsetType = UNSET
+    gc_ms: float | UnsetType = UNSET
+    cpu_wait_ms: float | UnsetType = UNSET
+    cpu_wait_share: float | UnsetType = UNSET
+    cpu_throttled_ms: float | UnsetType = UNSET
+    cpu_throttled_periods: float | UnsetType = UNSET
+    gpu_clock_mhz: float | UnsetType = UNSET
+    gpu_throttled_share: float | UnsetType = UNSET
+    gpu_throttle: str | UnsetType = UNSET
+    busy_share: float | UnsetType = UNSET
+
+
+class ReportDoc(Doc, kw_only=True):
     schema: str
-    summary: SummaryDoc
-    findings: list[FindingDoc]
     tool: ToolDoc = msgspec.field(default_factory=ToolDoc)
     run: RunInfoDoc = msgspec.field(default_factory=RunInfoDoc)
+    summary: SummaryDoc
+    findings: list[FindingDoc]
     hotspots: list[HotspotDoc] = []
     notes: list[str] = []
-    ranks: list[dict[str, Any]] = []
+    ranks: list[RankRowDoc] = []
     facts: dict[str, FactDoc] = {}
 
     def fact(self, name: str) -> Any:
@@ -176,6 +275,17 @@ def is_report(path: Path, raw: bytes) -> bool:
     return isinstance(schema, str) and schema.startswith("perfdoctor/report/")
 
 
+def looks_like_report(path: Path) -> bool:
+    """Whether `path` is a file that opens as a report.json does (its schema first): a cheap look at
+    its first bytes, not a read of what may be a trace of gigabytes."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"{") and b'"schema"' in head and b'"perfdoctor/report/' in head
+
+
 def decode_report(path: Path, raw: bytes) -> ReportDoc:
     """A report.json's bytes, validated (InputError naming the file and the bad field otherwise)."""
     check_schema(path, schema_of(path, raw), REPORT_SCHEMA, "perfdoctor report.json")
@@ -184,3 +294,42 @@ def decode_report(path: Path, raw: bytes) -> ReportDoc:
 
 def read_report(path: Path) -> ReportDoc:
     return decode_report(path, read_bytes(path))
+
+
+def to_doc(report: Report) -> ReportDoc:
+    """The report as report.json's contract (report/jsonfmt.py writes it): InputError-free by
+    construction unless a layer added a key the contract does not declare (a test failure)."""
+    return msgspec.convert(report.as_dict(), ReportDoc)
+
+
+def from_doc(doc: ReportDoc) -> Report:
+    """A saved report.json as the Report every renderer draws (`perfdoctor report report.json`):
+    everything it shows is in the document (a finding's per-step saving range as written, no per-step
+    facts, which nothing renders)."""
+
+    def fact(name: str, f: FactDoc) -> Fact:
+        return Fact(name or f.fact, f.value, f.unit, f.source, f.detail)
+
+    def location(l: LocationDoc) -> Location:
+        return Location(l.file, l.line, l.code, l.function)
+
+    findings = []
+    for f in doc.findings:
+        saving = f.estimated_saving
+        spread = saving.range_ms if saving is not None and not isinstance(saving.range_ms, UnsetType) else None
+        subject = f.fingerprint[len(f.rule) + 1:] if f.fingerprint.startswith(f.rule + ":") else ""
+        findings.append(Finding(
+            rule=f.rule, name=f.name, severity=f.severity or "", title=f.title, message=f.message, why=f.why,
+            ms_per_step=saving.ms_per_step if saving is not None else None,
+            fraction_of_step=saving.fraction_of_step if saving is not None else None,
+            saving_basis=f.saving_basis, confidence=f.confidence, locations=[location(l) for l in f.locations],
+            evidence=[fact(e.fact, e) for e in f.evidence],
+            fix=Fix(f.fix.before, f.fix.after, f.fix.note, f.fix.example) if f.fix is not None else None,
+            references=list(f.references), subject=subject,
+            saving_range=(spread[0], spread[1]) if spread is not None and len(spread) == 2 else None))
+    hotspots = [Hotspot(function=h.function, file=h.file, line=h.line, ms_per_step=h.ms_per_step,
+                        calls_per_step=h.calls_per_step, lines=msgspec.to_builtins(h.lines), process=h.process)
+                for h in doc.hotspots]
+    return Report(run=msgspec.to_builtins(doc.run), summary=msgspec.to_builtins(doc.summary), findings=findings,
+                  hotspots=hotspots, notes=list(doc.notes), ranks=msgspec.to_builtins(doc.ranks),
+                  facts={n: fact(n, f) for n, f in doc.facts.items()})

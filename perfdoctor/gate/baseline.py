@@ -225,7 +225,9 @@ def record_from_report(report: ReportDoc, source: str = "") -> RunRecord:
     A report knows the run's torch and device (its name), not the rest of the machine."""
     run = report.run
     env = {"torch": run.torch, "device": run.device}
-    return RunRecord(source=source, env=_identity(env, run.script, run.argv, None),
+    script = run.script if isinstance(run.script, str) else None  # a trace's report names no script
+    argv = run.argv if isinstance(run.argv, list) else None
+    return RunRecord(source=source, env=_identity(env, script, argv, None),
                      step_ms=[], median_ms=_median(report), batch_size=_batch_size(report),
                      peak_memory_bytes=_peak(report), counters=_counters(report), findings=_findings(report),
                      notes=[f"{source or 'report'}: summary only (no per-step timings)"])

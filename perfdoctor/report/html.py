@@ -456,7 +456,7 @@ def _finding(i: int, f: Finding, rule: Rule | None, step_ms: Any) -> str:
                 + "</span>")
         bar = ""
         if isinstance(step_ms, (int, float)) and step_ms > 0:
-            w = min(1.0, f.ms_per_step / step_ms) * 300
+            w = min(1.0, round(f.ms_per_step, 3) / step_ms) * 300  # as report.json holds it
             bar = (f'<svg class="chart savebar" role="img" aria-label="saving as a share of the median step" '
                    f'viewBox="0 0 300 10" width="300" height="10"><rect width="300" height="10" fill="#e6e6e6"/>'
                    f'<rect width="{w:.1f}" height="10" fill="{_fill(0)}"/></svg>')
@@ -511,7 +511,7 @@ def _hotspot_table(hs: list[tuple[int, Hotspot]], top: float) -> str:
     """Hot spots with their index in the report's list (the key of their numbers)."""
     rows = []
     for k, h in hs:
-        w = 0 if top <= 0 else h.ms_per_step / top * 120
+        w = 0 if top <= 0 else round(h.ms_per_step, 3) / top * 120  # as report.json holds it
         lines = "".join(f'<li><code>{_e(l.get("line"))}: {_e(l.get("code", ""))}</code> '
                         f'<span class="dim">({_e(_pct(l.get("share", 0)))})</span></li>' for l in h.lines[:3])
         ms = _data(f"hotspots.{k}.ms_per_step", round(h.ms_per_step, 3), f"{h.ms_per_step:.2f}")
@@ -526,7 +526,7 @@ def _hotspot_table(hs: list[tuple[int, Hotspot]], top: float) -> str:
 def _hotspots(report: Report) -> str:
     if not report.hotspots:
         return ""
-    top = max(h.ms_per_step for h in report.hotspots)
+    top = max(round(h.ms_per_step, 3) for h in report.hotspots)
     out = ['<section id="hotspots"><h2>Hot spots in your code <span class="dim">(profiled steps)</span></h2>']
     for proc, title in (("main", "Main process"), ("dataloader-workers", "DataLoader workers (py-spy)")):
         hs = [(k, h) for k, h in enumerate(report.hotspots) if h.process == proc][:10]

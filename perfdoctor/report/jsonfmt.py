@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import orjson
 
+from perfdoctor.contracts.report import to_doc
 from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import Report
 from perfdoctor.report import escape
@@ -18,8 +20,13 @@ def dumps(doc: Any) -> str:
     return escape.json_text(orjson.dumps(escape.json_doc(doc), option=orjson.OPT_INDENT_2).decode()) + "\n"
 
 
+def _doc(report: Report) -> dict[str, Any]:
+    """report.json's document, through its contract (contracts/report.py: its types, its key order)."""
+    return msgspec.to_builtins(to_doc(report))
+
+
 def render_report(report: Report) -> str:
-    return dumps(report.as_dict())
+    return dumps(_doc(report))
 
 
 def render_comparison(comparison: Comparison) -> str:
@@ -28,4 +35,4 @@ def render_comparison(comparison: Comparison) -> str:
 
 def render_both(report: Report, comparison: Comparison) -> str:
     """One document: the report, with the gate's comparison under "gate"."""
-    return dumps({**report.as_dict(), "gate": comparison.as_dict()})
+    return dumps({**_doc(report), "gate": comparison.as_dict()})

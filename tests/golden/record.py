@@ -87,19 +87,30 @@ def _render(report, fmt: str) -> str:
     return buf.getvalue()
 
 
-def outputs_of(ident: str, kind: str) -> dict[str, str]:
+def outputs_of(ident: str, kind: str, formats: tuple[str, ...] = FORMATS) -> dict[str, str]:
     """{format: the rendered report of one golden input, with this checkout's paths replaced by marks}."""
+    return outputs_and_reread(ident, kind, formats)[0]
+
+
+def outputs_and_reread(ident: str, kind: str, formats: tuple[str, ...] = FORMATS
+                       ) -> tuple[dict[str, str], dict[str, str]]:
+    """`outputs_of`, and the same rendered from the report's report.json read back (`perfdoctor report
+    report.json`) instead of from the analysis."""
     from perfdoctor.analysis import analyse_path
+    from perfdoctor.contracts.report import decode_report, from_doc
+    from perfdoctor.report import jsonfmt
 
     run = materialise(ident) if kind == "run" else None
     report = analyse_path(run if run is not None else TRACES / ident)
-    out = {}
-    for fmt in FORMATS:
-        doc = _render(report, fmt)
-        if run is not None:
-            doc = doc.replace(str(run), RUN_MARK)
-        out[fmt] = doc.replace(str(REPO), REPO_MARK)
-    return out
+    reread = from_doc(decode_report(Path("report.json"), jsonfmt.render_report(report).encode()))
+    outs: tuple[dict[str, str], dict[str, str]] = ({}, {})
+    for r, out in zip((report, reread), outs):
+        for fmt in formats:
+            doc = _render(r, fmt)
+            if run is not None:
+                doc = doc.replace(str(run), RUN_MARK)
+            out[fmt] = doc.replace(str(REPO), REPO_MARK)
+    return outs
 
 
 def record_runs() -> None:
