@@ -4,6 +4,7 @@ before its fix. The scripted walkthrough itself is tests/test_first_hour_e2e.py.
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -174,3 +175,95 @@ def test_a_run_stuck_before_its_first_step_says_where(tmp_path: Path) -> None:
         "stacks)")
     assert report.summary["stuck"]["processes"][1]["frames"][0]["line"] == 6
     assert report.measured_nothing  # not "No problems found by the rules"
+
+
+# -- identical findings are one, with their locations -----------------------------------------------
+
+CONVS = """\
+import torch.nn as nn
+
+def block(cin, cout):
+    return nn.Sequential(nn.Conv2d(cin, cout, 3), nn.BatchNorm2d(cout))
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+        self.b = nn.Sequential(nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8))
+        self.c = nn.Conv1d(8, 8, 3)
+        self.n = nn.BatchNorm1d(8)
+
+    def forward(self, x):
+        return self.n(self.c(self.b(self.a(x)).flatten(2)))
+"""
+
+
+def test_identical_findings_are_one_with_every_location_in_every_format(tmp_path: Path) -> None:
+    from test_gpu_static_rules import RULES, machine
+
+    from perfdoctor.facts.model import Facts
+    from perfdoctor.facts.static import analyse_files
+    from perfdoctor.model import Report
+    from perfdoctor.report.formats import render
+    from perfdoctor.rules.config import Settings
+    from perfdoctor.rules.engine import judge
+
+    path = tmp_path / "train.py"
+    path.write_text(CONVS)
+    facts = machine(Facts())
+    analyse_files([path], facts)
+    found = [f for f in judge(facts, RULES, Settings(project=tmp_path)) if f.rule == "PD028"]
+    by_layer = {f.title.split()[0]: f for f in found}
+    assert sorted(by_layer) == ["Conv1d", "Conv2d"]  # different words: two findings
+    conv2d = by_layer["Conv2d"]
+    assert [loc.line for loc in conv2d.locations] == [4, 9, 10]
+    assert conv2d.fix is not None and "The same change at each location listed." in conv2d.fix.note
+    report = Report(run={"kind": "trace", "trace": str(path)}, summary={}, findings=found)
+    doc = json.loads(render("json", report, None))
+    assert [len(f["locations"]) for f in doc["findings"] if f["rule"] == "PD028"] in ([3, 1], [1, 3])
+    from rich.console import Console
+
+    console = Console(width=120, record=True, file=open(os.devnull, "w"))
+    console.print(render("text", report, None))
+    shown = console.export_text()
+    assert shown.count("PD028 conv-bias-before-bn") == 2
+    assert all(f"train.py:{n}" in shown for n in (4, 9, 10, 11)), shown
+    md = render("markdown", report, None)
+    assert "train.py:4 and 2 more" in md
+    gh = render("github", report, None)
+    assert sum("line=" in line and "PD028" in line for line in gh.splitlines()) == 4
+    html = render("html", report, None)
+    assert all(f"train.py:{n}</code>" in html for n in (4, 9, 10))
+
+
+# -- numbers and words that mislead ----------------------------------------------------------------
+
+def test_gate_table_at_80_columns_cuts_no_cell_and_labels_estimate_and_interval() -> None:
+    from rich.console import Console
+
+    from perfdoctor.gate.compare import Comparison, Row
+    from perfdoctor.report.text import render_comparison
+
+    rows = [Row("step time (p10)", "ms", 32.8, 83.6, 154.8, (32.6, 44.0), "regression", "timing", "interval"),
+            Row("ops.calls_per_step", "count/step", 1234.0, 1500.0, 21.6, None, "regression", "counter", "values")]
+    c = Comparison(failed=True, comparable=True, rows=rows, new_findings=[], resolved_findings=[], notes=[],
+                   baseline_runs=3, current_runs=3)
+    console = Console(width=80, record=True, file=open(os.devnull, "w"))
+    console.print(render_comparison(c))
+    shown = console.export_text()
+    assert "…" not in shown, shown
+    assert "+32.6% to" in shown and "+44.0%" in shown and "(estimate)" in shown and "interval" in shown
+    assert "lies outside its 90% interval" in " ".join(shown.split())
+
+
+def test_hot_lines_say_their_share_is_self_time() -> None:
+    from rich.console import Console
+
+    from perfdoctor.model import Hotspot, Report
+    from perfdoctor.report.text import render_report
+
+    h = Hotspot("forward", "/x/model.py", 38, 12.0, 1.0,
+                lines=[{"line": 40, "code": "x = self.tok(idx) + self.pos(pos)", "share": 0.55}])
+    console = Console(width=160, record=True, file=open(os.devnull, "w"))
+    console.print(render_report(Report(run={}, summary={}, findings=[], hotspots=[h])))
+    assert "hot lines (self time)" in console.export_text()

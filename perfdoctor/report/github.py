@@ -44,7 +44,7 @@ def _root(root: Path | str | None) -> Path:
 
 def render_report(report: Any, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
     r, base = _as_dict(report), _root(root)
-    lines = []
+    lines: list[str] = []
     for f in (r.get("findings") or [])[:limit]:
         saving = f.get("estimated_saving")
         msg = f.get("message") or f.get("title") or ""
@@ -53,10 +53,11 @@ def render_report(report: Any, root: Path | str | None = None, limit: int = MAX_
         fix = f.get("fix")
         if fix and fix.get("after"):
             msg += f"\nFix: {fix['after']}"
-        loc = (f.get("locations") or [{}])[0]
-        lines.append(command(COMMAND.get(f.get("severity"), "warning"), msg,
-                             file=_rel(loc["file"], base) if loc.get("file") else None,
-                             line=loc.get("line") or None, title=f"{f.get('rule')} {f.get('title', '')}".strip()))
+        # one annotation at each line the finding was found at; its other lines after the other findings' first
+        for loc in (f.get("locations") or [{}])[:1 if len(lines) >= limit // 2 else 10]:
+            lines.append(command(COMMAND.get(f.get("severity"), "warning"), msg,
+                                 file=_rel(loc["file"], base) if loc.get("file") else None,
+                                 line=loc.get("line") or None, title=f"{f.get('rule')} {f.get('title', '')}".strip()))
     return "\n".join(lines) + ("\n" if lines else "")
 
 

@@ -464,7 +464,7 @@ def _finding(i: int, f: Finding, rule: Rule | None, step_ms: Any) -> str:
     else:
         cost = '<span class="unmeasured">cost not measured here</span>'
     locs = "".join(f'<li><code class="where">{_e(_short(l.file))}:{l.line}</code>'
-                   + (f' <code class="code">{_e(l.code)}</code>' if l.code else "") + "</li>" for l in f.locations[:3])
+                   + (f' <code class="code">{_e(l.code)}</code>' if l.code else "") + "</li>" for l in f.locations[:10])
     out = [f'<article class="finding sev-{_e(f.severity)}" id="finding-{i}">',
            f'<h3><span class="num">{i}.</span> {_e(f.rule)} {_e(f.name)} '
            f'<span class="sev">{_e(f.severity.upper())}</span></h3>',
@@ -520,7 +520,7 @@ def _hotspot_table(hs: list[tuple[int, Hotspot]], top: float) -> str:
                     f'viewBox="0 0 120 10" width="120" height="10"><rect width="{w:.1f}" height="10" '
                     f'fill="{_fill(0)}"/></svg></td><td><ul class="lines">{lines}</ul></td></tr>')
     return ('<table class="hot"><thead><tr><th>function</th><th>where</th><th class="n">ms/step</th>'
-            f'<th>hot lines (share of the function\'s samples)</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+            f'<th>hot lines (share of the function\'s self time: time in the functions a line calls is theirs)</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
 
 def _hotspots(report: Report) -> str:

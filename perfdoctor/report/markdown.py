@@ -51,7 +51,8 @@ def _where(f: Mapping[str, Any]) -> str:
     if not locs:
         return ""
     loc = locs[0]
-    return f"{Path(str(loc.get('file', ''))).name}:{loc.get('line', '')}"
+    more = f" and {len(locs) - 1} more" if len(locs) > 1 else ""  # the same finding at several lines
+    return f"{Path(str(loc.get('file', ''))).name}:{loc.get('line', '')}{more}"
 
 
 def _loc(f: Mapping[str, Any], table: bool = False) -> str:
@@ -116,9 +117,9 @@ def render_report(report: Report) -> str:
                 out += [f"*{md(f['saving_basis'])}*", ""]
             if f.get("why"):
                 out += [f"**Why:** {md(f['why'], multiline=True)}", ""]
-            locs = f.get("locations") or []
-            if locs and locs[0].get("code"):
-                out += [_code(f"{locs[0].get('file')}:{locs[0].get('line')}"), "", _fence(escape.clean(locs[0]["code"]), "python"), ""]
+            for loc in (f.get("locations") or [])[:10]:
+                if loc.get("code"):
+                    out += [_code(f"{loc.get('file')}:{loc.get('line')}"), "", _fence(escape.clean(loc["code"]), "python"), ""]
             fix = f.get("fix")
             if fix:
                 out += ["**Fix, for example:**" if fix.get("example") else "**Fix:**", ""]

@@ -184,6 +184,9 @@ def _cost(f: Finding) -> Text:
     return t
 
 
+MAX_LOCATIONS = 10  # a finding's locations shown; report.json keeps every one
+
+
 def _indent(r: Any) -> Padding:
     return Padding(r, (0, 0, 0, 3))
 
@@ -196,11 +199,14 @@ def _finding(i: int, f: Finding) -> Group:
     head.append("  ")
     head.append_text(_cost(f))
     parts: list[Any] = [head, _indent(_t(f.title, style="bold"))]
-    for loc in f.locations[:2]:
+    for loc in f.locations[:MAX_LOCATIONS]:  # a finding found at several lines (the same words) lists them all
         where = _t(f"{_short(loc.file)}:{loc.line}", style="cyan")
         if loc.code:
             where.append(f"   {escape.text(loc.code)}", style="dim")
         parts.append(_indent(where))
+    if len(f.locations) > MAX_LOCATIONS:
+        parts.append(_indent(Text(f"and {len(f.locations) - MAX_LOCATIONS} more locations (report.json lists them)",
+                                  style="dim")))
     parts.append(_indent(_t(f.message, multiline=True)))
     if f.ms_per_step is None and f.saving_basis:
         parts.append(_indent(_t(f"({f.saving_basis})", style="dim")))
@@ -253,6 +259,8 @@ def _report(report: Report) -> Group:
                 loc = f.locations[0] if f.locations else None
                 if loc:
                     line.append_text(_t(f"  {_short(loc.file)}:{loc.line}", style="cyan"))
+                    if len(f.locations) > 1:
+                        line.append_text(Text(f" and {len(f.locations) - 1} more", style="cyan"))
                 line.append_text(_t(f"  {f.title}"))
                 parts.append(_indent(line))
     else:
@@ -261,9 +269,9 @@ def _report(report: Report) -> Group:
     if report.hotspots:
         t = Table(title="hot spots in your code (profiled steps)", title_justify="left", show_edge=False)
         t.add_column("function")
-        t.add_column("where")
+        t.add_column("where", overflow="fold")
         t.add_column("ms/step", justify="right")
-        t.add_column("hot lines")
+        t.add_column("hot lines (self time)")  # the share of the function's own time: a called function's is its own
         main = [h for h in report.hotspots if h.process == "main"]
         workers = [h for h in report.hotspots if h.process != "main"]
         for h in main[:8] + workers[:4]:
@@ -305,18 +313,30 @@ def _comparison(comparison: Comparison) -> Group:
     t = Table(title=f"gate: {verdict.upper()} (threshold {100 * c.get('max_regression', 0):.0f}%, "
                     f"{c.get('baseline_runs')} baseline run(s) vs {c.get('current_runs')})",
               title_justify="left", title_style=style, show_edge=False)
+    # the change is the estimate; beside it, the interval its verdict reads (a bootstrap's percentiles
+    # of a low quantile, which need not hold the estimate): each labelled as what it is. Cells wrap
+    # (fold), never cut, in an 80-column terminal.
+    level = f"{c.get('ci_level', 0.95):.0%}"
     columns: list[tuple[str, JustifyMethod]] = [
-        ("metric", "left"), ("baseline", "right"), ("current", "right"), ("change", "right"),
-        (f"{c.get('ci_level', 0.95):.0%} CI", "right"), ("verdict", "left")]
+        ("metric", "left"), ("baseline", "right"), ("current", "right"), ("change (estimate)", "right"),
+        (f"{level} interval of the change", "right"), ("verdict", "left")]
     for col, just in columns:
-        t.add_column(col, justify=just)
+        t.add_column(col, justify=just, overflow="fold")
+    outside = []
     for r in c.get("rows", []):
-        ci = r.get("ci_pct")
+        ci, change = r.get("ci_pct"), r.get("change_pct")
         t.add_row(_cell(r["metric"]), _num(r.get("baseline"), r.get("unit", "")), _num(r.get("current"), r.get("unit", "")),
-                  "" if r.get("change_pct") is None else f"{r['change_pct']:+.1f}%",
-                  "" if not ci else f"{ci[0]:+.1f}%..{ci[1]:+.1f}%",
+                  "" if change is None else f"{change:+.1f}%",
+                  "" if not ci else f"{ci[0]:+.1f}% to {ci[1]:+.1f}%",
                   Text(r["verdict"], style=VERDICT_STYLE.get(r["verdict"], "")))
+        if ci and change is not None and not ci[0] <= change <= ci[1]:
+            outside.append(r["metric"])
     parts: list[RenderableType] = [t]
+    if outside:
+        parts.append(_t(f"note: {', '.join(dict.fromkeys(outside))}: the estimate (the runs' step-time quantile, "
+                        f"current over baseline) lies outside its {level} interval (the bootstrap of that ratio over "
+                        f"the steps and the run-to-run noise, which is skewed when the runs scatter); the verdict reads "
+                        f"the interval", style="dim"))
     for f in c.get("failing_findings", []):
         parts.append(_t(f"new finding fails the gate: {f.get('rule')} {f.get('title', '')}", style="bold red"))
     for f in c.get("new_findings", []):

@@ -310,5 +310,31 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
             if f is not None and f.fingerprint() not in seen:
                 seen.add(f.fingerprint())
                 findings.append(f)
+    findings = group_identical(findings)
     findings.sort(key=lambda f: (f.minor, *f.sort_key()))
     return findings
+
+
+def group_identical(findings: list[Finding]) -> list[Finding]:
+    """Findings of one rule that say the same (title, message, severity and saving: PD028's conv
+    bias in three layers) are one finding with every location listed in file order (the first of
+    them its identity), and one fix (with a note that the change is the same at the others)."""
+    out: list[Finding] = []
+    by_text: dict[tuple, Finding] = {}
+    for f in findings:
+        key = (f.rule, f.title, f.message, f.severity, f.ms_per_step)
+        first = by_text.get(key)
+        if first is None or not f.locations or not first.locations:
+            by_text.setdefault(key, f)
+            out.append(f)
+            continue
+        before = len(first.locations)
+        first.locations = sorted(first.locations + [loc for loc in f.locations if loc not in first.locations],
+                                 key=lambda loc: (loc.file, loc.line))
+        if first.fix is not None and len(first.locations) > before and first.fix.before and \
+                not first.fix.note.endswith(SAME_CHANGE):
+            first.fix.note = (first.fix.note + " " if first.fix.note else "") + SAME_CHANGE
+    return out
+
+
+SAME_CHANGE = "The same change at each location listed."
