@@ -16,8 +16,9 @@ from perfdoctor.facts.static.index import SourceIndex
 from perfdoctor.model import Fix, Location
 
 _COMPOUND = (cst.For, cst.While, cst.If, cst.With)
-# a fixer: (context, params) -> (the statement rewritten, or its text; a note) or None where the code does not match
-Fixer = Callable[["Context", dict], "tuple[cst.CSTNode | str, str] | None"]
+# a fixer: (context, params) -> (the statement rewritten, or its text, or None for a fix in words
+# alone; a note) or None where the code does not match
+Fixer = Callable[["Context", dict], "tuple[cst.CSTNode | str | None, str] | None"]
 
 
 class NoStatement(Exception):
@@ -41,6 +42,9 @@ class Context:
             raise NoStatement(f"no statement at line {line}")
         self.stmt, self.scan = found
         self.whole = False  # `widen`: the statement is a whole compound statement, not its header
+        # a fixer that rewrites around one line of a long statement (a line inserted before a class)
+        # sets the `before` text itself: that line, not the whole statement
+        self.before_text: str | None = None
 
     def widen(self, stmt: cst.BaseStatement) -> None:
         """Make the fix replace `stmt`, a statement that encloses the located one, whole (an `if`
@@ -130,7 +134,9 @@ def render(fixer: Fixer, location: Location, params: dict) -> Fix | None:
     if result is None:
         return None
     after, note = result
-    before = ctx.render(ctx.stmt)
+    if after is None:  # words: what to change where the fixer cannot write it (the note says which value)
+        return Fix(before="", after="", note=note) if note else None
+    before = ctx.before_text if ctx.before_text is not None else ctx.render(ctx.stmt)
     if isinstance(after, cst.CSTNode):
         after = ctx.render(after)
     if after == before:
