@@ -134,3 +134,36 @@ def test_hostile_input_stays_text(browser, tmp_path: Path) -> None:
     assert HOSTILE in page.locator("header").inner_text() and HOSTILE in page.locator("#finding-1").inner_text()
     assert errors == [] and dialogs == [] and requests == []
     page.context.close()
+
+
+def test_findings_at_a_glance_and_hot_spots_a_click_away_on_a_wide_window(browser, tmp_path: Path) -> None:
+    # issue 25: a compact findings table at the top, the hot spots reachable without scrolling past every
+    # card, and a layout that uses a wide window
+    report = analyse_path(record.materialise("pd002_dataloader_workers"))
+    assert report.findings and report.hotspots
+    report.findings.append(dataclasses.replace(report.findings[0], rule="PD015", name="persistent-workers",
+                                               title="a second finding", ms_per_step=None))
+    page, errors, dialogs, requests = _open(browser, html.render_report(report), tmp_path)
+    page.set_viewport_size({"width": 1600, "height": 1000})
+    rows = page.locator("#summary table.glance tbody tr")
+    assert rows.count() == len(report.findings)
+    first = report.findings[0]
+    cells = rows.first.locator("td").all_inner_texts()
+    assert first.rule in cells[1] and cells[2] == first.severity and "/step" in cells[3]
+    assert "not measured" in rows.nth(1).locator("td").all_inner_texts()[3]
+    glance = page.locator("#summary").bounding_box()
+    cards = page.locator("#findings").bounding_box()
+    assert glance["y"] < cards["y"] and glance["y"] < 1000  # the table is on the first screen
+    # the nav reaches the hot spots: after the click they are on screen
+    page.click('nav.toc a[href="#hotspots"]')
+    top = page.locator("#hotspots").evaluate("e => e.getBoundingClientRect().top")
+    assert 0 <= top < 1000
+    # a table row links to its card
+    page.click("#summary table.glance tbody tr >> nth=1 >> a")
+    assert page.evaluate("location.hash") == "#finding-2"
+    # a wide window: the page is wider than the old 820 px column, and the cards stand side by side
+    assert page.locator("main").bounding_box()["width"] > 1200
+    one, two = page.locator("#finding-1").bounding_box(), page.locator("#finding-2").bounding_box()
+    assert abs(one["y"] - two["y"]) < 5 and two["x"] > one["x"] + one["width"] - 1
+    assert errors == [] and dialogs == [] and requests == []
+    page.context.close()

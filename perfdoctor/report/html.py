@@ -502,7 +502,35 @@ def _findings(report: Report, rules: list[Rule] | None) -> str:
     body = "".join(_finding(i, f, by_id.get(f.rule), step) for i, f in enumerate(report.findings, 1))
     return (f'<section id="findings"><h2>Findings <span class="dim">({len(report.findings)}, most costly first)'
             f'</span></h2><p><button type="button" id="toggle-explain" hidden>Expand every explanation</button></p>'
-            f"{body}</section>")
+            f'<div class="cards">{body}</div></section>')
+
+
+def _findings_table(report: Report) -> str:
+    """The findings at a glance, at the top: one row each (rule, severity, saving, where; a finding
+    found at several lines says how many more), each linking to its card."""
+    if not report.findings:
+        return ""
+    rows = []
+    for i, f in enumerate(report.findings, 1):
+        saving = f"{_ms(f.ms_per_step)}/step" if f.ms_per_step is not None else '<span class="dim">not measured here</span>'
+        loc = f.locations[0] if f.locations else None
+        where = "" if loc is None else f"<code>{_e(_short(loc.file))}:{loc.line}</code>" + (
+            f' <span class="dim">and {len(f.locations) - 1} more</span>' if len(f.locations) > 1 else "")
+        rows.append(f'<tr class="sev-{_e(f.severity)}"><td class="n">{i}</td><td><a href="#finding-{i}">{_e(f.rule)} '
+                    f'{_e(f.name)}</a><br><span class="dim">{_e(f.title)}</span></td><td>{_e(f.severity)}</td>'
+                    f'<td class="n">{saving}</td><td>{where}</td></tr>')
+    return ('<section id="summary"><h2>At a glance</h2><table class="glance"><thead><tr><th class="n">#</th>'
+            '<th>rule</th><th>severity</th><th class="n">saving</th><th>location</th></tr></thead><tbody>'
+            + "".join(rows) + "</tbody></table></section>")
+
+
+def _nav(report: Report, comparison: Comparison | None) -> str:
+    """Links to every section, so the hot spots and the notes are a click away, not past every card."""
+    links = [("summary", "at a glance", bool(report.findings)), ("steps", "step time", bool(report.summary.get("step_series"))),
+             ("ranks", "ranks", bool(report.ranks)), ("findings", "findings", True),
+             ("hotspots", "hot spots", bool(report.hotspots)), ("gate", "gate", comparison is not None),
+             ("notes", "notes", bool(report.notes)), ("facts", "facts", bool(report.facts))]
+    return '<nav class="toc">' + " · ".join(f'<a href="#{a}">{t}</a>' for a, t, shown in links if shown) + "</nav>"
 
 
 # -- hot spots ------------------------------------------------------------------------------------------
@@ -688,7 +716,7 @@ def _notes(notes: Iterable[str]) -> str:
     notes = list(notes)
     if not notes:
         return ""
-    return '<div class="notes"><h3>Notes</h3><ul>' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul></div>"
+    return '<div class="notes" id="notes"><h3>Notes</h3><ul>' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul></div>"
 
 
 def _perfetto(files: list[str]) -> str:
@@ -766,7 +794,10 @@ CSS = """
 :root{--ink:#1b1f24;--dim:#5b6470;--line:#d0d7de;--bg:#ffffff;--soft:#f6f8fa;--bad:#b42318;--good:#1a7f37;--warn:#9a6700}
 *{box-sizing:border-box}
 body{margin:0;background:var(--bg);color:var(--ink);font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif}
-main{max-width:820px;margin:0 auto;padding:24px 20px 48px}
+main{max-width:1500px;margin:0 auto;padding:24px 20px 48px}
+nav.toc{position:sticky;top:0;z-index:1;background:var(--bg);border-bottom:1px solid var(--line);padding:6px 0;margin:8px 0 0}
+table.glance td:nth-child(2){min-width:18em}
+@media (min-width:1200px){#findings .cards{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:0 18px;align-items:start}}
 h1{font-size:1.6em;margin:0 0 8px}h2{font-size:1.25em;margin:32px 0 8px;border-bottom:1px solid var(--line);padding-bottom:4px}
 h3{font-size:1.05em;margin:18px 0 6px}h4{margin:12px 0 4px;font-size:.95em}
 code,pre{font:13px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
@@ -834,7 +865,8 @@ def render_report(report: Report, comparison: Comparison | None = None, rules: l
     """The report as one HTML page; with the gate's `comparison`, the verdict and the two sides' step
     times follow the report. `rules` (for the explanations) defaults to perfdoctor's catalog."""
     target = report.run.get("script") or report.run.get("module") or report.run.get("trace") or ""
-    body = [_header(report), _step_section(report), _ranks(report), _findings(report, rules), _hotspots(report)]
+    body = [_header(report), _nav(report, comparison), _findings_table(report), _step_section(report), _ranks(report),
+            _findings(report, rules), _hotspots(report)]
     if comparison is not None:
         body.append(_gate(comparison))
     body += [_notes(report.notes), _facts_table(report)]
