@@ -303,8 +303,51 @@ def analyse_trace(path: Path, config: Path | None = None, workers: int | None = 
     run = _run_info("trace", {"trace": str(path), "files": [str(r.path) for r, _ in per_rank]}, summary,
                     step_clock=first.step_source, device=facts.value("device.name") or facts.value("device.type"),
                     torch=None, settings=settings, changes=changes, dropped=dropped)
+    lacking = _machine_facts_lacking(findings, rules, facts)
+    if lacking:
+        notes.append(lacking)
     return Report(run=run, summary=summary, findings=findings, notes=notes, ranks=ranks,
                   facts=facts.as_mapping())
+
+
+def _machine_facts_lacking(findings: list[Finding], rules: list[Rule], facts: Facts) -> str | None:
+    """A trace alone does not hold the machine's facts (its usable CPUs, its memory): a note naming
+    those the findings' rules read and this report lacks, so that a number or a fix that falls back
+    on a rule's default (PD002's num_workers = max_workers) is not read as this machine's."""
+    from perfdoctor.facts.registry import spec
+    from perfdoctor.rules.catalog import TEMPLATE_RE, split_placeholder
+
+    by_id = {r.id: r for r in rules}
+    missing: dict[str, list[str]] = {}
+    for f in findings:
+        rule = by_id.get(f.rule)
+        if rule is None:
+            continue
+        texts = [str(v) for v in _flat(rule.fix_params)]  # what decides and what is advised, not the words
+        names = names_in(rule.when) | (names_in(rule.saving_ms) if rule.saving_ms else set())
+        for text in texts:
+            for m in TEMPLATE_RE.finditer(text):
+                names |= names_in(split_placeholder(m.group(1))[0])
+        for n in sorted(names):
+            fs = spec(n)
+            # the machine's sizes (CPUs, memory) a rule scales its advice by; not its descriptions
+            if fs is not None and fs.producers == ("machine",) and fs.unit in ("count", "bytes") and facts.get(n) is None:
+                missing.setdefault(n, []).append(f.rule)
+    if not missing:
+        return None
+    return ("a trace alone does not hold these facts of the machine it ran on: "
+            + "; ".join(f"{n} ({spec(n).doc.split(';')[0]}), read by {', '.join(dict.fromkeys(r))}"  # type: ignore[union-attr]
+                        for n, r in missing.items())
+            + ". Where a rule needs one, its number and fix take the rule's default instead (PD002's num_workers "
+              "is its max_workers threshold); a run folder (`perfdoctor run`) measures them")
+
+
+def _flat(params: Any) -> list[Any]:
+    if isinstance(params, dict):
+        return [x for v in params.values() for x in _flat(v)]
+    if isinstance(params, list):
+        return [x for v in params for x in _flat(v)]
+    return [params]
 
 
 def analyse_repeats(folder: Path, runs: list[Path], config: Path | None = None) -> Report:

@@ -360,3 +360,17 @@ def test_pd016_fix_goes_at_module_level_never_in_init_or_a_loop(tmp_path: Path) 
 
     pd016 = next(r for r in load_rules() if r.id == "PD016")
     assert "after" not in pd016.fix_text  # where the source cannot be read: words, no generic snippet
+
+
+def test_a_trace_alone_names_no_start_frame_and_says_which_machine_facts_it_lacks() -> None:
+    from perfdoctor.analysis import analyse_path
+
+    trace = Path(__file__).resolve().parent / "data" / "traces" / "torch213_cpu_mlp_dataloader.pt.trace.json.gz"
+    report = analyse_path(trace)
+    (pd002,) = [f for f in report.findings if f.rule == "PD002"]
+    # record_cpu_trace.py(22): <module> began with the profiler: its line is where profiling started
+    # (the loop's `prof.step()`), not where the DataLoader is
+    assert pd002.locations == []
+    lacking = [n for n in report.notes if n.startswith("a trace alone does not hold")]
+    assert len(lacking) == 1 and "cpu.count" in lacking[0] and "PD002" in lacking[0]
+    assert "cpu.local_ranks" not in lacking[0]

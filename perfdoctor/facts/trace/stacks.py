@@ -17,6 +17,7 @@ from perfdoctor.model import Location
 from perfdoctor.trace.model import PYFUNC, Trace
 
 _FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
+START_SLACK_US = 1.0  # a frame that begins this close to the first Python event was running at the profiler's start
 Frame = tuple[str, int, str]  # (file, line, function)
 
 
@@ -60,6 +61,10 @@ class Stacks:
                 self.by_id[ext[i]] = i
         for lst in self.by_track.values():
             lst.sort(key=t.ts.__getitem__)
+        # the frames already running when the profiler started are recorded as starting with it, named
+        # by the line they were at then (the `prof.step()` or `opt.step()` that started it): such a
+        # frame's line is the profiler's start, no location of anything inside it
+        self.start = min((t.ts[lst[0]] for lst in self.by_track.values() if lst), default=None)
         self.starts = {k: [t.ts[i] for i in v] for k, v in self.by_track.items()}
         self._named: dict[int, Frame | None] = {}  # string index -> user_frame
         self._legacy: dict[int, tuple[Frame, int] | None] = {}  # call stack index -> frame
@@ -99,6 +104,6 @@ class Stacks:
             seen.add(caller)
             u = self.named_frame(t.name[caller])
             if u:
-                return u, caller
+                return None if self.start is not None and t.ts[caller] <= self.start + START_SLACK_US else (u, caller)
             caller = self.by_id.get(t.corr[caller])
         return None
