@@ -32,6 +32,7 @@ from perfdoctor.capture.probes.gc_time import GcTimeProbe
 from perfdoctor.capture.probes.gpu_clock import GpuClockProbe
 from perfdoctor.capture.probes.holders import HolderScanner
 from perfdoctor.capture.probes.host_reads import HostReadProbe
+from perfdoctor.capture.probes.memory_objects import MemoryObjectsProbe
 from perfdoctor.capture.probes.modules import ModuleProbe
 from perfdoctor.capture.probes.stalls import StallSampler
 from perfdoctor.capture.probes.user_profiler import UserProfilerGuard
@@ -85,6 +86,7 @@ class Recorder:
         self.compile = CompileProbe(self.errors)
         self.cpu_wait = CpuWaitProbe(self.errors, self.dataloader.worker_pids)
         self.gpu_clock = GpuClockProbe(torch, self.errors)
+        self.memory_objects = MemoryObjectsProbe(torch, self.errors)
         self.window = self._new_window()
         self.user_profiler = UserProfilerGuard(torch, lambda: self.window, self.errors)
         self.forward.poll = self.dataloader.poll = self._poll  # the window's time budget, inside long steps
@@ -95,7 +97,7 @@ class Recorder:
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.modules, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
                         self.host_reads, self.user_profiler, self.gc_calls, self.ddp, self.gc_time, self.stalls,
-                        self.compile, self.cpu_wait, self.gpu_clock)
+                        self.compile, self.cpu_wait, self.gpu_clock, self.memory_objects)
 
     @property
     def stopping(self) -> bool:
@@ -206,7 +208,8 @@ class Recorder:
                         host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(), ddp=self.ddp.records(),
                         gc_time=self.gc_time.records(), stalls=self.stalls.records(),
                         eval_grad=self.forward.eval_grad_records(), compile=self.compile.records(len(steps) + 1),
-                        cpu_wait=self.cpu_wait.records(), gpu_clock=self.gpu_clock.records())
+                        cpu_wait=self.cpu_wait.records(), gpu_clock=self.gpu_clock.records(),
+                        memory_objects=self.memory_objects.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb)

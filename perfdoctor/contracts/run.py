@@ -420,6 +420,17 @@ class GpuClockRecord(Struct, kw_only=True):
     by_step: list[list[float]] = []  # [step, SM clock MHz, throttle reasons (NVML's bit mask)] per reading
 
 
+class OptimizerMemory(Struct, kw_only=True):
+    """The bytes an optimizer's parameters, their gradients and its state take, by "dtype@device type",
+    each storage counted once across every optimizer (capture/probes/memory_objects.py)."""
+    optimizer: str  # class name
+    step: int  # the optimizer's own step at whose end they were read
+    params: int = 0  # parameters it updates
+    params_bytes: dict[str, files.Count] = {}
+    grads_bytes: dict[str, files.Count] = {}
+    state_bytes: dict[str, files.Count] = {}
+
+
 class Probes(Struct, kw_only=True):
     dataloaders: list[DataLoaderRecord] = []
     dataparallel: list[DataParallelRecord] = []
@@ -436,6 +447,7 @@ class Probes(Struct, kw_only=True):
     compile: CompileRecord | None = None
     cpu_wait: CpuWaitRecord | None = None
     gpu_clock: GpuClockRecord | None = None
+    memory_objects: list[OptimizerMemory] = []
 
 
 # -- hotspots.json -----------------------------------------------------------------------------

@@ -114,6 +114,15 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("memory.growth_bytes_per_step", "bytes", "run", "clear linear memory growth over the steady steps (CUDA: "
      "allocated at step ends, the device that grows most)"),
     ("memory.steps_to_oom", "count", "run", "free memory at the end / growth per step"),
+    ("memory.params_bytes", "bytes", "run", "the parameters the optimizers update, each storage once (on the device "
+     "type the memory facts are about)"),
+    ("memory.grads_bytes", "bytes", "run", "their gradients"),
+    ("memory.optimizer_state_bytes", "bytes", "run", "the optimizers' state (moments, momentum buffers)"),
+    ("memory.activations_bytes", "bytes", "run", "CUDA: the peak within a step less parameters, gradients and "
+     "optimizer state (activations kept for backward, temporaries)"),
+    ("memory.headroom_bytes", "bytes", "run", "the device's (CPU: the machine's) memory less the peak"),
+    ("memory.batch_that_fits", "count", "run", "CUDA: an estimate of the largest batch that fits, from the "
+     "activations per sample"),
     # the source
     ("script.targets_cuda", "bool", "static", "the user's files name a CUDA device"),
     ("script.uses_amp", "bool", "static",

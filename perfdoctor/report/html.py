@@ -21,6 +21,7 @@ from perfdoctor import __version__
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Hotspot, Report
 from perfdoctor.report import escape
 from perfdoctor.report.explain import explanation_lines
+from perfdoctor.report.memory import memory_line
 from perfdoctor.report.text import chart_top
 
 if TYPE_CHECKING:
@@ -759,12 +760,57 @@ def _header(report: Report) -> str:
     return f'<header><h1>perfdoctor report</h1><dl class="run">{dl}</dl>{_perfetto(files)}</header>'
 
 
+def _memory_chart(mem: dict[str, Any]) -> str:
+    """Memory at each step's end (MiB), the steady steps' fitted growth as a dashed line, and the peak's
+    parts as one bar."""
+    pts = [(i + 1, v / 2**20) for i, v in enumerate(mem.get("bytes") or []) if v is not None]
+    if len(pts) < 2:
+        return ""
+    W, H, L, B, T = CHART_W, 200, 64, 30, 10
+    hi = _ticks(max(v for _, v in pts))[-1] or 1.0
+    n = max(i for i, _ in pts)
+
+    def x(i: float) -> float:
+        return L + (W - L - 12) * (i - 1) / max(1, n - 1)
+
+    def y(v: float) -> float:
+        return T + (H - T - B) * (1 - v / hi)
+
+    out = [f'<line class="axis" x1="{L}" x2="{W - 12}" y1="{y(0):.1f}" y2="{y(0):.1f}"/>']
+    for t in _ticks(hi, 4):
+        out.append(f'<text class="tick" x="{L - 6}" y="{y(t) + 4:.1f}" text-anchor="end">{_num(t)}</text>')
+    out.append('<polyline class="mem" fill="none" stroke="#aa3377" stroke-width="1.5" points="'
+               + " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in pts) + '"/>')
+    g = mem.get("growth_bytes_per_step")
+    if g is not None:
+        last_i, last_v = pts[-1]
+        first_i = pts[0][0]
+        out.append(f'<line class="fit" x1="{x(first_i):.1f}" y1="{y(last_v - g / 2**20 * (last_i - first_i)):.1f}" '
+                   f'x2="{x(last_i):.1f}" y2="{y(last_v):.1f}" stroke="#333" stroke-dasharray="4 3"/>')
+    out.append(f'<text class="label" x="{W - 12}" y="{H - 4}" text-anchor="end">step (MiB at its end)</text>')
+    chart = _svg(W, H, f"memory at each step's end ({mem.get('source', '')}), in MiB", "".join(out))
+    parts = mem.get("parts") or {}
+    peak = mem.get("peak_bytes")
+    bar = ""
+    if parts and isinstance(peak, (int, float)):
+        rows = [(k.replace("_", " "), v / 2**20, f"{v / 2**20:,.1f} MiB") for k, v in parts.items()]
+        other = peak / 2**20 - sum(r[1] for r in rows)
+        if other > 0:
+            rows.append(("other", other, f"{other:,.1f} MiB"))
+        bar = "<h3>The peak, by what holds it</h3>" + _stacked_bar(rows, "the peak memory by what holds it, in MiB",
+                                                                     unit="ms", key="memory")
+    return chart + f'<p class="dim">{_e(memory_line(mem))}</p>' + bar.replace("ms per step", "MiB")
+
+
 def _step_section(report: Report) -> str:
     s = report.summary
     parts = []
     chart = _step_chart(s)
     if chart:
         parts.append('<section id="steps"><h2>Step time over the run</h2>' + chart + "</section>")
+    mem = _memory_chart(s.get("memory") or {})
+    if mem:
+        parts.append('<section id="memory"><h2>Memory over the run</h2>' + mem + "</section>")
     bd = []
     if s.get("breakdown"):
         gpu_trace = report.run.get("kind") == "trace" and _fact(report, "step.gpu_kernel_ms") is not None

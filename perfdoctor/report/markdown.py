@@ -17,6 +17,7 @@ from perfdoctor.gate.compare import Comparison, undecided_sentence
 from perfdoctor.model import NOTHING_MEASURED, RANK_COLUMNS, Report, rank_header
 from perfdoctor.report import escape
 from perfdoctor.report.explain import explanation_lines
+from perfdoctor.report.memory import memory_line
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
                 "inconclusive": "❔ inconclusive", "unstable": "〰️ unstable", "not-comparable": "⚠️ not comparable"}
@@ -84,6 +85,8 @@ def render_report(report: Report) -> str:
         if run.get(key):
             facts.append(f"{label} {md(run[key])}")
     out += [" · ".join(facts), ""]
+    if (summary.get("memory") or {}).get("bytes"):
+        out += [f"**Memory** {md(memory_line(summary['memory']))}", ""]
     breakdown = summary.get("breakdown") or []
     if breakdown:
         out += ["| Phase | ms/step | Share |", "|---|---:|---:|"]

@@ -22,6 +22,7 @@ from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
 from perfdoctor.report.explain import explanation_lines
+from perfdoctor.report.memory import memory_line
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]
@@ -162,6 +163,10 @@ def _summary(report: Report) -> Panel:
         rows.add_row("each step", Text(sparkline(series), style="blue")
                      + Text(f"  steps 1-{len(series)}, █ = {_ms(top)}" + (" or more" if top < max(series) else ""),
                             style="dim"))
+    mem = s.get("memory") or {}
+    mem_series = [float(v) for v in mem.get("bytes") or [] if v is not None]
+    if len(mem_series) >= 2:
+        rows.add_row("memory", Text(sparkline(mem_series), style="magenta") + Text("  " + memory_line(mem), style="dim"))
     exit_info = run.get("exit") or {}
     if exit_info.get("reason") and exit_info.get("reason") not in ("completed", "steps-reached"):
         rows.add_row("script", _t(f"{exit_info['reason']} (exit code {exit_info.get('code')})", style="bold red"))

@@ -4,21 +4,38 @@ used CUDA, else the process RSS. Hands the growth on to the loss holders (`ctx.g
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from perfdoctor.facts.run.context import RunContext, span
 
+T90 = 1.645  # the slope's 90 % interval: +-T90 standard errors (normal; the fit uses 8 steps or more)
 
-def _slope(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares slope and R^2."""
+
+def _slope(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
+    """Least-squares slope, R^2 and the slope's standard error."""
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     sxx = sum((x - mx) ** 2 for x in xs)
     syy = sum((y - my) ** 2 for y in ys)
     if sxx == 0 or syy == 0:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    return sxy / sxx, sxy * sxy / (sxx * syy)
+    slope = sxy / sxx
+    resid = max(0.0, syy - slope * sxy)  # the residual sum of squares
+    se = math.sqrt(resid / (n - 2) / sxx) if n > 2 else 0.0
+    return slope, sxy * sxy / (sxx * syy), se
+
+
+def growth_fit(steady: list[dict]) -> tuple[float, float, float] | None:
+    """(bytes per step, and its 90 % interval's low and high ends) by a least-squares line through the
+    memory at the steady steps' ends; None with fewer than 8 steps."""
+    pts = [(s["i"], s["mem_bytes"]) for s in steady if s.get("mem_bytes") is not None]
+    if len(pts) < 8:
+        return None
+    slope, _, se = _slope([p[0] for p in pts], [p[1] for p in pts])
+    return slope, slope - T90 * se, slope + T90 * se
 
 
 def memory_growth(steady: list[dict]) -> float | None:
@@ -26,7 +43,7 @@ def memory_growth(steady: list[dict]) -> float | None:
     pts = [(s["i"], s["mem_bytes"]) for s in steady if s.get("mem_bytes") is not None]
     if len(pts) < 8:
         return None
-    slope, r2 = _slope([p[0] for p in pts], [p[1] for p in pts])
+    slope, r2, _ = _slope([p[0] for p in pts], [p[1] for p in pts])
     total = slope * (pts[-1][0] - pts[0][0])
     if slope > 0 and r2 >= 0.7 and total >= 1 << 20:
         return slope
@@ -42,6 +59,8 @@ def add(ctx: RunContext) -> None:
     export): their RSS holds the profiler's event buffers, tens of MB that vary from run to run and
     are not the script's (CUDA memory does not)."""
     ctx.growth = _memory(ctx)
+    _objects(ctx)
+    _summary(ctx)
 
 
 def _memory(ctx: RunContext) -> float | None:
@@ -95,3 +114,82 @@ def _memory(ctx: RunContext) -> float | None:
         facts.add("memory.steps_to_oom", int(free / best[1]), "count",
                   detail=f"free memory on cuda:{dev} at the end / growth")
     return best[1]
+
+
+def _on_device(by_key: dict[str, int], device_type: str) -> int:
+    return sum(v for k, v in by_key.items() if k.endswith(f"@{device_type}"))
+
+
+def _objects(ctx: RunContext) -> None:
+    """`memory.params_bytes`, `grads_bytes`, `optimizer_state_bytes`: the optimizers' parameters, their
+    gradients and the optimizers' state, summed over every optimizer the run stepped, on the device
+    type the memory facts are about; on CUDA, what the step's peak holds beyond them
+    (`memory.activations_bytes`: activations and temporaries), the headroom to the device's capacity,
+    and the batch that would fit at the activations measured per sample (an estimate)."""
+    found = ctx.probes.memory_objects
+    if not found:
+        return
+    dev = "cuda" if any(st.cuda_mem for st in ctx.run_steps) else "cpu"
+    parts = {}
+    for name, attr in (("memory.params_bytes", "params_bytes"), ("memory.grads_bytes", "grads_bytes"),
+                       ("memory.optimizer_state_bytes", "state_bytes")):
+        total = sum(_on_device(getattr(o, attr), dev) for o in found)
+        by_dtype: dict[str, int] = {}
+        for o in found:
+            for k, v in getattr(o, attr).items():
+                if k.endswith(f"@{dev}"):
+                    by_dtype[k.split("@")[0]] = by_dtype.get(k.split("@")[0], 0) + v
+        parts[name] = total
+        ctx.facts.add(name, total, "bytes", detail=", ".join(f"{k} {v}" for k, v in sorted(by_dtype.items()))
+                      + f" on {dev}, each storage once, read at the end of each optimizer's step "
+                      f"{found[0].step} ({', '.join(o.optimizer for o in found)})")
+    peak = ctx.facts.value("memory.peak_bytes")
+    total_mem = ctx.facts.value("memory.total_bytes")
+    static = sum(parts.values())
+    if isinstance(peak, (int, float)) and isinstance(total_mem, (int, float)) and total_mem > 0:
+        ctx.facts.add("memory.headroom_bytes", max(0, int(total_mem - peak)), "bytes",
+                      detail="the device's (or, on the CPU, the machine's) memory less the peak")
+    if dev != "cuda" or not isinstance(peak, (int, float)):
+        return  # the RSS holds the interpreter and torch too: activations cannot be told apart there
+    act = int(peak - static)
+    if act <= 0:
+        return
+    ctx.facts.add("memory.activations_bytes", act, "bytes",
+                  detail="the peak within a step less parameters, gradients and optimizer state: the "
+                         "activations kept for backward and the temporaries")
+    fed = [d for d in ctx.probes.dataloaders if d.batches]
+    batch = fed[0].kwargs.batch_size if fed else None
+    if isinstance(batch, (int, float)) and batch > 0 and isinstance(total_mem, (int, float)):
+        per_sample = act / batch
+        fits = int((total_mem - static) / per_sample) if per_sample > 0 else None
+        if fits:
+            ctx.facts.add("memory.batch_that_fits", fits, "count",
+                          detail=f"an estimate: (device memory - parameters, gradients and optimizer state) / "
+                                 f"{per_sample / 2**20:.1f} MiB of activations per sample at batch {int(batch)}; "
+                                 f"the allocator's fragmentation makes the true limit lower")
+
+
+def _summary(ctx: RunContext) -> None:
+    """The summary's `memory`: the memory at each step's end (CUDA allocated on the device the facts
+    are about, else the process RSS), the linear growth over the steady steps with its 90 % interval,
+    and the peak's parts."""
+    cuda = any(st.cuda_mem for st in ctx.run_steps)
+    series: list[float | None] = []
+    for st in ctx.run_steps:
+        if cuda:
+            series.append(max((c.allocated for c in st.cuda_mem or []), default=None))
+        else:
+            series.append(st.mem_bytes)
+    if sum(v is not None for v in series) < 2:
+        return
+    steady = [{"i": x["i"], "mem_bytes": series[x["i"] - 1]} for x in ctx.steady if 0 < x["i"] <= len(series)]
+    fit = growth_fit(steady)
+    value = ctx.facts.value
+    parts = {k: value(f"memory.{k}_bytes") for k in ("params", "grads", "optimizer_state", "activations")}
+    ctx.summary["memory"] = {
+        "source": "cuda allocated" if cuda else "process RSS", "bytes": series,
+        "growth_bytes_per_step": None if fit is None else round(fit[0], 1),
+        "growth_interval": None if fit is None else [round(fit[1], 1), round(fit[2], 1)],
+        "peak_bytes": value("memory.peak_bytes"), "total_bytes": value("memory.total_bytes"),
+        "parts": {k: v for k, v in parts.items() if isinstance(v, (int, float))},
+    }
