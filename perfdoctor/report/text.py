@@ -106,15 +106,16 @@ def chart_top(ms: list[float]) -> float:
     return min(s[-1], 3 * p90) if p90 > 0 else s[-1]
 
 
-def sparkline(ms: list[float], width: int = SPARK_WIDTH) -> str:
-    """Step times as unicode blocks from 0 to `chart_top`, one block per step or, for a long run,
-    the slowest of each run of steps (a stall stays visible)."""
+def sparkline(ms: list[float], width: int = SPARK_WIDTH, lo: float = 0.0) -> str:
+    """Step times as unicode blocks from `lo` (0: a time's scale starts at nothing; memory's at its
+    least) to `chart_top`, one block per step or, for a long run, the largest of each run of steps
+    (a stall stays visible)."""
     top = chart_top(ms)
-    if not ms or top <= 0:
+    if not ms or top <= lo:
         return ""
     per = max(1, -(-len(ms) // width))
     cols = [max(ms[i:i + per]) for i in range(0, len(ms), per)]
-    return "".join(SPARK[min(len(SPARK) - 1, int(min(v, top) / top * len(SPARK)))] for v in cols)
+    return "".join(SPARK[max(0, min(len(SPARK) - 1, int((min(v, top) - lo) / (top - lo) * len(SPARK))))] for v in cols)
 
 
 def breakdown_bar(breakdown: list[dict[str, Any]]) -> Text:
@@ -166,7 +167,8 @@ def _summary(report: Report) -> Panel:
     mem = s.get("memory") or {}
     mem_series = [float(v) for v in mem.get("bytes") or [] if v is not None]
     if len(mem_series) >= 2:
-        rows.add_row("memory", Text(sparkline(mem_series), style="magenta") + Text("  " + memory_line(mem), style="dim"))
+        rows.add_row("memory", Text(sparkline(mem_series, lo=min(mem_series)), style="magenta")
+                     + Text("  " + memory_line(mem), style="dim"))
     exit_info = run.get("exit") or {}
     if exit_info.get("reason") and exit_info.get("reason") not in ("completed", "steps-reached"):
         rows.add_row("script", _t(f"{exit_info['reason']} (exit code {exit_info.get('code')})", style="bold red"))

@@ -1,0 +1,49 @@
+"""Memory over the run (issue 22): the growth fit and its interval, the parameters, gradients and
+optimizer state measured exactly from the objects the run saw, the leak's growth, every format."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from perfdoctor.facts.run.memory import growth_fit
+
+
+def test_the_growth_fit_finds_the_slope_and_its_interval_holds_it():
+    rng = random.Random(0)
+    steps = [{"i": i, "mem_bytes": 300e6 + 2e6 * i + rng.gauss(0, 1e6)} for i in range(10, 60)]
+    slope, lo, hi = growth_fit(steps)
+    assert lo < 2e6 < hi and abs(slope - 2e6) < 0.1e6 and hi - lo < 0.5e6
+    flat = [{"i": i, "mem_bytes": 300e6 + rng.gauss(0, 1e6)} for i in range(10, 60)]
+    _, lo, hi = growth_fit(flat)
+    assert lo < 0 < hi
+    assert growth_fit(steps[:7]) is None  # too few steps to fit
+
+
+@pytest.mark.e2e
+def test_params_grads_and_adam_state_are_exact_and_a_leak_grows_by_what_it_keeps(tmp_path):
+    from conftest import REPO, run_cli
+
+    # glibc's mmap threshold fixed: each kept 2 MiB tensor is its own mapping, so the process RSS grows
+    # by what the script keeps (with the dynamic threshold, heap fragmentation adds about half again)
+    p = run_cli("run", str(REPO / "tests" / "data" / "scripts" / "memory_known.py"), "--out-dir", str(tmp_path / "run"),
+                "--history", "off", "-f", "json", env={"LEAK": "1", "MALLOC_MMAP_THRESHOLD_": "131072"},
+                cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    facts = {k: v["value"] for k, v in doc["facts"].items()}
+    params = 2 * (1024 * 1024 + 1024) * 4  # two Linear(1024, 1024) in fp32; the frozen layer is no optimizer's
+    assert facts["memory.params_bytes"] == params
+    assert facts["memory.grads_bytes"] == params
+    assert facts["memory.optimizer_state_bytes"] == 2 * params  # Adam: exp_avg and exp_avg_sq
+    kept = 524_288 * 4
+    mem = doc["summary"]["memory"]
+    assert abs(mem["growth_bytes_per_step"] - kept) < 0.1 * kept
+    assert mem["growth_interval"][0] <= mem["growth_bytes_per_step"] <= mem["growth_interval"][1]
+    assert mem["parts"] == {"params": params, "grads": params, "optimizer_state": 2 * params}
+    page = (tmp_path / "run" / "report.html").read_text()
+    assert 'id="memory"' in page and "by what holds it" in page
+    md = run_cli("report", str(tmp_path / "run"), "-f", "markdown", "--history", "off", cwd=tmp_path).stdout
+    assert "**Memory** process RSS" in md and "optimizer state 16.0 MiB" in md
