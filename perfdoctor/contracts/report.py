@@ -149,6 +149,19 @@ class GpuDoc(Doc):
     devices: list[GpuDeviceDoc] | UnsetType = UNSET
 
 
+class MemoryDoc(Doc):
+    """The memory at each step's end, its growth over the steady steps with the 90 % interval of the
+    slope, and the peak's parts (facts/run/memory.py)."""
+
+    source: str = ""  # "process RSS" or "cuda allocated"
+    bytes: list[int | float | None] = []  # step i at index i - 1
+    growth_bytes_per_step: float | None = None
+    growth_interval: list[float] | None = None
+    peak_bytes: int | float | None = None
+    total_bytes: int | float | None = None
+    parts: dict[str, int | float] = {}  # params, grads, optimizer_state, activations
+
+
 class SummaryDoc(Doc):
     steps_observed: int | None = None
     steps_profiled: int | None = None
@@ -160,6 +173,7 @@ class SummaryDoc(Doc):
     gpu: GpuDoc | UnsetType = UNSET  # a trace's (or a run's trace's) GPU
     gpu_breakdown: list[BreakdownDoc] | UnsetType = UNSET  # a CUDA run's step on the GPU
     rank: int | UnsetType = UNSET  # several ranks: the rank whose summary this is
+    memory: MemoryDoc | UnsetType = UNSET  # a run's memory over its steps
 
 
 class LocationDoc(Doc):
