@@ -22,7 +22,7 @@ from perfdoctor.gate.baseline import (
     repeat_dirs,
 )
 from perfdoctor.gate.compare import Comparison, compare_files
-from perfdoctor.model import Finding, Report
+from perfdoctor.model import Finding, Report, RuleDoc
 from perfdoctor.report import jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, check_settings, describe_changes, load_settings
@@ -39,6 +39,13 @@ def rules_for(config: Path | None) -> tuple[Settings, list[Rule], dict[str, Any]
     settings = load_settings(config)
     rules = load_rules(settings.extra_rule_dirs)
     return settings, rules, check_settings(settings, rules)
+
+
+def rule_docs(rules: list[Rule], findings: list[Finding]) -> list[RuleDoc]:
+    """What the report carries of the rules its findings come from (its renderers never load the
+    catalog), by id."""
+    fired = {f.rule for f in findings}
+    return sorted((r.report_doc() for r in rules if r.id in fired), key=lambda d: d.id)
 
 
 def is_run_dir(path: Path) -> bool:
@@ -139,7 +146,7 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
                     device=env.get("device_name") or env.get("device"), torch=env.get("torch"), settings=settings,
                     changes=changes, dropped=dropped, exit=data.meta.get("exit", {}))
     report = Report(run=run, summary=summary, findings=findings, hotspots=list(data.hotspots), notes=notes,
-                    facts=facts.as_mapping())
+                    facts=facts.as_mapping(), rules=rule_docs(rules, findings))
     return report, facts
 
 
@@ -210,7 +217,7 @@ def analyse_job(job_dir: Path, config: Path | None = None, write_rank_reports: b
     run.pop("rank", None)
     run.pop("trace_file", None)
     return Report(run=run, summary=summary, findings=findings, hotspots=list(pace.hotspots), notes=notes,
-                  ranks=rows, facts=facts.as_mapping())
+                  ranks=rows, facts=facts.as_mapping(), rules=rule_docs(rules, findings))
 
 
 def usable_cpus() -> int:
@@ -307,7 +314,7 @@ def analyse_trace(path: Path, config: Path | None = None, workers: int | None = 
     if lacking:
         notes.append(lacking)
     return Report(run=run, summary=summary, findings=findings, notes=notes, ranks=ranks,
-                  facts=facts.as_mapping())
+                  facts=facts.as_mapping(), rules=rule_docs(rules, findings))
 
 
 def _machine_facts_lacking(findings: list[Finding], rules: list[Rule], facts: Facts) -> str | None:

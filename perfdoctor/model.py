@@ -187,6 +187,32 @@ def rank_header(label: str, kind: str) -> str:
     return label + (f" ({kind})" if kind in ("ms", "MHz") else "")
 
 
+@dataclass
+class RuleDoc:
+    """What a report says of a rule that found something (the rule catalog's, carried in the report
+    so that renderers never load the catalog: `perfdoctor explain` one click away in HTML, SARIF's
+    rule descriptors)."""
+
+    id: str
+    name: str
+    severity: str
+    summary: str
+    what: str = ""
+    why: str = ""
+    example: str = ""
+    use_instead: str = ""
+    fix_safety: str = ""
+    references: list[str] = field(default_factory=list)
+    when: str = ""
+    thresholds: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "severity": self.severity, "summary": self.summary,
+                "doc": {"what": self.what, "why": self.why, "example": self.example, "use_instead": self.use_instead,
+                        "fix_safety": self.fix_safety, "references": list(self.references)},
+                "when": self.when, "thresholds": dict(self.thresholds)}
+
+
 NO_FINDINGS = "No problems found by the rules."
 NOTHING_MEASURED = ("No problems found in the source; the script stopped before its first profiled step, "
                     "so nothing was measured.")
@@ -201,6 +227,7 @@ class Report:
     notes: list[str] = field(default_factory=list)  # things the user should know (no steps found, ...)
     ranks: list[dict[str, Any]] = field(default_factory=list)  # per-rank summaries, distributed traces
     facts: dict[str, Fact] = field(default_factory=dict)  # the global facts behind the findings
+    rules: list[RuleDoc] = field(default_factory=list)  # the rules of the findings, by id
 
     @property
     def measured_nothing(self) -> bool:
@@ -220,4 +247,5 @@ class Report:
             "notes": list(self.notes),
             "ranks": list(self.ranks),
             "facts": {n: f.as_dict() for n, f in sorted(self.facts.items())},
+            "rules": [r.as_dict() for r in self.rules],
         }

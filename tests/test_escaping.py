@@ -286,7 +286,7 @@ class _Tags(HTMLParser):
 
 
 def test_html_escapes_every_field() -> None:
-    out = html.render_report(hostile_report(), hostile_comparison(), rules=[])
+    out = html.render_report(hostile_report(), hostile_comparison())
     assert_log_safe(out)
     parser = _Tags()
     parser.feed(out)

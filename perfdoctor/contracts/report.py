@@ -20,7 +20,7 @@ from msgspec import UNSET, UnsetType
 
 from perfdoctor.contracts.files import Count, Ms, StepMs, check_schema, decode, read_bytes, schema_of
 from perfdoctor.model import SCHEMA as REPORT_SCHEMA
-from perfdoctor.model import Fact, Finding, Fix, Hotspot, Location, Report, identity_of
+from perfdoctor.model import Fact, Finding, Fix, Hotspot, Location, Report, RuleDoc, identity_of
 
 # Every Struct of report.json forbids fields it does not declare: a key the writer adds without a
 # field here fails the writer's own encode (report/jsonfmt.py goes through ReportDoc) and the reader.
@@ -266,6 +266,28 @@ class RankRowDoc(Doc):
     busy_share: float | UnsetType = UNSET
 
 
+class RuleTextDoc(Doc):
+    what: str = ""
+    why: str = ""
+    example: str = ""
+    use_instead: str = ""
+    fix_safety: str = ""
+    references: list[str] = []
+
+
+class RuleInfoDoc(Doc):
+    """A rule its findings come from, as the catalog documents it (perfdoctor.model.RuleDoc): the
+    renderers' explanations and SARIF's rule descriptors, without the catalog."""
+
+    id: str
+    name: str = ""
+    severity: str = ""
+    summary: str = ""
+    doc: RuleTextDoc = msgspec.field(default_factory=RuleTextDoc)
+    when: str = ""
+    thresholds: dict[str, Any] = {}
+
+
 class ReportDoc(Doc, kw_only=True):
     schema: str
     tool: ToolDoc = msgspec.field(default_factory=ToolDoc)
@@ -276,6 +298,7 @@ class ReportDoc(Doc, kw_only=True):
     notes: list[str] = []
     ranks: list[RankRowDoc] = []
     facts: dict[str, FactDoc] = {}
+    rules: list[RuleInfoDoc] = []
 
     def fact(self, name: str) -> Any:
         """The value of a global fact, None where the report has none."""
@@ -346,4 +369,8 @@ def from_doc(doc: ReportDoc) -> Report:
                 for h in doc.hotspots]
     return Report(run=msgspec.to_builtins(doc.run), summary=msgspec.to_builtins(doc.summary), findings=findings,
                   hotspots=hotspots, notes=list(doc.notes), ranks=msgspec.to_builtins(doc.ranks),
-                  facts={n: fact(n, f) for n, f in doc.facts.items()})
+                  facts={n: fact(n, f) for n, f in doc.facts.items()},
+                  rules=[RuleDoc(id=r.id, name=r.name, severity=r.severity, summary=r.summary, what=r.doc.what,
+                                 why=r.doc.why, example=r.doc.example, use_instead=r.doc.use_instead,
+                                 fix_safety=r.doc.fix_safety, references=list(r.doc.references), when=r.when,
+                                 thresholds=dict(r.thresholds)) for r in doc.rules])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfdoctor import __version__
-from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Hotspot, Report
+from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Hotspot, Report, RuleDoc
 from perfdoctor.report import escape
 from perfdoctor.report.explain import explanation_lines
 from perfdoctor.report.memory import memory_line
@@ -27,7 +27,6 @@ from perfdoctor.report.text import chart_top
 if TYPE_CHECKING:
     from perfdoctor.gate.baseline import RunRecord
     from perfdoctor.gate.compare import Comparison
-    from perfdoctor.rules.catalog import Rule
 
 # the baseline's and the current side's run records, for the gate's step-time distributions
 
@@ -405,11 +404,11 @@ def _paras(text: str) -> str:
     return "".join(f"<p>{_e(p.strip())}</p>" for p in text.split("\n\n") if p.strip())
 
 
-def _explain(rule: Rule | None, finding: Finding) -> str:
-    """`perfdoctor explain RULE`, one click away."""
+def _explain(rule: RuleDoc | None, finding: Finding) -> str:
+    """`perfdoctor explain RULE`, one click away (the report's own copy of the rule's documentation)."""
     parts = []
     if rule is not None:
-        d = rule.doc
+        d = rule
         parts += [f"<p><em>{_e(rule.summary)}</em> (severity: {_e(rule.severity)})</p>",
                   "<h4>What it does</h4>", _paras(d.what), "<h4>Why is this bad?</h4>", _paras(d.why)]
         if d.example:
@@ -450,7 +449,7 @@ def _value(v: Any, unit: str) -> str:
     return _e(f"{v:.4g}" if isinstance(v, float) else v) + (f" {_e(unit)}" if unit and unit != "count" else "")
 
 
-def _finding(i: int, f: Finding, rule: Rule | None, step_ms: Any) -> str:
+def _finding(i: int, f: Finding, rule: RuleDoc | None, step_ms: Any) -> str:
     if f.ms_per_step is not None:
         cost = (f'<span class="saving">saves ~{_data(f"findings.{i - 1}.estimated_saving.ms_per_step", round(f.ms_per_step, 3), _ms(f.ms_per_step))}'
                 f'/step' + (f" ({_pct(f.fraction_of_step)} of the step)" if f.fraction_of_step is not None else "")
@@ -489,16 +488,12 @@ def _finding(i: int, f: Finding, rule: Rule | None, step_ms: Any) -> str:
     return "".join(out)
 
 
-def _findings(report: Report, rules: list[Rule] | None) -> str:
+def _findings(report: Report) -> str:
     if not report.findings:
         said = f'<p class="note">{_e(NOTHING_MEASURED)}</p>' if report.measured_nothing else \
             f'<p class="good">{_e(NO_FINDINGS)}</p>'
         return f'<section id="findings"><h2>Findings</h2>{said}</section>'
-    if rules is None:
-        from perfdoctor.rules.catalog import load_rules
-
-        rules = load_rules()
-    by_id = {r.id: r for r in rules}
+    by_id = {r.id: r for r in report.rules}
     step = (report.summary.get("step_time_ms") or {}).get("median")
     body = "".join(_finding(i, f, by_id.get(f.rule), step) for i, f in enumerate(report.findings, 1))
     return (f'<section id="findings"><h2>Findings <span class="dim">({len(report.findings)}, most costly first)'
@@ -907,12 +902,12 @@ def _page(title: str, body: list[str]) -> str:
             f"report.json's numbers.</footer></main><script>{JS}</script></body></html>\n")
 
 
-def render_report(report: Report, comparison: Comparison | None = None, rules: list[Rule] | None = None) -> str:
+def render_report(report: Report, comparison: Comparison | None = None) -> str:
     """The report as one HTML page; with the gate's `comparison`, the verdict and the two sides' step
-    times follow the report. `rules` (for the explanations) defaults to perfdoctor's catalog."""
+    times follow the report. The explanations are the report's own (`Report.rules`)."""
     target = report.run.get("script") or report.run.get("module") or report.run.get("trace") or ""
     body = [_header(report), _nav(report, comparison), _findings_table(report), _step_section(report), _ranks(report),
-            _findings(report, rules), _hotspots(report)]
+            _findings(report), _hotspots(report)]
     if comparison is not None:
         body.append(_gate(comparison))
     body += [_notes(report.notes), _facts_table(report)]

@@ -21,7 +21,6 @@ from urllib.parse import quote
 from perfdoctor import __version__
 from perfdoctor.model import identity_of
 from perfdoctor.report import escape
-from perfdoctor.rules.catalog import load_rules
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 LEVEL = {"high": "error", "medium": "warning", "low": "note"}
@@ -84,24 +83,17 @@ def _descriptor(rule: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _rule_dicts(rules: Iterable[Any] | None) -> list[dict[str, Any]]:
-    if rules is None:
-        try:
-            rules = load_rules()
-        except Exception:  # the catalog is optional here: fall back to what the findings say
-            rules = []
-    return [_as_dict(r) for r in rules]
-
-
 def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None,
              comparison: Any = None) -> dict[str, Any]:
-    """SARIF of a report's findings. With the gate's `comparison`, each result says whether it is
-    new since the baseline (`baselineState`), and the run's property bag carries the verdict."""
+    """SARIF of a report's findings, a descriptor for each of their rules (`rules`: rule objects or
+    dicts; by default the report's own, `Report.rules`). With the gate's `comparison`, each result
+    says whether it is new since the baseline (`baselineState`), and the run's property bag carries
+    the verdict."""
     r = _as_dict(report)
     root_path = Path(root) if root is not None else Path(os.environ.get("GITHUB_WORKSPACE") or os.getcwd())
-    by_id = {d["id"]: d for d in _rule_dicts(rules)}
+    by_id = {d["id"]: d for d in (r.get("rules") or [] if rules is None else [_as_dict(x) for x in rules])}
     findings = r.get("findings") or []
-    for f in findings:  # a finding whose rule the catalog does not know still gets a descriptor
+    for f in findings:  # a finding whose rule the report does not document still gets a descriptor
         by_id.setdefault(f["rule"], {"id": f["rule"], "name": f.get("name"), "summary": f.get("title"),
                                      "severity": f.get("severity"), "doc": {"what": f.get("why") or f.get("title")}})
     ids = sorted(by_id)
@@ -171,8 +163,7 @@ def _text(doc: dict[str, Any]) -> str:
 
 def render_report(report: Any, rules: Iterable[Any] | None = None, root: Path | str | None = None) -> str:
     """SARIF 2.1.0 text of a report's findings. `rules`: rule objects or dicts (id, name, severity,
-    summary, doc{what, why, example, use_instead, fix_safety, references}); None loads perfdoctor's
-    rule catalog."""
+    summary, doc{what, why, example, use_instead, fix_safety, references}); None: the report's own."""
     return _text(to_sarif(report, rules, root))
 
 

@@ -19,7 +19,7 @@ else:  # pragma: no cover
 
 from perfdoctor.errors import RuleError
 from perfdoctor.facts import registry
-from perfdoctor.model import SEVERITIES
+from perfdoctor.model import SEVERITIES, RuleDoc
 from perfdoctor.rules.expr import names_in
 from perfdoctor.rules.fixes import fix_kinds
 
@@ -73,6 +73,13 @@ class Rule:
     # the severity of a finding this run could not put a number on (the rule's `unmeasured` case);
     # None: the rule's severity
     severity_unmeasured: str | None = None
+
+    def report_doc(self) -> RuleDoc:
+        """What a report carries of this rule (its renderers never load the catalog)."""
+        d = self.doc
+        return RuleDoc(id=self.id, name=self.name, severity=self.severity, summary=self.summary, what=d.what,
+                       why=d.why, example=d.example, use_instead=d.use_instead, fix_safety=d.fix_safety,
+                       references=list(d.references), when=self.when, thresholds=dict(self.thresholds))
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "severity": self.severity, "summary": self.summary,
