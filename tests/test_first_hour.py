@@ -374,3 +374,21 @@ def test_a_trace_alone_names_no_start_frame_and_says_which_machine_facts_it_lack
     lacking = [n for n in report.notes if n.startswith("a trace alone does not hold")]
     assert len(lacking) == 1 and "cpu.count" in lacking[0] and "PD002" in lacking[0]
     assert "cpu.local_ranks" not in lacking[0]
+
+
+def test_gate_interval_survives_a_noisy_two_run_baseline() -> None:
+    # found by the first-hour walkthrough on a loaded machine: two baseline runs at 20 and 54 ms give a
+    # between-run variance with one degree of freedom, whose posterior draws a run effect of exp(±1000):
+    # the gate died with "StatisticsError: fmean requires at least one data point"
+    import math
+    import random
+
+    from perfdoctor.gate import stats
+
+    rng = random.Random(3)
+    base = [[20 + rng.random() for _ in range(26)], [54 + rng.random() for _ in range(26)]]
+    cur = [[54 + rng.random() for _ in range(26)]]
+    sigma = stats.between_run_log_var([20.0, 54.0], [1e-5, 1e-5])
+    for seed in range(10):
+        point, lo, hi = stats.ratio_interval(base, cur, sigma, df=1, seed=seed)
+        assert 0 < lo <= hi and math.isfinite(point)

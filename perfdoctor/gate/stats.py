@@ -130,16 +130,20 @@ def ratio_interval(base_runs: Sequence[Sequence[float]], cur_runs: Sequence[Sequ
         return math.sqrt(sigma_b2 * df / rng.gammavariate(df / 2, 2))
 
     def replicates(runs: Sequence[Sequence[float]]) -> list[float]:
+        """Each replicate's side center, as its log: a run effect drawn from a wide posterior (a
+        noisy baseline of two runs, df=1) can be exp(±1000), which as a factor overflows to inf or
+        underflows to 0 (and a side of one run then had no value left to take the mean of)."""
         per_run = [block_bootstrap(r, n_boot, rng, q) for r in runs]
         out = []
         for i in range(n_boot):
             sd = run_sd()
-            out.append(side_center([pr[i] * math.exp(rng.gauss(0.0, sd)) if sd else pr[i] for pr in per_run]))
+            out.append(statistics.fmean([math.log(pr[i]) + (rng.gauss(0.0, sd) if sd else 0.0)
+                                         for pr in per_run if pr[i] > 0] or [0.0]))
         return out
 
     point = side_center([quantile(r, q) for r in cur_runs]) / side_center([quantile(r, q) for r in base_runs])
     b, c = replicates(base_runs), replicates(cur_runs)
-    ratios = sorted(ci / bi for ci, bi in zip(c, b))
+    ratios = sorted(math.exp(max(-700.0, min(700.0, ci - bi))) for ci, bi in zip(c, b))
     tail = (1 - level) / 2
     lo = ratios[int(tail * (n_boot - 1))]
     hi = ratios[int(math.ceil((1 - tail) * (n_boot - 1)))]
