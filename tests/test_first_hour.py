@@ -392,3 +392,15 @@ def test_gate_interval_survives_a_noisy_two_run_baseline() -> None:
     for seed in range(10):
         point, lo, hi = stats.ratio_interval(base, cur, sigma, df=1, seed=seed)
         assert 0 < lo <= hi and math.isfinite(point)
+
+
+def test_a_stuck_runs_report_writes_and_reads_back(tmp_path: Path) -> None:
+    from perfdoctor.analysis import analyse_path, analyse_run, write_run_reports
+
+    user = str(tmp_path / "run" / "train.py")
+    stuck = {"after_s": 12.0, "processes": [{"pid": 1, "role": "main", "frames": [
+        {"function": "<module>", "file": user, "line": 10}]}]}
+    run = _failed_run(tmp_path / "run", "interrupted", None, stuck)
+    write_run_reports(analyse_run(run), run)  # report.json holds summary.stuck, checked against its contract
+    again = analyse_path(run / "report.json")
+    assert again.summary["stuck"]["processes"][0]["frames"][0]["line"] == 10

@@ -19,6 +19,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 from perfdoctor.contracts.files import Count, Ms, StepMs, check_schema, decode, read_bytes, schema_of
+from perfdoctor.contracts.run import Stuck
 from perfdoctor.model import SCHEMA as REPORT_SCHEMA
 from perfdoctor.model import Fact, Finding, Fix, Hotspot, Location, Report, RuleDoc, identity_of
 
@@ -174,6 +175,7 @@ class SummaryDoc(Doc):
     gpu_breakdown: list[BreakdownDoc] | UnsetType = UNSET  # a CUDA run's step on the GPU
     rank: int | UnsetType = UNSET  # several ranks: the rank whose summary this is
     memory: MemoryDoc | UnsetType = UNSET  # a run's memory over its steps
+    stuck: Stuck | UnsetType = UNSET  # a run where no step ended: where it was (the run folder's stuck.json)
 
 
 class LocationDoc(Doc):
