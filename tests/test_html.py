@@ -17,7 +17,8 @@ from perfdoctor.analysis import analyse_path
 from perfdoctor.facts.model import Location
 from perfdoctor.model import Hotspot
 from perfdoctor.report import html
-from perfdoctor.report.text import chart_top, sparkline
+from perfdoctor.report.common import chart_top
+from perfdoctor.report.text import sparkline
 
 sys.path.insert(0, str(REPO / "tests" / "golden"))
 import record  # noqa: E402

@@ -110,7 +110,7 @@ def _markdown(view: HistoryView) -> str:
 def _chart(view: HistoryView) -> str:
     """The trend: one point per run, commits under the axis, change points as dashed lines, one-offs
     hollow."""
-    from perfdoctor.report.html import _svg
+    from perfdoctor.report.charts import svg
 
     e = escape.html_text
     pts = [(i, v) for i, v in enumerate(view.values_ms) if v is not None]
@@ -144,7 +144,7 @@ def _chart(view: HistoryView) -> str:
         if i % every == 0 or i in {s.index for s in view.shifts}:
             out.append(f'<text x="{x(i):.1f}" y="{H - B + 14}" font-size="10" text-anchor="end" '
                        f'transform="rotate(-45 {x(i):.1f} {H - B + 14})">{e(_commit(r.git_commit, r.git_dirty) or i + 1)}</text>')
-    return _svg(W, H, f"step time of {view.script} per run, change points marked", "".join(out))
+    return svg(W, H, f"step time of {view.script} per run, change points marked", "".join(out))
 
 
 def _html(view: HistoryView) -> str:

@@ -1,5 +1,6 @@
-"""The HTML report: one self-contained page (inline CSS, charts drawn here as SVG, a few lines of
-optional JS for the expand-all toggle), no network access, readable offline and in a CI artifact
+"""The HTML report: one self-contained page (its CSS and a few lines of optional JS for the
+expand-all toggle, package files in report/assets/ inlined into the page; charts drawn as SVG by
+report/charts.py), no network access, readable offline and in a CI artifact
 viewer. Renders only; never measures: every number comes from the Report, the gate's Comparison
 and its run records.
 
@@ -12,31 +13,23 @@ a script) reads the page's numbers back and checks them against report.json.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfdoctor import __version__
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Hotspot, Report, RuleDoc
-from perfdoctor.report import escape
+from perfdoctor.report import charts, escape
+from perfdoctor.report.common import ms_text, pct
 from perfdoctor.report.explain import explanation_lines
-from perfdoctor.report.memory import memory_line
-from perfdoctor.report.text import chart_top
 
 if TYPE_CHECKING:
-    from perfdoctor.gate.baseline import RunRecord
     from perfdoctor.gate.compare import Comparison
 
 # the baseline's and the current side's run records, for the gate's step-time distributions
 
 PERFETTO = "https://ui.perfetto.dev"
-CHART_W = 760
-# Fills for the parts of a bar: lightness alternates from one to the next and every other fill
-# carries a pattern, so neighbours stay apart in grey and for colour-blind readers.
-FILLS = [("#1d4e89", None), ("#f6b26b", None), ("#3a9e8f", "stripes"), ("#d9d9d9", "dots"),
-         ("#6a3d9a", None), ("#a6cee3", "cross"), ("#8c510a", "stripes"), ("#fde68a", None),
-         ("#555555", "dots")]
 VERDICT_CLASS = {"regression": "bad", "improvement": "good", "no-change": "", "inconclusive": "warn",
                  "unstable": "warn", "not-comparable": "warn", "failed": "bad", "passed": "good", "undecided": "warn"}
 
@@ -46,20 +39,9 @@ def _e(v: Any) -> str:
     return escape.html_text(v)
 
 
-def _ms(v: Any) -> str:
-    """A duration as the text report writes it (the same rounding, so the two reports agree)."""
-    if not isinstance(v, (int, float)):
-        return "n/a"
-    return f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms" if v >= 1 else f"{v * 1000:.0f} µs"
-
-
 def _data(key: str, value: Any, shown: str) -> str:
     """A number shown rounded, with the report's own value for machines."""
     return f'<data data-key="{_e(key)}" value="{_e(value)}">{_e(shown)}</data>'
-
-
-def _pct(v: Any) -> str:
-    return f"{v:.0%}" if isinstance(v, (int, float)) else "n/a"
 
 
 def _fact(report: Report, name: str) -> Any:
@@ -83,187 +65,11 @@ def _safe_url(url: str) -> str | None:
 
 # -- SVG building blocks ---------------------------------------------------------------------------
 
-def _defs() -> str:
-    """The patterns every chart's fills may name (one hidden SVG; url(#id) reaches across the page)."""
-    pats = []
-    for i, (color, pat) in enumerate(FILLS):
-        if pat is None:
-            continue
-        ink = "#ffffff" if i in (2, 6, 8) else "#333333"
-        mark = {"stripes": f'<path d="M0 0 L0 6" stroke="{ink}" stroke-width="2"/>',
-                "dots": f'<circle cx="3" cy="3" r="1.2" fill="{ink}"/>',
-                "cross": f'<path d="M0 0 L0 6 M0 0 L6 0" stroke="{ink}" stroke-width="1.2"/>'}[pat]
-        rot = ' patternTransform="rotate(45)"' if pat in ("stripes", "cross") else ""
-        pats.append(f'<pattern id="fill{i}" patternUnits="userSpaceOnUse" width="6" height="6"{rot}>'
-                    f'<rect width="6" height="6" fill="{color}"/>{mark}</pattern>')
-    pats.append('<pattern id="hatch" patternUnits="userSpaceOnUse" width="8" height="8" '
-                'patternTransform="rotate(45)"><rect width="8" height="8" fill="#eef2f7"/>'
-                '<path d="M0 0 L0 8" stroke="#c5d0de" stroke-width="3"/></pattern>')
-    return ('<svg class="defs" width="0" height="0" aria-hidden="true" focusable="false">'
-            f'<defs>{"".join(pats)}</defs></svg>')
-
-
-def _fill(i: int) -> str:
-    color, pat = FILLS[i % len(FILLS)]
-    return color if pat is None else f"url(#fill{i % len(FILLS)})"
-
-
-def _swatch(i: int) -> str:
-    return (f'<svg class="swatch" width="14" height="14" aria-hidden="true"><rect width="14" height="14" '
-            f'fill="{_fill(i)}" stroke="#333" stroke-width="0.5"/></svg>')
-
-
-def _ticks(hi: float, count: int = 5) -> list[float]:
-    """Round tick values from 0 to at least `hi` (steps of 1, 2 or 5 times a power of ten)."""
-    if hi <= 0:
-        return [0.0, 1.0]
-    raw = hi / count
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    n = math.ceil(hi / step - 1e-9)
-    return [i * step for i in range(n + 1)]
-
-
-def _num(v: float) -> str:
-    return f"{v:g}" if abs(v) < 1e6 else f"{v:.3g}"
-
-
-def _svg(w: int, h: int, label: str, body: str) -> str:
-    return (f'<svg class="chart" role="img" aria-label="{_e(label)}" viewBox="0 0 {w} {h}" width="{w}" '
-            f'height="{h}" xmlns="http://www.w3.org/2000/svg"><title>{_e(label)}</title>{body}</svg>')
-
 
 # -- the step-time chart ----------------------------------------------------------------------------
 
-def _step_chart(summary: dict[str, Any]) -> str:
-    series = summary.get("step_series") or {}
-    ms: list[float] = series.get("ms") or []
-    if not ms:
-        return ""
-    n = len(ms)
-    st = summary.get("step_time_ms") or {}
-    top = chart_top(ms)
-    ticks = _ticks(top)
-    y_hi = ticks[-1]
-    L, R, T, B = 64, 120, 24, 46
-    W, H = CHART_W, 280
-    pw, ph = W - L - R, H - T - B
-
-    def x(i: float) -> float:  # step i (1-based) at the middle of its slot
-        return L + (i - 0.5) / n * pw
-
-    def y(v: float) -> float:
-        return T + ph - min(v, y_hi) / y_hi * ph
-
-    steady: set[int] = set()
-    for lo, hi in series.get("steady") or []:
-        steady.update(range(lo, hi + 1))
-    out = []
-    window = series.get("window")
-    first_steady = min(steady) if steady else n + 1
-    warm_end = min(first_steady, window[0] if window else n + 1) - 1
-    if warm_end >= 1:
-        out.append(f'<rect x="{L}" y="{T}" width="{warm_end / n * pw:.1f}" height="{ph}" fill="#f7f3e8"/>'
-                   f'<text class="band" x="{L + 4}" y="{T + ph - 6}">warm-up</text>')
-    if window:
-        wx = L + (window[0] - 1) / n * pw
-        out.append(f'<rect x="{wx:.1f}" y="{T}" width="{(window[1] - window[0] + 1) / n * pw:.1f}" height="{ph}" '
-                   f'fill="url(#hatch)"><title>profiled window: steps {window[0]}-{window[1]}</title></rect>'
-                   f'<text class="band" x="{wx + 4:.1f}" y="{T + 12}">profiled window</text>')
-    # axes and grid
-    for t in ticks:
-        out.append(f'<line class="grid" x1="{L}" x2="{L + pw}" y1="{y(t):.1f}" y2="{y(t):.1f}"/>'
-                   f'<text class="tick" x="{L - 6}" y="{y(t) + 4:.1f}" text-anchor="end">{_num(t)}</text>')
-    for t in _ticks(n, 8):
-        if 1 <= t <= n:
-            out.append(f'<text class="tick" x="{x(t):.1f}" y="{T + ph + 16}" text-anchor="middle">{int(t)}</text>')
-    out.append(f'<line class="axis" x1="{L}" x2="{L + pw}" y1="{T + ph}" y2="{T + ph}"/>'
-               f'<line class="axis" x1="{L}" x2="{L}" y1="{T}" y2="{T + ph}"/>'
-               f'<text class="label" x="{L + pw / 2}" y="{H - 8}" text-anchor="middle">step</text>'
-               f'<text class="label" transform="translate(16 {T + ph / 2}) rotate(-90)" '
-               f'text-anchor="middle">step time (ms)</text>')
-    # the steps: every step while they fit, else the slowest and fastest of each column of steps
-    if n <= 600:
-        pts = " ".join(f"{x(i + 1):.1f},{y(v):.1f}" for i, v in enumerate(ms))
-        out.append(f'<polyline class="series" points="{pts}"/>')
-        r = 3 if n <= 150 else 1.6
-        for i, v in enumerate(ms, 1):
-            tip = f"<title>step {i}: {_ms(v)}{'' if i in steady else ' (left out of the statistics)'}</title>"
-            if v > y_hi:
-                out.append(f'<path class="off" d="M{x(i) - 4:.1f},{T + 7} L{x(i):.1f},{T} L{x(i) + 4:.1f},{T + 7} Z">'
-                           f'{tip}</path><text class="offlabel" x="{x(i) + 6:.1f}" y="{T + 8}">{_e(_ms(v))}</text>')
-            else:
-                cls = "pt" if i in steady else "pt out"
-                out.append(f'<circle class="{cls}" cx="{x(i):.1f}" cy="{y(v):.1f}" r="{r}">{tip}</circle>')
-    else:
-        cols = 600
-        per = math.ceil(n / cols)
-        hi_pts, lo_pts = [], []
-        for c in range(0, n, per):
-            chunk = ms[c:c + per]
-            xc = x(c + 1 + (len(chunk) - 1) / 2)
-            hi_pts.append(f"{xc:.1f},{y(max(chunk)):.1f}")
-            lo_pts.append(f"{xc:.1f},{y(min(chunk)):.1f}")
-        out.append(f'<polygon class="band-series" points="{" ".join(hi_pts + lo_pts[::-1])}">'
-                   f'<title>slowest and fastest step of every {per} steps</title></polygon>')
-    # the statistics of the steady-state steps
-    for key in ("median", "p90"):
-        stat = st.get(key)
-        if isinstance(stat, (int, float)):
-            out.append(f'<line class="{key}" x1="{L}" x2="{L + pw}" y1="{y(stat):.1f}" y2="{y(stat):.1f}"/>')
-    med, p90 = st.get("median"), st.get("p90")
-    if isinstance(med, (int, float)) and isinstance(p90, (int, float)):
-        ym, yp = y(med), y(p90)
-        if abs(ym - yp) < 13:  # keep the two labels apart
-            yp, ym = min(yp, ym - 13), max(ym, yp + 13) if yp >= ym - 13 else ym
-        out.append(f'<text class="statlabel" x="{L + pw + 6}" y="{ym + 4:.1f}">median {_e(_ms(med))}</text>'
-                   f'<text class="statlabel" x="{L + pw + 6}" y="{yp + 4:.1f}">p90 {_e(_ms(p90))}</text>')
-    label = (f"Step time of each of the run's {n} steps, in ms, with the median and p90 of the steady-state steps")
-    legend = ('<ul class="legend">'
-              '<li><svg class="swatch" width="14" height="14" aria-hidden="true"><circle cx="7" cy="7" r="4" '
-              'class="pt"/></svg>steady-state step (in the median and p90)</li>'
-              '<li><svg class="swatch" width="14" height="14" aria-hidden="true"><circle cx="7" cy="7" r="4" '
-              'class="pt out"/></svg>left out (warm-up, profiled window and the step after it)</li>'
-              '<li><svg class="swatch" width="24" height="14" aria-hidden="true"><line x1="0" x2="24" y1="7" '
-              'y2="7" class="median"/></svg>median</li>'
-              '<li><svg class="swatch" width="24" height="14" aria-hidden="true"><line x1="0" x2="24" y1="7" '
-              'y2="7" class="p90"/></svg>p90</li>'
-              + ('<li><svg class="swatch" width="14" height="14" aria-hidden="true"><path class="off" '
-                 'd="M3,12 L7,4 L11,12 Z"/></svg>off the scale (value written next to it)</li>'
-                 if any(v > y_hi for v in ms) else "")
-              + "</ul>")
-    return _svg(W, H, label, "".join(out)) + legend
-
 
 # -- stacked bars -------------------------------------------------------------------------------------
-
-def _stacked_bar(parts: list[tuple[str, float, str]], label: str, unit: str = "ms", key: str = "") -> str:
-    """One horizontal bar of parts (name, value, shown text), with an axis in `unit` and a legend."""
-    parts = [p for p in parts if p[1] > 0]
-    total = sum(p[1] for p in parts)
-    if total <= 0:
-        return ""
-    L, R, W = 10, 20, CHART_W
-    pw = W - L - R
-    H = 66
-    ticks = _ticks(total, 6) if unit == "ms" else [0, 25, 50, 75, 100]
-    scale_hi = ticks[-1] if unit == "ms" else 100.0
-    out, x0 = [], float(L)
-    for i, (name, v, shown) in enumerate(parts):
-        w = v / scale_hi * pw
-        out.append(f'<rect class="seg" x="{x0:.2f}" y="8" width="{w:.2f}" height="30" fill="{_fill(i)}" '
-                   f'stroke="#fff" stroke-width="1"><title>{_e(name)}: {_e(shown)}</title></rect>')
-        x0 += w
-    for t in ticks:
-        tx = L + t / scale_hi * pw
-        out.append(f'<line class="axis" x1="{tx:.1f}" x2="{tx:.1f}" y1="40" y2="44"/>'
-                   f'<text class="tick" x="{tx:.1f}" y="56" text-anchor="middle">{_num(t)}</text>')
-    out.append(f'<line class="axis" x1="{L}" x2="{L + pw}" y1="40" y2="40"/>'
-               f'<text class="label" x="{L + pw}" y="66" text-anchor="end">{"ms per step" if unit == "ms" else "%"}'
-               f'</text>')
-    legend = "".join(f'<li>{_swatch(i)}{_e(name)} {shown_html}</li>'
-                     for i, (name, _, shown_html) in enumerate((n, v, s) for n, v, s in parts))
-    return _svg(W, H + 4, label, "".join(out)) + f'<ul class="legend">{legend}</ul>'
 
 
 def _breakdown(rows: list[dict[str, Any]], key: str, label: str) -> str:
@@ -271,10 +77,10 @@ def _breakdown(rows: list[dict[str, Any]], key: str, label: str) -> str:
     for i, b in enumerate(rows):
         ms = b.get("ms") or 0.0
         if ms > 0:
-            shown = (_data(f"summary.{key}.{i}.ms", b.get("ms"), _ms(ms))
-                     + f" ({_e(_pct(b.get('fraction')))})")
+            shown = (_data(f"summary.{key}.{i}.ms", b.get("ms"), ms_text(ms))
+                     + f" ({_e(pct(b.get('fraction')))})")
             parts.append((str(b.get("category", "")), float(ms), shown))
-    return _stacked_bar(parts, label)
+    return charts.stacked_bar(parts, label)
 
 
 def _gpu_summary(report: Report) -> str:
@@ -285,24 +91,24 @@ def _gpu_summary(report: Report) -> str:
         return ""
     util = _fact(report, "gpu.utilization")
     out = ['<h3>GPU timeline per step</h3>',
-           f'<p>The GPU is busy {_data("facts.gpu.utilization", util, _pct(util))} of a step (median); '
+           f'<p>The GPU is busy {_data("facts.gpu.utilization", util, pct(util))} of a step (median); '
            f'while it idles, the host has not launched the next work yet for '
-           f'{_data("facts.gpu.idle_host_wait_ms", host, _ms(host))} per step, and waits on something else '
-           f'(a copy, a synchronisation, another stream) for {_data("facts.gpu.idle_gap_ms", gap, _ms(gap))}.</p>']
+           f'{_data("facts.gpu.idle_host_wait_ms", host, ms_text(host))} per step, and waits on something else '
+           f'(a copy, a synchronisation, another stream) for {_data("facts.gpu.idle_gap_ms", gap, ms_text(gap))}.</p>']
     busy = max(0.0, step - idle)
-    out.append(_stacked_bar([("GPU busy (kernels, copies, communication)", busy, _e(_ms(busy))),
-                             ("GPU idle: waiting for the host to launch work", host, _e(_ms(host))),
-                             ("GPU idle: other gaps", gap, _e(_ms(gap)))],
+    out.append(charts.stacked_bar([("GPU busy (kernels, copies, communication)", busy, _e(ms_text(busy))),
+                             ("GPU idle: waiting for the host to launch work", host, _e(ms_text(host))),
+                             ("GPU idle: other gaps", gap, _e(ms_text(gap)))],
                             "GPU busy and idle time per step, in ms"))
     share, overlap = _fact(report, "comm.share"), _fact(report, "comm.overlap")
     if isinstance(share, (int, float)) and share > 0 and isinstance(overlap, (int, float)):
-        out.append(f'<p>Communication takes {_data("facts.comm.share", share, _pct(share))} of the GPU\'s busy '
-                   f'time; {_data("facts.comm.overlap", overlap, _pct(overlap))} of it overlaps with compute '
+        out.append(f'<p>Communication takes {_data("facts.comm.share", share, pct(share))} of the GPU\'s busy '
+                   f'time; {_data("facts.comm.overlap", overlap, pct(overlap))} of it overlaps with compute '
                    f'kernels on other streams, the rest is exposed (the step waits for it).</p>')
-        out.append(_stacked_bar([("compute, copies", (1 - share) * 100, _e(_pct(1 - share))),
+        out.append(charts.stacked_bar([("compute, copies", (1 - share) * 100, _e(pct(1 - share))),
                                  ("communication overlapped with compute", share * overlap * 100,
-                                  _e(_pct(share * overlap))),
-                                 ("communication exposed", share * (1 - overlap) * 100, _e(_pct(share * (1 - overlap))))],
+                                  _e(pct(share * overlap))),
+                                 ("communication exposed", share * (1 - overlap) * 100, _e(pct(share * (1 - overlap))))],
                                 "Share of GPU busy time: compute, and communication overlapped or exposed", unit="%"))
     return "".join(out)
 
@@ -315,7 +121,7 @@ _RANK_SHOWN = ("step_ms", "compute_ms", "idle_ms", "idle_fraction")  # the colum
 def _rank_cell(v: Any, kind: str) -> str:
     if kind == "str" or not isinstance(v, (int, float)):
         return f"<td>{_e('' if v is None else v)}</td>"
-    shown = _pct(v) if kind == "share" else _ms(v) if kind == "ms" else f"{v:.0f} MHz" if kind == "MHz" else f"{v:.1f}"
+    shown = pct(v) if kind == "share" else ms_text(v) if kind == "ms" else f"{v:.0f} MHz" if kind == "MHz" else f"{v:.1f}"
     return f'<td class="n">{_e(shown)}</td>'
 
 
@@ -327,9 +133,9 @@ def _ranks(report: Report) -> str:
     top = max((r.get("step_ms") or 0) for r in rows)
     if top <= 0:
         return ""
-    ticks = _ticks(top, 6)
+    ticks = charts.axis_ticks(top, 6)
     L, R, T, rh = 110, 20, 10, 24  # left and right margins, top, row height
-    W, pw = CHART_W, CHART_W - L - R
+    W, pw = charts.CHART_W, charts.CHART_W - L - R
     H = T + rh * len(rows) + 40
     out = []
     for j, r in enumerate(rows):
@@ -342,7 +148,7 @@ def _ranks(report: Report) -> str:
         for i, (name, v) in enumerate((("GPU compute", compute), ("GPU idle", idle), ("rest of the step", other))):
             w = v / ticks[-1] * pw
             out.append(f'<rect class="seg" x="{x0:.2f}" y="{yy + 3}" width="{w:.2f}" height="{rh - 6}" '
-                       f'fill="{_fill(i)}" stroke="#fff"><title>rank {_e(r.get("rank"))}: {name} {_e(_ms(v))}'
+                       f'fill="{charts.fill(i)}" stroke="#fff"><title>rank {_e(r.get("rank"))}: {name} {_e(ms_text(v))}'
                        f'</title></rect>')
             x0 += w
         is_str = straggler is not None and r.get("rank") == straggler
@@ -354,10 +160,10 @@ def _ranks(report: Report) -> str:
     for t in ticks:
         tx = L + t / ticks[-1] * pw
         out.append(f'<line class="grid" x1="{tx:.1f}" x2="{tx:.1f}" y1="{T}" y2="{T + rh * len(rows)}"/>'
-                   f'<text class="tick" x="{tx:.1f}" y="{T + rh * len(rows) + 14}" text-anchor="middle">{_num(t)}</text>')
+                   f'<text class="tick" x="{tx:.1f}" y="{T + rh * len(rows) + 14}" text-anchor="middle">{charts.num(t)}</text>')
     out.append(f'<text class="label" x="{L + pw / 2}" y="{H - 6}" text-anchor="middle">median step time per rank (ms)'
                f'</text>')
-    legend = "".join(f"<li>{_swatch(i)}{n}</li>" for i, n in enumerate(("GPU compute", "GPU idle",
+    legend = "".join(f"<li>{charts.swatch(i)}{n}</li>" for i, n in enumerate(("GPU compute", "GPU idle",
                                                                          "rest of the step (communication, copies, CPU)")))
     # step, compute, idle and idle share always; the other columns where some rank has a value
     extra = [c for c in RANK_COLUMNS if c[0] not in _RANK_SHOWN and any(r.get(c[0]) is not None for r in rows)]
@@ -368,9 +174,9 @@ def _ranks(report: Report) -> str:
     for j, r in enumerate(rows):
         table.append(f'<tr{" class=strong" if r.get("rank") == straggler else ""}><td>{_e(r.get("rank"))}</td>'
                      f'<td><code>{_e(r.get("file", ""))}</code></td>'
-                     f'<td class="n">{_data(f"ranks.{j}.step_ms", r.get("step_ms"), _ms(r.get("step_ms")))}</td>'
-                     f'<td class="n">{_e(_ms(r.get("compute_ms")))}</td><td class="n">{_e(_ms(r.get("idle_ms")))}</td>'
-                     f'<td class="n">{_e(_pct(r.get("idle_fraction")))}</td>'
+                     f'<td class="n">{_data(f"ranks.{j}.step_ms", r.get("step_ms"), ms_text(r.get("step_ms")))}</td>'
+                     f'<td class="n">{_e(ms_text(r.get("compute_ms")))}</td><td class="n">{_e(ms_text(r.get("idle_ms")))}</td>'
+                     f'<td class="n">{_e(pct(r.get("idle_fraction")))}</td>'
                      + "".join(_rank_cell(r.get(key), kind) for key, _, kind in extra) + '</tr>')
     table.append("</tbody></table>")
     imb = _fact(report, "ranks.imbalance_ratio")
@@ -383,7 +189,7 @@ def _ranks(report: Report) -> str:
                f'(p = {_data("facts.ranks.imbalance_p", p, f"{p:.2f}")}).'
                if straggler is None and isinstance(p, (int, float)) else "") + "</p>")
     return ('<section id="ranks"><h2>Ranks</h2>' + head
-            + _svg(W, H, "Median step time per rank, split into GPU compute, GPU idle and the rest", "".join(out))
+            + charts.svg(W, H, "Median step time per rank, split into GPU compute, GPU idle and the rest", "".join(out))
             + f'<ul class="legend">{legend}</ul>' + "".join(table) + "</section>")
 
 
@@ -441,9 +247,9 @@ def _value(v: Any, unit: str) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return _e(v)
     if unit == "ms":
-        return _e(_ms(v))
+        return _e(ms_text(v))
     if unit == "ratio":
-        return _e(_pct(v))
+        return _e(pct(v))
     if unit == "bytes":
         return _e(f"{v / 2**20:.1f} MiB")
     return _e(f"{v:.4g}" if isinstance(v, float) else v) + (f" {_e(unit)}" if unit and unit != "count" else "")
@@ -451,15 +257,15 @@ def _value(v: Any, unit: str) -> str:
 
 def _finding(i: int, f: Finding, rule: RuleDoc | None, step_ms: Any) -> str:
     if f.ms_per_step is not None:
-        cost = (f'<span class="saving">saves ~{_data(f"findings.{i - 1}.estimated_saving.ms_per_step", round(f.ms_per_step, 3), _ms(f.ms_per_step))}'
-                f'/step' + (f" ({_pct(f.fraction_of_step)} of the step)" if f.fraction_of_step is not None else "")
+        cost = (f'<span class="saving">saves ~{_data(f"findings.{i - 1}.estimated_saving.ms_per_step", round(f.ms_per_step, 3), ms_text(f.ms_per_step))}'
+                f'/step' + (f" ({pct(f.fraction_of_step)} of the step)" if f.fraction_of_step is not None else "")
                 + "</span>")
         bar = ""
         if isinstance(step_ms, (int, float)) and step_ms > 0:
             w = min(1.0, round(f.ms_per_step, 3) / step_ms) * 300  # as report.json holds it
             bar = (f'<svg class="chart savebar" role="img" aria-label="saving as a share of the median step" '
                    f'viewBox="0 0 300 10" width="300" height="10"><rect width="300" height="10" fill="#e6e6e6"/>'
-                   f'<rect width="{w:.1f}" height="10" fill="{_fill(0)}"/></svg>')
+                   f'<rect width="{w:.1f}" height="10" fill="{charts.fill(0)}"/></svg>')
         cost += bar
     else:
         cost = '<span class="unmeasured">cost not measured here</span>'
@@ -508,7 +314,7 @@ def _findings_table(report: Report) -> str:
         return ""
     rows = []
     for i, f in enumerate(report.findings, 1):
-        saving = f"{_ms(f.ms_per_step)}/step" if f.ms_per_step is not None else '<span class="dim">not measured here</span>'
+        saving = f"{ms_text(f.ms_per_step)}/step" if f.ms_per_step is not None else '<span class="dim">not measured here</span>'
         loc = f.locations[0] if f.locations else None
         where = "" if loc is None else f"<code>{_e(_short(loc.file))}:{loc.line}</code>" + (
             f' <span class="dim">and {len(f.locations) - 1} more</span>' if len(f.locations) > 1 else "")
@@ -537,12 +343,12 @@ def _hotspot_table(hs: list[tuple[int, Hotspot]], top: float) -> str:
     for k, h in hs:
         w = 0 if top <= 0 else round(h.ms_per_step, 3) / top * 120  # as report.json holds it
         lines = "".join(f'<li><code>{_e(l.get("line"))}: {_e(l.get("code", ""))}</code> '
-                        f'<span class="dim">({_e(_pct(l.get("share", 0)))})</span></li>' for l in h.lines[:3])
+                        f'<span class="dim">({_e(pct(l.get("share", 0)))})</span></li>' for l in h.lines[:3])
         ms = _data(f"hotspots.{k}.ms_per_step", round(h.ms_per_step, 3), f"{h.ms_per_step:.2f}")
         rows.append(f"<tr><td><code>{_e(h.function)}</code></td><td><code>{_e(_short(h.file))}:{h.line}</code></td>"
                     f'<td class="n">{ms} <svg class="chart inline" role="img" aria-label="ms per step" '
                     f'viewBox="0 0 120 10" width="120" height="10"><rect width="{w:.1f}" height="10" '
-                    f'fill="{_fill(0)}"/></svg></td><td><ul class="lines">{lines}</ul></td></tr>')
+                    f'fill="{charts.fill(0)}"/></svg></td><td><ul class="lines">{lines}</ul></td></tr>')
     return ('<table class="hot"><thead><tr><th>function</th><th>where</th><th class="n">ms/step</th>'
             f'<th>hot lines (share of the function\'s self time: time in the functions a line calls is theirs)</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
 
@@ -562,97 +368,6 @@ def _hotspots(report: Report) -> str:
 
 # -- the gate ---------------------------------------------------------------------------------------------
 
-def _distributions(sides: tuple[list[RunRecord], list[RunRecord]]) -> str:
-    """Each run's steady-state step times as a strip of dots, baseline runs above current ones, on one
-    axis; the gate's statistic (a low quantile) and the median of each run marked."""
-    base, cur = sides
-    rows = [("baseline", j, r) for j, r in enumerate(base, 1)] + [("current", j, r) for j, r in enumerate(cur, 1)]
-    values = [v for _, _, r in rows for v in r.step_ms]
-    if not values:
-        return ""
-    lo, hi = min(values), max(values)
-    span = hi - lo or max(hi, 1.0) * 0.1
-    raw = span / 6
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 5, 10) if m * mag >= raw)
-    t0 = math.floor(lo / step) * step
-    ticks = [t0 + i * step for i in range(int(math.ceil((hi - t0) / step - 1e-9)) + 1)]
-    a, b = ticks[0], ticks[-1]
-    L, R, T, rh = 130, 20, 10, 30  # left and right margins, top, row height
-    W, pw = CHART_W, CHART_W - L - R
-    H = T + rh * len(rows) + 42
-
-    def x(v: float) -> float:
-        return L + (v - a) / (b - a) * pw
-
-    out = []
-    for t in ticks:
-        out.append(f'<line class="grid" x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{T}" y2="{T + rh * len(rows)}"/>'
-                   f'<text class="tick" x="{x(t):.1f}" y="{T + rh * len(rows) + 14}" text-anchor="middle">{_num(round(t, 6))}</text>')
-    for k, (side, j, r) in enumerate(rows):
-        yc = T + k * rh + rh / 2
-        if side == "current" and k and rows[k - 1][0] == "baseline":
-            out.append(f'<line class="axis" x1="{L - 120}" x2="{L + pw}" y1="{yc - rh / 2:.1f}" y2="{yc - rh / 2:.1f}"/>')
-        out.append(f'<text class="tick" x="{L - 8}" y="{yc + 4:.1f}" text-anchor="end">{side} run {j}</text>')
-        for i, v in enumerate(r.step_ms):
-            jy = yc + ((i * 7) % 11 - 5)  # a fixed jitter, so that equal steps do not hide each other
-            if side == "baseline":
-                out.append(f'<circle class="dist base" cx="{x(v):.1f}" cy="{jy:.1f}" r="2.6"/>')
-            else:
-                out.append(f'<rect class="dist cur" x="{x(v) - 2.4:.1f}" y="{jy - 2.4:.1f}" width="4.8" height="4.8"/>')
-        if r.median_ms:
-            out.append(f'<line class="median" x1="{x(r.median_ms):.1f}" x2="{x(r.median_ms):.1f}" y1="{yc - 11:.1f}" '
-                       f'y2="{yc + 11:.1f}"><title>median {_e(_ms(r.median_ms))}</title></line>')
-        g = r.gate_ms
-        if g and r.step_ms:
-            out.append(f'<path class="gatemark" d="M{x(g) - 5:.1f},{yc - 14:.1f} L{x(g) + 5:.1f},{yc - 14:.1f} '
-                       f'L{x(g):.1f},{yc - 7:.1f} Z"><title>gate statistic {_e(_ms(g))}</title></path>')
-    out.append(f'<text class="label" x="{L + pw / 2}" y="{H - 6}" text-anchor="middle">steady-state step time (ms)</text>')
-    legend = ('<ul class="legend"><li><svg class="swatch" width="14" height="14" aria-hidden="true"><circle cx="7" '
-              'cy="7" r="3" class="dist base"/></svg>a baseline step</li><li><svg class="swatch" width="14" height="14" '
-              'aria-hidden="true"><rect x="4" y="4" width="6" height="6" class="dist cur"/></svg>a current step</li>'
-              '<li><svg class="swatch" width="14" height="14" aria-hidden="true"><line x1="7" x2="7" y1="0" y2="14" '
-              'class="median"/></svg>the run\'s median</li><li><svg class="swatch" width="14" height="14" '
-              'aria-hidden="true"><path class="gatemark" d="M2,3 L12,3 L7,10 Z"/></svg>the value the gate compares '
-              '(a low quantile of the run\'s steps)</li></ul>')
-    return _svg(W, H, "Steady-state step times of each baseline and current run, in ms", "".join(out)) + legend
-
-
-def _interval(row: Any, t: float, level: float) -> str:
-    """The step time's change and its interval against the gate's thresholds."""
-    if row.change_pct is None:
-        return ""
-    up, down = t * 100, (1 / (1 + t) - 1) * 100
-    lo_ci, hi_ci = row.ci_pct if row.ci_pct else (row.change_pct, row.change_pct)
-    lim = max(abs(down), up, abs(lo_ci), abs(hi_ci)) * 1.25
-    L, R, W, H = 40, 40, CHART_W, 96
-    pw = W - L - R
-
-    def x(v: float) -> float:
-        return L + (v + lim) / (2 * lim) * pw
-
-    ticks = _ticks(lim, 4)
-    out = [f'<rect x="{x(down):.1f}" y="14" width="{x(up) - x(down):.1f}" height="44" fill="url(#hatch)">'
-           f'<title>within the threshold</title></rect>',
-           f'<text class="band" x="{x(0):.1f}" y="11" text-anchor="middle">within the threshold</text>',
-           f'<line class="threshold" x1="{x(up):.1f}" x2="{x(up):.1f}" y1="14" y2="58"/>'
-           f'<text class="tick" x="{x(up) + 3:.1f}" y="24">+{up:.0f}% fails</text>',
-           f'<line class="threshold" x1="{x(down):.1f}" x2="{x(down):.1f}" y1="14" y2="58"/>']
-    for tv in sorted({-v for v in ticks} | set(ticks)):
-        out.append(f'<line class="axis" x1="{x(tv):.1f}" x2="{x(tv):.1f}" y1="58" y2="62"/>'
-                   f'<text class="tick" x="{x(tv):.1f}" y="74" text-anchor="middle">{tv:+g}%</text>'.replace(">+0%<", ">0%<"))
-    out.append(f'<line class="axis" x1="{L}" x2="{L + pw}" y1="58" y2="58"/>')
-    if row.ci_pct:
-        out.append(f'<line class="ci" x1="{x(lo_ci):.1f}" x2="{x(hi_ci):.1f}" y1="36" y2="36"/>'
-                   f'<line class="ci" x1="{x(lo_ci):.1f}" x2="{x(lo_ci):.1f}" y1="29" y2="43"/>'
-                   f'<line class="ci" x1="{x(hi_ci):.1f}" x2="{x(hi_ci):.1f}" y1="29" y2="43"/>')
-    out.append(f'<circle class="point" cx="{x(row.change_pct):.1f}" cy="36" r="5"><title>{row.change_pct:+.1f}%</title>'
-               f'</circle><text class="label" x="{L + pw / 2}" y="92" text-anchor="middle">change of the current '
-               f'{_e(row.metric)} against the baseline (%)</text>')
-    label = (f"Step time change {row.change_pct:+.1f}%"
-             + (f", {level:.0%} interval {lo_ci:+.1f}% to {hi_ci:+.1f}%" if row.ci_pct else "") + f": {row.verdict}")
-    return _svg(W, H, label, "".join(out))
-
 
 def _gate(c: Comparison) -> str:
     d = c.as_dict()
@@ -666,13 +381,13 @@ def _gate(c: Comparison) -> str:
         if timing.change_pct is not None:
             ci = (f", {d['ci_level']:.0%} interval {timing.ci_pct[0]:+.1f}%..{timing.ci_pct[1]:+.1f}%"
                   if timing.ci_pct else ", no interval")
-            out.append(f'<p>{_e(timing.metric)}: {_e(_ms(timing.baseline))} → {_e(_ms(timing.current))}, '
+            out.append(f'<p>{_e(timing.metric)}: {_e(ms_text(timing.baseline))} → {_e(ms_text(timing.current))}, '
                        f'{_data("gate.rows.0.change_pct", round(timing.change_pct, 2), f"{timing.change_pct:+.1f}%")}'
                        f'{ci}: <span class="verdict {VERDICT_CLASS.get(timing.verdict, "")}">{_e(timing.verdict)}'
                        f'</span></p>')
-        out.append(_interval(timing, c.max_regression, d["ci_level"]))
+        out.append(charts.interval(timing, c.max_regression, d["ci_level"]))
     if c.sides[0] and c.sides[1]:
-        out += ["<h3>Step-time distributions</h3>", _distributions(c.sides)]
+        out += ["<h3>Step-time distributions</h3>", charts.distributions(c.sides)]
     rows = []
     for r in c.rows:
         ci = f"{r.ci_pct[0]:+.1f}%..{r.ci_pct[1]:+.1f}%" if r.ci_pct else ""
@@ -741,8 +456,8 @@ def _header(report: Report) -> str:
                      + (f" (counted by {_e(clock)})" if clock else "")))
     st = s.get("step_time_ms") or {}
     if st.get("median") is not None:
-        rows.append(("step time", f'median {_data("summary.step_time_ms.median", st["median"], _ms(st["median"]))}, '
-                                  f'p90 {_data("summary.step_time_ms.p90", st.get("p90"), _ms(st.get("p90")))}'
+        rows.append(("step time", f'median {_data("summary.step_time_ms.median", st["median"], ms_text(st["median"]))}, '
+                                  f'p90 {_data("summary.step_time_ms.p90", st.get("p90"), ms_text(st.get("p90")))}'
                      + (f" over {_e(st.get('n'))} steady-state steps" if st.get("n") else "")))
     exit_info = run.get("exit") or {}
     if exit_info.get("reason") and exit_info.get("reason") not in ("completed", "steps-reached"):
@@ -755,55 +470,13 @@ def _header(report: Report) -> str:
     return f'<header><h1>perfdoctor report</h1><dl class="run">{dl}</dl>{_perfetto(files)}</header>'
 
 
-def _memory_chart(mem: dict[str, Any]) -> str:
-    """Memory at each step's end (MiB), the steady steps' fitted growth as a dashed line, and the peak's
-    parts as one bar."""
-    pts = [(i + 1, v / 2**20) for i, v in enumerate(mem.get("bytes") or []) if v is not None]
-    if len(pts) < 2:
-        return ""
-    W, H, L, B, T = CHART_W, 200, 64, 30, 10
-    hi = _ticks(max(v for _, v in pts))[-1] or 1.0
-    n = max(i for i, _ in pts)
-
-    def x(i: float) -> float:
-        return L + (W - L - 12) * (i - 1) / max(1, n - 1)
-
-    def y(v: float) -> float:
-        return T + (H - T - B) * (1 - v / hi)
-
-    out = [f'<line class="axis" x1="{L}" x2="{W - 12}" y1="{y(0):.1f}" y2="{y(0):.1f}"/>']
-    for t in _ticks(hi, 4):
-        out.append(f'<text class="tick" x="{L - 6}" y="{y(t) + 4:.1f}" text-anchor="end">{_num(t)}</text>')
-    out.append('<polyline class="mem" fill="none" stroke="#aa3377" stroke-width="1.5" points="'
-               + " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in pts) + '"/>')
-    g = mem.get("growth_bytes_per_step")
-    if g is not None:
-        last_i, last_v = pts[-1]
-        first_i = pts[0][0]
-        out.append(f'<line class="fit" x1="{x(first_i):.1f}" y1="{y(last_v - g / 2**20 * (last_i - first_i)):.1f}" '
-                   f'x2="{x(last_i):.1f}" y2="{y(last_v):.1f}" stroke="#333" stroke-dasharray="4 3"/>')
-    out.append(f'<text class="label" x="{W - 12}" y="{H - 4}" text-anchor="end">step (MiB at its end)</text>')
-    chart = _svg(W, H, f"memory at each step's end ({mem.get('source', '')}), in MiB", "".join(out))
-    parts = mem.get("parts") or {}
-    peak = mem.get("peak_bytes")
-    bar = ""
-    if parts and isinstance(peak, (int, float)):
-        rows = [(k.replace("_", " "), v / 2**20, f"{v / 2**20:,.1f} MiB") for k, v in parts.items()]
-        other = peak / 2**20 - sum(r[1] for r in rows)
-        if other > 0:
-            rows.append(("other", other, f"{other:,.1f} MiB"))
-        bar = "<h3>The peak, by what holds it</h3>" + _stacked_bar(rows, "the peak memory by what holds it, in MiB",
-                                                                     unit="ms", key="memory")
-    return chart + f'<p class="dim">{_e(memory_line(mem))}</p>' + bar.replace("ms per step", "MiB")
-
-
 def _step_section(report: Report) -> str:
     s = report.summary
     parts = []
-    chart = _step_chart(s)
+    chart = charts.step_chart(s)
     if chart:
         parts.append('<section id="steps"><h2>Step time over the run</h2>' + chart + "</section>")
-    mem = _memory_chart(s.get("memory") or {})
+    mem = charts.memory_chart(s.get("memory") or {})
     if mem:
         parts.append('<section id="memory"><h2>Memory over the run</h2>' + mem + "</section>")
     bd = []
@@ -831,63 +504,15 @@ def _facts_table(report: Report) -> str:
             "</details></section>")
 
 
-CSS = """
-:root{--ink:#1b1f24;--dim:#5b6470;--line:#d0d7de;--bg:#ffffff;--soft:#f6f8fa;--bad:#b42318;--good:#1a7f37;--warn:#9a6700}
-*{box-sizing:border-box}
-body{margin:0;background:var(--bg);color:var(--ink);font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif}
-main{max-width:1500px;margin:0 auto;padding:24px 20px 48px}
-nav.toc{position:sticky;top:0;z-index:1;background:var(--bg);border-bottom:1px solid var(--line);padding:6px 0;margin:8px 0 0}
-table.glance td:nth-child(2){min-width:18em}
-@media (min-width:1200px){#findings .cards{display:grid;grid-template-columns:repeat(2,minmax(0,1fr));gap:0 18px;align-items:start}}
-h1{font-size:1.6em;margin:0 0 8px}h2{font-size:1.25em;margin:32px 0 8px;border-bottom:1px solid var(--line);padding-bottom:4px}
-h3{font-size:1.05em;margin:18px 0 6px}h4{margin:12px 0 4px;font-size:.95em}
-code,pre{font:13px/1.45 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-pre{background:var(--soft);padding:8px 10px;border-radius:6px;overflow-x:auto;white-space:pre-wrap;word-break:break-word}
-dl.run{display:grid;grid-template-columns:max-content 1fr;gap:2px 16px;margin:0}dl.run dt{font-weight:600}dl.run dd{margin:0;word-break:break-all}
-.dim,.note{color:var(--dim)}.note{font-size:.92em}
-.bad{color:var(--bad);font-weight:600}.good{color:var(--good)}.warn{color:var(--warn)}
-svg.chart{display:block;max-width:100%;height:auto;margin:6px 0}svg.savebar{display:inline-block;vertical-align:middle;margin:0 0 0 8px}
-svg.inline{margin:4px 0 0 auto}
-svg.defs{position:absolute}
-.grid{stroke:#e3e7ec;stroke-width:1}.axis{stroke:#57606a;stroke-width:1}
-.tick{font-size:11px;fill:#424a53}.tick.strong{font-weight:700;fill:var(--ink)}.label{font-size:12px;fill:var(--ink)}
-.band{font-size:11px;fill:#57606a;font-style:italic}
-.series{fill:none;stroke:#8c99a8;stroke-width:1}.band-series{fill:#9db4d0;stroke:#1d4e89;stroke-width:.6}
-.pt{fill:#1d4e89;stroke:#1d4e89;stroke-width:1}.pt.out{fill:#ffffff;stroke:#5b6470;stroke-width:1.3}
-.off{fill:#b42318}.offlabel{font-size:10px;fill:#b42318}
-.median{stroke:#111;stroke-width:1.6}.p90{stroke:#111;stroke-width:1.3;stroke-dasharray:6 4}
-.statlabel{font-size:11.5px;fill:var(--ink)}
-.straggler{fill:none;stroke:#b42318;stroke-width:2.5}
-.dist.base{fill:#1d4e89;fill-opacity:.75}.dist.cur{fill:#f6b26b;stroke:#6b3d00;stroke-width:.8}
-.gatemark{fill:#111}.threshold{stroke:#b42318;stroke-width:1.5;stroke-dasharray:4 3}
-.ci{stroke:#111;stroke-width:2}.point{fill:#111}
-ul.legend{list-style:none;padding:0;margin:4px 0 10px;display:flex;flex-wrap:wrap;gap:4px 18px;font-size:.9em}
-ul.legend li{display:flex;align-items:center;gap:6px}svg.swatch{flex:none}
-table{border-collapse:collapse;width:100%;margin:6px 0 10px;font-size:.92em}
-th,td{border-bottom:1px solid var(--line);padding:4px 8px;text-align:left;vertical-align:top}
-th.n,td.n{text-align:right;white-space:nowrap}tr.strong td{font-weight:700}
-ul.lines{list-style:none;margin:0;padding:0}ul.lines code{white-space:pre-wrap;word-break:break-word}
-.finding{border:1px solid var(--line);border-left-width:6px;border-radius:6px;padding:6px 14px 10px;margin:14px 0}
-.finding h3{margin:6px 0 2px}.finding .num{color:var(--dim)}
-.sev-high{border-left-color:#b42318}.sev-medium{border-left-color:#d4a72c}.sev-low{border-left-color:#8c99a8}
-.sev{font-size:.75em;letter-spacing:.05em;border:1px solid currentColor;border-radius:4px;padding:0 5px;margin-left:6px}
-.sev-high .sev{color:var(--bad)}.sev-medium .sev{color:var(--warn)}.sev-low .sev{color:var(--dim)}
-.saving{color:var(--good);font-weight:600}.unmeasured{color:var(--dim)}
-ul.locations{list-style:none;padding:0;margin:4px 0}ul.locations li{word-break:break-word}
-code.where{color:#0b5cad}code.code{color:#424a53}
-pre.diff .del{color:#82071e;background:#ffebe9;display:block}pre.diff .add{color:#116329;background:#dafbe1;display:block}
-details{margin:6px 0}summary{cursor:pointer;color:#0b5cad}
-.verdict{font-weight:700}
-.notes{margin-top:24px}footer{margin-top:40px;color:var(--dim);font-size:.85em}
-@media print{summary{color:var(--ink)}details{display:block}}
-"""
+def _asset(name: str) -> str:
+    """A file of the page's own (report/assets/: shipped in the package), inlined into every page."""
+    return (resources.files("perfdoctor.report") / "assets" / name).read_text(encoding="utf-8")
 
-# expand or collapse every rule explanation at once; the page reads fine without it
-JS = """(function(){var b=document.getElementById('toggle-explain');if(!b)return;b.hidden=false;
-b.addEventListener('click',function(){var open=b.getAttribute('aria-pressed')!=='true';
-document.querySelectorAll('details.explain').forEach(function(d){d.open=open;});
-b.setAttribute('aria-pressed',open?'true':'false');
-b.textContent=open?'Collapse every explanation':'Expand every explanation';});})();"""
+
+# the page's style, and the few lines of script that expand or collapse every rule explanation at
+# once (the page reads fine without it)
+CSS = _asset("report.css")
+JS = _asset("report.js")
 
 # nothing on the page may reach the network: no fetches, images or fonts from anywhere
 CSP = "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:"
@@ -897,7 +522,7 @@ def _page(title: str, body: list[str]) -> str:
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{_defs()}<main>{''.join(body)}"
+            f"<title>{_e(title)}</title><style>{CSS}</style></head><body>{charts.defs()}<main>{''.join(body)}"
             f'<footer>perfdoctor {_e(__version__)}: a self-contained page; the charts are SVG drawn from '
             f"report.json's numbers.</footer></main><script>{JS}</script></body></html>\n")
 

@@ -21,6 +21,7 @@ from rich.text import Text
 from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
+from perfdoctor.report.common import chart_top, ms_text
 from perfdoctor.report.explain import explanation_lines
 from perfdoctor.report.memory import memory_line
 
@@ -77,12 +78,6 @@ def _guard(line: list[Segment]) -> list[Segment]:
     return out
 
 
-def _ms(v: Any) -> str:
-    if not isinstance(v, (int, float)):
-        return "n/a"
-    return f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms" if v >= 1 else f"{v * 1000:.0f} µs"
-
-
 def _short(path: str) -> str:
     try:
         rel = os.path.relpath(path)
@@ -93,17 +88,6 @@ def _short(path: str) -> str:
 
 SPARK = "▁▂▃▄▅▆▇█"
 SPARK_WIDTH = 60
-
-
-def chart_top(ms: list[float]) -> float:
-    """The top of a step-time axis (sparkline or chart): the slowest step, unless a few steps (the
-    first, with its allocator warm-up and lazy imports) are far slower than the rest: then three
-    times the 90th percentile, and the steps above it are drawn as off the scale."""
-    s = sorted(ms)
-    if not s:
-        return 0.0
-    p90 = s[min(len(s) - 1, int(0.9 * (len(s) - 1) + 0.5))]
-    return min(s[-1], 3 * p90) if p90 > 0 else s[-1]
 
 
 def sparkline(ms: list[float], width: int = SPARK_WIDTH, lo: float = 0.0) -> str:
@@ -135,7 +119,7 @@ def breakdown_bar(breakdown: list[dict[str, Any]]) -> Text:
     for i, b in enumerate(breakdown):
         frac = (b.get("ms") or 0.0) / total
         text.append("■ ", style=BAR_COLORS[i % len(BAR_COLORS)])
-        text.append(f"{escape.text(b['category'])} {_ms(b.get('ms'))} ({frac:.0%})")
+        text.append(f"{escape.text(b['category'])} {ms_text(b.get('ms'))} ({frac:.0%})")
         text.append("   " if i < len(breakdown) - 1 else "")
     return text
 
@@ -156,13 +140,13 @@ def _summary(report: Report) -> Panel:
                                  + (f"  (counted by {clock})" if clock else "")))
     st = s.get("step_time_ms") or {}
     if st.get("median") is not None:
-        rows.add_row("step time", f"median {_ms(st.get('median'))}, p90 {_ms(st.get('p90'))}"
+        rows.add_row("step time", f"median {ms_text(st.get('median'))}, p90 {ms_text(st.get('p90'))}"
                      + (f" over {st.get('n')} steps" if st.get("n") else ""))
     series = (s.get("step_series") or {}).get("ms") or []
     if len(series) >= 2:
         top = chart_top(series)
         rows.add_row("each step", Text(sparkline(series), style="blue")
-                     + Text(f"  steps 1-{len(series)}, █ = {_ms(top)}" + (" or more" if top < max(series) else ""),
+                     + Text(f"  steps 1-{len(series)}, █ = {ms_text(top)}" + (" or more" if top < max(series) else ""),
                             style="dim"))
     mem = s.get("memory") or {}
     mem_series = [float(v) for v in mem.get("bytes") or [] if v is not None]
@@ -182,10 +166,10 @@ def _summary(report: Report) -> Panel:
 def _cost(f: Finding) -> Text:
     if f.ms_per_step is None:
         return Text("cost not measured here", style="dim")
-    t = Text(f"saves ~{_ms(f.ms_per_step)}/step", style="bold green")
+    t = Text(f"saves ~{ms_text(f.ms_per_step)}/step", style="bold green")
     if f.saving_range is not None:
         lo, hi = f.saving_range
-        t.append(f" ({_ms(lo)}–{_ms(hi)} across steps)", style="green")
+        t.append(f" ({ms_text(lo)}–{ms_text(hi)} across steps)", style="green")
     if f.fraction_of_step is not None:
         t.append(f" ({f.fraction_of_step:.0%} of the step)", style="green")
     return t

@@ -1,0 +1,29 @@
+"""What the renderers share: how a duration, a share and a chart's top are written, one definition
+each, so that the text, HTML and Markdown reports agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def ms_text(v: Any) -> str:
+    """A duration (ms) as the reports write it: whole ms from 100, one decimal from 1, else µs."""
+    if not isinstance(v, (int, float)):
+        return "n/a"
+    return f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms" if v >= 1 else f"{v * 1000:.0f} µs"
+
+
+def pct(v: Any) -> str:
+    """A share (0..1) as a whole percentage."""
+    return f"{v:.0%}" if isinstance(v, (int, float)) else "n/a"
+
+
+def chart_top(ms: list[float]) -> float:
+    """The top of a step-time axis (sparkline or chart): the slowest step, unless a few steps (the
+    first, with its allocator warm-up and lazy imports) are far slower than the rest: then three
+    times the 90th percentile, and the steps above it are drawn as off the scale."""
+    s = sorted(ms)
+    if not s:
+        return 0.0
+    p90 = s[min(len(s) - 1, int(0.9 * (len(s) - 1) + 0.5))]
+    return min(s[-1], 3 * p90) if p90 > 0 else s[-1]
