@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -155,16 +156,30 @@ def test_unwritable_current_directory_is_one_error_line_before_running(tmp_path:
         new_run_dir("train.py", False, None, base=tmp_path)
 
 
-@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes into a read-only folder")
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permissions")
 def test_read_only_current_directory(tmp_path: Path) -> None:
+    """A folder the user may not write into: one error line saying where to go instead. Root (CI
+    runs as root) writes anywhere, so there the check runs in a process without root's power to
+    override file permissions (setpriv drops CAP_DAC_OVERRIDE)."""
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o555)
+    code = ("import sys\nfrom pathlib import Path\nfrom perfdoctor.errors import InputError\n"
+            "from perfdoctor.capture.runner import new_run_dir\n"
+            "try:\n    new_run_dir('train.py', False, None, base=Path(sys.argv[1]))\n"
+            "except InputError as e:\n    print(e.message)\n    sys.exit(0)\nsys.exit(1)\n")
+    cmd = [sys.executable, "-c", code, str(ro)]
+    if os.geteuid() == 0:
+        assert shutil.which("setpriv"), "root needs util-linux's setpriv to test a read-only folder"
+        cmd = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", *cmd]
     try:
-        with pytest.raises(InputError, match="give --out-dir"):
-            new_run_dir("train.py", False, None, base=ro)
+        p = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                           timeout=60)
     finally:
         ro.chmod(0o755)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "cannot create the run folder" in p.stdout and "give --out-dir" in p.stdout
+    assert not any(ro.iterdir())
 
 
 # -- --out-dir: absolute, locked, a previous run kept ----------------------------------------------
