@@ -45,6 +45,7 @@ import tomllib
 
 REPO = Path(__file__).resolve().parent.parent
 SOURCES = REPO / "corpus" / "sources.toml"
+TEST_SOURCES = REPO / "corpus" / "test.toml"
 DEFAULT_MIRROR = Path(os.environ.get("PERFDOCTOR_CORPUS_MIRROR", "/work/.mirror"))
 DEFAULT_WORK = Path("/tmp/perfdoctor-corpus")
 SEVERE = ("high", "medium")
@@ -62,6 +63,7 @@ def snapshot_dir(mirror: Path, repository: str, commit: str) -> Path:
     (MIRROR/owner+name/repo), a bare clone (MIRROR/owner/name.git) or a clone (MIRROR/owner/name)."""
     owner, name = repository.split("/")
     candidates = [
+        mirror / f"{owner}+{name}" / "repo" / ".git",
         mirror / f"{owner}+{name}" / "repo",
         mirror / owner / f"{name}.git",
         mirror / owner / name / ".git",
@@ -166,10 +168,13 @@ def _words(n_chars: int, seed: int) -> str:
     return "".join(out)[:n_chars]
 
 
-def fake_mnist(root: Path, n_train: int = 2000, n_test: int = 500) -> None:
+def fake_mnist(
+    root: Path, n_train: int = 2000, n_test: int = 500, name: str = "MNIST"
+) -> None:
     """MNIST's raw idx files (uncompressed, as torchvision keeps them after a download) with random
-    digits: torchvision.datasets.MNIST(root, download=True) finds them and downloads nothing."""
-    raw = root / "MNIST" / "raw"
+    digits: torchvision.datasets.MNIST(root, download=True) finds them and downloads nothing.
+    `name` is the dataset class's folder (FashionMNIST, KMNIST: the same file layout)."""
+    raw = root / name / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     rng = random.Random(0)
     for prefix, n in (("train", n_train), ("t10k", n_test)):
@@ -202,13 +207,72 @@ def nanogpt_char(root: Path, n_chars: int = 300_000) -> None:
         )
 
 
+def write_png(path: Path, pixels) -> None:
+    """An 8-bit grey (H, W) or RGB (H, W, 3) uint8 array as a PNG file, with zlib only (the
+    benchmark's own Python need not have PIL). Image readers go by the content, not the name, so
+    the same bytes stand in for a .jpg or a .gif as well."""
+    import zlib
+
+    height, width = pixels.shape[:2]
+    color = 2 if pixels.ndim == 3 else 0
+    raw = b"".join(b"\x00" + pixels[y].tobytes() for y in range(height))
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data))
+            + tag
+            + data
+            + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+        )
+
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, color, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw, 6))
+        + chunk(b"IEND", b"")
+    )
+
+
+def fake_images(root: Path, step: dict) -> None:
+    """`n` small random images per class (or `n` in all without `classes`). `name` is a format
+    string with {i} (the index) and optionally {c} (the class): with {c} the files of every class
+    go into `dir` itself (Abyssinian_12.jpg), without it into `dir`/<class>/ (torchvision's
+    ImageFolder layout). `mode`: RGB (default), L (grey) or mask (one black-and-white disc: a
+    two-valued segmentation mask). Seeded, so reruns are identical."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    width, height = step.get("size", [64, 64])
+    mode = step.get("mode", "RGB")
+    classes = step.get("classes") or [None]
+    for c in classes:
+        folder = root / step["dir"]
+        if c is not None and "{c}" not in step["name"]:
+            folder = folder / c
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(step["n"]):
+            target = folder / step["name"].format(i=i, c=c)
+            if mode == "mask":
+                yy, xx = np.mgrid[0:height, 0:width]
+                cy, cx = rng.integers(0, height), rng.integers(0, width)
+                r = rng.integers(min(width, height) // 6, min(width, height) // 2)
+                disc = ((yy - cy) ** 2 + (xx - cx) ** 2) < r * r
+                write_png(target, disc.astype(np.uint8) * 255)
+            elif mode == "L":
+                write_png(target, rng.integers(0, 256, (height, width), dtype=np.uint8))
+            else:
+                write_png(target, rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
 def prepare(
     root: Path, steps: list[dict], env: dict[str, str], cwd: Path, timeout: float
 ) -> None:
     for step in steps:
         kind = step["kind"]
         if kind == "mnist":
-            fake_mnist(root / step["root"])
+            fake_mnist(root / step["root"], name=step.get("name", "MNIST"))
+        elif kind == "images":
+            fake_images(root, step)
         elif kind == "nanogpt_char":
             nanogpt_char(root / step["root"])
         elif kind == "text":
@@ -541,6 +605,8 @@ def totals(results: list[dict], scripts: dict[str, dict]) -> dict:
                 "fp_severe": 0,
                 "fp_low": 0,
                 "optional": 0,
+                "cpu_labels": 0,
+                "cpu_found": 0,
             },
         )
 
@@ -553,8 +619,10 @@ def totals(results: list[dict], scripts: dict[str, dict]) -> dict:
             else:
                 x["labels"] += 1
                 x["gpu_only"] += bool(lab.get("gpu_only"))
+                x["cpu_labels"] += not lab.get("gpu_only")
         for e in r["tp"]:
             row(e["rule"])["found"] += 1
+            row(e["rule"])["cpu_found"] += not e["gpu_only"]
         for lab in r["missed"]:
             row(lab["rule"])["missed"] += 1
         for e in r["fp"]:
@@ -562,6 +630,9 @@ def totals(results: list[dict], scripts: dict[str, dict]) -> dict:
             row(f["rule"])["fp_severe" if f["severity"] in SEVERE else "fp_low"] += 1
     for x in per_rule.values():
         x["recall"] = round(x["found"] / x["labels"], 3) if x["labels"] else None
+        x["recall_cpu"] = (
+            round(x["cpu_found"] / x["cpu_labels"], 3) if x["cpu_labels"] else None
+        )
     labels = sum(x["labels"] for x in per_rule.values())
     found = sum(x["found"] for x in per_rule.values())
     cpu_labels = sum(
@@ -603,7 +674,10 @@ def _pct(v: float | None) -> str:
     return f"{v:.0%}" if v is not None else "-"
 
 
-def print_tables(results: list[dict], total: dict) -> None:
+def print_tables(
+    results: list[dict], total: dict, half: str, details: bool = True
+) -> None:
+    print(f"\n======== {half} half: {len(results)} scripts")
     print(
         f"\n{'script':36} {'status':14} {'exit':>4} {'wall':>7} {'find':>4} {'tp':>3} {'fp':>3} {'miss':>4}"
     )
@@ -616,6 +690,8 @@ def print_tables(results: list[dict], total: dict) -> None:
             f"{r['id']:36} {r['status']:14} {r.get('exit', '-')!s:>4} {wall:>7} {n['findings']:>4} "
             f"{n['tp']:>3} {n['fp']:>3} {n['missed']:>4}"
         )
+        if not details:
+            continue
         for e in r.get("fp", []):
             f = e["finding"]
             note = f"  (labelled wrong: {e['not']})" if e["not"] else ""
@@ -629,16 +705,17 @@ def print_tables(results: list[dict], total: dict) -> None:
         if r.get("error"):
             print(f"    {r['error']}")
     print(
-        f"\n{'rule':6} {'labels':>6} {'gpu':>4} {'found':>5} {'recall':>6} {'fp h/m':>6} {'fp low':>6} {'opt':>4}"
+        f"\n{'rule':6} {'labels':>6} {'gpu':>4} {'found':>5} {'recall':>6} {'cpu':>4} {'found':>5} "
+        f"{'recall':>6} {'missed':>6} {'fp h/m':>6} {'fp low':>6} {'opt':>4}"
     )
     for rule, x in total["per_rule"].items():
-        recall = f"{x['recall']:.0%}" if x["recall"] is not None else "-"
         print(
-            f"{rule:6} {x['labels']:>6} {x['gpu_only']:>4} {x['found']:>5} {recall:>6} {x['fp_severe']:>6} "
-            f"{x['fp_low']:>6} {x['optional']:>4}"
+            f"{rule:6} {x['labels']:>6} {x['gpu_only']:>4} {x['found']:>5} {_pct(x['recall']):>6} "
+            f"{x['cpu_labels']:>4} {x['cpu_found']:>5} {_pct(x['recall_cpu']):>6} {x['missed']:>6} "
+            f"{x['fp_severe']:>6} {x['fp_low']:>6} {x['optional']:>4}"
         )
     print(
-        f"\n{total['scored']}/{total['scripts']} scripts scored; {total['found']}/{total['labels']} labelled problems "
+        f"\n{half} half: {total['scored']}/{total['scripts']} scripts scored; {total['found']}/{total['labels']} labelled problems "
         f"found ({_pct(total['recall'])}; measurable on this machine {_pct(total['recall_measurable'])}, "
         f"GPU-only {_pct(total['recall_gpu_only'])}); {total['false_findings']} false findings, "
         f"{total['false_findings_severe']} of them high/medium"
@@ -653,6 +730,32 @@ def print_tables(results: list[dict], total: dict) -> None:
             "changed behaviour: "
             + ", ".join(f"{k} ({v})" for k, v in total["changed_behaviour"].items())
         )
+
+
+def load_corpus() -> tuple[dict, list[dict]]:
+    """The repositories and scripts of both halves: sources.toml (the development half, and every
+    repository) and test.toml (the frozen test half, kept in its own file so that whoever tunes
+    rules on the development half does not read its labels by accident). Every script says its
+    half (`split`); a script in the wrong file is an error."""
+    spec = tomllib.loads(SOURCES.read_text())
+    repos, scripts = spec["repos"], list(spec["script"])
+    for s in scripts:
+        s.setdefault("split", "dev")
+    if TEST_SOURCES.exists():
+        test = tomllib.loads(TEST_SOURCES.read_text())
+        repos = {**repos, **test.get("repos", {})}
+        scripts += test.get("script", [])
+    for s in scripts:
+        want = "test" if s in scripts[len(spec["script"]) :] else "dev"
+        if s.get("split") != want:
+            sys.exit(f"{s['id']}: split = {s.get('split')!r} in the {want} half's file")
+        if s["repo"] not in repos:
+            sys.exit(f"{s['id']}: unknown repo {s['repo']!r}")
+    ids = [s["id"] for s in scripts]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        sys.exit(f"duplicate script ids: {', '.join(dupes)}")
+    return repos, scripts
 
 
 def main() -> int:
@@ -707,21 +810,37 @@ def main() -> int:
         help="materialise, edit and prepare each script, run nothing",
     )
     ap.add_argument(
+        "--split",
+        choices=("dev", "test", "all"),
+        default="all",
+        help="run only the development or the frozen test half (default: both, scored apart)",
+    )
+    ap.add_argument(
+        "--show-test",
+        action="store_true",
+        help="print the test half's labels and per-script misses (for the final report only: "
+        "whoever changes rules must not look at them)",
+    )
+    ap.add_argument(
         "--list",
         action="store_true",
         help="list the scripts and their label counts, run nothing",
     )
     args = ap.parse_args()
 
-    spec = tomllib.loads(SOURCES.read_text())
-    repos, scripts = spec["repos"], spec["script"]
+    repos, scripts = load_corpus()
     by_id = {s["id"]: s for s in scripts}
     unknown = [i for i in args.only if i not in by_id]
     if unknown:
         sys.exit(f"unknown script id(s): {', '.join(unknown)}; --list shows them")
     chosen = [by_id[i] for i in args.only] if args.only else scripts
+    if args.split != "all":
+        chosen = [s for s in chosen if s["split"] == args.split]
     if args.list:
         for s in chosen:
+            if s["split"] == "test" and not args.show_test:
+                print(f"{s['id']:36} test half: labels not shown (--show-test)")
+                continue
             labs = s.get("label", [])
             rules = ", ".join(sorted({lab["rule"] for lab in labs}))
             print(
@@ -742,10 +861,16 @@ def main() -> int:
             flush=True,
         )
         results.append(r)
-    total = totals(results, by_id)
-    print_tables(results, total)
+    halves = {}
+    for half in ("dev", "test"):
+        part = [r for r in results if by_id[r["id"]]["split"] == half]
+        if part:
+            halves[half] = totals(part, by_id)
+            print_tables(
+                part, halves[half], half, details=half == "dev" or args.show_test
+            )
     out = args.json or args.work / "results.json"
-    out.write_text(json.dumps({"totals": total, "results": results}, indent=2) + "\n")
+    out.write_text(json.dumps({"totals": halves, "results": results}, indent=2) + "\n")
     print(f"\nresults: {out}")
     return 0
 
