@@ -348,13 +348,15 @@ class Progress:
         self.steps_limit = steps_limit
         self.window_end = window_end
         self.seen: deque[tuple[int, float]] = deque()  # (step, its end in the script's seconds)
+        self.recounted = False  # the count started again (optimizer steps found after DataLoader batches, say)
 
     def update(self, step: Step | None) -> bool:
         """Take the last step flushed; True when it is a new one."""
         if step is None or step.end_s is None:
             return False
         if self.seen and step.i < self.seen[-1][0]:
-            self.seen.clear()  # a stronger step clock took over: the count starts again
+            self.seen.clear()  # a stronger step clock took over: the count starts again, and says so
+            self.recounted = True
         if self.seen and step.i == self.seen[-1][0]:
             return False
         self.seen.append((step.i, step.end_s))
@@ -376,7 +378,8 @@ class Progress:
             return ["starting" if waited_s < 1 else f"waiting for the first step: {_duration(waited_s)}"]
         i = self.seen[-1][0]
         rate = self.rate
-        out = [f"step {i}/{self.steps_limit}" if self.steps_limit else f"step {i}"]
+        out = [(f"step {i}/{self.steps_limit}" if self.steps_limit else f"step {i}")
+               + (" (count restarted by a stronger step clock)" if self.recounted else "")]
         if rate:
             out.append(_rate_text(rate))
         if self.steps_limit:
