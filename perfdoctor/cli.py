@@ -235,8 +235,8 @@ def run(
     _emit(fmt, output, outcome.report, outcome.comparison)
     if outcome.script_failed:
         raise typer.Exit(EXIT_SCRIPT_FAILED)
-    if outcome.interrupted:
-        raise typer.Exit(130)
+    if outcome.interrupted:  # the script's own code: 130 after a KeyboardInterrupt, 0 where its handler exited 0
+        raise typer.Exit(outcome.result.exit_code)
     if outcome.gate_failed:
         raise typer.Exit(EXIT_GATE_FAILED)
 

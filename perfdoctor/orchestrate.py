@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from perfdoctor.analysis import analyse_job, analyse_run, is_job_dir, is_run_dir, rules_for, write_run_reports
 from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
-from perfdoctor.errors import InputError, PerfdoctorError
+from perfdoctor.errors import EXIT_SCRIPT_FAILED, InputError, PerfdoctorError
 from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, gate_runs
 from perfdoctor.gate.baseline import RunRecord, load_baseline, record_from_run_dir, repeat_dir, slow_outlier_runs
 from perfdoctor.gate.baseline import save_baseline as write_baseline
@@ -208,6 +208,8 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
             result = run_script(target, module=module, script_args=script_args, out_dir=run_out, steps=steps,
                                 script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status,
                                 label=label)
+            if result.reason == "not-started":  # nothing ran: no report of an empty run
+                raise PerfdoctorError(f"{target} did not start: {result.detail}", EXIT_SCRIPT_FAILED)
             report = analyse_run(result.run_dir, config)
         results.append(result)
         reports.append(report)

@@ -316,7 +316,10 @@ def test_second_run_on_a_busy_out_dir_is_refused_and_kill_9_takes_the_child_alon
 
 @pytest.mark.e2e
 @pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
-def test_script_that_ignores_sigterm_gets_one_then_sigkill(tmp_path: Path) -> None:
+def test_script_that_ignores_signals_gets_them_once_then_sigkill(tmp_path: Path) -> None:
+    """SIGTERM to perfdoctor reaches the script as SIGTERM (never as SIGINT), and no timer kills a
+    script busy in its SIGTERM handler (a checkpoint being saved); a second SIGTERM kills it. A SIGINT
+    first: GRACE_S later one SIGTERM, then SIGKILL."""
     script(tmp_path, "train.py", """
         import signal
         def note(sig, _frame):
@@ -327,16 +330,23 @@ def test_script_that_ignores_sigterm_gets_one_then_sigkill(tmp_path: Path) -> No
         while True:
             step(); time.sleep(0.01)
     """)
-    out = tmp_path / "run"
-    code = ("from perfdoctor.capture import runner; runner.GRACE_S = 1.0; "
-            f"r = runner.run_script('train.py', out_dir={str(out)!r}); print('RESULT', r.exit_code, r.reason)")
-    p = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, text=True)
-    partial = out / "steps.partial.jsonl"
-    _wait_for(lambda: partial.exists() and partial.read_bytes().count(b'"i"') >= 3)
-    p.send_signal(signal.SIGTERM)  # as a CI timeout does
-    out_text, _ = p.communicate(timeout=60)
-    assert "RESULT 137 interrupted" in out_text
-    assert (tmp_path / "signals.txt").read_text().split() == ["SIGINT", "SIGTERM"]
+    for first, out in ((signal.SIGTERM, tmp_path / "run"), (signal.SIGINT, tmp_path / "run2")):
+        (tmp_path / "signals.txt").unlink(missing_ok=True)
+        code = ("from perfdoctor.capture import runner; runner.GRACE_S = 1.0; "
+                f"r = runner.run_script('train.py', out_dir={str(out)!r}); print('RESULT', r.exit_code, r.reason)")
+        p = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, text=True)
+        partial = out / "steps.partial.jsonl"
+        _wait_for(lambda: partial.exists() and partial.read_bytes().count(b'"i"') >= 3)
+        p.send_signal(first)  # SIGTERM: as a CI timeout does
+        if first == signal.SIGTERM:
+            _wait_for(lambda: (tmp_path / "signals.txt").exists())
+            time.sleep(2.5)  # over GRACE_S: still running
+            assert p.poll() is None
+            p.send_signal(signal.SIGTERM)
+        out_text, _ = p.communicate(timeout=60)
+        assert "RESULT 137 interrupted" in out_text
+        expected = ["SIGTERM"] if first == signal.SIGTERM else ["SIGINT", "SIGTERM"]
+        assert (tmp_path / "signals.txt").read_text().split() == expected
 
 
 @pytest.mark.e2e

@@ -12,6 +12,7 @@ with perfdoctor (`--parent-pid`): a `kill -9` of perfdoctor must not leave the s
 
 from __future__ import annotations
 
+import atexit
 import os
 import runpy
 import signal
@@ -21,7 +22,7 @@ import time
 import traceback
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from perfdoctor.capture.recorder import Recorder
@@ -30,7 +31,8 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the perfd
 
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
-    opts: dict[str, Any] = {"steps": None, "module": False, "window": None, "parent_pid": None, "job": False}
+    opts: dict[str, Any] = {"steps": None, "module": False, "window": None, "parent_pid": None, "job": False,
+                            "signal_fd": None}
     rest = list(argv)
     while rest and rest[0].startswith("--") and rest[0] != "--":
         flag = rest.pop(0)
@@ -44,6 +46,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             opts["window"] = tuple(int(x) for x in rest.pop(0).split(","))
         elif flag == "--module":
             opts["module"] = True
+        elif flag == "--signal-fd":
+            opts["signal_fd"] = int(rest.pop(0))
         elif flag == "--job":
             opts["job"] = True
         else:
@@ -110,13 +114,76 @@ def format_exception(e: BaseException) -> str:
     return "".join(te.format())
 
 
+def exit_status(code: int) -> int:
+    """The exit status the shell sees for `sys.exit(code)` / `os._exit(code)`: its low 8 bits
+    (`sys.exit(256)` is 0, `sys.exit(-1)` is 255)."""
+    return code & 0xFF
+
+
 def _exit_code(e: SystemExit) -> int:
     if e.code is None:
         return 0
     if isinstance(e.code, int):
-        return e.code
+        return exit_status(e.code)
     print(e.code, file=sys.stderr)  # sys.exit("message") prints the message and exits 1
     return 1
+
+
+class NotStarted(ImportError):
+    """`-m MODULE` names no module that Python can run (runpy's lookup failed): the script never started."""
+
+
+def _leave_fork(code: int) -> NoReturn:
+    """The script forked (`os.fork()` without exec) and this is the copy, at its end: it ends as Python
+    would end it (the `atexit` functions, non-daemon threads joined, stdio flushed), less the C++
+    teardown of the profiler's libraries, which hangs in a forked copy (kineto's config loader waits
+    for a thread that exists only in the parent). It never writes the run folder: that is the
+    process that started the run's (`Recorder` goes inert in a forked copy)."""
+    for end in (getattr(threading, "_shutdown", None), getattr(atexit, "_run_exitfuncs", None)):
+        try:
+            if end is not None:
+                end()
+        except BaseException:  # noqa: BLE001 - as Python does at exit, errors here do not change the code
+            pass
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code)
+
+
+def watch_signals(fd: int) -> None:
+    """Report every signal this process receives to perfdoctor (`fd`: a pipe's write end), so that it
+    passes on only the signals that did not reach the script already (a SIGTERM to the whole process
+    group, as GNU timeout and SLURM send, reaches the script once, not twice). The interpreter writes
+    the signal's number there itself (`signal.set_wakeup_fd`), whatever handler the script sets.
+
+    A script with no SIGTERM handler of its own gets one that writes the run folder and then ends
+    the process by SIGTERM as bare Python would (exit status 143, nothing of the script runs after);
+    a handler the script sets later replaces it."""
+    try:
+        os.set_blocking(fd, False)
+        signal.set_wakeup_fd(fd, warn_on_full_buffer=False)
+    except (OSError, ValueError):  # not the main thread, or a closed descriptor: perfdoctor forwards blind
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+_on_sigterm: list[Any] = []  # what _terminated runs before the process ends: the recorder's finalise
+
+
+def _terminated(sig: int, _frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    for f in _on_sigterm:
+        try:
+            f()
+        except BaseException:  # noqa: BLE001 - the process ends by the signal whatever happens here
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _finalise(rec: Recorder, run_dir: Path, reason: str, code: int, tb: str | None) -> None:
@@ -186,9 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         rec.errors("install", e)
         print(f"perfdoctor: some probes could not be installed ({type(e).__name__}: {e})", file=sys.stderr)
 
+    if opts["signal_fd"] is not None:
+        watch_signals(opts["signal_fd"])
+    _on_sigterm.append(lambda: _finalise(rec, run_dir, "interrupted", 128 + signal.SIGTERM, None))
+    pid = os.getpid()
     code, reason, tb = 0, "completed", None
     try:
         if script is None:
+            runpy._get_module_details(target, NotStarted)  # type: ignore[attr-defined]
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(script, run_name="__main__")
@@ -196,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         reason = "steps-reached"
     except SystemExit as e:
         code, reason = _exit_code(e), "sys-exit"
+    except NotStarted as e:  # perfdoctor says it, in one line (meta.json's traceback holds it)
+        code, reason, tb = 1, "not-started", str(e)
     except KeyboardInterrupt as e:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         code, reason, tb = 130, "interrupted", format_exception(e)
@@ -203,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - whatever the script raises, the run folder is written
         code, reason, tb = 1, "exception", format_exception(e)
         sys.stderr.write(tb)
+    if os.getpid() != pid:  # a forked copy of the script came back here
+        _leave_fork(code)
     if rec.stopping:  # finalised when --steps was reached; the script may have done more after
         code, reason = 0, "steps-reached"
     _finalise(rec, run_dir, reason, code, tb)

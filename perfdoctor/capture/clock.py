@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -82,6 +83,21 @@ class StepClock:
         self._flushed = 0
         self._last_flush = self.t0
         self.real_exit = os._exit
+        self.thread: threading.Thread | None = None  # the training thread the clock follows
+
+    def mine(self) -> bool:
+        """The event comes from the thread the clock follows: the first thread that ends a step
+        (backward, optimizer step, DataLoader batch), until it ends. Events of other threads (a
+        script whose threads each train) are theirs: they neither end nor time a step, and the
+        profiled window starts and stops on this one thread only (the profiler must: kineto aborts
+        when it is stepped from another thread than the one that started it)."""
+        t = threading.current_thread()
+        if t is self.thread:
+            return True
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = t
+            return True
+        return False
 
     # -- installation ---------------------------------------------------------------------------
     def install(self) -> None:
@@ -101,7 +117,7 @@ class StepClock:
         orig = self.torch.autograd.backward
 
         def backward(*args: Any, **kwargs: Any) -> Any:
-            if clock.bwd_depth:
+            if clock.bwd_depth or not clock.mine():
                 return orig(*args, **kwargs)
             clock.bwd_depth = 1
             t = clock.pc()
@@ -122,6 +138,8 @@ class StepClock:
     # -- events ---------------------------------------------------------------------------------
     def before_batch(self) -> None:
         """A DataLoader batch is asked for: with the DataLoader clock, the previous one's step ends."""
+        if not self.mine():
+            return
         if self.closed:
             self.after_close()
         elif self.dl_calls and not self.opt_depth and (self.kind == "dataloader" or self.kind is None):
@@ -135,6 +153,8 @@ class StepClock:
         return len(self.opt_frames)
 
     def _opt_pre(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if not self.mine():
+            return
         frame = sys._getframe(1)  # torch's step wrapper, which calls the hooks
         if self.opt_frames:
             # a step whose frame is no longer running raised out of `optimizer.step()` and the
@@ -153,6 +173,8 @@ class StepClock:
         self.opt_frames.append(id(frame))
 
     def _opt_post(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if not self.mine():
+            return
         frame = id(sys._getframe(1))
         if frame in self.opt_frames:
             del self.opt_frames[self.opt_frames.index(frame):]

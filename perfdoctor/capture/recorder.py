@@ -93,6 +93,7 @@ class Recorder:
         self.pid = os.getpid()
         self.main_ident = threading.get_ident()
         self.finalised = False
+        self._fork_hooked = False
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.modules, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
@@ -122,12 +123,15 @@ class Recorder:
         def _exit(code: int = 0) -> None:
             if os.getpid() == rec.pid and not rec.finalised:
                 try:
-                    rec.finalise("sys-exit", int(code))
+                    rec.finalise("sys-exit", int(code) & 0xFF)
                 except BaseException:  # noqa: BLE001
                     pass
             real_exit(code)
 
         self._exit_patch.replace(os, "_exit", _exit)
+        if not self._fork_hooked:  # cannot be unregistered: registered once, for as long as the process lives
+            self._fork_hooked = True
+            os.register_at_fork(after_in_child=self._forked)
         if self.window.next_at == 0:
             self.window.tick(0)
 
@@ -137,6 +141,16 @@ class Recorder:
             self.cuda_batches.uninstall()
         for p in reversed(self._probes):
             p.uninstall()
+
+    def _forked(self) -> None:
+        """In the copy of the script that `os.fork()` made: perfdoctor stays out of it. The run and its
+        profiler are the parent's: nothing is counted, profiled or written here (the copy's steps would
+        land in the parent's steps file, and its end would write the run folder over the parent's)."""
+        if os.getpid() == self.pid:
+            return
+        self.finalised = True
+        self.clock.closed, self.clock.stopping = True, False
+        self.window.forget()
 
     # -- driven by the step clock ---------------------------------------------------------------
     def _on_step(self, i: int) -> None:

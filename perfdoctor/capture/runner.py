@@ -50,7 +50,8 @@ RUN_FILES = ("meta.json", "steps.json", "probes.json", "trace.json.gz", "hotspot
 class RunResult:
     run_dir: Path
     exit_code: int  # the script's
-    reason: str  # completed | steps-reached | sys-exit | exception | interrupted | killed
+    reason: str  # completed | steps-reached | sys-exit | exception | interrupted | killed | not-started
+    detail: str | None = None  # why it did not start (not-started: `-m` named no module Python can run)
 
 
 def _job_id() -> str:
@@ -66,6 +67,22 @@ def _job_id() -> str:
     return f"{datetime.now():%Y%m%d}-ppid{os.getppid()}"
 
 
+NAME_MAX = 255  # bytes in one file name (Linux, macOS)
+
+
+def _folder_name(stem: str, tail: str) -> str:
+    """`stem` + `tail` as one folder name that fits NAME_MAX bytes: a long script name is cut (a
+    250-character script name must not make its run folder impossible to create)."""
+    room = NAME_MAX - len(os.fsencode(tail)) - len("-999")  # the -n of a second run in the same second
+    kept, used = [], 0
+    for ch in stem:  # whole characters only
+        used += len(os.fsencode(ch))
+        if used > room:
+            break
+        kept.append(ch)
+    return "".join(kept) + tail
+
+
 def new_run_dir(target: str, module: bool, out_dir: Path | None, base: Path | None = None) -> Path:
     """`out_dir` itself (emptied of old run files), else a fresh `.perfdoctor/runs/<stem>-<stamp>[-n]`
     under `base` (the current directory). Always absolute: the child gets it as it is, and a script
@@ -79,7 +96,7 @@ def new_run_dir(target: str, module: bool, out_dir: Path | None, base: Path | No
     rank = rank_from_env()
     if rank is not None and out_dir is None:
         stem = target.rsplit(".", 1)[-1] if module else Path(target).stem
-        job = Path(os.path.abspath(base or Path.cwd())) / ".perfdoctor" / "runs" / f"{stem}-{_job_id()}"
+        job = Path(os.path.abspath(base or Path.cwd())) / ".perfdoctor" / "runs" / _folder_name(stem, f"-{_job_id()}")
         out_dir = job / rank_dir_name(rank.rank)
         if (out_dir / "meta.json").exists():
             raise InputError(f"{out_dir} holds a previous run of rank {rank.rank}: give --out-dir DIR (the job "
@@ -92,7 +109,7 @@ def new_run_dir(target: str, module: bool, out_dir: Path | None, base: Path | No
     stem = target.rsplit(".", 1)[-1] if module else Path(target).stem
     root = Path(os.path.abspath(base or Path.cwd())) / ".perfdoctor" / "runs"
     _mkdir(root, "the run folder", exist_ok=True)
-    name = f"{stem}-{datetime.now():%Y%m%d-%H%M%S}"
+    name = _folder_name(stem, f"-{datetime.now():%Y%m%d-%H%M%S}")
     for n in range(1, 1000):
         d = root / (name if n == 1 else f"{name}-{n}")
         try:
@@ -188,20 +205,43 @@ def _kill_tree(proc: subprocess.Popen) -> None:
             pass
 
 
-GRACE_S = 10.0  # after the first signal, the script's time to finish; the same again after SIGTERM
+GRACE_S = 10.0  # after a Ctrl-C-like first signal, the script's time to finish; the same again after SIGTERM
+ECHO_S = 0.5  # a signal to perfdoctor that the script did not report receiving within this is passed on
 
 
-def _wait(proc: subprocess.Popen, on_poll: Callable[[], None], on_start: Callable[[], None]) -> int:
-    """Wait for the child; forward Ctrl-C / SIGTERM to it once. Returns how many we received.
+def _wait(proc: subprocess.Popen, on_poll: Callable[[], None], on_start: Callable[[], None],
+          reports: int | None = None) -> int:
+    """Wait for the child; pass Ctrl-C / SIGTERM on to it once each. Returns how many we received.
 
-    The first signal asks the child to stop as Ctrl-C does (SIGINT: it finalises the run folder); a
-    child still running GRACE_S later, or at a second signal, gets one SIGTERM; GRACE_S after that,
-    or at a third signal, it and its processes are killed. `on_start` runs once the signals are set
-    up (threads it starts inherit the blocked mask)."""
+    A signal reaches the script once, as it would bare: one sent to the whole process group (a
+    terminal's Ctrl-C, GNU timeout, SLURM) reached it already, and is not sent again; one sent to
+    perfdoctor alone is passed on as it is (SIGTERM stays SIGTERM: the script's own handler runs,
+    saves its checkpoint, and its exit code is perfdoctor's). The child reports what it receives on
+    `reports` (a pipe: child.watch_signals); without it, only a terminal's Ctrl-C counts as reached.
+
+    After a first SIGINT the script has GRACE_S to finish, then gets one SIGTERM, and GRACE_S after
+    that it and its processes are killed. After a first SIGTERM the script takes the time its
+    handler takes (the sender sends SIGKILL when it will not wait longer). A second signal sends
+    SIGTERM where none was sent yet, else kills, as does a third. `on_start` runs once the signals
+    are set up (threads it starts inherit the blocked mask)."""
     received = 0
     since = 0.0  # when the first signal came
-    termed = 0.0  # when SIGTERM was sent
+    termed = 0.0  # when SIGTERM was sent or reached the child
+    patient = False  # the first signal was SIGTERM: no escalation on a timer
     killed = False
+    seen: dict[int, float] = {}  # signal -> when the child last reported receiving it
+    pending: list[tuple[int, float]] = []  # (signal, when it came) not passed on yet
+
+    def read_reports() -> None:
+        if reports is None:
+            return
+        try:
+            data = os.read(reports, 4096)
+        except OSError:  # nothing to read (EAGAIN), or the child is gone
+            return
+        now = time.monotonic()
+        for b in data:
+            seen[b] = now
 
     def terminate() -> None:
         nonlocal termed
@@ -216,20 +256,35 @@ def _wait(proc: subprocess.Popen, on_poll: Callable[[], None], on_start: Callabl
             _kill_tree(proc)
 
     def forward(sig: int, from_terminal: bool) -> None:
-        nonlocal received, since
+        nonlocal received, since, termed, patient
         received += 1
-        since = since or time.monotonic()
-        if received >= 3:
+        now = time.monotonic()
+        since = since or now
+        if received >= 3 or (received == 2 and termed):
             kill()
         elif received == 2:
             terminate()
-        elif not from_terminal and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # the child finalises the run folder on SIGINT
+        else:
+            if sig == signal.SIGTERM:
+                patient, termed = True, now
+            if not from_terminal:
+                pending.append((sig, now))
+
+    def pass_on() -> None:
+        """Send the pending signals that the child did not report receiving."""
+        read_reports()
+        now = time.monotonic()
+        for sig, at in list(pending):
+            if seen.get(sig, -1.0) >= at - ECHO_S or proc.poll() is not None:
+                pending.remove((sig, at))  # it reached the script already
+            elif now - at >= (ECHO_S if reports is not None else 0.0):
+                pending.remove((sig, at))
+                proc.send_signal(sig)
 
     def escalate() -> None:
         # A child that ignores SIGINT (started with it ignored, or a script's own handler that
         # keeps going) gets one SIGTERM, then SIGKILL.
-        if since and proc.poll() is None:
+        if since and not patient and proc.poll() is None:
             now = time.monotonic()
             if termed and now - termed > GRACE_S:
                 kill()
@@ -239,15 +294,16 @@ def _wait(proc: subprocess.Popen, on_poll: Callable[[], None], on_start: Callabl
     in_main = threading.current_thread() is threading.main_thread()
     sigs = {signal.SIGINT, signal.SIGTERM}
     if in_main and hasattr(signal, "sigtimedwait"):
-        # A terminal Ctrl-C reaches the whole foreground process group, child included: forward only
-        # what was sent to us alone (kill -INT, a CI timeout's SIGTERM), so the script sees one signal.
         old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
         try:
             on_start()
             while proc.poll() is None:
-                info = signal.sigtimedwait(sigs, 0.2)
+                info = signal.sigtimedwait(sigs, 0.05 if pending else 0.2)
+                read_reports()
                 if info is not None:
+                    # a terminal's Ctrl-C (sent by the kernel) reached the whole foreground process group
                     forward(info.si_signo, info.si_signo == signal.SIGINT and info.si_code == _SI_KERNEL)
+                pass_on()
                 escalate()
                 on_poll()
         finally:
@@ -261,9 +317,10 @@ def _wait(proc: subprocess.Popen, on_poll: Callable[[], None], on_start: Callabl
         on_start()
         while True:
             try:
-                proc.wait(timeout=0.2)
+                proc.wait(timeout=0.05 if pending else 0.2)
                 break
             except subprocess.TimeoutExpired:
+                pass_on()
                 escalate()
                 on_poll()
     finally:
@@ -607,8 +664,9 @@ def _check(target: str, module: bool, steps: int | None) -> None:
 
 def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, window: tuple[int, int, int] | None,
             script_stdout_to_stderr: bool, show_status: bool, distributed: bool = False,
-            label: str = "") -> tuple[int, bool, float]:
-    """Start the child command (the script's stdout to stderr where asked), show the status line read
+            label: str = "", report_signals: bool = False) -> tuple[int, bool, float]:
+    """Start the child command (the script's stdout to stderr where asked; with `report_signals`, a
+    pipe on which perfdoctor's child reports the signals it receives), show the status line read
     from `partial` while it runs (`label`: which run of several), watch for a script stuck before
     its first step (`StuckWatch`, not for a distributed job), wait for it, and end whatever it left
     running (`_end_orphans`): (its exit code, as a shell reports a signal, whether a signal was
@@ -637,13 +695,24 @@ def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, windo
 
     adopting = _adopt_orphans()
     before = _children() if adopting else set()
+    reports = None
+    if report_signals:  # the child tells what signals it receives (child.watch_signals)
+        reports, w = os.pipe()
+        os.set_blocking(reports, False)
+        cmd = [*cmd[:3], "--signal-fd", str(w), *cmd[3:]]
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=_child_env(), stdout=stdout)
+    try:
+        proc = subprocess.Popen(cmd, env=_child_env(), stdout=stdout, pass_fds=() if reports is None else (w,))
+    finally:
+        if reports is not None:
+            os.close(w)
     if watch is not None:
         watch.child_pid = proc.pid
     try:
-        received = _wait(proc, poll, status.start if status is not None else lambda: None)
+        received = _wait(proc, poll, status.start if status is not None else lambda: None, reports)
     finally:
+        if reports is not None:
+            os.close(reports)
         if status is not None:
             status.stop()
         if watch is not None:
@@ -674,10 +743,11 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
         cmd.append("--module")
     cmd += [target, "--", *script_args]
     code, signalled, wall = _launch(cmd, target, run_dir / PARTIAL, steps, window, script_stdout_to_stderr,
-                                    show_status, label=label)
+                                    show_status, label=label, report_signals=True)
     meta = _finish_meta(run_dir, target, module, list(script_args), code, signalled, wall)
     return RunResult(run_dir=run_dir, exit_code=code if meta.exit.code is None else meta.exit.code,
-                     reason=meta.exit.reason or "killed")
+                     reason=meta.exit.reason or "killed",
+                     detail=meta.exit.traceback if meta.exit.reason == "not-started" else None)
 
 
 def launcher_command(launcher_args: list[str], child_args: list[str]) -> list[str]:

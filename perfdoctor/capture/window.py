@@ -198,6 +198,7 @@ class Window:
         self.ticked = 0  # the last step that ended (tick)
         self.pc = time.perf_counter
         self.own = False  # perfdoctor's own profiler is being started or stepped (UserProfilerGuard)
+        self.user_hook = False  # the script had a profile hook of its own (sys.setprofile) when the window opened
 
     # -- driven by the step clock -----------------------------------------------------------
     def tick(self, i: int) -> None:
@@ -208,6 +209,10 @@ class Window:
         self.ticked = i
         try:
             if self.state == "wait":
+                self.main_ident = threading.get_ident()  # the training thread (StepClock.mine) from here on
+                # the interpreter has one profile hook per thread: a script that set its own
+                # (sys.setprofile) keeps it; perfdoctor records no Python calls then
+                self.user_hook = sys.getprofile() is not None
                 self._start_profiler()
                 # cProfile runs in the warm-up steps: it and torch's Python stack tracer (with_stack)
                 # share the interpreter's one profile hook, and the recorded steps need the tracer for
@@ -228,8 +233,9 @@ class Window:
                 if self._over_events(i - self.skip):  # the events so far fill the budget
                     self._expire(i, "events")
                     return
-                if self.state == "warmup" and i >= self.skip + self.warmup and self.cprof is not None:
-                    self.cprof.disable()
+                if self.state == "warmup" and i >= self.skip + self.warmup:
+                    if self.cprof is not None:
+                        self.cprof.disable()
                     self.state = "active"
                     self._fit_events()
                 elif self.state == "active" and i >= self.last_step:
@@ -327,7 +333,7 @@ class Window:
         acts = [tp.ProfilerActivity.CPU]
         if self.torch.cuda.is_available() and self.torch.cuda.is_initialized():
             acts.append(tp.ProfilerActivity.CUDA)
-        self.prof = tp.profile(activities=acts, record_shapes=True, with_stack=True,
+        self.prof = tp.profile(activities=acts, record_shapes=True, with_stack=not self.user_hook,
                                schedule=tp.schedule(wait=0, warmup=self.warmup, active=self.active, repeat=1),
                                on_trace_ready=self._save_trace)
         self.rss0 = self.rss()
@@ -347,8 +353,9 @@ class Window:
         if pids:
             self.workers = WorkerSampler(self.run_dir)
             self.workers.start(pids)
-        self.cprof = cProfile.Profile()
-        self.cprof.enable()
+        if not self.user_hook:
+            self.cprof = cProfile.Profile()
+            self.cprof.enable()
 
     def _stop_python(self) -> None:
         if self.cprof is not None:
@@ -394,11 +401,24 @@ class Window:
         for f in ("trace.json.gz", "hotspots.json", "profile.pstats"):
             (self.run_dir / f).unlink(missing_ok=True)
 
+    def forget(self) -> None:
+        """In a forked copy of the process: the profiler (its threads are the parent's) is neither
+        stepped nor stopped here; the window is over for this process."""
+        self.prof = self.cprof = self.sampler = self.workers = None
+        self.state, self.next_at = "done", 1 << 62
+        self.deadline = self.next_look = float("inf")
+
     # -- end of the run -----------------------------------------------------------------------
     def finish(self) -> Hotspots | None:
         """Stop whatever still runs (the script ended inside the window) and save what was recorded;
         the hot spots for hotspots.json, if cProfile ran (profile.pstats is written here)."""
-        if self.state in ("warmup", "active"):
+        if self.state in ("warmup", "active") and threading.get_ident() != self.main_ident:
+            # the training thread ended inside the window: the profiler cannot be stopped from another
+            # thread (kineto aborts the process), so its events are left unsaved
+            self._stop_python()
+            self.forget()
+            self.error = "the training thread ended inside the profiled window: its trace was not saved"
+        elif self.state in ("warmup", "active"):
             self._stop_python()
             try:
                 self._stop_profiler()
@@ -434,4 +454,4 @@ class Window:
                             last_step=self.last_step, completed=self.completed, steps_profiled=self.recorded,
                             trace=self.trace_saved, error=self.error, budget_s=self.budget_s,
                             budget_events=self.budget_events, stopped_by=self.stopped_by,
-                            events_per_step=self.events_per_step)
+                            events_per_step=self.events_per_step, user_profile_hook=self.user_hook or None)

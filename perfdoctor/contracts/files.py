@@ -5,6 +5,7 @@ source file that an input names (`read_source`: regular files only, capped)."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -44,6 +45,18 @@ def _open_regular(path: Path | str) -> tuple[int, int] | None:
         os.close(fd)
         return None
     return fd, st.st_size
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` as valid Unicode: the undecodable bytes of a name (Python holds a non-UTF-8 file name,
+    argument or folder as lone surrogates: surrogateescape) written as `\\xNN`, as repr() shows them."""
+    if not _SURROGATE.search(text):
+        return text
+    return _SURROGATE.sub(lambda m: "\\x%02x" % (ord(m.group()) - 0xDC00) if 0xDC80 <= ord(m.group()) <= 0xDCFF
+                          else "\\u%04x" % ord(m.group()), text)
 
 
 def read_source(path: Path | str, limit: int = MAX_SOURCE_BYTES) -> bytes | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
@@ -29,7 +29,7 @@ T = TypeVar("T")
 
 class Exit(Struct, kw_only=True):
     code: int | None = None
-    reason: str | None = None  # completed | steps-reached | sys-exit | exception | interrupted | killed
+    reason: str | None = None  # completed | steps-reached | sys-exit | exception | interrupted | killed | not-started
     traceback: str | None = None
 
 
@@ -49,6 +49,8 @@ class Window(Struct, kw_only=True):
     stopped_by: str | None = None  # "time" | "events": the budget ended the window before its last step;
     # "user-profiler": the script started a profiler of its own
     events_per_step: int | None = None  # the estimate of trace events per step, from the warm-up
+    # the script had its own sys.setprofile hook when the window opened: kept, no Python calls recorded
+    user_profile_hook: bool | None = None
 
 
 class DeviceInfo(Struct, kw_only=True):
@@ -520,8 +522,24 @@ class Stuck(Struct, kw_only=True):
 # -- encoding and decoding ----------------------------------------------------------------------
 
 def encode(obj: object) -> bytes:
-    """Indented JSON (anything that is not JSON data is written as its str())."""
-    return msgspec.json.format(msgspec.json.encode(obj, enc_hook=str), indent=1)
+    """Indented JSON (anything that is not JSON data is written as its str()). Text that is not
+    Unicode (a file name, argument or folder of non-UTF-8 bytes, which Python holds as lone
+    surrogates: surrogateescape) is written with those bytes as `\\xNN`, as Python's repr shows them."""
+    try:
+        raw = msgspec.json.encode(obj, enc_hook=str)
+    except UnicodeEncodeError:
+        raw = msgspec.json.encode(_printable(msgspec.to_builtins(obj, enc_hook=str)))
+    return msgspec.json.format(raw, indent=1)
+
+
+def _printable(x: Any) -> Any:
+    if isinstance(x, str):
+        return files.printable(x)
+    if isinstance(x, list):
+        return [_printable(v) for v in x]
+    if isinstance(x, dict):
+        return {_printable(k): _printable(v) for k, v in x.items()}
+    return x
 
 
 def decode(data: bytes, type: type[T], path: Path) -> T:

@@ -36,6 +36,8 @@ import html
 import re
 from typing import Any
 
+from perfdoctor.contracts.files import printable
+
 # C0 controls but TAB and LF, DEL, C1 controls (with ESC this covers ANSI CSI and OSC sequences,
 # whose printable rest is left as harmless text), and the bidirectional embeddings, overrides and
 # isolates that make text display in another order than it reads
@@ -46,7 +48,7 @@ _LINE_BREAK = re.compile("\r\n?|[\u2028\u2029]")  # the line breaks splitlines k
 def clean(value: Any, multiline: bool = False) -> str:
     """`value` as text without control characters; single-line unless `multiline` (line breaks,
     normalised to LF, are kept, as are tabs)."""
-    s = _CONTROL.sub("", _LINE_BREAK.sub("\n", "" if value is None else str(value)))
+    s = _CONTROL.sub("", _LINE_BREAK.sub("\n", printable("" if value is None else str(value))))
     return s if multiline else s.replace("\n", " ").replace("\t", " ")
 
 
