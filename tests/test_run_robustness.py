@@ -336,7 +336,7 @@ def test_script_that_ignores_signals_gets_them_once_then_sigkill(tmp_path: Path)
                 f"r = runner.run_script('train.py', out_dir={str(out)!r}); print('RESULT', r.exit_code, r.reason)")
         p = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, text=True)
         partial = out / "steps.partial.jsonl"
-        _wait_for(lambda: partial.exists() and partial.read_bytes().count(b'"i"') >= 3)
+        _wait_for(lambda partial=partial: partial.exists() and partial.read_bytes().count(b'"i"') >= 3)
         p.send_signal(first)  # SIGTERM: as a CI timeout does
         if first == signal.SIGTERM:
             _wait_for(lambda: (tmp_path / "signals.txt").exists())

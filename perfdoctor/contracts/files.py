@@ -55,8 +55,12 @@ def printable(text: str) -> str:
     argument or folder as lone surrogates: surrogateescape) written as `\\xNN`, as repr() shows them."""
     if not _SURROGATE.search(text):
         return text
-    return _SURROGATE.sub(lambda m: "\\x%02x" % (ord(m.group()) - 0xDC00) if 0xDC80 <= ord(m.group()) <= 0xDCFF
-                          else "\\u%04x" % ord(m.group()), text)
+    return _SURROGATE.sub(_escaped, text)
+
+
+def _escaped(m: re.Match[str]) -> str:
+    c = ord(m.group())
+    return f"\\x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"\\u{c:04x}"
 
 
 def read_source(path: Path | str, limit: int = MAX_SOURCE_BYTES) -> bytes | None:

@@ -64,6 +64,9 @@ def add(ctx: RunContext) -> None:
                          f"after step {win.skip}")
         elif not win.completed:
             notes.append(f"profiler window incomplete: {profiled} of {win.active} steps recorded")
+    if win is not None and win.user_profile_hook:
+        notes.append("the script set a profile hook of its own (sys.setprofile): it was left in place, so "
+                     "perfdoctor recorded no Python calls (no hot functions, no source lines in the trace)")
     if win is not None and win.error:
         notes.append(f"the profiler failed: {win.error}")
     if ctx.steady and len(ctx.steady) < 5 and clock != "whole-run":

@@ -4,6 +4,7 @@ sampler saw on those steps and hardly ever on the others."""
 
 from __future__ import annotations
 
+import bisect
 import statistics
 
 from perfdoctor.facts.model import site_subject
@@ -14,24 +15,120 @@ SLOW_MADS = 2.0  # every slow step above the other steps' median by this many (s
 SLOW_FRACTION = 0.2  # ... and at least this share of that median
 SLOW_MIN_MS = 1.0  # ... and at least this much
 HIT_RATE = 0.75  # share of the pattern's steps that must be that slow (a loaded machine hides a few)
+DIRECT_PERIODS = 8  # periods up to this are all tried; longer ones where the slow steps' distances suggest them
 NORMAL_MAX_SHARE = 0.10  # a line seen in more of the other steps' samples runs on every step
+
+
+def _cut(others: list[float]) -> float:
+    """The time above which a step is slow against `others`: their median by clearly more than their
+    spread (scaled MAD), a share of the median, and a floor."""
+    med = statistics.median(others)
+    spread = statistics.median(abs(v - med) for v in others) * 1.4826
+    return med + max(SLOW_MADS * spread, SLOW_FRACTION * med, SLOW_MIN_MS)
+
+
+def _least_spread(values: list[float], low: float, high: float, count: int) -> float:
+    """A lower bound of the others' MAD when their median lies in [low, high]: the least d for which
+    [low - d, high + d] holds `count` of the sorted `values` (a subset's j-th smallest distance from
+    any centre in [low, high] is at least that)."""
+    if bisect.bisect_right(values, high) - bisect.bisect_left(values, low) >= count:
+        return 0.0
+    a, b = 0.0, max(high - values[0], values[-1] - low)
+    for _ in range(40):
+        d = (a + b) / 2
+        if bisect.bisect_right(values, high + d) - bisect.bisect_left(values, low - d) >= count:
+            b = d
+        else:
+            a = d
+    return a
+
+
+def _bound(values: list[float], k: int) -> float:
+    """The least `_cut` of the others can be when a class of at most `k` of the steps (`values`:
+    their sorted times) is left out: removing k steps moves the others' median down by at most k/2
+    places, and their MAD is at least `_least_spread`."""
+    n = len(values)
+    j = max(0, (n - k - 1) // 2)
+    low, high = values[j], values[min(n - 1, (n + k) // 2 + 1)]
+    return low + max(SLOW_MADS * 1.4826 * _least_spread(values, low, high, j + 1), SLOW_FRACTION * low, SLOW_MIN_MS)
+
+
+def _candidates(slow: list[tuple[int, float]], span: int) -> list[int]:
+    """The periods the slow steps (`slow`: (step, ms) in step order) suggest: the distances between
+    consecutive slow steps, and over two (one other slow step between), and their halves and thirds
+    (stalls missed between), among the slowest 3/4, 9/16, ... of them (a pattern's stalls stand out
+    at some level above the others' noise). A distance counts where it occurs about as often as a
+    pattern of that period with HIT_RATE of its stalls would make it: at least half its stalls less one."""
+    cuts = sorted((v for _, v in slow), reverse=True)
+    found: set[int] = set()
+    size = len(cuts)
+    while size >= MIN_STALLS:
+        level = cuts[size - 1]
+        at = [i for i, v in slow if v >= level]
+        seen: dict[int, int] = {}
+        for a in range(len(at) - 1):
+            for b in (a + 1, a + 2):
+                if b < len(at):
+                    d = at[b] - at[a]
+                    for m in (1, 2, 3):  # a stall between them missed (not slow, or not a steady step)
+                        if d % m == 0:
+                            seen[d // m] = seen.get(d // m, 0) + 1
+        for p, c in seen.items():
+            if p >= 2 and c >= max(1, (span // p) // 2 - 1):
+                found.add(p)
+        size = size * 3 // 4
+    return sorted(found)
 
 
 def _period(xs: list[tuple[int, float]]) -> tuple[int, list[int]] | None:
     """(period, the pattern's step indices) for `xs` ((step, ms) pairs): the smallest period with a
     residue class of at least MIN_STALLS steps, HIT_RATE of them slower than the other steps' median
-    by clearly more than the others' spread; or None."""
-    for p in range(2, len(xs) // MIN_STALLS + 1):
-        for r in range(p):
-            members = [v for i, v in xs if i % p == r]
-            others = [v for i, v in xs if i % p != r]
-            if len(members) < MIN_STALLS or len(others) < MIN_STALLS:
+    by clearly more than the others' spread (`_cut`); or None.
+
+    O(n log n): a class's slow steps are among the steps above `_bound` (a look at the sorted times,
+    not at the class), so the periods worth a look, past the first DIRECT_PERIODS, are the distances
+    between those steps (`_candidates`; a pattern whose stalls no distance between slow steps shows
+    is not told from noise); a period's classes are counted over those steps alone, and only a class
+    that can pass is tested exactly (`_cut` of the others, as the pattern's definition says)."""
+    n = len(xs)
+    if n < 2 * MIN_STALLS:
+        return None
+    values = sorted(v for _, v in xs)
+    steps = {i for i, _ in xs}
+    time_of = dict(xs)
+    lo_i, hi_i = min(steps), max(steps)
+    span = hi_i - lo_i + 1
+
+    def test(p: int, candidates: list[tuple[int, float]]) -> list[int] | None:
+        bound = _bound(values, -(-span // p))
+        hits: dict[int, int] = {}
+        for i, v in candidates:
+            if v > bound:
+                hits[i % p] = hits.get(i % p, 0) + 1
+        for r in sorted(r for r, h in hits.items() if h >= HIT_RATE * MIN_STALLS):
+            members = [i for i in range(lo_i + (r - lo_i) % p, hi_i + 1, p) if i in steps]
+            if len(members) < MIN_STALLS or n - len(members) < MIN_STALLS or hits[r] < HIT_RATE * len(members):
                 continue
-            med = statistics.median(others)
-            spread = statistics.median(abs(v - med) for v in others) * 1.4826
-            cut = med + max(SLOW_MADS * spread, SLOW_FRACTION * med, SLOW_MIN_MS)
-            if sum(v > cut for v in members) >= HIT_RATE * len(members):
-                return p, [i for i, _ in xs if i % p == r]
+            on = set(members)
+            cut = _cut([v for i, v in xs if i not in on])
+            if sum(time_of[i] > cut for i in members) >= HIT_RATE * len(members):
+                return members
+        return None
+
+    ordered = sorted(xs)
+    for p in range(2, min(DIRECT_PERIODS, n // MIN_STALLS) + 1):  # large classes: every step looked at
+        found = test(p, ordered)
+        if found is not None:
+            return p, found
+    floor = _bound(values, -(-span // (DIRECT_PERIODS + 1)))  # the loosest bound of the longer periods
+    slow = [(i, v) for i, v in ordered if v > floor]
+    for p in _candidates(slow, span):
+        if p > n // MIN_STALLS:
+            break
+        if p > DIRECT_PERIODS:
+            found = test(p, slow)
+            if found is not None:
+                return p, found
     return None
 
 
