@@ -249,6 +249,6 @@ def test_non_utf8_script_name_argument_and_folder_and_exit_256(tmp_path: Path) -
 def test_run_of_a_module_that_does_not_exist_is_one_error(tmp_path: Path) -> None:
     p = run_cli("run", "-m", "no_such_module_here", cwd=tmp_path, timeout=120)
     assert p.returncode == 3
-    lines = [line for line in p.stderr.splitlines() if line.strip()]
+    lines = [line for line in p.stderr.splitlines() if line.strip() and not line.startswith("perfdoctor: running ")]
     assert lines == ["perfdoctor: error: no_such_module_here did not start: No module named no_such_module_here"]
     assert "step" not in p.stdout

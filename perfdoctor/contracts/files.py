@@ -8,7 +8,7 @@ import os
 import re
 import stat
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
@@ -56,6 +56,17 @@ def printable(text: str) -> str:
     if not _SURROGATE.search(text):
         return text
     return _SURROGATE.sub(_escaped, text)
+
+
+def printable_data(x: Any) -> Any:
+    """JSON-like data (dicts, lists, scalars) with every string, keys included, `printable`."""
+    if isinstance(x, str):
+        return printable(x)
+    if isinstance(x, list):
+        return [printable_data(v) for v in x]
+    if isinstance(x, dict):
+        return {printable_data(k): printable_data(v) for k, v in x.items()}
+    return x
 
 
 def _escaped(m: re.Match[str]) -> str:

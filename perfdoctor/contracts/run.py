@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 from msgspec import UNSET, Struct, UnsetType
@@ -528,18 +528,8 @@ def encode(obj: object) -> bytes:
     try:
         raw = msgspec.json.encode(obj, enc_hook=str)
     except UnicodeEncodeError:
-        raw = msgspec.json.encode(_printable(msgspec.to_builtins(obj, enc_hook=str)))
+        raw = msgspec.json.encode(files.printable_data(msgspec.to_builtins(obj, enc_hook=str)))
     return msgspec.json.format(raw, indent=1)
-
-
-def _printable(x: Any) -> Any:
-    if isinstance(x, str):
-        return files.printable(x)
-    if isinstance(x, list):
-        return [_printable(v) for v in x]
-    if isinstance(x, dict):
-        return {_printable(k): _printable(v) for k, v in x.items()}
-    return x
 
 
 def decode(data: bytes, type: type[T], path: Path) -> T:

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from perfdoctor.contracts.files import printable_data
 from perfdoctor.contracts.report import read_report
 from perfdoctor.gate.baseline import RunRecord, meta_and_steps, record_from_run_dir
 from perfdoctor.history.store import HistoryRun
@@ -85,9 +86,10 @@ def entry_from_run_dir(run_dir: Path, kind: str, threads: str | None = None,
         findings.append({"rule": f.rule, "fingerprint": f.identity(), "severity": f.severity, "title": f.title,
                          "file": loc.file if loc else None, "line": loc.line if loc else None, "saving_ms": saving})
     steady = record.step_ms
-    return HistoryRun(
-        key=hashlib.sha256(f"{run_dir}\0{meta.started}".encode()).hexdigest()[:20],
-        kind=kind, source=str(run_dir), started=meta.started, script=script_path,
+    source = str(run_dir)
+    run = HistoryRun(
+        key=hashlib.sha256(f"{source}\0{meta.started}".encode("utf-8", "surrogateescape")).hexdigest()[:20],
+        kind=kind, source=source, started=meta.started, script=script_path,
         script_name=Path(meta.script).name if meta.script else meta.module,
         args=[str(a) for a in (record.env.get("args") or [])],  # type: ignore[union-attr]
         env_key=environment_key(env), env=env, record=record.to_doc(),
@@ -96,6 +98,8 @@ def entry_from_run_dir(run_dir: Path, kind: str, threads: str | None = None,
         median_ms=record.median_ms, p90_ms=quantile(steady, 0.9) if steady else None, gate_ms=record.gate_ms,
         cpu_wait_ms=_number(report.fact("cpu.wait_ms")) if report is not None else None,
         exit_code=meta.exit.code, findings=findings)
+    # a non-UTF-8 name (surrogateescape) with its bytes as \xNN: text the store can hold
+    return msgspec.convert(printable_data(msgspec.to_builtins(run)), HistoryRun)
 
 
 def record_of(run: HistoryRun) -> RunRecord:
