@@ -86,6 +86,9 @@ def test_run_report_draws_its_charts_without_errors(browser, tmp_path: Path) -> 
     boxes = _charts_drawn(page)
     labels = " ".join(b["label"] for b in boxes)
     assert "Step time of each" in labels and "Where the median step goes" in labels
+    # memory over the run: one line through every step's memory; the compute panel with its formula
+    assert "memory at each step" in labels and page.locator("#memory svg.chart polyline.mem").count() == 1
+    assert "FLOP per step" in page.locator("#compute").inner_text()
     # the step chart: one mark per step, the steady-state steps filled
     n = len(report.summary["step_series"]["ms"])
     assert page.locator("#steps svg.chart circle.pt, #steps svg.chart path.off").count() == n
@@ -165,5 +168,23 @@ def test_findings_at_a_glance_and_hot_spots_a_click_away_on_a_wide_window(browse
     assert page.locator("main").bounding_box()["width"] > 1200
     one, two = page.locator("#finding-1").bounding_box(), page.locator("#finding-2").bounding_box()
     assert abs(one["y"] - two["y"]) < 5 and two["x"] > one["x"] + one["width"] - 1
+    assert errors == [] and dialogs == [] and requests == []
+    page.context.close()
+
+
+def test_the_mfu_panel_shows_the_ratio_with_its_formula(browser, tmp_path: Path) -> None:
+    from perfdoctor.model import Fact
+
+    report = analyse_path(record.materialise("pd002_dataloader_workers"))
+    report.facts.pop("compute.uncounted_convs_per_step", None)  # as for a model of matmuls only
+    report.facts["compute.achieved_flops"] = Fact("compute.achieved_flops", 1e10, "number", "trace", "")
+    report.facts["compute.peak_flops"] = Fact("compute.peak_flops", 4e10, "number", "machine", "measured")
+    report.facts["compute.mfu"] = Fact("compute.mfu", 0.25, "ratio", "trace",
+                                       "MFU = FLOPs per step / step time / peak = 1e+08 / 0.01 s / 4e+10 FLOP/s")
+    page, errors, dialogs, requests = _open(browser, html.render_report(report), tmp_path)
+    panel = page.locator("#compute").inner_text()
+    assert "MFU 25.0% = FLOPs per step / step time / peak 40 GFLOP/s" in panel
+    assert "1e+08 / 0.01 s / 4e+10 FLOP/s" in page.locator("#compute p.formula").inner_text()
+    assert page.locator('#compute data[data-key="compute.mfu"]').get_attribute("value") == "0.25"
     assert errors == [] and dialogs == [] and requests == []
     page.context.close()

@@ -47,3 +47,31 @@ def test_params_grads_and_adam_state_are_exact_and_a_leak_grows_by_what_it_keeps
     assert 'id="memory"' in page and "by what holds it" in page
     md = run_cli("report", str(tmp_path / "run"), "-f", "markdown", "--history", "off", cwd=tmp_path).stdout
     assert "**Memory** process RSS" in md and "optimizer state 16.0 MiB" in md
+
+
+def test_a_known_accelerator_peak_by_name_and_dtype():
+    from perfdoctor.facts.trace.flops import device_peak
+
+    assert device_peak("NVIDIA H100 80GB HBM3", "16-bit")[0] == 989e12
+    assert device_peak("NVIDIA A100-SXM4-40GB", "fp32")[0] == 19.5e12
+    assert device_peak("NVIDIA A10", "16-bit")[0] == 125e12  # not the A100's
+    assert device_peak("NVIDIA L40S", "16-bit") is None  # not an L4
+    assert device_peak("AMD Instinct MI300X", "16-bit")[0] == 1307.4e12
+    assert device_peak("Tesla T4", "tf32") is None and device_peak(None, "fp32") is None
+
+
+@pytest.mark.e2e
+def test_flops_of_matmuls_of_known_shapes_and_the_mfu_against_the_cpus_measured_rate(tmp_path):
+    from conftest import REPO, run_cli
+
+    p = run_cli("run", str(REPO / "tests" / "data" / "scripts" / "known_flops.py"), "--out-dir", str(tmp_path / "run"),
+                "--history", "off", "-f", "json", cwd=tmp_path, timeout=300)
+    assert p.returncode == 0, p.stderr
+    facts = {k: v for k, v in json.loads(p.stdout)["facts"].items()}
+    hand = 5 * 2 * 64 * 1024 * 1024  # forward 2 addmm, backward 3 mm
+    assert abs(facts["compute.flops_per_step"]["value"] - hand) <= 0.01 * hand
+    peak = facts["compute.peak_flops"]["value"]
+    achieved = facts["compute.achieved_flops"]["value"]
+    assert 0 < achieved and peak > 1e8 and "measured" in facts["compute.peak_flops"]["detail"]
+    assert abs(facts["compute.mfu"]["value"] - achieved / peak) < 1e-3
+    assert "MFU = FLOPs per step / step time / peak" in facts["compute.mfu"]["detail"]

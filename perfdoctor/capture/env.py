@@ -102,6 +102,33 @@ def collect_env(torch: Any, used: set[int] | None = None, peaks: dict[int, int] 
     return env
 
 
+MATMUL_N = 512  # the CPU's matmul rate is measured on N x N fp32 matrices
+MATMUL_S = 0.2  # for about this long
+
+
+def cpu_matmul_flops(torch: Any) -> float | None:
+    """The fp32 matmul FLOP/s this CPU reaches with torch's threads as the script left them: N x N
+    matrices multiplied for about MATMUL_S seconds, after the script ended (the MFU's denominator on a
+    CPU run: a rate measured here, not a datasheet peak). No random numbers: the script's RNG state is
+    left as it was."""
+    import time
+
+    try:
+        with torch.no_grad():
+            a = torch.full((MATMUL_N, MATMUL_N), 0.5)
+            b = torch.full((MATMUL_N, MATMUL_N), 0.25)
+            torch.mm(a, b)
+            n, t0 = 0, time.perf_counter()
+            while True:
+                torch.mm(a, b)
+                n += 1
+                dt = time.perf_counter() - t0
+                if dt >= MATMUL_S:
+                    return 2 * MATMUL_N ** 3 * n / dt
+    except Exception:  # noqa: BLE001 - a measurement that fails is only left out
+        return None
+
+
 def user_files(script: str | None, cwd: str | None, module: str | None = None) -> list[str]:
     """The script (or `-m` module) and the user's own modules it imported (files under its folder)."""
     root = os.path.dirname(os.path.abspath(script)) if script else os.path.abspath(cwd or os.getcwd())

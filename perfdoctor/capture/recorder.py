@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.capture.clock import StepClock
-from perfdoctor.capture.env import collect_env, user_files
+from perfdoctor.capture.env import collect_env, cpu_matmul_flops, user_files
 from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.capture.probes.anomaly import AnomalyProbe
 from perfdoctor.capture.probes.compile import CompileProbe
@@ -230,6 +230,10 @@ class Recorder:
         meta.step_clock = self.clock.kind or "none"
         meta.window = self.window.meta()
         meta.env = collect_env(self.torch, self.clock.device_mem.used, self.clock.device_mem.peaks)
+        if meta.env.device != "cuda" and reason in ("completed", "steps-reached") and steps:
+            rate = cpu_matmul_flops(self.torch)  # the MFU's denominator, after the script's last step
+            if rate:
+                meta.env.cpu_matmul_flops = round(rate, 1)
         meta.steps_limit = self.clock.steps_limit
         meta.user_files = user_files(meta.script, meta.cwd, meta.module)
         meta.probe_errors = self.errors.items

@@ -86,6 +86,7 @@ class Env(Struct, kw_only=True):
     free_memory_bytes: int | None | UnsetType = UNSET
     devices: list[DeviceInfo] | UnsetType = UNSET
     cuda_error: str | UnsetType = UNSET
+    cpu_matmul_flops: float | UnsetType = UNSET  # fp32 matmul FLOP/s this CPU reached at the end of a CPU run
 
 
 class Rank(Struct, kw_only=True):

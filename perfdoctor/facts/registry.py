@@ -121,6 +121,14 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("memory.activations_bytes", "bytes", "run", "CUDA: the peak within a step less parameters, gradients and "
      "optimizer state (activations kept for backward, temporaries)"),
     ("memory.headroom_bytes", "bytes", "run", "the device's (CPU: the machine's) memory less the peak"),
+    ("compute.flops_per_step", "number", "trace", "FLOPs per step of the recorded matmuls (mm, addmm, bmm, baddbmm: "
+     "2*M*K*N, forward and backward; convolutions not counted)"),
+    ("compute.achieved_flops", "number", "trace", "FLOPs per step / step time: FLOP/s achieved"),
+    ("compute.peak_flops", "number", "machine/trace", "the peak the MFU is judged against: a CPU run's measured fp32 "
+     "matmul rate, else a known accelerator's datasheet peak for the dtype in use"),
+    ("compute.uncounted_convs_per_step", "count", "trace", "convolutions per step whose FLOPs are not counted: "
+     "no FLOP/s or MFU is given where there are any"),
+    ("compute.mfu", "ratio", "trace", "model FLOPs utilisation: achieved FLOP/s / peak FLOP/s"),
     ("memory.batch_that_fits", "count", "run", "CUDA: an estimate of the largest batch that fits, from the "
      "activations per sample"),
     # the source

@@ -23,6 +23,7 @@ from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Findin
 from perfdoctor.report import charts, escape
 from perfdoctor.report.common import ms_text, pct
 from perfdoctor.report.explain import explanation_lines
+from perfdoctor.report.memory import compute_line
 
 if TYPE_CHECKING:
     from perfdoctor.gate.compare import Comparison
@@ -479,6 +480,13 @@ def _step_section(report: Report) -> str:
     mem = charts.memory_chart(s.get("memory") or {})
     if mem:
         parts.append('<section id="memory"><h2>Memory over the run</h2>' + mem + "</section>")
+    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None)
+    if compute:
+        mfu, flops = report.facts.get("compute.mfu"), report.facts.get("compute.flops_per_step")
+        parts.append('<section id="compute"><h2>Compute efficiency</h2>'
+                     + "<p>" + _data("compute.mfu", None if mfu is None else round(mfu.value, 6), compute) + "</p>"
+                     + (f'<p class="formula">{_e(mfu.detail)}</p>' if mfu is not None else "")
+                     + (f'<p class="dim">{_e(flops.detail)}</p>' if flops is not None else "") + "</section>")
     bd = []
     if s.get("breakdown"):
         gpu_trace = report.run.get("kind") == "trace" and _fact(report, "step.gpu_kernel_ms") is not None

@@ -17,7 +17,7 @@ from perfdoctor.gate.compare import Comparison, undecided_sentence
 from perfdoctor.model import NOTHING_MEASURED, RANK_COLUMNS, Report, rank_header
 from perfdoctor.report import escape
 from perfdoctor.report.explain import explanation_lines
-from perfdoctor.report.memory import memory_line
+from perfdoctor.report.memory import compute_line, memory_line
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
                 "inconclusive": "❔ inconclusive", "unstable": "〰️ unstable", "not-comparable": "⚠️ not comparable"}
@@ -87,6 +87,9 @@ def render_report(report: Report) -> str:
     out += [" · ".join(facts), ""]
     if (summary.get("memory") or {}).get("bytes"):
         out += [f"**Memory** {md(memory_line(summary['memory']))}", ""]
+    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None)
+    if compute:
+        out += [f"**Compute** {md(compute)}", ""]
     breakdown = summary.get("breakdown") or []
     if breakdown:
         out += ["| Phase | ms/step | Share |", "|---|---:|---:|"]

@@ -24,3 +24,29 @@ def memory_line(mem: dict[str, Any]) -> str:
         if mem.get("peak_bytes"):
             out += f" of {_mib(mem['peak_bytes'])}"
     return out
+
+
+def _si(v: float, unit: str) -> str:
+    for div, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= div:
+            return f"{v / div:,.3g} {prefix}{unit}"
+    return f"{v:,.3g} {unit}"
+
+
+def compute_line(value: Any) -> str | None:
+    """The compute facts in one line, the MFU with its formula and denominator: `value(name)` reads a
+    fact's value. None where no FLOPs were counted."""
+    flops = value("compute.flops_per_step")
+    if not isinstance(flops, (int, float)):
+        return None
+    out = f"{_si(flops, 'FLOP')} per step (matmuls)"
+    convs = value("compute.uncounted_convs_per_step")
+    if isinstance(convs, (int, float)) and convs:
+        return out + f"; {convs:g} convolution(s) per step not counted, so no FLOP/s or MFU"
+    achieved = value("compute.achieved_flops")
+    if isinstance(achieved, (int, float)):
+        out += f", {_si(achieved, 'FLOP/s')} achieved"
+    mfu, peak = value("compute.mfu"), value("compute.peak_flops")
+    if isinstance(mfu, (int, float)) and isinstance(peak, (int, float)):
+        out += f"; MFU {mfu:.1%} = FLOPs per step / step time / peak {_si(peak, 'FLOP/s')}"
+    return out

@@ -23,7 +23,7 @@ from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Findin
 from perfdoctor.report import escape
 from perfdoctor.report.common import chart_top, ms_text
 from perfdoctor.report.explain import explanation_lines
-from perfdoctor.report.memory import memory_line
+from perfdoctor.report.memory import compute_line, memory_line
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]
@@ -153,6 +153,9 @@ def _summary(report: Report) -> Panel:
     if len(mem_series) >= 2:
         rows.add_row("memory", Text(sparkline(mem_series, lo=min(mem_series)), style="magenta")
                      + Text("  " + memory_line(mem), style="dim"))
+    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None)
+    if compute:
+        rows.add_row("compute", Text(compute, style="dim"))
     exit_info = run.get("exit") or {}
     if exit_info.get("reason") and exit_info.get("reason") not in ("completed", "steps-reached"):
         rows.add_row("script", _t(f"{exit_info['reason']} (exit code {exit_info.get('code')})", style="bold red"))

@@ -25,6 +25,7 @@ from perfdoctor.facts.trace import (
     ddp_sync,
     device,
     empty_cache,
+    flops,
     gpu,
     layout,
     matmul,
@@ -55,6 +56,7 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
             empty_cache.add(ctx)
             layout.add(ctx)
         matmul.add(ctx)
+        flops.add(ctx)
         comm.add(ctx)
         dataparallel.add(ctx)
         ddp_sync.add(ctx)

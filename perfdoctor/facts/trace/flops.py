@@ -1,0 +1,130 @@
+"""Compute efficiency: FLOPs per step from the matrix multiplications the trace recorded with their
+shapes, the FLOP/s achieved, and the model FLOPs utilisation (MFU) against the device's peak.
+
+FLOPs are counted as `torch.utils.flop_counter.FlopCounterMode` counts them: 2*M*K*N for
+`aten::mm` and `aten::addmm` ([M, K] x [K, N]; the bias add is not counted), 2*B*M*K*N for
+`aten::bmm` and `aten::baddbmm`, forward and backward alike (the backward's matmuls are in the trace
+as `aten::mm`). Only those leaf operators are counted (`aten::linear` and `aten::matmul` call them, so
+counting them too would count twice). Convolutions are not counted: the trace records their input
+and weight shapes but not their strides and padding, so their output size, hence their FLOPs, is not
+known; where the trace has convolutions, the matmuls' FLOPs are given with the convolutions counted
+(`compute.uncounted_convs_per_step`) and no FLOP/s or MFU is computed (it would be far too low).
+
+MFU = FLOPs per step / step time / peak FLOP/s, with the step time the run's median unprofiled step
+where the trace comes from a run folder (the profiler slows the recorded steps), else the trace's.
+The peak: a CPU run's measured matmul rate (`compute.peak_flops`, measured by the child at the end of
+the run: a rate this CPU reaches, not a datasheet figure), else the datasheet peak of a known
+accelerator for the dtype most of the FLOPs ran in (`PEAKS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from perfdoctor.facts.trace.context import TraceContext
+from perfdoctor.trace.model import CPU_OP
+
+# Dense (no structured sparsity) peak TFLOP/s from the vendors' datasheets: (16-bit tensor, tf32, fp32).
+# NVIDIA: V100 SXM2, T4, A10, L4, A100 SXM, H100 SXM, H200 SXM, B200 (HGX B200, per GPU); AMD Instinct
+# MI250X and MI300X (fp32 on the matrix cores). None where the datasheet gives no such figure.
+PEAKS: tuple[tuple[str, tuple[float, float | None, float | None]], ...] = (
+    ("H200", (989.0, 494.0, 67.0)),
+    ("H100", (989.0, 494.0, 67.0)),
+    ("B200", (2250.0, 1100.0, None)),
+    ("A100", (312.0, 156.0, 19.5)),
+    ("A10", (125.0, 62.5, 31.2)),
+    ("L4", (121.0, 60.0, 30.3)),
+    ("V100", (125.0, None, 15.7)),
+    ("T4", (65.0, None, 8.1)),
+    ("MI300X", (1307.4, 653.7, 163.4)),
+    ("MI250X", (383.0, None, 95.7)),
+)
+_SIXTEEN = ("c10::BFloat16", "c10::Half", "BFloat16", "Half")
+
+
+def _mm(dims: list) -> int:
+    a, b = dims[0], dims[1]
+    return 2 * a[0] * a[1] * b[1]
+
+
+def _bmm(dims: list) -> int:
+    a, b = dims[0], dims[1]
+    return 2 * a[0] * a[1] * a[2] * b[2]
+
+
+_FLOPS: dict[str, tuple[Callable[[list], int], int]] = {  # op -> (its FLOPs from the operands' dims, first operand)
+    "aten::mm": (_mm, 0), "aten::addmm": (_mm, 1), "aten::bmm": (_bmm, 0), "aten::baddbmm": (_bmm, 1),
+}
+_CONVS = ("aten::convolution", "aten::_convolution", "aten::conv2d", "aten::conv1d", "aten::conv3d")
+
+
+def device_peak(name: str | None, dtype: str) -> tuple[float, str] | None:
+    """(peak FLOP/s, where it comes from) of a known accelerator for `dtype` ("16-bit", "tf32", "fp32")."""
+    if not name:
+        return None
+    upper = name.upper()
+    for key, (half, tf32, fp32) in PEAKS:
+        if key in upper and not (key == "A10" and "A100" in upper) and not (key == "L4" and "L40" in upper):
+            peak = {"16-bit": half, "tf32": tf32, "fp32": fp32}[dtype]
+            if peak is None:
+                return None
+            return peak * 1e12, f"{key} datasheet, dense {dtype}: {peak:g} TFLOP/s"
+    return None
+
+
+def add(ctx: TraceContext) -> None:
+    """compute.flops_per_step, compute.achieved_flops and, where a peak is known, compute.mfu."""
+    t = ctx.trace
+    strings, name, kind = t.strings, t.name, t.kind
+    total = sixteen = 0
+    counted = convs = 0
+    for i in t.shapes:
+        if kind[i] != CPU_OP:
+            continue
+        nm = strings[name[i]]
+        spec = _FLOPS.get(nm)
+        if spec is None:
+            convs += nm in _CONVS
+            continue
+        types, dims = t.shape(i)
+        try:
+            flops = spec[0](dims[spec[1]:])
+        except (IndexError, TypeError):
+            continue  # shapes not recorded as expected: not counted
+        if not isinstance(flops, int) or flops <= 0:
+            continue
+        total += flops
+        counted += 1
+        if len(types) > spec[1] and types[spec[1]] in _SIXTEEN:
+            sixteen += flops
+    if not total:
+        return
+    per_step = total / ctx.per_step
+    left_out = f"; {convs // ctx.per_step} convolution(s) per step not counted (their output size is not recorded)" \
+        if convs else ""
+    ctx.put("compute.flops_per_step", per_step, "number",
+            f"2*M*K*N over {counted // ctx.per_step} matmul(s) per step (mm, addmm, bmm, baddbmm; forward and backward)"
+            + left_out)
+    if convs:  # the step's FLOPs are not known: no FLOP/s and no MFU, rather than a figure far too low
+        ctx.put("compute.uncounted_convs_per_step", convs / ctx.per_step, "count",
+                "convolutions per step whose FLOPs the trace does not give (strides and padding not recorded)")
+        return
+    step_ms = ctx.run_step_ms if ctx.run_step_ms else ctx.facts.value("step.time_ms")
+    if not step_ms:
+        return
+    achieved = per_step / (step_ms / 1000)
+    which = "the run's median unprofiled step" if ctx.run_step_ms else "the trace's median step"
+    ctx.put("compute.achieved_flops", achieved, "number", f"FLOPs per step / {which} ({step_ms:.3f} ms), per second")
+    dtype = "16-bit" if sixteen >= total / 2 else "fp32"
+    peak_fact = ctx.facts.value("compute.peak_flops")
+    if isinstance(peak_fact, (int, float)) and peak_fact > 0:
+        peak, source = float(peak_fact), "this CPU's measured fp32 matmul rate (compute.peak_flops)"
+    else:
+        found = device_peak(ctx.facts.value("device.name"), dtype)
+        if found is None:
+            return
+        peak, source = found
+        ctx.put("compute.peak_flops", peak, "number", source)
+    ctx.put("compute.mfu", achieved / peak, "ratio",
+            f"MFU = FLOPs per step / step time / peak = {per_step:.4g} / {step_ms / 1000:.4g} s / {peak:.4g} FLOP/s; "
+            f"peak: {source}")
