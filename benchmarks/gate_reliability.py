@@ -16,8 +16,21 @@
 - simulate: synthetic autocorrelated series (log-normal AR(1) within a run, plus a run offset)
   whose parameters are measured from bare runs of the steady script on this machine; many trials,
   each gated as `perfdoctor run --baseline` gates (runs added while undecided, up to --max-repeats).
+- contention: a CI runner's neighbours (issue 20). Records a pool of real `perfdoctor run` folders
+  of the steady script for each load (quiet: nothing added; sustained: one busy process per core
+  for the whole run; bursty: the co-tenant below) and each change (unchanged code, +`--slowdown` CPU
+  work per step, +`--slowdown` sleep per step), in rounds that visit every pool in turn (the host's
+  drift falls on all alike) until `--pool-runs` rounds or `--minutes` are spent. Then, per cell
+  (load x change x a baseline recorded quiet or under the same load), `--trials` gates as
+  `perfdoctor run --baseline` makes them (gate.adaptive: `--repeats`, then runs added while
+  undecided, up to `--max-repeats`), each drawing its baseline's and its current side's runs from
+  the pools at random without reuse inside a gate: with pools smaller than the gates need, gates
+  share runs and are not independent (the output says how many runs each pool held). Prints false
+  failures, detections, undecided and host-contention verdicts per cell, with the load averages.
+  `--keep DIR` keeps the run folders (traces removed); `--pools DIR` judges kept ones again.
 `--load bursty` runs the benchmark beside a co-tenant: random bursts of 0-2 busy processes
-(CPU loops and memory copies, 0.3-4 s each), as other jobs on a shared CI machine would be.
+(CPU loops and memory copies, 0.3-4 s each), as other jobs on a shared CI machine would be;
+`--load sustained`: one busy process per core for the whole benchmark.
 Prints the counts and the time taken. Target: 0 false failures, >= 9 of 10 detections.
 """
 
@@ -41,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from perfdoctor.gate import RunRecord, compare, warmup_steps  # noqa: E402
 from perfdoctor.gate.adaptive import gate_runs  # noqa: E402
+from perfdoctor.gate.baseline import record_from_run_dir  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "steady_train.py"
 ENV_ID = {"torch": "bench", "device": "cpu", "cpu_count": os.cpu_count(), "script": "steady_train.py", "args": []}
@@ -170,6 +184,107 @@ def _bursty_load(stop, seed: int) -> None:
             p.join()
 
 
+class Load:
+    """A co-tenant for the duration of a `with` block: none ("quiet"), one busy process per core
+    ("sustained"), or random bursts ("bursty")."""
+
+    def __init__(self, kind: str, seed: int = 0):
+        self.kind, self.seed = kind, seed
+        self.stop = threading.Event()
+        self.procs: list = []
+
+    def __enter__(self) -> Load:
+        import multiprocessing as mp
+        if self.kind == "sustained":
+            self.procs = [mp.Process(target=_burn, args=("cpu", 3600.0), daemon=True) for _ in range(os.cpu_count() or 1)]
+            for p in self.procs:
+                p.start()
+        elif self.kind == "bursty":
+            self.thread = threading.Thread(target=_bursty_load, args=(self.stop, self.seed), daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for p in self.procs:
+            p.terminate()
+            p.join()
+        if self.kind == "bursty":
+            self.thread.join()
+
+
+CHANGES = {"same": {}, "work": {"PERFDOCTOR_BENCH_WORK_FRACTION": None}, "sleep": {"PERFDOCTOR_BENCH_DELAY_FRACTION": None}}
+
+
+def record_pools(a, root: Path) -> None:
+    """Rounds of `perfdoctor run` folders, one per (load, change) pool each round, into root/LOAD-CHANGE-N."""
+    cli = [sys.executable, "-m", "perfdoctor", "run", str(SCRIPT), "--steps", str(a.steps), "--format", "json", "--overwrite"]
+    t0 = time.time()
+    for n in range(1, a.pool_runs + 1):
+        for load in ("quiet", "sustained", "bursty"):
+            for change, env_keys in CHANGES.items():
+                if time.time() - t0 > a.minutes * 60:
+                    print(f"[contention] time budget spent after {n - 1} full round(s)", flush=True)
+                    return
+                env = dict(os.environ, PERFDOCTOR_BENCH_STEPS="100000",
+                           **{k: str(a.slowdown) for k in env_keys})
+                out = root / f"{load}-{change}-{n}"
+                with Load(load, seed=n):
+                    p = subprocess.run(cli + ["--out-dir", str(out)], env=env, cwd=ROOT, capture_output=True, text=True)
+                for big in ("trace.json.gz", "profile.pstats"):
+                    (out / big).unlink(missing_ok=True)
+                print(f"[contention] round {n} {load}/{change}: exit {p.returncode}, load average "
+                      f"{os.getloadavg()[0]:.2f}", flush=True)
+
+
+def mode_contention(a) -> None:
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(a.pools or a.keep or d)
+        if not a.pools:
+            root.mkdir(parents=True, exist_ok=True)
+            record_pools(a, root)
+        pools: dict[tuple[str, str], list[RunRecord]] = {}
+        loads: dict[str, list[float]] = {}
+        for run in sorted(root.iterdir()):
+            load, change, _ = run.name.rsplit("-", 2)
+            try:
+                r = record_from_run_dir(run)
+            except Exception as e:  # noqa: BLE001 - a run that failed is counted out, and said
+                print(f"[contention] {run.name}: not judged ({e})")
+                continue
+            pools.setdefault((load, change), []).append(r)
+            loads.setdefault(load, []).extend(r.loadavg)
+        print("[contention] runs per pool: " + ", ".join(f"{k[0]}/{k[1]} {len(v)}" for k, v in sorted(pools.items())))
+        for load, xs in sorted(loads.items()):
+            if xs:
+                print(f"[contention] {load}: 1-min load average over its runs {min(xs):.2f}..{max(xs):.2f} "
+                      f"(median {statistics.median(xs):.2f})")
+        rng = random.Random(0)
+        for load in ("quiet", "sustained", "bursty"):
+            for base_load in (("quiet",) if load == "quiet" else ("quiet", load)):
+                base_pool = pools.get((base_load, "same"), [])
+                for change in CHANGES:
+                    cur_pool = pools.get((load, change), [])
+                    verdicts: list[str] = []
+                    for trial in range(a.trials):
+                        order = rng.sample(range(len(base_pool)), len(base_pool))
+                        base = [base_pool[i] for i in order[:a.baseline_repeats]]
+                        left = [r for r in cur_pool if all(r is not b for b in base)]
+                        if len(base) < a.baseline_repeats or len(left) < a.repeats:
+                            break
+                        draw = rng.sample(left, len(left))
+                        g = gate_runs(base, lambda k, draw=draw: draw[k - 1] if k <= len(draw) else None,
+                                      repeats=a.repeats, max_repeats=min(a.max_repeats, len(draw)),
+                                      max_regression=a.threshold, seed=trial)
+                        c = g.comparison
+                        verdicts.append("?" if c is None else "FAIL" if c.failed else c.verdict)
+                    count = {k: verdicts.count(k) for k in sorted(set(verdicts))}
+                    print(f"[contention] load {load:9s} baseline {base_load:9s} {change:5s}: {len(verdicts)} gates "
+                          f"(pools {len(base_pool)}/{len(cur_pool)} runs): {count}", flush=True)
+    print(f"[contention] time {time.time() - t0:.0f} s")
+
+
 def mode_cli(a) -> bool:
     cli = [sys.executable, "-m", "perfdoctor"]
     help_text = subprocess.run(cli + ["run", "--help"], capture_output=True, text=True, cwd=ROOT)
@@ -242,7 +357,11 @@ def mode_cli(a) -> bool:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=("cli", "library", "simulate", "all"), default="all")
+    p.add_argument("--mode", choices=("cli", "library", "simulate", "contention", "all"), default="all")
+    p.add_argument("--pool-runs", type=int, default=12, help="contention: rounds of runs (one per pool each)")
+    p.add_argument("--minutes", type=float, default=60, help="contention: stop recording rounds after this long")
+    p.add_argument("--keep", help="contention: keep the run folders here")
+    p.add_argument("--pools", help="contention: judge the run folders kept here (by --keep) instead of recording")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--baseline-repeats", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3, help="runs per comparison on the current side")
@@ -257,22 +376,23 @@ def main() -> None:
     p.add_argument("--baseline-attempts", type=int, default=3,
                    help="cli: record the baseline again while --save-baseline warns of a slow outlier run, at most this often")
     p.add_argument("--strict", action="store_true", help="cli: gate with --strict (an undecided gate fails)")
-    p.add_argument("--load", choices=("none", "bursty"), default="none",
-                   help="bursty: run beside random bursts of 0-2 busy processes (a shared CI machine)")
+    p.add_argument("--load", choices=("none", "bursty", "sustained"), default="none",
+                   help="bursty: run beside random bursts of 0-2 busy processes (a shared CI machine); sustained: "
+                        "one busy process per core throughout")
     a = p.parse_args()
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; steps {a.steps}, "
           f"baseline {a.baseline_repeats} run(s), {a.repeats} run(s) per gate, threshold {a.threshold:.0%}, load {a.load}")
-    stop = threading.Event()
-    if a.load == "bursty":
-        threading.Thread(target=_bursty_load, args=(stop, 0), daemon=True).start()
     try:
-        if a.mode in ("cli", "all"):
-            mode_cli(a)
-        series = mode_library(a) if a.mode in ("library", "all") else None
-        if a.mode in ("simulate", "all"):
-            mode_simulate(a, series)
+        if a.mode == "contention":
+            mode_contention(a)
+            return
+        with Load({"none": "quiet"}.get(a.load, a.load)):
+            if a.mode in ("cli", "all"):
+                mode_cli(a)
+            series = mode_library(a) if a.mode in ("library", "all") else None
+            if a.mode in ("simulate", "all"):
+                mode_simulate(a, series)
     finally:
-        stop.set()
         print(f"load average at the end: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 

@@ -144,6 +144,14 @@ def test_cpu_wait_reads_the_training_thread_and_the_workers():
     assert rec.workers[0] == 0 and rec.workers[1:] == [1, 1, 1]  # a worker counts from the step after it is seen
     assert sum(rec.workers_run_ms) + sum(rec.workers_wait_ms) > 50  # it was runnable through the steps
     assert sum(rec.machine_ms) >= sum(rec.process_ms) > 0
+    # the process tree: this process's 50 ms of spinning per step (less what it waited), plus the worker's
+    assert len(rec.tree_ms) == len(rec.steal_ms) == len(rec.pressure_ms) == len(rec.slices) == 4
+    assert all(n >= 1 for n in rec.slices)  # it ran in every step
+    assert all(t >= r - 1 for t, r in zip(rec.tree_ms, rec.run_ms)), (rec.tree_ms, rec.run_ms)
+    assert sum(rec.tree_ms) > sum(rec.run_ms) + 0.5 * sum(rec.workers_run_ms)
+    assert all(v >= 0 for v in rec.steal_ms + rec.pressure_ms)
+    assert rec.pressure == Path("/proc/pressure/cpu").exists()
+    assert len(rec.loadavg) == len(rec.loadavg_end) == 3
     assert probe.fd is None and not probe.workers
 
 

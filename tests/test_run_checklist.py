@@ -337,13 +337,13 @@ def test_as_many_workers_as_cpus_is_quiet(tmp_path):
     assert not fs
 
 
-def test_idle_extra_workers_cost_nothing_measurable_and_are_minor(tmp_path):
-    # 8 workers on 2 CPUs, but hardly ever loading at once: the training thread waits as usual
+def test_idle_extra_workers_cost_nothing_measurable_and_are_no_finding(tmp_path):
+    # 8 workers on 2 CPUs, but hardly ever loading at once: the training thread waits as usual, so a
+    # finding would say "waits 0.0 ms per step for a CPU" (issue 20): none
     probes = {"dataloaders": _crowded_loader(8), "cpu_wait": _cpu_wait(burst_wait=4.0, burst_workers_ms=(2.0, 0.0))}
     r, fs = findings(make_run(tmp_path, wall=lambda i: 20.0, probes=probes))
     assert r.facts.of_kind("dataloader")[0].facts["dataloader.contention_ms"].value == 0.0
-    (f,) = fs
-    assert f.rule == "PD018" and f.ms_per_step == 0.0 and f.severity == "low"
+    assert not fs
 
 
 def test_too_many_workers_without_schedstat_fires_unmeasured(tmp_path):

@@ -176,6 +176,9 @@ class SummaryDoc(Doc):
     rank: int | UnsetType = UNSET  # several ranks: the rank whose summary this is
     memory: MemoryDoc | UnsetType = UNSET  # a run's memory over its steps
     stuck: Stuck | UnsetType = UNSET  # a run where no step ended: where it was (the run folder's stuck.json)
+    # a run: how long the training thread waited for a CPU per steady step, and whether that inflated
+    # the step times (facts/run/cpu_wait.py: contention; `sentence` says so in words)
+    contention: dict[str, float | bool | str | list[float] | None] | UnsetType = UNSET
 
 
 class LocationDoc(Doc):

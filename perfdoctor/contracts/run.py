@@ -414,6 +414,15 @@ class CpuWaitRecord(Struct, kw_only=True):
     workers: list[int] = []  # worker processes read at each step's end
     machine_ms: list[float] = []  # CPU time every process on the machine used (/proc/stat, all CPUs)
     process_ms: list[float] = []  # CPU time this process used, all its threads (/proc/self/stat)
+    # the process tree's CPU time within the step: this process's threads (CLOCK_PROCESS_CPUTIME_ID)
+    # plus the workers' time on a CPU since the previous step end
+    tree_ms: list[float] = []
+    steal_ms: list[float] = []  # the VM's steal time, all CPUs (/proc/stat; 0 on bare metal)
+    pressure_ms: list[float] = []  # the host's CPU pressure: ms some runnable task waited for a CPU (PSI)
+    slices: list[int] = []  # the training thread's timeslices within the step (schedstat's third field)
+    pressure: bool = False  # /proc/pressure/cpu was readable (pressure_ms is measured)
+    loadavg: list[float] = []  # the host's 1, 5 and 15 min load averages at the run's start
+    loadavg_end: list[float] = []  # ... and at its end
 
 
 class GpuClockRecord(Struct, kw_only=True):

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from perfdoctor.gate.baseline import Baseline, RunRecord
-from perfdoctor.gate.compare import LEVEL, Comparison, compare
+from perfdoctor.gate.compare import LEVEL, UNDECIDED, Comparison, compare
 
 DEFAULT_MAX_REPEATS = 8  # runs of the current side at most, initial ones included
 
@@ -62,7 +62,7 @@ def gate_runs(baseline: Baseline | list[RunRecord], next_run: Callable[[int], Ru
             f"the step time was undecided after {repeats} run(s): the gate added {added} run(s) of the current "
             f"side ({len(records)} in all; the baseline's runs are fixed)")
     if not comparison.settled:
-        timing = comparison.rows[0]
+        timing = next((r for r in comparison.rows if r.verdict in UNDECIDED), comparison.rows[0])
         ci = (f"; its {LEVEL:.0%} interval spans {timing.ci_pct[0]:+.1f}%..{timing.ci_pct[1]:+.1f}%"
               if timing.ci_pct else "")
         comparison.notes.append(

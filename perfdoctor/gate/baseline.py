@@ -35,7 +35,7 @@ from perfdoctor.contracts.baseline import (
 from perfdoctor.contracts.files import read_source
 from perfdoctor.contracts.report import ReportDoc, read_report
 from perfdoctor.contracts.report import SummaryDoc as ReportSummaryDoc
-from perfdoctor.contracts.run import Meta, Steps, rank_dirs, read_meta
+from perfdoctor.contracts.run import Meta, Probes, Steps, rank_dirs, read_meta
 from perfdoctor.contracts.run import read as read_run_file
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
@@ -61,6 +61,39 @@ class RunRecord:
     findings: list[GateFinding] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warmup_dropped: int = 0
+    # per steady step, aligned with step_ms (empty where the run could not measure them): the training
+    # thread's wait for a CPU within the step (schedstat), and the process tree's CPU time
+    wait_ms: list[float] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)
+    # ... the training thread's own time on a CPU and its timeslices (how often it got a CPU back)
+    run_ms: list[float] = field(default_factory=list)
+    slices: list[int] = field(default_factory=list)
+    loadavg: list[float] = field(default_factory=list)  # the host's 1-min load average at the run's start and end
+
+    def work_ms(self, cost: float = 0.0) -> list[float]:
+        """The contention-corrected step times: each steady step's wall time less the training
+        thread's wait for a CPU in it and, at `cost` ms per timeslice beyond the first, what being
+        preempted cost it (stats.preemption_cost); empty where the wait is unknown."""
+        if len(self.wait_ms) != len(self.step_ms):
+            return []
+        return [max(w - x - self._preempted(i, cost), 0.001 * w) for i, (w, x) in enumerate(zip(self.step_ms, self.wait_ms))]
+
+    def tree_cpu_ms(self, cost: float = 0.0) -> list[float]:
+        """The process tree's CPU time per steady step, less what being preempted cost the training
+        thread at `cost` ms per timeslice beyond the first; empty where it is unknown."""
+        if len(self.cpu_ms) != len(self.step_ms) or not all(v > 0 for v in self.cpu_ms):
+            return []
+        return [max(v - self._preempted(i, cost), 0.001 * v) for i, v in enumerate(self.cpu_ms)]
+
+    def _preempted(self, i: int, cost: float) -> float:
+        return cost * max(0, self.slices[i] - 1) if cost and len(self.slices) == len(self.step_ms) else 0.0
+
+    @property
+    def wait_share(self) -> float | None:
+        """The share of the steady steps' wall time the training thread spent waiting for a CPU."""
+        if not self.step_ms or len(self.wait_ms) != len(self.step_ms):
+            return None
+        return sum(self.wait_ms) / sum(self.step_ms)
 
     @property
     def gate_ms(self) -> float | None:
@@ -84,13 +117,20 @@ class RunRecord:
                       samples_per_s=_r(self.samples_per_s), batch_size=self.batch_size,
                       peak_memory_bytes=self.peak_memory_bytes, counters=self.counters, findings=self.findings,
                       notes=self.notes, warmup_dropped=self.warmup_dropped,
-                      step_ms=[round(v, 4) for v in self.step_ms])
+                      step_ms=[round(v, 4) for v in self.step_ms], wait_ms=[round(v, 4) for v in self.wait_ms],
+                      cpu_ms=[round(v, 4) for v in self.cpu_ms], run_ms=[round(v, 4) for v in self.run_ms],
+                      slices=list(self.slices), loadavg=list(self.loadavg))
 
     @classmethod
     def from_doc(cls, d: RunDoc) -> RunRecord:
         return cls(source=d.source, env=dict(d.env), step_ms=list(d.step_ms), median_ms=d.median_ms,
                    batch_size=d.batch_size, peak_memory_bytes=d.peak_memory_bytes, counters=dict(d.counters),
-                   findings=list(d.findings), notes=list(d.notes), warmup_dropped=d.warmup_dropped)
+                   findings=list(d.findings), notes=list(d.notes), warmup_dropped=d.warmup_dropped,
+                   # a baseline recorded before they were kept has none: its runs are judged on wall time
+                   wait_ms=list(d.wait_ms) if len(d.wait_ms) == len(d.step_ms) else [],
+                   cpu_ms=list(d.cpu_ms) if len(d.cpu_ms) == len(d.step_ms) else [],
+                   run_ms=list(d.run_ms) if len(d.run_ms) == len(d.step_ms) else [],
+                   slices=list(d.slices) if len(d.slices) == len(d.step_ms) else [], loadavg=list(d.loadavg))
 
 
 def _r(v: float | None, nd: int = 4) -> float | None:
@@ -179,7 +219,8 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
     notes: list[str] = []
     timed = [s for s in steps if s.get("wall_ms") is not None]
     # a step of 0 ms (a clock too coarse to see it) has no place in the log-scale statistics
-    steady = [float(s["wall_ms"]) for s in steady_steps(timed, window, min_steps=MIN_STEPS) if s["wall_ms"] > 0]
+    kept = [s for s in steady_steps(timed, window, min_steps=MIN_STEPS) if s["wall_ms"] > 0]
+    steady = [float(s["wall_ms"]) for s in kept]
     drop = warmup_steps(len(timed))
     if timed and len(steady) != len(steady_steps(timed, window, min_steps=0)):
         notes.append(f"{run_dir.name}: too few steady-state steps outside the profiler window and warm-up; "
@@ -194,9 +235,28 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
     peak = peak if peak is not None else (max(mems) if mems else None)
     script = meta.script or meta.module
     sha = _sha256(meta.script)
+    contention = _contention(run_dir, [int(s["i"]) for s in kept])
     return RunRecord(source=str(run_dir), env=_identity(msgspec.to_builtins(meta.env), script, list(meta.argv), sha),
                      step_ms=steady, median_ms=median, batch_size=_batch_size(report), peak_memory_bytes=peak,
-                     counters=_counters(report), findings=_findings(report), notes=notes, warmup_dropped=drop)
+                     counters=_counters(report), findings=_findings(report), notes=notes, warmup_dropped=drop,
+                     **contention)
+
+
+def _contention(run_dir: Path, steps: list[int]) -> dict[str, Any]:
+    """RunRecord's contention fields on each of `steps` (probes.json's cpu_wait): the training
+    thread's wait for a CPU, its time on one and its timeslices, the process tree's CPU time, and
+    the host's 1-min load average at the run's start and end; none where the run did not measure
+    them (no schedstat, a job folder of ranks, an older run)."""
+    probes = read_run_file(run_dir / "probes.json", Probes) if (run_dir / "meta.json").exists() else None
+    w = probes.cpu_wait if probes is not None else None
+    if w is None or not steps or max(steps) > len(w.wait_ms):
+        return {}
+
+    def at(xs: list[Any]) -> list[Any]:
+        return [xs[i - 1] for i in steps] if len(xs) == len(w.wait_ms) else []
+
+    return {"wait_ms": at(w.wait_ms), "run_ms": at(w.run_ms), "slices": at(w.slices), "cpu_ms": at(w.tree_ms),
+            "loadavg": [w.loadavg[0], w.loadavg_end[0]] if w.loadavg and w.loadavg_end else []}
 
 
 REPEAT_PREFIX = "repeat-"  # `perfdoctor run --out-dir DIR` with several runs writes DIR/repeat-1, repeat-2, ...

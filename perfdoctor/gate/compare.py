@@ -5,7 +5,15 @@ crosses the threshold but the interval does not clear it), `unstable` (the inter
 the threshold, so a change of that size cannot be told from noise), and `not-comparable` (a
 different environment: the numbers are shown, never judged).
 
-The gate as a whole is `failed`, `passed`, `undecided` or `not-comparable`. It fails on a
+Where either side's training thread waited for a CPU materially (`contended`: other processes
+competed for its cores, MATERIAL_WAIT), the wall time is shown but the verdict rests on
+contention-corrected evidence, each with its own interval: the step's wall time less the
+training thread's wait for a CPU in it, and the process tree's CPU time per step. A wall-time
+regression that the extra wait explains (the corrected evidence shows no regression) is
+`host-contention`: not decided, not passed, exit 0 (`strict` fails it); a regression of the
+corrected evidence (more work, or more sleeping and I/O in the script) fails as a regression.
+
+The gate as a whole is `failed`, `passed`, `undecided`, `host-contention` or `not-comparable`. It fails on a
 regression, on a new finding at or above `fail_on`, and, when the step time stays undecided
 (`unstable` or `inconclusive`), on a point estimate beyond twice the threshold (a large slowdown
 never passes because the machine was noisy) or on anything undecided with `strict`. An undecided
@@ -17,6 +25,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +60,13 @@ MEMORY_SLACK_BYTES = 32 * 2**20  # allocator and RSS granularity
 LEVEL = 0.90
 UNDECIDED = ("unstable", "inconclusive")  # step-time verdicts the interval could not settle
 POINT_FAIL_FACTOR = 2.0  # undecided, a point estimate beyond this many thresholds still fails
+# A side waited for CPUs materially where a run's training thread spent this share of the threshold
+# waiting for a CPU (of its steady steps' wall time): a wait that large can move the wall time's
+# verdict by itself, so the verdict rests on the contention-corrected evidence instead.
+MATERIAL_WAIT = 0.25
+WALL_METRIC = "step wall time"
+WORK_METRIC = "step time less CPU wait"
+CPU_METRIC = "process CPU time per step"
 
 
 @dataclass
@@ -62,7 +78,7 @@ class Row:
     change_pct: float | None
     ci_pct: tuple[float, float] | None  # LEVEL interval of the change, in percent
     verdict: str
-    kind: str  # timing | throughput (derived from timing) | memory | counter
+    kind: str  # timing | wall (shown under contention, not judged) | cpu | throughput (derived from the first row) | memory | counter
     # how the verdict was reached: "interval" (the confidence interval against the threshold),
     # "point-estimate" (the point alone: a summary-only side, or an undecided interval whose point
     # lies beyond POINT_FAIL_FACTOR thresholds), "values" (memory and counters, by value and slack),
@@ -98,6 +114,11 @@ class Comparison:
     # the gate failed on something more current runs cannot take back: a regression of peak memory
     # (the max over runs) or of a counter, or a new finding (the union over runs)
     failed_beyond_timing: bool = False
+    # either side's training thread waited for a CPU materially: the timing verdict rests on the
+    # contention-corrected rows (the wall time's row is shown beside them)
+    contended: bool = False
+    # the wall time grew beyond the threshold and the extra wait for a CPU explains it
+    host_contention: bool = False
     _explanation: list[Explanation | None] = field(default_factory=list, repr=False)
 
     @property
@@ -114,6 +135,8 @@ class Comparison:
             return "failed"
         if not self.comparable:
             return "not-comparable"
+        if self.host_contention:
+            return "host-contention"
         return "undecided" if self.undecided else "passed"
 
     @property
@@ -128,6 +151,7 @@ class Comparison:
                 "undecided": self.undecided, "strict": self.strict,
                 "max_regression": self.max_regression, "ci_level": LEVEL, "fail_on": self.fail_on,
                 "baseline_runs": self.baseline_runs, "current_runs": self.current_runs,
+                "contended": self.contended, "host_contention": self.host_contention,
                 "rows": [r.as_dict() for r in self.rows], "new_findings": msgspec.to_builtins(self.new_findings),
                 "failing_findings": msgspec.to_builtins(self.failing_findings),
                 "resolved_findings": msgspec.to_builtins(self.resolved_findings),
@@ -184,16 +208,23 @@ def _timing_row(base: list[RunRecord], cur: list[RunRecord], t: float, between: 
         if point > up or point < down:
             return Row("step time (median)", "ms", b0, c0, (point - 1) * 100, None, "inconclusive", "timing")
         return Row("step time (median)", "ms", b0, c0, (point - 1) * 100, None, "no-change", "timing", "point-estimate")
-    metric = timing_metric()
-    # every run has per-step timings here, so every gate_ms is known
-    b0 = stats.side_center([r.gate_ms for r in base if r.gate_ms is not None])
-    c0 = stats.side_center([r.gate_ms for r in cur if r.gate_ms is not None])
     if between is None:
         notes.append("run-to-run noise is unknown (one run on each side): the interval covers the noise "
                      "within a run only; record the baseline with --repeats 3 for an honest interval")
+    return _interval_row(timing_metric(), [r.step_ms for r in base], [r.step_ms for r in cur], t, between, seed,
+                         notes)
+
+
+def _interval_row(metric: str, base: list[list[float]], cur: list[list[float]], t: float,
+                  between: tuple[float, int] | None, seed: int, notes: list[str], kind: str = "timing") -> Row:
+    """A row judged by its interval: the ratio of the sides' centres of a low quantile per run
+    (stats.ratio_interval) against the threshold. `base` and `cur` hold each run's per-step series."""
+    up, down = 1 + t, 1 / (1 + t)
+    q = stats.GATE_QUANTILE
+    b0 = stats.side_center([stats.quantile(x, q) for x in base])
+    c0 = stats.side_center([stats.quantile(x, q) for x in cur])
     sigma_b2, df = between or (0.0, 0)
-    point, lo, hi = stats.ratio_interval([r.step_ms for r in base], [r.step_ms for r in cur], sigma_b2, df,
-                                         seed=seed, level=LEVEL)
+    point, lo, hi = stats.ratio_interval(base, cur, sigma_b2, df, seed=seed, level=LEVEL)
     halfwidth = math.sqrt(hi / lo) - 1
     if lo > up:
         verdict = "regression"
@@ -206,10 +237,67 @@ def _timing_row(base: list[RunRecord], cur: list[RunRecord], t: float, between: 
     else:
         verdict = "no-change"
     if verdict == "unstable":
-        notes.append(f"the step time is too noisy to judge a {t:.0%} change: its {LEVEL:.0%} interval spans "
+        notes.append(f"the {metric} is too noisy to judge a {t:.0%} change: its {LEVEL:.0%} interval spans "
                      f"{(lo - 1) * 100:+.1f}%..{(hi - 1) * 100:+.1f}%; use more steps or --repeats, or a quieter machine")
-    return Row(metric, "ms", b0, c0, (point - 1) * 100, ((lo - 1) * 100, (hi - 1) * 100), verdict, "timing",
+    return Row(metric, "ms", b0, c0, (point - 1) * 100, ((lo - 1) * 100, (hi - 1) * 100), verdict, kind,
                None if verdict in UNDECIDED else "interval")
+
+
+def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed: int,
+                     notes: list[str]) -> tuple[Row, list[Row], bool] | None:
+    """Where either side's training thread waited for a CPU materially (MATERIAL_WAIT), the wall
+    time's row (shown, not judged), the contention-corrected rows the verdict rests on (the step
+    time less the training thread's wait for a CPU; the process tree's CPU time per step, where
+    every run measured it) and whether the extra wait explains a wall-time regression (the wall
+    time grew beyond the threshold, and no corrected row regressed or stays undecided). None where
+    the wait is unknown on a run, or immaterial on all: the wall time decides."""
+    runs = base + cur
+    shares = [r.wait_share for r in runs]
+    if not all(len(r.step_ms) >= MIN_STEPS for r in runs) or any(x is None for x in shares):
+        return None
+    if max(x for x in shares if x is not None) < MATERIAL_WAIT * t:
+        return None
+    q = f" (p{round(stats.GATE_QUANTILE * 100)})"
+    bw, cw = [r.step_ms for r in base], [r.step_ms for r in cur]
+    wall = _interval_row(WALL_METRIC + q, bw, cw, t, _sigma_b2(bw, cw, seed), seed, [], kind="wall")
+    cost = stats.preemption_cost([(r.run_ms, r.slices) for r in runs if len(r.run_ms) == len(r.slices) == len(r.step_ms)])
+    bk, ck = [r.work_ms(cost) for r in base], [r.work_ms(cost) for r in cur]
+    deciding = [_interval_row(WORK_METRIC + q, bk, ck, t, _sigma_b2(bk, ck, seed), seed, notes)]
+    if all(r.tree_cpu_ms() for r in runs):
+        bc, cc = [r.tree_cpu_ms(cost) for r in base], [r.tree_cpu_ms(cost) for r in cur]
+        deciding.append(_interval_row(CPU_METRIC + q, bc, cc, t, _sigma_b2(bc, cc, seed), seed, notes, kind="cpu"))
+    else:
+        notes.append("the process tree's CPU time per step was not measured on every run: the verdict rests on "
+                     "the step time less the training thread's wait for a CPU alone")
+
+    def side(rs: list[RunRecord]) -> str:
+        wait = statistics.fmean(statistics.median(r.wait_ms) for r in rs)
+        share = statistics.fmean(r.wait_share or 0.0 for r in rs)
+        loads = [v for r in rs for v in r.loadavg]
+        load = f", load average {min(loads):.1f}-{max(loads):.1f}" if loads else ""
+        return f"{wait:.1f} ms per step ({share:.0%} of the step{load})"
+
+    notes.insert(0, f"contention: the training thread waited for a CPU {side(base)} on the baseline and {side(cur)} "
+                    f"on the current side: other processes competed for these cores, so wall times are inflated; the "
+                    f"verdict rests on the step time less that wait and on the process's CPU time per step, each with "
+                    f"its own interval"
+                    + (f", both less {cost:.2f} ms for each time another process took the training thread's CPU (the "
+                       f"caches it then refills, measured across the runs' steps)" if cost else ""))
+    host = (wall.change_pct is not None and wall.change_pct > t * 100
+            and all(r.verdict in ("no-change", "improvement") for r in deciding))
+    if host:
+        wall.verdict, wall.basis = "host-contention", None
+        w = deciding[0]
+        ci = f" ({LEVEL:.0%} interval {wall.ci_pct[0]:+.1f}%..{wall.ci_pct[1]:+.1f}%)" if wall.ci_pct else ""
+        notes.insert(1, f"host contention: not decided. The step's wall time changed {wall.change_pct:+.1f}%{ci}, "
+                        f"but the extra wait for a CPU explains it: less that wait the step changed "
+                        f"{w.change_pct or 0.0:+.1f}%"
+                        + (f", and the process's CPU time per step {deciding[1].change_pct or 0.0:+.1f}%"
+                           if len(deciding) > 1 else "")
+                        + ". Neither passed nor failed: gate on a quieter runner (or --strict to fail)")
+    if wall.verdict == "regression" and not any(r.verdict == "regression" for r in deciding):
+        wall.verdict, wall.basis = "host-contention", None  # the wall time alone is not judged under contention
+    return wall, deciding, host
 
 
 def _simple_row(metric: str, unit: str, kind: str, b: float | None, c: float | None, t: float, slack: float) -> Row | None:
@@ -225,16 +313,17 @@ def _simple_row(metric: str, unit: str, kind: str, b: float | None, c: float | N
     return Row(metric, unit, b, c, change, None, verdict, kind, "values")
 
 
-def _sigma_b2(base: list[RunRecord], cur: list[RunRecord], seed: int) -> tuple[float, int] | None:
-    """Between-run variance pooled over the sides that have repeats, and its degrees of freedom."""
+def _sigma_b2(base: list[list[float]], cur: list[list[float]], seed: int) -> tuple[float, int] | None:
+    """Between-run variance of a low quantile per run, pooled over the sides that have repeats (each
+    run's per-step series), and its degrees of freedom."""
     rng = random.Random(seed)
     parts = []
     for side in (base, cur):
-        meds = [r.gate_ms for r in side if r.gate_ms]
-        if len(meds) >= 2 and all(len(r.step_ms) >= MIN_STEPS for r in side):
-            v = stats.between_run_log_var(meds, [stats.within_run_log_var(r.step_ms, rng, 500) for r in side])
+        if len(side) >= 2 and all(len(x) >= MIN_STEPS for x in side):
+            vals = [stats.quantile(x, stats.GATE_QUANTILE) for x in side]
+            v = stats.between_run_log_var(vals, [stats.within_run_log_var(x, rng, 500) for x in side])
             if v is not None:
-                parts.append((len(meds) - 1, v))
+                parts.append((len(vals) - 1, v))
     if not parts:
         return None
     dof = sum(df for df, _ in parts)
@@ -261,14 +350,26 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
     notes += env_notes
     comparable = not diffs
     rows: list[Row] = []
-    timing = _timing_row(base, cur, t, _sigma_b2(base, cur, seed), seed, notes)
-    undecided = comparable and timing.verdict in UNDECIDED
-    if undecided and timing.change_pct is not None and timing.change_pct > POINT_FAIL_FACTOR * t * 100:
-        notes.append(f"the step time's interval could not settle a {t:.0%} threshold, but its estimate, "
-                     f"{timing.change_pct:+.1f}%, lies beyond {POINT_FAIL_FACTOR:g}x the threshold: failed as a "
-                     f"regression on the point estimate")
-        timing.verdict, timing.basis = "regression", "point-estimate"
+    evidence = _contention_rows(base, cur, t, seed, notes)
+    contended = evidence is not None
+    if evidence is None:
+        timing = _timing_row(base, cur, t, _sigma_b2([r.step_ms for r in base], [r.step_ms for r in cur], seed),
+                             seed, notes)
+        deciding = [timing]
+        host = False
+    else:
+        timing, deciding, host = evidence
+    undecided = comparable and not host and any(r.verdict in UNDECIDED for r in deciding) and not any(
+        r.verdict == "regression" for r in deciding)
+    if undecided:
+        for d in deciding:
+            if d.verdict in UNDECIDED and d.change_pct is not None and d.change_pct > POINT_FAIL_FACTOR * t * 100:
+                notes.append(f"the {d.metric}'s interval could not settle a {t:.0%} threshold, but its estimate, "
+                             f"{d.change_pct:+.1f}%, lies beyond {POINT_FAIL_FACTOR:g}x the threshold: failed as a "
+                             f"regression on the point estimate")
+                d.verdict, d.basis = "regression", "point-estimate"
     rows.append(timing)
+    rows += [r for r in deciding if r is not timing]
     # throughput is the step time seen the other way up: same evidence, same verdict
     if timing.baseline and timing.current:
         ci = None if timing.ci_pct is None else (100 / (1 + timing.ci_pct[1] / 100) - 100, 100 / (1 + timing.ci_pct[0] / 100) - 100)
@@ -310,22 +411,35 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
                      + "). Timings are shown but not judged; record a new baseline in this environment"
                      + ("; arguments changed on purpose: `perfdoctor compare --allow-different-args` judges the pair"
                         if any(d["key"] == "args" for d in diffs) else "") + ".")
-    regressed = [r for r in rows if r.verdict == "regression" and r.kind != "throughput"]
+    # under contention the wall time's row is shown, not judged: the corrected rows decide
+    regressed = [r for r in rows if r.verdict == "regression" and r.kind not in ("throughput", "wall")]
     beyond_timing = bool(failing) or any(r.kind in ("memory", "counter") for r in regressed)
-    failed = bool(regressed) or bool(failing) or (strict and undecided)
-    if strict and undecided and timing.verdict in UNDECIDED:
+    host = host and comparable
+    failed = bool(regressed) or bool(failing) or (strict and (undecided or host))
+    if strict and undecided and any(r.verdict in UNDECIDED for r in deciding):
         notes.append("--strict: the step time is undecided, and an undecided gate fails")
+    if strict and host and not regressed and not failing:
+        notes.append("--strict: the step time grew with the host's contention, which decides nothing, and an "
+                     "undecided gate fails")
     return Comparison(failed=failed, comparable=comparable, rows=rows, new_findings=new, resolved_findings=resolved,
                       notes=notes, env_differences=diffs, max_regression=t, fail_on=fail_on,
                       baseline_runs=len(base), current_runs=len(cur), failing_findings=failing,
                       findings=[f for _, f in sorted(cur_f.items())], sides=(base, cur), strict=strict,
-                      undecided=undecided, failed_beyond_timing=beyond_timing)
+                      undecided=undecided, failed_beyond_timing=beyond_timing, contended=contended,
+                      host_contention=host and not regressed)
+
+
+def host_contention_sentence(c: Mapping[str, Any]) -> str:
+    """Why a gate the host's contention explains is neither passed nor failed (its note)."""
+    return next((n for n in c.get("notes") or [] if n.startswith("host contention: not decided")),
+                "host contention: not decided")
 
 
 def undecided_sentence(c: Mapping[str, Any]) -> str:
     """Why an undecided gate is not a pass, with the step time's interval, and what to do."""
     rows = c.get("rows") or []
-    timing = rows[0] if rows else {}
+    timing = next((r for r in rows if r.get("verdict") in UNDECIDED and r.get("kind") != "throughput"),
+                  rows[0] if rows else {})
     change = timing.get("change_pct")
     ci = timing.get("ci_pct")
     what = "The step time could not be judged"

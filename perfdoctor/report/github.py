@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from perfdoctor.gate.compare import undecided_sentence
+from perfdoctor.gate.compare import host_contention_sentence, undecided_sentence
 from perfdoctor.report.escape import github_data, github_property
 
 COMMAND = {"high": "error", "medium": "warning", "low": "notice"}
@@ -45,6 +45,9 @@ def _root(root: Path | str | None) -> Path:
 def render_report(report: Any, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
     r, base = _as_dict(report), _root(root)
     lines: list[str] = []
+    contention = (r.get("summary") or {}).get("contention") or {}
+    if contention.get("inflated"):
+        lines.append(command("warning", str(contention.get("sentence")), title="perfdoctor: step times inflated"))
     for f in (r.get("findings") or [])[:limit]:
         saving = f.get("estimated_saving")
         msg = f.get("message") or f.get("title") or ""
@@ -88,12 +91,16 @@ def render_comparison(comparison: Any, root: Path | str | None = None, limit: in
                for r in c.get("rows") or [] if r["verdict"] == "regression"]
         if c.get("strict") and c.get("undecided") and not why:
             why.append("the step time is undecided (--strict)")
+        if c.get("strict") and c.get("host_contention") and not why:
+            why.append("the host's contention left the step time undecided (--strict)")
         n = len(c.get("failing_findings") or [])
         if n:
             why.append(f"{n} new finding(s) at or above {c.get('fail_on')}")
         lines.append(command("error", "perfdoctor gate failed: " + "; ".join(why)))
     elif c.get("verdict") == "undecided":
         lines.append(command("warning", undecided_sentence(c), title="perfdoctor gate: undecided (not passed)"))
+    elif c.get("verdict") == "host-contention":
+        lines.append(command("warning", host_contention_sentence(c), title="perfdoctor gate: host contention (not passed)"))
     return "\n".join(lines) + ("\n" if lines else "")
 
 

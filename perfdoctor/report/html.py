@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 PERFETTO = "https://ui.perfetto.dev"
 VERDICT_CLASS = {"regression": "bad", "improvement": "good", "no-change": "", "inconclusive": "warn",
-                 "unstable": "warn", "not-comparable": "warn", "failed": "bad", "passed": "good", "undecided": "warn"}
+                 "unstable": "warn", "not-comparable": "warn", "failed": "bad", "passed": "good", "undecided": "warn",
+                 "host-contention": "warn"}
 
 
 def _e(v: Any) -> str:
@@ -383,7 +384,7 @@ def _gate(c: Comparison) -> str:
             ci = (f", {d['ci_level']:.0%} interval {timing.ci_pct[0]:+.1f}%..{timing.ci_pct[1]:+.1f}%"
                   if timing.ci_pct else ", no interval")
             out.append(f'<p>{_e(timing.metric)}: {_e(ms_text(timing.baseline))} → {_e(ms_text(timing.current))}, '
-                       f'{_data("gate.rows.0.change_pct", round(timing.change_pct, 2), f"{timing.change_pct:+.1f}%")}'
+                       f'{_data(f"gate.rows.{c.rows.index(timing)}.change_pct", round(timing.change_pct, 2), f"{timing.change_pct:+.1f}%")}'
                        f'{ci}: <span class="verdict {VERDICT_CLASS.get(timing.verdict, "")}">{_e(timing.verdict)}'
                        f'</span></p>')
         out.append(charts.interval(timing, c.max_regression, d["ci_level"]))
@@ -496,6 +497,9 @@ def _step_section(report: Report) -> str:
         bd += ["<h3>GPU timeline per step</h3>",
                _breakdown(s["gpu_breakdown"], "gpu_breakdown", "Where the median step goes on the GPU, in ms")]
     bd.append(_gpu_summary(report))
+    contention = s.get("contention") or {}
+    if contention.get("inflated"):
+        bd.insert(0, f'<p class="warn">{_e(contention.get("sentence"))}</p>')
     if any(bd):
         parts.append('<section id="breakdown"><h2>Where a step goes <span class="dim">(median step)</span></h2>'
                      + "".join(bd) + "</section>")

@@ -90,6 +90,9 @@ def render_report(report: Report) -> str:
     compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None)
     if compute:
         out += [f"**Compute** {md(compute)}", ""]
+    contention = summary.get("contention") or {}
+    if contention.get("inflated"):
+        out += [f"> ⚠️ **{md(contention.get('sentence'))}**", ""]
     breakdown = summary.get("breakdown") or []
     if breakdown:
         out += ["| Phase | ms/step | Share |", "|---|---:|---:|"]
@@ -182,6 +185,7 @@ def render_comparison(comparison: Any) -> str:
     c = _as_dict(comparison)
     head = {"failed": "❌ perfdoctor gate: failed", "passed": "✅ perfdoctor gate: passed",
             "undecided": "❔ perfdoctor gate: undecided (not passed)",
+            "host-contention": "❔ perfdoctor gate: host contention, not decided (not passed)",
             "not-comparable": "⚠️ perfdoctor gate: baseline not comparable"}[c["verdict"]]
     out = [f"## {head}", "",
            f"Threshold {c['max_regression']:.0%} · baseline {c['baseline_runs']} run(s) · current {c['current_runs']} run(s)"
@@ -190,7 +194,7 @@ def render_comparison(comparison: Any) -> str:
     if c["verdict"] == "undecided":
         out += [f"> **{undecided_sentence(c)}**", ""]
     for n in c.get("notes") or []:
-        if n.startswith("NOT COMPARABLE"):
+        if n.startswith(("NOT COMPARABLE", "host contention: not decided")):
             out += [f"> **{md(n)}**", ""]
     out += [f"| Metric | Baseline | Current | Change | {c.get('ci_level', 0.95):.0%} CI | Verdict |", "|---|---:|---:|---:|---:|---|"]
     for r in c.get("rows") or []:
@@ -213,7 +217,7 @@ def render_comparison(comparison: Any) -> str:
     why = explanation_lines(comparison.explanation) if isinstance(comparison, Comparison) else []
     if why:
         out += ["### Why it changed", ""] + [f"- {md(line)}" for line in why] + [""]
-    rest = [n for n in c.get("notes") or [] if not n.startswith("NOT COMPARABLE")]
+    rest = [n for n in c.get("notes") or [] if not n.startswith(("NOT COMPARABLE", "host contention: not decided"))]
     if rest:
         out += [f"> {md(n)}" for n in rest] + [""]
     return "\n".join(out).rstrip() + "\n"

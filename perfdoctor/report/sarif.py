@@ -133,6 +133,9 @@ def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str |
     info = r.get("run") or {}
     props = {k: info[key] for k, key in (("perfdoctorConfig", "config"), ("perfdoctorDroppedEvents", "dropped_events"))
              if info.get(key)}  # what the project's config changed; trace events dropped or repaired
+    contention = (r.get("summary") or {}).get("contention")
+    if contention:  # how long the training thread waited for a CPU, and whether that inflated the step times
+        props["perfdoctorContention"] = contention
     if props:
         run["properties"] = props
     if comparison is not None:

@@ -156,6 +156,9 @@ def _summary(report: Report) -> Panel:
     compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None)
     if compute:
         rows.add_row("compute", Text(compute, style="dim"))
+    contention = s.get("contention") or {}
+    if contention.get("inflated"):
+        rows.add_row("contention", _t(str(contention.get("sentence") or ""), style="bold yellow"))
     exit_info = run.get("exit") or {}
     if exit_info.get("reason") and exit_info.get("reason") not in ("completed", "steps-reached"):
         rows.add_row("script", _t(f"{exit_info['reason']} (exit code {exit_info.get('code')})", style="bold red"))
@@ -283,7 +286,7 @@ def _report(report: Report) -> Group:
     return Group(*parts)
 
 
-VERDICT_STYLE = {"regression": "bold red", "improvement": "green", "no-change": "", "inconclusive": "yellow",
+VERDICT_STYLE = {"regression": "bold red", "host-contention": "yellow", "improvement": "green", "no-change": "", "inconclusive": "yellow",
                  "unstable": "yellow", "not-comparable": "magenta"}
 
 

@@ -3,6 +3,9 @@ measured contention; a straggler rank's "waiting for a CPU" cause).
 
 Linux counts, per thread, the time it spent running and the time it spent runnable but waiting on a
 run queue (`/proc/<pid>/task/<tid>/schedstat`: on-CPU ns, run-queue wait ns, timeslices). The
+timeslices of the training thread in a step tell how often other threads took its CPU from it:
+each return costs it refilling caches that they evicted, time on a CPU that the same work did not
+need on a quiet host (the gate takes that cost out, gate/compare.py). The
 training thread's reading is taken at every step end and again once perfdoctor's own work there is
 done (`begin_step`: the profiler's start and stop, the trace's export), so that a step's wait is
 the wait inside it: what the step lost to other runnable threads on the machine (other processes,
@@ -12,14 +15,21 @@ added to the wait and kept apart too, with the quota periods in which it was thr
 process alive then is read as well: the workers' time on a CPU plus their wait, over the step, is
 how many of them were runnable at once on average. The CPU time of the whole machine (/proc/stat)
 and of this process (/proc/self/stat), both in clock ticks, tell the workers' share of what the
-training thread competed with. One `pread` per file, each opened once (a few microseconds). Absent
-where the kernel has no schedstat (nothing is recorded then).
+training thread competed with; the steal ticks of /proc/stat are the time a hypervisor gave this
+VM's CPUs to other guests. Over the step, as the training thread's: this process's CPU time, all its
+threads (CLOCK_PROCESS_CPUTIME_ID, nanoseconds); with the workers' time on a CPU it is the process
+tree's CPU time per step (`tree_ms`), what the gate judges beside the wall time on a loaded host.
+The host's CPU pressure (`/proc/pressure/cpu`, PSI: the time at least one runnable task waited for
+a CPU, anywhere on the machine), where the kernel has it, and the load average at the run's start
+and end tell how busy the host was. One `pread` per file, each opened once (a few microseconds).
+Absent where the kernel has no schedstat (nothing is recorded then).
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -63,12 +73,15 @@ class CpuWaitProbe:
         self.worker_pids = worker_pids
         self.fd: int | None = None
         self.cgroup_fd: int | None = None
-        self.last: tuple[int, int] | None = None  # the training thread's reading at the step's start
+        self.last: tuple[int, int, int] | None = None  # the training thread's reading at the step's start
         self.last_throttled: tuple[float, int] | None = None  # ms, periods
-        self.workers: dict[int, tuple[int, tuple[int, int]]] = {}  # pid -> (fd, last reading)
+        self.workers: dict[int, tuple[int, tuple[int, int, int]]] = {}  # pid -> (fd, last reading)
         self.ticks: dict[str, int] = {}  # "machine" / "process" -> fd of /proc/stat, /proc/self/stat
-        self.last_ticks = (0, 0)
+        self.last_ticks = (0, 0, 0)
         self.tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 10.0
+        self.pressure_fd: int | None = None
+        self.last_pressure = 0.0  # ms of the host's CPU pressure ("some" total) so far
+        self.last_cpu = 0.0  # this process's CPU time (ms) at the step's start
         self.rec = _empty()
 
     def install(self) -> None:
@@ -86,6 +99,16 @@ class CpuWaitProbe:
             self.ticks = {"machine": os.open("/proc/stat", os.O_RDONLY),
                           "process": os.open(f"/proc/{os.getpid()}/stat", os.O_RDONLY)}
             self.last_ticks = self._ticks()
+            self.last_cpu = _process_cpu_ms()
+            self.rec.loadavg = [round(v, 2) for v in os.getloadavg()]
+            try:
+                self.pressure_fd = os.open("/proc/pressure/cpu", os.O_RDONLY)
+                self.last_pressure = self._pressure()
+                self.rec.pressure = True
+            except (OSError, ValueError, IndexError):  # no PSI in this kernel (or it is switched off)
+                if self.pressure_fd is not None:
+                    os.close(self.pressure_fd)
+                self.pressure_fd = None
         except (OSError, ValueError, IndexError):
             self.uninstall()
 
@@ -93,6 +116,9 @@ class CpuWaitProbe:
         for fd in [w[0] for w in self.workers.values()] + list(self.ticks.values()):
             os.close(fd)
         self.workers, self.ticks = {}, {}
+        if self.pressure_fd is not None:
+            os.close(self.pressure_fd)
+            self.pressure_fd = None
         if self.cgroup_fd is not None:
             os.close(self.cgroup_fd)
             self.cgroup_fd = None
@@ -107,18 +133,21 @@ class CpuWaitProbe:
             return
         try:
             now = _read(self.fd)
+            cpu = _process_cpu_ms()
             r = self.rec
             while len(r.wait_ms) < i - 1:  # steps missed: nothing known of them
                 for xs in (r.wait_ms, r.run_ms, r.throttled_ms, r.workers_wait_ms, r.workers_run_ms, r.machine_ms,
-                           r.process_ms):
+                           r.process_ms, r.tree_ms, r.steal_ms, r.pressure_ms):
                     xs.append(0.0)
                 r.workers.append(0)
                 r.throttled_periods.append(0)
+                r.slices.append(0)
             thr, last = self._throttled(), self.last_throttled
             throttled, periods = (thr[0] - last[0], thr[1] - last[1]) if thr is not None and last is not None else (0.0, 0)
             self.last_throttled = thr
             r.run_ms.append(round((now[0] - self.last[0]) / 1e6, 4))
             r.wait_ms.append(round((now[1] - self.last[1]) / 1e6 + throttled, 4))
+            r.slices.append(now[2] - self.last[2])
             r.throttled_ms.append(round(throttled, 4))
             r.throttled_periods.append(periods)
             self.last = now
@@ -126,10 +155,15 @@ class CpuWaitProbe:
             r.workers_run_ms.append(round(on / 1e6, 4))
             r.workers_wait_ms.append(round(wait / 1e6, 4))
             r.workers.append(n)
+            r.tree_ms.append(round(cpu - self.last_cpu + on / 1e6, 4))
             ticks = self._ticks()
             r.machine_ms.append(round((ticks[0] - self.last_ticks[0]) * self.tick_ms, 1))
             r.process_ms.append(round((ticks[1] - self.last_ticks[1]) * self.tick_ms, 1))
+            r.steal_ms.append(round((ticks[2] - self.last_ticks[2]) * self.tick_ms, 1))
             self.last_ticks = ticks
+            pressure = self._pressure() if self.pressure_fd is not None else 0.0
+            r.pressure_ms.append(round(pressure - self.last_pressure, 3))  # 0 where unmeasured (rec.pressure)
+            self.last_pressure = pressure
         except (OSError, ValueError, IndexError) as e:
             self.err("cpu_wait", e)
             self.uninstall()
@@ -141,6 +175,7 @@ class CpuWaitProbe:
             return
         try:
             self.last = _read(self.fd)
+            self.last_cpu = _process_cpu_ms()
             self.last_throttled = self._throttled()
         except (OSError, ValueError, IndexError) as e:
             self.err("cpu_wait", e)
@@ -178,29 +213,49 @@ class CpuWaitProbe:
             self.workers[pid] = (fd, now)
         return on, wait, n
 
-    def _ticks(self) -> tuple[int, int]:
-        """Busy clock ticks of the whole machine (all CPUs: user, nice, system, irq, softirq, steal)
-        and of this process (user + system), so far."""
+    def _ticks(self) -> tuple[int, int, int]:
+        """Busy clock ticks of the whole machine (all CPUs: user, nice, system, irq, softirq, steal),
+        of this process (user + system) and the machine's steal ticks, so far."""
         cpu = os.pread(self.ticks["machine"], 256, 0).split(b"\n", 1)[0].split()
         busy = sum(int(cpu[k]) for k in (1, 2, 3, 6, 7, 8) if k < len(cpu))
+
         own = os.pread(self.ticks["process"], 1024, 0).rsplit(b")", 1)[1].split()
-        return busy, int(own[11]) + int(own[12])  # fields 14 and 15 of /proc/pid/stat
+        steal = int(cpu[8]) if len(cpu) > 8 else 0
+        return busy, int(own[11]) + int(own[12]), steal  # fields 14 and 15 of /proc/pid/stat
+
+    def _pressure(self) -> float:
+        """The host's CPU pressure so far: ms in which some runnable task waited for a CPU (PSI's
+        "some" line, `total=` in µs)."""
+        assert self.pressure_fd is not None
+        line = os.pread(self.pressure_fd, 256, 0).split(b"\n", 1)[0]
+        return int(line.rsplit(b"total=", 1)[1]) / 1e3
 
     def merge_steps(self) -> None:
         """A stronger step clock took over: its steps are counted from 1 again."""
-        cgroup = self.rec.cgroup
+        old = self.rec
         self.rec = _empty()
-        self.rec.cgroup = cgroup
+        self.rec.cgroup, self.rec.pressure, self.rec.loadavg = old.cgroup, old.pressure, old.loadavg
 
     def records(self) -> CpuWaitRecord | None:
-        return self.rec if self.rec.wait_ms else None
+        if not self.rec.wait_ms:
+            return None
+        if hasattr(os, "getloadavg"):
+            self.rec.loadavg_end = [round(v, 2) for v in os.getloadavg()]
+        return self.rec
 
 
 def _empty() -> CpuWaitRecord:
     return CpuWaitRecord(wait_ms=[], run_ms=[], throttled_ms=[], throttled_periods=[], workers_wait_ms=[],
-                         workers_run_ms=[], workers=[], machine_ms=[], process_ms=[])
+                         workers_run_ms=[], workers=[], machine_ms=[], process_ms=[], tree_ms=[], steal_ms=[],
+                         pressure_ms=[], slices=[])
 
 
-def _read(fd: int) -> tuple[int, int]:
+def _process_cpu_ms() -> float:
+    """This process's CPU time so far, all its threads, in ms (CLOCK_PROCESS_CPUTIME_ID)."""
+    return time.process_time_ns() / 1e6
+
+
+def _read(fd: int) -> tuple[int, int, int]:
+    """A schedstat: ns on a CPU, ns runnable waiting for one, timeslices run."""
     parts = os.pread(fd, 128, 0).split()
-    return int(parts[0]), int(parts[1])
+    return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) > 2 else 0
