@@ -160,6 +160,6 @@ def preemption_cost(runs: Sequence[tuple[Sequence[float], Sequence[int]]]) -> fl
     for run_ms, slices in runs:
         pts = [(s, r) for r, s in zip(run_ms, slices) if s > 0]
         pairs = [(r2 - r1) / (s2 - s1) for i, (s1, r1) in enumerate(pts) for s2, r2 in pts[i + 1:] if s2 != s1]
-        if len(pairs) >= len(pts):  # slices varied on enough steps to tell a slope
+        if pairs and len(pairs) >= len(pts):  # slices varied on enough steps to tell a slope
             slopes.append(statistics.median(pairs))
     return max(0.0, statistics.median(slopes)) if slopes else 0.0

@@ -1,21 +1,96 @@
 """The CPU-wait probe's records (capture/probes/cpu_wait.py, Linux schedstat and the CPU cgroup's
 cpu.stat) -> `cpu.wait_ms` and `cpu.run_ms` (the training thread's wait for a CPU and time on one),
-each DataLoader's share of that wait its workers caused (`contention_ms`, PD018), and the CPU
-cgroup's throttling (`cpu.throttled_*`): straggler causes in the rank table."""
+each DataLoader's share of that wait its workers caused (`contention_ms`, PD018), the CPU
+cgroup's throttling (`cpu.throttled_*`): straggler causes in the rank table; and how far other
+processes inflated the step times (`contention`: `cpu.wait_share`, `cpu.contended`, the process
+tree's CPU time, the host's CPU pressure, steal time and load), with the report's sentence and a
+step breakdown that shows the wait apart from the work."""
 
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 from perfdoctor.facts.model import site_subject
 from perfdoctor.facts.run.context import RunContext
 
 MIN_BASE = 3  # steady steps without crowding workers that PD018's contention is measured against
+# The steady steps' wall time the training thread spent waiting for a CPU beyond which the step
+# times are inflated materially: the report says so and shows the wait in the step's breakdown.
+CONTENTION_SHARE = 0.05
+WAIT_CATEGORY = "waiting for a CPU"
 
 
 def add(ctx: RunContext) -> None:
     worker_contention(ctx)
     throttling(ctx)
+    contention(ctx)
+
+
+def contention(ctx: RunContext) -> None:
+    """How far other processes inflated the steady steps: the training thread's wait for a CPU as a
+    share of their wall time (`cpu.wait_share`; `cpu.contended` at CONTENTION_SHARE or more), the
+    process tree's CPU time per step, the host's CPU pressure (PSI), the VM's steal time and the load
+    average. The summary's `contention` holds them; where the wait is material, a sentence in the
+    notes says so, and the step's breakdown shows the wait as a part of its own (each step's parts
+    scaled by its share of time not waiting, the wait its own share: the parts still add up)."""
+    facts, w, steady = ctx.facts, ctx.probes.cpu_wait, ctx.steady
+    at = [int(x["i"]) - 1 for x in steady if 0 <= int(x["i"]) - 1 < len(w.wait_ms)] if w is not None else []
+    if w is None or not at or len(at) < len(steady) // 2:
+        return
+    walls = [x["wall_ms"] for x in steady if 0 <= int(x["i"]) - 1 < len(w.wait_ms)]
+    total = sum(walls)
+    if total <= 0:
+        return
+    waits = [min(w.wait_ms[k], wall) for k, wall in zip(at, walls)]
+    share = sum(waits) / total
+    n = len(at)
+    facts.add("cpu.wait_share", share, "ratio", detail=f"the training thread's wait for a CPU over the wall time of {n} "
+              "steady steps", per_step=tuple(x / wall if wall > 0 else 0.0 for x, wall in zip(waits, walls)))
+    inflated = share >= CONTENTION_SHARE
+    facts.add("cpu.contended", inflated, detail=f"waited {share:.0%} of the steady steps' time "
+              f"({'at least' if inflated else 'under'} {CONTENTION_SHARE:.0%})")
+    doc: dict[str, Any] = {"wait_ms": round(statistics.fmean(waits), 3), "share": round(share, 4), "inflated": inflated}
+    if len(w.run_ms) == len(w.wait_ms):
+        doc["run_ms"] = round(statistics.fmean(w.run_ms[k] for k in at), 3)
+    if len(w.tree_ms) == len(w.wait_ms):
+        tree = statistics.fmean(w.tree_ms[k] for k in at)
+        facts.add("cpu.tree_ms", tree, "ms", detail=f"this process's threads and its DataLoader workers, mean over {n} "
+                  "steady steps")
+        doc["tree_ms"] = round(tree, 3)
+    if w.pressure and len(w.pressure_ms) == len(w.wait_ms):
+        pressure = min(1.0, sum(w.pressure_ms[k] for k in at) / total)
+        facts.add("host.cpu_pressure", pressure, "ratio", detail=f"/proc/pressure/cpu 'some' over {n} steady steps")
+        doc["host_pressure"] = round(pressure, 4)
+    if len(w.steal_ms) == len(w.wait_ms):
+        steal = statistics.fmean(w.steal_ms[k] for k in at)
+        facts.add("host.steal_ms", steal, "ms", detail=f"/proc/stat steal, all CPUs, mean over {n} steady steps")
+        doc["steal_ms"] = round(steal, 3)
+    if w.loadavg:
+        facts.add("host.load_avg", w.loadavg[0], "number", detail="1-minute load average at the run's start"
+                  + (f"; {w.loadavg_end[0]:g} at its end" if w.loadavg_end else ""))
+        doc["loadavg"] = [w.loadavg[0]] + ([w.loadavg_end[0]] if w.loadavg_end else [])
+    sentence = (f"the training thread waited {doc['wait_ms']:.0f} ms per step for a CPU, {share:.0%} of the step: "
+                f"other processes compete for these cores; step times are inflated"
+                + (f" (host load average {w.loadavg[0]:g})" if w.loadavg else ""))
+    if inflated:
+        doc["sentence"] = sentence
+        ctx.notes.insert(0, sentence)
+        _breakdown_with_wait(ctx.summary, share)
+    ctx.summary["contention"] = doc
+
+
+def _breakdown_with_wait(summary: dict[str, Any], share: float) -> None:
+    """The summary's breakdown with the wait for a CPU as a part of its own: every part scaled by
+    the share of the step not spent waiting, the wait the rest (it still adds up to the step)."""
+    rows = summary.get("breakdown") or []
+    step = sum(r.get("ms") or 0.0 for r in rows)
+    if not rows or step <= 0:
+        return
+    out = [{"category": r["category"], "ms": round((r.get("ms") or 0.0) * (1 - share), 4),
+            "fraction": round((r.get("fraction") or 0.0) * (1 - share), 4)} for r in rows]
+    out.append({"category": WAIT_CATEGORY, "ms": round(step * share, 4), "fraction": round(share, 4)})
+    summary["breakdown"] = out
 
 
 def worker_contention(ctx: RunContext) -> None:

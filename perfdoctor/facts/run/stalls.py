@@ -1,12 +1,14 @@
 """The stall sampler's records (capture/probes/stalls.py) -> one `periodic_stall` subject (PD020):
-steps slower every N steps outside data loading, named by the line of the user's code that the
+steps slower every N steps outside data loading and the wait for a CPU, named by the line of the user's code that the
 sampler saw on those steps and hardly ever on the others."""
 
 from __future__ import annotations
 
 import bisect
 import statistics
+from typing import Any
 
+from perfdoctor.contracts.run import CpuWaitRecord
 from perfdoctor.facts.model import site_subject
 from perfdoctor.facts.run.context import RunContext
 
@@ -132,15 +134,24 @@ def _period(xs: list[tuple[int, float]]) -> tuple[int, list[int]] | None:
     return None
 
 
+def _own_ms(step: dict[str, Any], w: CpuWaitRecord | None) -> float:
+    """A step's time that the script itself took outside data loading: less the training thread's
+    wait for a CPU in it (a step that other processes slowed is no stall). Where some of the wait
+    fell inside data loading it is taken out twice: a step may look faster than it was, never slower."""
+    k = int(step["i"]) - 1
+    wait = w.wait_ms[k] if w is not None and 0 <= k < len(w.wait_ms) else 0.0
+    return max(0.0, step["wall_ms"] - (step.get("data_ms") or 0.0) - wait)
+
+
 def add(ctx: RunContext) -> None:
-    """PD020: steps slower every N steps outside data loading, named by the line of the user's
+    """PD020: steps slower every N steps outside data loading and the wait for a CPU, named by the line of the user's
     code that the sampler saw on those steps and hardly ever on the others (the outermost such
     line: the call in the loop, not a line inside the function it calls)."""
     facts, probes, steady = ctx.facts, ctx.probes, ctx.steady
     st = probes.stalls
     if st is None or len(steady) < 2 * MIN_STALLS:
         return
-    xs = [(int(x["i"]), max(0.0, x["wall_ms"] - (x.get("data_ms") or 0.0))) for x in steady]
+    xs = [(int(x["i"]), _own_ms(x, probes.cpu_wait)) for x in steady]
     found = _period(xs)
     if found is None:
         return
@@ -183,7 +194,7 @@ def add(ctx: RunContext) -> None:
     s.add("period", p, "count", detail=f"steps {', '.join(str(i) for i in members)} of the steady steps")
     s.add("stalls", len(members), "count")
     s.add("extra_ms", extra, "ms", detail=f"mean over the pattern's steps, against the others' median "
-          f"{base:.1f} ms (step time less data loading)", per_step=tuple(extras))
+          f"{base:.1f} ms (step time less data loading and the wait for a CPU)", per_step=tuple(extras))
     s.add("ms_per_step", sum(extras) / len(xs), "ms", detail=f"the stalls' extra time over {len(xs)} steady steps")
     s.add("share", share, "ratio", detail=f"of the {len(watched)} of the pattern's {len(on)} steps watched while they ran long; seen in at most "
           f"{NORMAL_MAX_SHARE:.0%} of the other steps' samples")
