@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from perfdoctor.gate import RunRecord, compare, warmup_steps  # noqa: E402
 from perfdoctor.gate.adaptive import gate_runs  # noqa: E402
+from perfdoctor.gate import stats as gate_stats  # noqa: E402
 from perfdoctor.gate.baseline import record_from_run_dir  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "steady_train.py"
@@ -368,6 +369,8 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=60, help="contention: stop recording rounds after this long")
     p.add_argument("--keep", help="contention: keep the run folders here")
     p.add_argument("--pools", help="contention: judge the run folders kept here (by --keep) instead of recording")
+    p.add_argument("--n-boot", type=int, default=0,
+                   help="bootstrap replicates per interval (default: the gate's own, gate.stats.N_BOOT); fewer judge faster")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--baseline-repeats", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3, help="runs per comparison on the current side")
@@ -386,6 +389,8 @@ def main() -> None:
                    help="bursty: run beside random bursts of 0-2 busy processes (a shared CI machine); sustained: "
                         "one busy process per core throughout")
     a = p.parse_args()
+    if a.n_boot:
+        gate_stats.N_BOOT = a.n_boot
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; steps {a.steps}, "
           f"baseline {a.baseline_repeats} run(s), {a.repeats} run(s) per gate, threshold {a.threshold:.0%}, load {a.load}")
     try:

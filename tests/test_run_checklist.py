@@ -471,3 +471,22 @@ def test_a_quiet_host_says_nothing_of_contention(tmp_path):
     assert r.facts.value("cpu.contended") is False and not r.summary["contention"]["inflated"]
     assert not any("inflated" in n for n in r.notes)
     assert "waiting for a CPU" not in {b["category"] for b in r.summary["breakdown"]}
+
+
+def test_every_format_says_the_step_times_are_inflated(tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from perfdoctor.analysis import analyse_run
+    from perfdoctor.report.formats import FORMATS, render
+    n = 40
+    probes = {"cpu_wait": {"wait_ms": [34.3] * n, "run_ms": [16.6] * n, "tree_ms": [18.0] * n}}
+    report = analyse_run(make_run(tmp_path, wall=lambda i: 51.2, probes=probes))
+    for fmt in FORMATS:
+        out = render(fmt, report)
+        if FORMATS[fmt].console:
+            buf = io.StringIO()
+            Console(file=buf, width=400, no_color=True).print(out)
+            out = buf.getvalue()
+        assert "waited 34 ms per step for a CPU, 67%" in out, fmt

@@ -107,7 +107,7 @@ def side_center(run_values: Sequence[float]) -> float:
 
 
 def ratio_interval(base_runs: Sequence[Sequence[float]], cur_runs: Sequence[Sequence[float]],
-                   sigma_b2: float, df: int = 0, seed: int = 0, n_boot: int = N_BOOT,
+                   sigma_b2: float, df: int = 0, seed: int = 0, n_boot: int | None = None,
                    q: float | None = None, level: float = 0.90) -> tuple[float, float, float]:
     """Point estimate and `level` percentile interval of center(current) / center(baseline),
     where a run's value is the q-quantile of its steps.
@@ -121,6 +121,7 @@ def ratio_interval(base_runs: Sequence[Sequence[float]], cur_runs: Sequence[Sequ
     takes sigma_b2 as known). Deterministic for a given seed."""
     rng = random.Random(seed)
     q = GATE_QUANTILE if q is None else q
+    n_boot = n_boot or N_BOOT
 
     def run_sd() -> float:
         if sigma_b2 <= 0:
