@@ -47,6 +47,8 @@ def contention(ctx: RunContext) -> None:
     n = len(at)
     facts.add("cpu.wait_share", share, "ratio", detail=f"the training thread's wait for a CPU over the wall time of {n} "
               "steady steps", per_step=tuple(x / wall if wall > 0 else 0.0 for x, wall in zip(waits, walls)))
+    facts.add("step.work_ms", statistics.median(wall - x for x, wall in zip(waits, walls)), "ms",
+              detail=f"median of {n} steady steps' wall time less the training thread's wait for a CPU")
     inflated = share >= CONTENTION_SHARE
     facts.add("cpu.contended", inflated, detail=f"waited {share:.0%} of the steady steps' time "
               f"({'at least' if inflated else 'under'} {CONTENTION_SHARE:.0%})")
