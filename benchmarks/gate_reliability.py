@@ -53,8 +53,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from perfdoctor.gate import RunRecord, compare, warmup_steps  # noqa: E402
-from perfdoctor.gate.adaptive import gate_runs  # noqa: E402
 from perfdoctor.gate import stats as gate_stats  # noqa: E402
+from perfdoctor.gate.adaptive import gate_runs  # noqa: E402
 from perfdoctor.gate.baseline import record_from_run_dir  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "steady_train.py"

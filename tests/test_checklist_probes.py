@@ -145,8 +145,7 @@ def test_cpu_wait_reads_the_training_thread_and_the_workers():
     assert sum(rec.workers_run_ms) + sum(rec.workers_wait_ms) > 50  # it was runnable through the steps
     assert sum(rec.machine_ms) >= sum(rec.process_ms) > 0
     # the process tree: this process's 50 ms of spinning per step (less what it waited), plus the worker's
-    assert len(rec.tree_ms) == len(rec.steal_ms) == len(rec.pressure_ms) == len(rec.slices) == 4
-    assert all(n >= 1 for n in rec.slices)  # it ran in every step
+    assert len(rec.tree_ms) == len(rec.steal_ms) == len(rec.pressure_ms) == 4
     assert all(t >= r - 1 for t, r in zip(rec.tree_ms, rec.run_ms)), (rec.tree_ms, rec.run_ms)
     assert sum(rec.tree_ms) > sum(rec.run_ms) + 0.5 * sum(rec.workers_run_ms)
     assert all(v >= 0 for v in rec.steal_ms + rec.pressure_ms)

@@ -25,10 +25,9 @@ def run(name: str, quiet: bool = False) -> RunRecord:
     if quiet:  # as a host without neighbours would have timed it: the steps less their wait, no wait
         steps = [w - x for w, x in zip(d["step_ms"], d["wait_ms"])]
         return RunRecord(name, dict(ENV), steps, sorted(steps)[len(steps) // 2], wait_ms=[0.0] * len(steps),
-                         cpu_ms=list(d["cpu_ms"]), run_ms=list(d["run_ms"]), slices=[1] * len(steps))
+                         cpu_ms=list(d["cpu_ms"]))
     return RunRecord(name, dict(ENV), list(d["step_ms"]), sorted(d["step_ms"])[len(d["step_ms"]) // 2],
-                     wait_ms=list(d["wait_ms"]), cpu_ms=list(d["cpu_ms"]), run_ms=list(d["run_ms"]),
-                     slices=list(d["slices"]), loadavg=list(d["loadavg"]))
+                     wait_ms=list(d["wait_ms"]), cpu_ms=list(d["cpu_ms"]), loadavg=list(d["loadavg"]))
 
 
 def rows(c):
@@ -63,7 +62,8 @@ def test_more_work_under_load_fails_as_a_regression():
     c = compare([run("bursty-same-1")], [run("bursty-work-1")])
     r = rows(c)
     assert c.failed and c.verdict == "failed" and not c.host_contention
-    assert r["timing"].verdict == "regression" and r["cpu"].verdict == "regression"
+    # the process tree's CPU time grew 17 % (its interval clear of 10 %): more work, whatever the load
+    assert r["cpu"].verdict == "regression" and r["timing"].change_pct > 10
 
 
 def test_more_sleep_under_load_fails_though_the_cpu_time_did_not_grow():
@@ -84,11 +84,11 @@ def test_a_baseline_keeps_the_contention_series_and_old_ones_still_read(tmp_path
     base = [run("quiet-same-2")]
     save_baseline(base, tmp_path / "b.json")
     back = load_baseline(tmp_path / "b.json").records[0]
-    assert back.wait_ms == pytest.approx(base[0].wait_ms) and back.slices == base[0].slices
+    assert back.wait_ms == pytest.approx(base[0].wait_ms)
     assert back.loadavg == base[0].loadavg and back.cpu_ms == pytest.approx(base[0].cpu_ms)
     # a baseline written before issue 20 has no wait: the wall time decides, as it did
     doc = json.loads((tmp_path / "b.json").read_text())
-    for k in ("wait_ms", "cpu_ms", "run_ms", "slices", "loadavg"):
+    for k in ("wait_ms", "cpu_ms", "loadavg"):
         del doc["runs"][0][k]
     (tmp_path / "old.json").write_text(json.dumps(doc))
     old = load_baseline(tmp_path / "old.json")

@@ -57,12 +57,10 @@ class RunDoc(msgspec.Struct):
     warmup_dropped: Count = 0
     step_ms: list[StepMs] = []
     # per steady step, aligned with step_ms (absent from baselines recorded before they were kept): the
-    # training thread's wait for a CPU, the process tree's CPU time, the training thread's time on a CPU
-    # and its timeslices; the host's 1-min load average at the run's start and end
+    # training thread's wait for a CPU, the process tree's CPU time; the host's 1-min load average at
+    # the run's start and end
     wait_ms: list[Ms] = []
     cpu_ms: list[Ms] = []
-    run_ms: list[Ms] = []  # the training thread's time on a CPU per step
-    slices: list[Count] = []  # its timeslices per step (how often it got a CPU back)
     loadavg: list[Annotated[float, msgspec.Meta(ge=0, le=1e6)]] = []
 
 

@@ -419,7 +419,6 @@ class CpuWaitRecord(Struct, kw_only=True):
     tree_ms: list[float] = []
     steal_ms: list[float] = []  # the VM's steal time, all CPUs (/proc/stat; 0 on bare metal)
     pressure_ms: list[float] = []  # the host's CPU pressure: ms some runnable task waited for a CPU (PSI)
-    slices: list[int] = []  # the training thread's timeslices within the step (schedstat's third field)
     pressure: bool = False  # /proc/pressure/cpu was readable (pressure_ms is measured)
     loadavg: list[float] = []  # the host's 1, 5 and 15 min load averages at the run's start
     loadavg_end: list[float] = []  # ... and at its end

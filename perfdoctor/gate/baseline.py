@@ -65,28 +65,20 @@ class RunRecord:
     # thread's wait for a CPU within the step (schedstat), and the process tree's CPU time
     wait_ms: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)
-    # ... the training thread's own time on a CPU and its timeslices (how often it got a CPU back)
-    run_ms: list[float] = field(default_factory=list)
-    slices: list[int] = field(default_factory=list)
     loadavg: list[float] = field(default_factory=list)  # the host's 1-min load average at the run's start and end
 
-    def work_ms(self, cost: float = 0.0) -> list[float]:
+    @property
+    def work_ms(self) -> list[float]:
         """The contention-corrected step times: each steady step's wall time less the training
-        thread's wait for a CPU in it and, at `cost` ms per timeslice beyond the first, what being
-        preempted cost it (stats.preemption_cost); empty where the wait is unknown."""
+        thread's wait for a CPU in it (empty where the wait is unknown)."""
         if len(self.wait_ms) != len(self.step_ms):
             return []
-        return [max(w - x - self._preempted(i, cost), 0.001 * w) for i, (w, x) in enumerate(zip(self.step_ms, self.wait_ms))]
+        return [max(w - x, 0.001 * w) for w, x in zip(self.step_ms, self.wait_ms)]
 
-    def tree_cpu_ms(self, cost: float = 0.0) -> list[float]:
-        """The process tree's CPU time per steady step, less what being preempted cost the training
-        thread at `cost` ms per timeslice beyond the first; empty where it is unknown."""
-        if len(self.cpu_ms) != len(self.step_ms) or not all(v > 0 for v in self.cpu_ms):
-            return []
-        return [max(v - self._preempted(i, cost), 0.001 * v) for i, v in enumerate(self.cpu_ms)]
-
-    def _preempted(self, i: int, cost: float) -> float:
-        return cost * max(0, self.slices[i] - 1) if cost and len(self.slices) == len(self.step_ms) else 0.0
+    @property
+    def tree_cpu_ms(self) -> list[float]:
+        """The process tree's CPU time per steady step (empty where it is unknown)."""
+        return list(self.cpu_ms) if len(self.cpu_ms) == len(self.step_ms) and all(v > 0 for v in self.cpu_ms) else []
 
     @property
     def wait_share(self) -> float | None:
@@ -118,8 +110,7 @@ class RunRecord:
                       peak_memory_bytes=self.peak_memory_bytes, counters=self.counters, findings=self.findings,
                       notes=self.notes, warmup_dropped=self.warmup_dropped,
                       step_ms=[round(v, 4) for v in self.step_ms], wait_ms=[round(v, 4) for v in self.wait_ms],
-                      cpu_ms=[round(v, 4) for v in self.cpu_ms], run_ms=[round(v, 4) for v in self.run_ms],
-                      slices=list(self.slices), loadavg=list(self.loadavg))
+                      cpu_ms=[round(v, 4) for v in self.cpu_ms], loadavg=list(self.loadavg))
 
     @classmethod
     def from_doc(cls, d: RunDoc) -> RunRecord:
@@ -128,9 +119,7 @@ class RunRecord:
                    findings=list(d.findings), notes=list(d.notes), warmup_dropped=d.warmup_dropped,
                    # a baseline recorded before they were kept has none: its runs are judged on wall time
                    wait_ms=list(d.wait_ms) if len(d.wait_ms) == len(d.step_ms) else [],
-                   cpu_ms=list(d.cpu_ms) if len(d.cpu_ms) == len(d.step_ms) else [],
-                   run_ms=list(d.run_ms) if len(d.run_ms) == len(d.step_ms) else [],
-                   slices=list(d.slices) if len(d.slices) == len(d.step_ms) else [], loadavg=list(d.loadavg))
+                   cpu_ms=list(d.cpu_ms) if len(d.cpu_ms) == len(d.step_ms) else [], loadavg=list(d.loadavg))
 
 
 def _r(v: float | None, nd: int = 4) -> float | None:
@@ -244,9 +233,9 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
 
 def _contention(run_dir: Path, steps: list[int]) -> dict[str, Any]:
     """RunRecord's contention fields on each of `steps` (probes.json's cpu_wait): the training
-    thread's wait for a CPU, its time on one and its timeslices, the process tree's CPU time, and
-    the host's 1-min load average at the run's start and end; none where the run did not measure
-    them (no schedstat, a job folder of ranks, an older run)."""
+    thread's wait for a CPU and the process tree's CPU time, and the host's 1-min load average at
+    the run's start and end; none where the run did not measure them (no schedstat, a job folder of
+    ranks, an older run)."""
     probes = read_run_file(run_dir / "probes.json", Probes) if (run_dir / "meta.json").exists() else None
     w = probes.cpu_wait if probes is not None else None
     if w is None or not steps or max(steps) > len(w.wait_ms):
@@ -255,7 +244,7 @@ def _contention(run_dir: Path, steps: list[int]) -> dict[str, Any]:
     def at(xs: list[Any]) -> list[Any]:
         return [xs[i - 1] for i in steps] if len(xs) == len(w.wait_ms) else []
 
-    return {"wait_ms": at(w.wait_ms), "run_ms": at(w.run_ms), "slices": at(w.slices), "cpu_ms": at(w.tree_ms),
+    return {"wait_ms": at(w.wait_ms), "cpu_ms": at(w.tree_ms),
             "loadavg": [w.loadavg[0], w.loadavg_end[0]] if w.loadavg and w.loadavg_end else []}
 
 

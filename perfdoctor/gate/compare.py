@@ -64,7 +64,6 @@ POINT_FAIL_FACTOR = 2.0  # undecided, a point estimate beyond this many threshol
 # waiting for a CPU (of its steady steps' wall time): a wait that large can move the wall time's
 # verdict by itself, so the verdict rests on the contention-corrected evidence instead.
 MATERIAL_WAIT = 0.25
-WALL_METRIC = "step wall time"
 WORK_METRIC = "step time less CPU wait"
 CPU_METRIC = "process CPU time per step"
 
@@ -259,12 +258,12 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
         return None
     q = f" (p{round(stats.GATE_QUANTILE * 100)})"
     bw, cw = [r.step_ms for r in base], [r.step_ms for r in cur]
-    wall = _interval_row(WALL_METRIC + q, bw, cw, t, _sigma_b2(bw, cw, seed), seed, [], kind="wall")
-    cost = stats.preemption_cost([(r.run_ms, r.slices) for r in runs if len(r.run_ms) == len(r.slices) == len(r.step_ms)])
-    bk, ck = [r.work_ms(cost) for r in base], [r.work_ms(cost) for r in cur]
+    # the wall time's row keeps its name (step time (p10)): shown first, as on a quiet host, not judged
+    wall = _interval_row(timing_metric(), bw, cw, t, _sigma_b2(bw, cw, seed), seed, [], kind="wall")
+    bk, ck = [r.work_ms for r in base], [r.work_ms for r in cur]
     deciding = [_interval_row(WORK_METRIC + q, bk, ck, t, _sigma_b2(bk, ck, seed), seed, notes)]
-    if all(r.tree_cpu_ms() for r in runs):
-        bc, cc = [r.tree_cpu_ms(cost) for r in base], [r.tree_cpu_ms(cost) for r in cur]
+    if all(r.tree_cpu_ms for r in runs):
+        bc, cc = [r.tree_cpu_ms for r in base], [r.tree_cpu_ms for r in cur]
         deciding.append(_interval_row(CPU_METRIC + q, bc, cc, t, _sigma_b2(bc, cc, seed), seed, notes, kind="cpu"))
     else:
         notes.append("the process tree's CPU time per step was not measured on every run: the verdict rests on "
@@ -280,9 +279,7 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
     notes.insert(0, f"contention: the training thread waited for a CPU {side(base)} on the baseline and {side(cur)} "
                     f"on the current side: other processes competed for these cores, so wall times are inflated; the "
                     f"verdict rests on the step time less that wait and on the process's CPU time per step, each with "
-                    f"its own interval"
-                    + (f", both less {cost:.2f} ms for each time another process took the training thread's CPU (the "
-                       f"caches it then refills, measured across the runs' steps)" if cost else ""))
+                    f"its own interval")
     host = (wall.change_pct is not None and wall.change_pct > t * 100
             and all(r.verdict in ("no-change", "improvement") for r in deciding))
     if host:

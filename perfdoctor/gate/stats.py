@@ -150,17 +150,3 @@ def ratio_interval(base_runs: Sequence[Sequence[float]], cur_runs: Sequence[Sequ
     hi = ratios[int(math.ceil((1 - tail) * (n_boot - 1)))]
     return point, lo, hi
 
-
-def preemption_cost(runs: Sequence[tuple[Sequence[float], Sequence[int]]]) -> float:
-    """ms of CPU time a thread loses each time another takes its CPU and it runs again (caches to
-    refill), from runs of the same steady loop: per run, the Theil-Sen slope of the training
-    thread's time on a CPU per step against its timeslices in that step (steps of one run do the
-    same work, so what varies their slices is the neighbours, and the slope is what each costs);
-    the median over the runs with slices that vary; 0 where none do (a quiet host)."""
-    slopes = []
-    for run_ms, slices in runs:
-        pts = [(s, r) for r, s in zip(run_ms, slices) if s > 0]
-        pairs = [(r2 - r1) / (s2 - s1) for i, (s1, r1) in enumerate(pts) for s2, r2 in pts[i + 1:] if s2 != s1]
-        if pairs and len(pairs) >= len(pts):  # slices varied on enough steps to tell a slope
-            slopes.append(statistics.median(pairs))
-    return max(0.0, statistics.median(slopes)) if slopes else 0.0

@@ -3,9 +3,6 @@ measured contention; a straggler rank's "waiting for a CPU" cause).
 
 Linux counts, per thread, the time it spent running and the time it spent runnable but waiting on a
 run queue (`/proc/<pid>/task/<tid>/schedstat`: on-CPU ns, run-queue wait ns, timeslices). The
-timeslices of the training thread in a step tell how often other threads took its CPU from it:
-each return costs it refilling caches that they evicted, time on a CPU that the same work did not
-need on a quiet host (the gate takes that cost out, gate/compare.py). The
 training thread's reading is taken at every step end and again once perfdoctor's own work there is
 done (`begin_step`: the profiler's start and stop, the trace's export), so that a step's wait is
 the wait inside it: what the step lost to other runnable threads on the machine (other processes,
@@ -73,9 +70,9 @@ class CpuWaitProbe:
         self.worker_pids = worker_pids
         self.fd: int | None = None
         self.cgroup_fd: int | None = None
-        self.last: tuple[int, int, int] | None = None  # the training thread's reading at the step's start
+        self.last: tuple[int, int] | None = None  # the training thread's reading at the step's start
         self.last_throttled: tuple[float, int] | None = None  # ms, periods
-        self.workers: dict[int, tuple[int, tuple[int, int, int]]] = {}  # pid -> (fd, last reading)
+        self.workers: dict[int, tuple[int, tuple[int, int]]] = {}  # pid -> (fd, last reading)
         self.ticks: dict[str, int] = {}  # "machine" / "process" -> fd of /proc/stat, /proc/self/stat
         self.last_ticks = (0, 0, 0)
         self.tick_ms = 1000.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 10.0
@@ -141,13 +138,11 @@ class CpuWaitProbe:
                     xs.append(0.0)
                 r.workers.append(0)
                 r.throttled_periods.append(0)
-                r.slices.append(0)
             thr, last = self._throttled(), self.last_throttled
             throttled, periods = (thr[0] - last[0], thr[1] - last[1]) if thr is not None and last is not None else (0.0, 0)
             self.last_throttled = thr
             r.run_ms.append(round((now[0] - self.last[0]) / 1e6, 4))
             r.wait_ms.append(round((now[1] - self.last[1]) / 1e6 + throttled, 4))
-            r.slices.append(now[2] - self.last[2])
             r.throttled_ms.append(round(throttled, 4))
             r.throttled_periods.append(periods)
             self.last = now
@@ -247,7 +242,7 @@ class CpuWaitProbe:
 def _empty() -> CpuWaitRecord:
     return CpuWaitRecord(wait_ms=[], run_ms=[], throttled_ms=[], throttled_periods=[], workers_wait_ms=[],
                          workers_run_ms=[], workers=[], machine_ms=[], process_ms=[], tree_ms=[], steal_ms=[],
-                         pressure_ms=[], slices=[])
+                         pressure_ms=[])
 
 
 def _process_cpu_ms() -> float:
@@ -255,7 +250,6 @@ def _process_cpu_ms() -> float:
     return time.process_time_ns() / 1e6
 
 
-def _read(fd: int) -> tuple[int, int, int]:
-    """A schedstat: ns on a CPU, ns runnable waiting for one, timeslices run."""
+def _read(fd: int) -> tuple[int, int]:
     parts = os.pread(fd, 128, 0).split()
-    return int(parts[0]), int(parts[1]), int(parts[2]) if len(parts) > 2 else 0
+    return int(parts[0]), int(parts[1])
