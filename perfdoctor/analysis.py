@@ -171,7 +171,7 @@ def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[
     add_missing(facts, per_rank[slowest][0])
     # cross-rank rules only (those that read the ranks.* facts): per-rank rules were judged on each
     # rank, with that rank's subjects and facts; the merged facts hold the pace rank's globals alone
-    cross = [r for r in rules if any(n.startswith("ranks.") for n in names_in(r.when))]
+    cross = [r for r in rules if any(n.startswith("ranks.") for n in r.reads(names_in(r.when)))]
     seen = {f.fingerprint() for f in findings}
     findings += [f for f in judge(facts, cross, settings) if f.fingerprint() not in seen]
     findings.sort(key=Finding.sort_key)
@@ -335,6 +335,7 @@ def _machine_facts_lacking(findings: list[Finding], rules: list[Rule], facts: Fa
         for text in texts:
             for m in TEMPLATE_RE.finditer(text):
                 names |= names_in(split_placeholder(m.group(1))[0])
+        names = rule.reads(names)
         for n in sorted(names):
             fs = spec(n)
             # the machine's sizes (CPUs, memory) a rule scales its advice by; not its descriptions

@@ -407,6 +407,8 @@ def explain(rule: str = typer.Argument(..., help="A rule id (PD002) or name (dat
     if d.fix_safety:
         parts += ["## Fix safety", d.fix_safety]
     parts += ["## When it fires", f"```\n{r.when}\n```"]
+    if r.lets:
+        parts += ["where", "```\n" + "\n".join(f"let.{k} = {v}" for k, v in r.lets.items()) + "\n```"]
     if r.thresholds:
         parts += ["## Options", "Set in `pyproject.toml` under `[tool.perfdoctor.thresholds." + r.id + "]`:",
                   "\n".join(f"- `{k}` = {v!r}" for k, v in r.thresholds.items())]

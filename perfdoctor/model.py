@@ -205,12 +205,13 @@ class RuleDoc:
     references: list[str] = field(default_factory=list)
     when: str = ""
     thresholds: dict[str, Any] = field(default_factory=dict)
+    lets: dict[str, str] = field(default_factory=dict)  # the rule's [let]: names `when` reads as let.NAME
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "severity": self.severity, "summary": self.summary,
                 "doc": {"what": self.what, "why": self.why, "example": self.example, "use_instead": self.use_instead,
                         "fix_safety": self.fix_safety, "references": list(self.references)},
-                "when": self.when, "thresholds": dict(self.thresholds)}
+                "when": self.when, "thresholds": dict(self.thresholds), "let": dict(self.lets)}
 
 
 NO_FINDINGS = "No problems found by the rules."

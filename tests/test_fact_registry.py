@@ -172,7 +172,7 @@ def _rule(tmp_path: Path, when: str = "dataloader.wait_ms > threshold.limit", ev
 
 def test_every_builtin_rule_reads_declared_facts() -> None:
     for rule in load_rules():
-        used = names_in(rule.when) | (names_in(rule.saving_ms) if rule.saving_ms else set()) | set(rule.evidence)
+        used = rule.reads(names_in(rule.when) | (names_in(rule.saving_ms) if rule.saving_ms else set())) | set(rule.evidence)
         for name in used:
             if name.startswith(registry.THRESHOLD_PREFIX):
                 assert name[len(registry.THRESHOLD_PREFIX):] in rule.thresholds, (rule.id, name)

@@ -372,3 +372,45 @@ def test_bad_rule_files_are_rule_errors(tmp_path, body, msg):
     with pytest.raises(RuleError) as e:
         load_rule_file(p)
     assert msg in e.value.message
+
+
+LET_RULE = {
+    "id": "PD990", "name": "let-test", "severity": "medium", "summary": "s", "subject": "dataloader",
+    "when": "let.lost_ms >= threshold.min_ms", "saving_ms": "let.lost_ms / 2",
+    "title": "waits {let.lost_ms:.1f} ms", "message": "set {let.workers} workers",
+    "let": {"lost_ms": "min(dataloader.wait_ms, step.idle_ms) if has(step.idle_ms) else dataloader.wait_ms",
+            "workers": "max(1, cpu.count) if let.lost_ms > 0 else 0"},
+    "thresholds": {"min_ms": 1.0}, "doc": {"what": "w", "why": "y"},
+}
+
+
+def test_a_rules_let_names_values_its_expressions_read() -> None:
+    """[let]: named values read as let.NAME in when, saving_ms and templates; the facts they read
+    are the finding's evidence and, with a per-step series, its saving's range."""
+    from perfdoctor.rules.catalog import parse_rule
+
+    rule = parse_rule(dict(LET_RULE), "PD990.toml")
+    assert rule.lets == LET_RULE["let"] and rule.report_doc().lets == LET_RULE["let"]
+    f = cpu_run(step_ms=20.0, cpus=4)
+    s = f.subject("dataloader", "train.py:3")
+    s.add("wait_ms", 6.0, "ms", "run", per_step=(4.0, 6.0, 6.0, 8.0, 6.0))
+    (found,) = judge(f, [rule])
+    assert found.title == "waits 6.0 ms" and found.message == "set 4 workers" and found.ms_per_step == 3.0
+    assert {e.name for e in found.evidence} == {"dataloader.wait_ms"}  # read through let.lost_ms
+    assert found.saving_range == (3.0, 3.0)  # the let evaluated step by step
+    assert judge(Facts(), [rule]) == []  # a let over a fact that is missing: not judged, as a missing fact
+
+
+@pytest.mark.parametrize("let,error", [
+    ({"x": "dataloader.wait_ms"}, "not in the rule's \\[let\\]"),  # when reads let.lost_ms, not defined
+    ({"lost_ms": "let.later", "later": "1"}, "not a let written before it"),
+    ({"Lost": "1"}, "must be lower_case"),
+    ({"lost_ms": "dataloader.wiat_ms"}, "did you mean"),
+    ({"lost_ms": "__import__('os')"}, "let.lost_ms"),
+])
+def test_a_bad_let_is_refused(let, error) -> None:
+    from perfdoctor.rules.catalog import parse_rule
+
+    data = {**LET_RULE, "title": "t", "message": "m", "saving_ms": None, "let": let}
+    with pytest.raises(RuleError, match=error):
+        parse_rule(data, "PD990.toml")

@@ -126,6 +126,7 @@ def _cpu_run_of_gpu_script(load_ms, step_ms, targets_cuda=True, cpus=4):
     f.add("script.targets_cuda", targets_cuda, "", "static")
     gpu = (step_ms - load_ms) / 10
     f.add("step.gpu_compute_ms", gpu, "ms")
+    f.add("step.gpu_speedup", 10.0, "number")  # as facts/run/dataloader.py adds them together
     s = f.subject("dataloader", "train.py:10")
     s.add("num_workers", 0, "count")
     s.add("pin_memory", False)

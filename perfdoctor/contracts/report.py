@@ -291,6 +291,7 @@ class RuleInfoDoc(Doc):
     doc: RuleTextDoc = msgspec.field(default_factory=RuleTextDoc)
     when: str = ""
     thresholds: dict[str, Any] = {}
+    let: dict[str, str] = {}
 
 
 class ReportDoc(Doc, kw_only=True):
@@ -378,4 +379,4 @@ def from_doc(doc: ReportDoc) -> Report:
                   rules=[RuleDoc(id=r.id, name=r.name, severity=r.severity, summary=r.summary, what=r.doc.what,
                                  why=r.doc.why, example=r.doc.example, use_instead=r.doc.use_instead,
                                  fix_safety=r.doc.fix_safety, references=list(r.doc.references), when=r.when,
-                                 thresholds=dict(r.thresholds)) for r in doc.rules])
+                                 thresholds=dict(r.thresholds), lets=dict(r.let)) for r in doc.rules])

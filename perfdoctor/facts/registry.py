@@ -61,7 +61,9 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("step.backward_ms", "ms", "run/trace", "backward per step (a run: mean share x median step; a trace: median, CPU traces only)"),
     ("step.optimizer_ms", "ms", "run/trace", "optimizer step, without the closure's forward and backward (a run: mean share x median step; a trace: median, CPU traces only)"),
     ("step.gpu_compute_ms", "ms", "run", "a CPU run of a CUDA script: the step's measured compute (step less data "
-                                          "loading) / GPU_SPEEDUP, what a GPU would need"),
+                                          "loading) / step.gpu_speedup, what a GPU would need"),
+    ("step.gpu_speedup", "number", "run", "a CPU run of a CUDA script: how many times faster a GPU is taken to run the step's "
+                                    "compute than this machine's CPU cores (GPU_SPEEDUP, facts/run/dataloader.py)"),
     ("step.other_ms", "ms", "run/trace", "step time in none of the other parts"),
     ("step.gpu_kernel_ms", "ms", "trace", "GPU compute kernels per step (communication left out)"),
     ("step.memcpy_ms", "ms", "trace", "GPU copies per step"),

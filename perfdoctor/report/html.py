@@ -226,6 +226,8 @@ def _explain(rule: RuleDoc | None, finding: Finding) -> str:
         if d.fix_safety:
             parts += ["<h4>Fix safety</h4>", _paras(d.fix_safety)]
         parts += ["<h4>When it fires</h4>", f"<pre>{_e(rule.when)}</pre>"]
+        if rule.lets:
+            parts.append("<p>where</p><pre>" + "\n".join(f"let.{_e(k)} = {_e(v)}" for k, v in rule.lets.items()) + "</pre>")
         if rule.thresholds:
             parts += ["<h4>Options</h4>", f"<p>Set in <code>pyproject.toml</code> under "
                       f"<code>[tool.perfdoctor.thresholds.{_e(rule.id)}]</code>:</p><ul>"

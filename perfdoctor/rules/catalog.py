@@ -73,13 +73,27 @@ class Rule:
     # the severity of a finding this run could not put a number on (the rule's `unmeasured` case);
     # None: the rule's severity
     severity_unmeasured: str | None = None
+    # `[let]`: named values, each an expression over facts, thresholds and the lets before it, read
+    # in the rule's other expressions as `let.NAME` (evaluated where read: rules.engine.make_lookup)
+    lets: dict[str, str] = field(default_factory=dict)
+
+    def reads(self, names: set[str]) -> set[str]:
+        """`names` with each `let.NAME` replaced by the facts and thresholds its expression reads."""
+        out: set[str] = set()
+        for n in names:
+            if n.startswith(LET_PREFIX) and n[len(LET_PREFIX):] in self.lets:
+                out |= self.reads(names_in(self.lets[n[len(LET_PREFIX):]]))
+            else:
+                out.add(n)
+        return out
 
     def report_doc(self) -> RuleDoc:
         """What a report carries of this rule (its renderers never load the catalog)."""
         d = self.doc
         return RuleDoc(id=self.id, name=self.name, severity=self.severity, summary=self.summary, what=d.what,
                        why=d.why, example=d.example, use_instead=d.use_instead, fix_safety=d.fix_safety,
-                       references=list(d.references), when=self.when, thresholds=dict(self.thresholds))
+                       references=list(d.references), when=self.when, thresholds=dict(self.thresholds),
+                       lets=dict(self.lets))
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "name": self.name, "severity": self.severity, "summary": self.summary,
@@ -130,12 +144,44 @@ def _param_names(params: Any) -> set[str]:
     return template_names(params) if isinstance(params, str) else set()
 
 
-def check_names(names: dict[str, set[str]], subjects: tuple[str, ...], thresholds: dict[str, Any], where: str) -> None:
+LET_PREFIX = "let."
+LET_NAME_RE = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def parse_lets(data: Any, where: str) -> tuple[dict[str, str], dict[str, set[str]]]:
+    """A rule's `[let]` table: names to expressions, each reading facts, thresholds and only the lets
+    written before it (so there is no cycle); and the names each reads, for check_names."""
+    if not isinstance(data, dict) or not all(isinstance(v, str) for v in data.values()):
+        raise RuleError(f"{where}: [let] must map names to expressions (strings)")
+    lets: dict[str, str] = {}
+    used: dict[str, set[str]] = {}
+    for name, expr in data.items():
+        if not LET_NAME_RE.match(name):
+            raise RuleError(f"{where}: [let] name {name!r} must be lower_case letters, digits and _")
+        try:
+            names = names_in(expr)
+        except RuleError as e:
+            raise RuleError(f"{where}: let.{name}: {e.message}") from None
+        later = sorted(n for n in names if n.startswith(LET_PREFIX) and n[len(LET_PREFIX):] not in lets)
+        if later:
+            raise RuleError(f"{where}: let.{name} reads {later[0]!r}, which is not a let written before it")
+        lets[name] = expr
+        used[f"let.{name}"] = names
+    return lets, used
+
+
+def check_names(names: dict[str, set[str]], subjects: tuple[str, ...], thresholds: dict[str, Any], where: str,
+                lets: dict[str, str] | None = None) -> None:
     """Every name a rule reads (by the field that reads it) must be a declared fact it can see
     (perfdoctor.facts.registry: the global facts, and its subject kinds') or one of its own thresholds."""
     subject = subjects[0] if subjects else None
     for field_name, used in names.items():
         for name in sorted(used):
+            if name.startswith(LET_PREFIX):
+                if name[len(LET_PREFIX):] not in (lets or {}):
+                    raise RuleError(f"{where}: {field_name} reads {name!r}, which is not in the rule's [let] "
+                                    f"({', '.join(sorted(lets or {})) or 'none'})")
+                continue
             if name.startswith(registry.THRESHOLD_PREFIX):
                 key = name[len(registry.THRESHOLD_PREFIX):]
                 if key not in thresholds:
@@ -216,7 +262,8 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     spread = data.get("spread_over_steps", False)
     if not isinstance(spread, bool):
         raise RuleError(f"{where}: spread_over_steps must be true or false")
-    check_names(used, subjects, thresholds, where)
+    lets, let_used = parse_lets(data.get("let", {}), where)
+    check_names({**let_used, **used}, subjects, thresholds, where, lets)
     return Rule(
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
         title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
@@ -225,7 +272,7 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         saving_ms=data.get("saving_ms"), unmeasured=str(data.get("unmeasured", "")),
         saving_note=str(data.get("saving_note", "")),
         thresholds=dict(thresholds), fix_kind=fix_kind, fix_params=params, fix_text=fix_text,
-        evidence=list(evidence),
+        evidence=list(evidence), lets=lets,
         doc=Doc(what=_req(doc, "what", f"{where} [doc]"), why=_req(doc, "why", f"{where} [doc]"),
                 example=str(doc.get("example", "")), use_instead=str(doc.get("use_instead", "")),
                 fix_safety=str(doc.get("fix_safety", "")), references=list(refs)),

@@ -12,7 +12,7 @@ from perfdoctor.contracts.files import read_source
 from perfdoctor.errors import RuleError
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.model import Fact, Finding, Fix, Location
-from perfdoctor.rules.catalog import TEMPLATE_RE, Rule, split_placeholder
+from perfdoctor.rules.catalog import LET_PREFIX, TEMPLATE_RE, Rule, split_placeholder
 from perfdoctor.rules.config import Settings
 from perfdoctor.rules.expr import Missing, evaluate, names_in
 from perfdoctor.stats import quantile
@@ -26,8 +26,23 @@ MINOR_MS = 0.2
 GPU_ONLY = "GPU-only, not measured on this run"
 
 
-def make_lookup(facts: Facts, subject: Subject | None, thresholds: dict[str, Any]) -> Callable[[str], Any]:
+def make_lookup(facts: Facts, subject: Subject | None, thresholds: dict[str, Any],
+                lets: dict[str, str] | None = None) -> Callable[[str], Any]:
+    """Reads a rule's names: thresholds, the subject's facts, the global facts, and the rule's lets
+    (`let.NAME`, its expression evaluated over the same names once; Missing where a fact it needs is)."""
+    values: dict[str, Any] = {}
+
     def lookup(name: str) -> Any:
+        if name.startswith(LET_PREFIX) and lets is not None and name[len(LET_PREFIX):] in lets:
+            if name not in values:
+                try:
+                    values[name] = evaluate(lets[name[len(LET_PREFIX):]], lookup)
+                except Missing as e:
+                    values[name] = e
+            v = values[name]
+            if isinstance(v, Missing):
+                raise v
+            return v
         if name.startswith("threshold."):
             key = name[len("threshold."):]
             if key in thresholds:
@@ -200,7 +215,7 @@ MIN_RANGE_STEPS = 4  # fewer steady steps give no saving range
 
 
 def saving_range(expr: str, names: set[str], facts: Facts, subject: Subject | None,
-                 lookup: Callable[[str], Any]) -> tuple[float, float] | None:
+                 lookup: Callable[[str], Any], lets: dict[str, str] | None = None) -> tuple[float, float] | None:
     """The saving's spread: `expr` evaluated at each steady-state step, with every fact that has a
     per-step series (`Fact.per_step`) read at that step and the others at their value; p25..p75 of
     those per-step savings (each floored at 0). None where no fact in it has a series, or where the
@@ -214,6 +229,8 @@ def saving_range(expr: str, names: set[str], facts: Facts, subject: Subject | No
     values: list[float] = []
     for k in range(n):
         def at(name: str, k: int = k) -> Any:
+            if lets and name.startswith(LET_PREFIX) and name[len(LET_PREFIX):] in lets:
+                return evaluate(lets[name[len(LET_PREFIX):]], at)  # a let at this step too
             return series[name].per_step[k] if name in series else lookup(name)
         try:
             v = evaluate(expr, at)
@@ -228,7 +245,7 @@ def saving_range(expr: str, names: set[str], facts: Facts, subject: Subject | No
 
 def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dict[str, Any],
               files: Sources) -> Finding | None:
-    lookup = make_lookup(facts, subject, thresholds)
+    lookup = make_lookup(facts, subject, thresholds, rule.lets)
     try:
         if not evaluate(rule.when, lookup):
             return None
@@ -246,7 +263,7 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
             value = evaluate(rule.saving_ms, lookup)
             if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
                 ms = max(0.0, float(value))
-                saving_names = names_in(rule.saving_ms)
+                saving_names = rule.reads(names_in(rule.saving_ms))
         except Missing:
             ms = None
         except RuleError as e:
@@ -265,9 +282,9 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
         if rule.saving_note:
             basis += f": {rule.saving_note}"
         if rule.saving_ms:
-            spread = saving_range(rule.saving_ms, saving_names, facts, subject, lookup)
+            spread = saving_range(rule.saving_ms, saving_names, facts, subject, lookup, rule.lets)
 
-    used = names_in(rule.when) | saving_names | set(rule.evidence)
+    used = rule.reads(names_in(rule.when)) | saving_names | set(rule.evidence)
     evidence = [f for n in sorted(used) if not n.startswith("threshold.") and (f := _fact(facts, subject, n))]
     sources = {f.source for f in evidence if f.source != "machine"}
     if subject is not None:

@@ -67,6 +67,7 @@ def _project_to_gpu(facts: Facts, s: Subject, load: float, step: float, env: Env
     if env.device != "cpu":
         return
     gpu = max(0.0, step - load) / GPU_SPEEDUP
+    facts.add("step.gpu_speedup", GPU_SPEEDUP, "number", detail="the low end of a GPU's speed-up over a few CPU cores (GPU_SPEEDUP)")
     facts.add("step.gpu_compute_ms", gpu, "ms",
               detail=f"(median step {step:.1f} ms - data loading {load:.1f} ms) on this CPU / {GPU_SPEEDUP:g}, "
                      "the low end of a GPU's speed-up over a few CPU cores")
