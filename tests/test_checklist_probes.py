@@ -70,6 +70,7 @@ def test_empty_cache_calls_count_inside_steps_only(monkeypatch):
     assert [(r.calls, r.calls_in_steps) for r in recs] == [(1, 0), (1, 0), (3, 3)]  # teardown, set-up, loop
 
 
+@pytest.mark.slow
 def test_gc_calls_counted_per_site_and_step(monkeypatch):
     monkeypatch.setattr("perfdoctor.capture.sites.is_user_file", lambda f: f == __file__)
     clock = Clock()

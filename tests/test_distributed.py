@@ -117,6 +117,7 @@ def _noisy(rng: random.Random, base: float, n: int, spread: float) -> tuple[floa
     return tuple(base * (1 + rng.uniform(-spread, spread)) for _ in range(n))
 
 
+@pytest.mark.slow
 def test_the_straggler_test_tells_a_rank_ahead_at_every_step_from_the_steps_noise():
     rng = random.Random(1)
     # two ranks, 10 steps, rank 1 works 20 % more at every step under 10 % noise: exact, 2 of 1024 as far

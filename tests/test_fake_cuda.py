@@ -25,6 +25,8 @@ from perfdoctor.capture.recorder import Recorder  # noqa: E402
 from perfdoctor.contracts.run import SCHEMA, Meta  # noqa: E402
 from perfdoctor.facts.run import load_run  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torch in this process: run by CI, not in the fast tier
+
 PKG = Path(__file__).resolve().parent.parent / "perfdoctor"
 MB = 1 << 20
 NEVER = (10**6, 1, 1)  # a profiler window the tests never reach

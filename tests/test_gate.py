@@ -106,6 +106,7 @@ def test_block_bootstrap_sees_autocorrelated_noise():
     assert sd(blocked) > 1.8 * sd(iid)
 
 
+@pytest.mark.slow
 def test_identical_runs_give_no_change_across_seeds():
     verdicts = []
     for seed in range(12):
@@ -117,6 +118,7 @@ def test_identical_runs_give_no_change_across_seeds():
     assert verdicts.count("no-change") >= 10 and "regression" not in verdicts, verdicts
 
 
+@pytest.mark.slow
 def test_fifteen_percent_slower_is_a_regression():
     hits = 0
     for seed in range(6):
@@ -142,6 +144,7 @@ def contended(series: list[float], rate: float, rng: random.Random) -> list[floa
     return out
 
 
+@pytest.mark.slow
 def test_contention_bursts_do_not_fail_the_gate_but_a_real_slowdown_does():
     """Other jobs slowing about 40% of the steps move the mean by more than the threshold and make
     the median unjudgeable; the gate judges the fast steps, which they leave alone. A slowdown of
@@ -167,6 +170,7 @@ def test_faster_is_an_improvement_and_never_fails():
     assert c.rows[1].metric == "throughput" and c.rows[1].change_pct > 20
 
 
+@pytest.mark.slow
 def test_noisy_runs_are_unstable_not_failures():
     """Identical code on a very noisy machine: the gate says it cannot judge, and never fails."""
     verdicts = []
@@ -491,6 +495,7 @@ def test_adaptive_repeats_add_current_runs_until_the_verdict_settles():
     assert any(f"added {g.added} run(s) of the current side" in n and "baseline's runs are fixed" in n for n in c.notes)
 
 
+@pytest.mark.slow
 def test_adaptive_repeats_stop_at_max_repeats_and_say_it_is_undecided():
     from perfdoctor.gate.adaptive import gate_runs
     offsets = (-0.15, 0.0, 0.15, -0.15, 0.15, 0.0)

@@ -245,6 +245,7 @@ def test_pd023_quiet_on_fp32_v100_traces(tmp_path, path):
     assert findings(facts, tmp_path, "PD023") == []
 
 
+@pytest.mark.slow
 def test_no_static_only_rule_fires_on_the_real_gpu_traces(tmp_path):
     """Without the source, the trace-less branches stay quiet (PD016, PD017, PD021, PD022, PD026,
     PD028 have no trace evidence: no real trace here shows theirs)."""

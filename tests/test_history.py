@@ -126,6 +126,7 @@ def _writer(path: str, worker: int, n: int) -> None:
             s.add(entry(worker * 1000 + i, 40.0 + worker, script=f"w{worker}.py"))
 
 
+@pytest.mark.slow
 def test_several_processes_writing_at_once_lose_nothing(tmp_path):
     path = str(tmp_path / "h.sqlite")
     ctx = multiprocessing.get_context("spawn")

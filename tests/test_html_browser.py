@@ -23,6 +23,8 @@ from perfdoctor.report import html
 sys.path.insert(0, str(REPO / "tests" / "golden"))
 import record  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the browser: run by CI, not in the fast tier
+
 CHROMIUM = os.environ.get("PERFDOCTOR_CHROMIUM", "/usr/bin/chromium")
 HOSTILE = '<img src=x onerror=alert(1)>'
 

@@ -100,6 +100,8 @@ def test_forward_dataflow_pairs_only_a_biased_conv_into_an_affine_bn(probes):
 LIBRARY = '''
 import torch.nn as nn
 
+pytestmark = pytest.mark.slow  # torch in this process: run by CI, not in the fast tier
+
 
 class TinyResNet(nn.Module):
     def __init__(self):

@@ -22,6 +22,8 @@ from perfdoctor.capture.probes.dataloader import DataLoaderProbe  # noqa: E402
 from perfdoctor.capture.probes.forward import ForwardProbe  # noqa: E402
 from perfdoctor.capture.window import BYTES_PER_EVENT, Window  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torch in this process: run by CI, not in the fast tier
+
 
 class Clock:
     """What the probes read of the step clock."""

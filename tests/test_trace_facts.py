@@ -5,6 +5,8 @@ import json
 from pathlib import Path
 from statistics import median
 
+import pytest
+
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.ranks import cross_rank
 from perfdoctor.facts.trace import add_trace_facts, summarise_trace
@@ -23,6 +25,7 @@ def facts_of(path):
     return f, add_trace_facts(load_trace(path), f)
 
 
+@pytest.mark.slow
 def test_resnet50_dataloader_share_matches_independent_reading():
     ev = json.load(gzip.open(KINETO))["traceEvents"]
     steps = [e for e in ev if e.get("name", "").startswith("ProfilerStep#")]
@@ -93,6 +96,7 @@ def test_dlrm_rank_imbalance():
     assert all(not r.facts.of_kind("dataparallel") for r in per)
 
 
+@pytest.mark.slow
 def test_interval_helpers_match_a_brute_force_reading():
     """merge, subtract and per_window (hand-tuned loops) against a unit-grid reading."""
     from hypothesis import given, settings

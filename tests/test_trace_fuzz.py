@@ -4,6 +4,7 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,8 @@ from perfdoctor.facts.model import Facts
 from perfdoctor.facts.trace import add_trace_facts
 from perfdoctor.trace import load_trace
 from perfdoctor.trace.model import Trace
+
+pytestmark = pytest.mark.slow  # fuzzed traces: run by CI, not in the fast tier
 
 SMALL = gzip.open(Path(__file__).parent / "data" / "traces" / "torch213_cpu_mlp_dataloader.pt.trace.json.gz").read()
 SMALL = SMALL[:20000].rsplit(b"},", 1)[0] + b"}]}"  # the first events, still a valid trace

@@ -23,6 +23,7 @@ def raw(path):
     return json.load(gzip.open(path) if path.name.endswith(".gz") else open(path))
 
 
+@pytest.mark.slow
 def test_torch2_trace_counts_match_raw_json():
     t = load_trace(HTA)
     ev = raw(HTA)["traceEvents"]
@@ -37,6 +38,7 @@ def test_torch2_trace_counts_match_raw_json():
     assert t.corr[i] == 135071 and t.stream[i] == 7 and t.ext[i] == 112
 
 
+@pytest.mark.slow
 def test_legacy_dialect():
     t = load_trace(KINETO)
     ev = raw(KINETO)["traceEvents"]
@@ -140,6 +142,7 @@ def test_empty_folder(tmp_path):
         load_traces(tmp_path)
 
 
+@pytest.mark.slow
 def test_gzip_members_and_bounded_pieces(monkeypatch, tmp_path):
     """Concatenated gzip members, decompressed in small bounded pieces, give the plain file's trace."""
     text = gzip.open(HTA).read()

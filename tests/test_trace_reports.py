@@ -67,6 +67,7 @@ def test_dlrm_8_ranks_shows_the_imbalance():
     assert {"PD009", "PD010"} <= set(rules_of(r))
 
 
+@pytest.mark.slow
 def test_ranks_in_parallel_processes_give_the_serial_report():
     """The map over ranks in 2 worker processes merges into the very report of 1 (in-process)."""
     serial = jsonfmt.render_report(analyse_trace(DLRM, workers=1))
@@ -74,6 +75,7 @@ def test_ranks_in_parallel_processes_give_the_serial_report():
     assert jsonfmt.render_report(analyse_trace(DLRM, workers=3)) == serial  # 8 ranks over 3: uneven shares
 
 
+@pytest.mark.slow
 def test_ranks_numbered_by_file_order_across_workers(tmp_path):
     """Ranks that clash (the same trace twice) are numbered by file order after the workers return."""
     for name in ("a.json.gz", "b.json.gz", "c.json.gz"):
