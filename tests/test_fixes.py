@@ -113,6 +113,25 @@ def test_call_kwargs_no_match(script):
     assert render_fix("call-kwargs", Location("/nonexistent/x.py", 3), DL_SET) is None
 
 
+def test_the_users_file_is_read_through_the_size_guard(tmp_path: Path) -> None:
+    """The fixer reads the flagged file as every reader of the user's files does
+    (contracts.files.read_source): not past its size cap, never a FIFO (which would block)."""
+    import os
+
+    from perfdoctor.contracts.files import MAX_SOURCE_BYTES
+
+    code = "loader = DataLoader(ds, batch_size=64)"
+    ok = tmp_path / "ok.py"
+    ok.write_text(code + "\n")
+    assert render_fix("call-kwargs", Location(str(ok), 1, code), DL_SET) is not None
+    big = tmp_path / "big.py"
+    big.write_text(code + "\n" + "#" * MAX_SOURCE_BYTES + "\n")
+    assert render_fix("call-kwargs", Location(str(big), 1, code), DL_SET) is None
+    fifo = tmp_path / "fifo.py"
+    os.mkfifo(fifo)
+    assert render_fix("call-kwargs", Location(str(fifo), 1, code), DL_SET) is None
+
+
 def test_dataparallel_to_ddp(script):
     f = fix(script, "dataparallel-to-ddp", 6)
     assert f.before == "model = nn.DataParallel(model, device_ids=[0, 1])"
