@@ -14,6 +14,7 @@ import sqlite3
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
 from perfdoctor.contracts.baseline import RunDoc
@@ -297,3 +298,21 @@ def test_own_times_subtract_the_intervals_nested_directly_inside():
     own = _own_times([(0, 10, 1), (1, 4, 2), (2, 3, 3), (5, 9, 4), (20, 25, 5)])
     assert {i: v for i, (v, _) in own.items()} == {1: 3, 2: 2, 3: 1, 4: 4, 5: 5}
     assert own[3][1] == 2 and own[2][1] == 1 and own[5][1] is None
+
+
+def test_runs_slowed_by_a_neighbours_load_are_no_change_where_the_cpu_wait_was_measured(tmp_path):
+    """Runs 10-19 waited for a CPU (another job on the machine) 40 ms of every 50 ms step; their work was
+    the same. With each run's wait known, the history judges the steps less the wait: no change."""
+    with Store(tmp_path / "h.sqlite") as s:
+        for i in range(30):
+            e = entry(i, 90.0 if 10 <= i < 20 else 50.0, seed=i)
+            wait = 40.0 if 10 <= i < 20 else 0.5
+            e.record = msgspec.structs.replace(e.record, wait_ms=[wait] * len(e.record.step_ms))
+            s.add(e)
+        view = build(s, script="train.py")
+    assert view.statistic.endswith("less the training thread's wait for a CPU")
+    assert view.shifts == [] and max(view.values_ms) < 52
+    with Store(tmp_path / "w.sqlite") as s:  # the same runs without the wait: the load looks like two changes
+        for i in range(30):
+            s.add(entry(i, 90.0 if 10 <= i < 20 else 50.0, seed=i))
+        assert [c.index for c in build(s, script="train.py").shifts] == [10, 20]

@@ -8,10 +8,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from perfdoctor.errors import InputError
+from perfdoctor.gate.baseline import MIN_STEPS, RunRecord
+from perfdoctor.gate.stats import GATE_QUANTILE
 from perfdoctor.history.changepoints import Segmentation, segment
 from perfdoctor.history.entry import ENV_KEYS
 from perfdoctor.history.store import HistoryRun, Store
+from perfdoctor.stats import quantile
 
+WALL = f"p{round(GATE_QUANTILE * 100)} of the steady steps"
+WORK = f"p{round(GATE_QUANTILE * 100)} of the steady steps less the training thread's wait for a CPU"
 NEAR = 2  # an environment change this many runs or fewer from a change point is named as its likely cause
 
 
@@ -41,13 +46,14 @@ class HistoryView:
     one_offs: list[int] = field(default_factory=list)  # runs (0-based) far from their level
     sigma: float | None = None  # run-to-run noise of log step time
     scripts: list[tuple[str, int]] = field(default_factory=list)  # every script stored, where none was chosen
+    statistic: str = ""  # what values_ms is (WALL or WORK)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "schema": "perfdoctor/history/v1",
             "store": self.store, "script": self.script, "branch": self.branch,
             "scripts": [{"script": s, "runs": n} for s, n in self.scripts],
-            "noise_rel_sd": None if self.sigma is None else round(self.sigma, 6),
+            "noise_rel_sd": None if self.sigma is None else round(self.sigma, 6), "statistic": self.statistic,
             "runs": [{"n": i + 1, "started": r.started, "kind": r.kind, "source": r.source,
                       "commit": r.git_commit, "branch": r.git_branch, "dirty": r.git_dirty, "args": r.args,
                       "environment": r.env, "environment_key": r.env_key, "steps": r.steps,
@@ -63,9 +69,18 @@ class HistoryView:
         }
 
 
-def _value(r: HistoryRun) -> float | None:
-    v = r.gate_ms if r.gate_ms else r.median_ms
-    return v if v and v > 0 else None
+def _values(runs: list[HistoryRun]) -> tuple[list[float | None], str]:
+    """Each run's judged step time, and what it is. Where every run measured its training thread's
+    wait for a CPU, the gate's statistic of the steps less that wait (what the gate judges on a busy
+    host, gate.baseline.RunRecord.work_ms: a neighbour's load then moves no run); else of the steps."""
+    records = [RunRecord.from_doc(r.record) for r in runs]
+    if records and all(rec.work_ms and len(rec.work_ms) >= MIN_STEPS for rec in records):
+        return [quantile(rec.work_ms, GATE_QUANTILE) for rec in records], WORK
+    out: list[float | None] = []
+    for r in runs:
+        v = r.gate_ms if r.gate_ms else r.median_ms
+        out.append(v if v and v > 0 else None)
+    return out, WALL
 
 
 def env_diff(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
@@ -93,7 +108,7 @@ def build(store: Store, *, script: str | None = None, branch: str | None = None,
     if not runs and not any(s == script for s, _ in scripts):
         known = ", ".join(s for s, _ in scripts[:10]) or "none yet"
         raise InputError(f"history store {store.path}: no runs of {script!r} (scripts stored: {known})")
-    values = [_value(r) for r in runs]
+    values, statistic = _values(runs)
     timed = [i for i, v in enumerate(values) if v is not None]
     seg: Segmentation = segment([values[i] for i in timed])  # type: ignore[misc]  # timed: not None
     shifts = []
@@ -105,4 +120,5 @@ def build(store: Store, *, script: str | None = None, branch: str | None = None,
         shifts.append(Shift(index=at, before_ms=c.before_ms, after_ms=c.after_ms, env_changes=list(dict.fromkeys(changes)),
                             commits=(runs[prev].git_commit, runs[at].git_commit)))
     return HistoryView(store=str(store.path), script=script, branch=branch, runs=runs, values_ms=values,
-                       shifts=shifts, one_offs=[timed[j] for j in seg.outliers], sigma=seg.sigma, scripts=scripts)
+                       shifts=shifts, one_offs=[timed[j] for j in seg.outliers], sigma=seg.sigma, scripts=scripts,
+                       statistic=statistic)

@@ -59,7 +59,7 @@ def _text(view: HistoryView) -> Any:
     head = Text(f"{escape.text(view.script)}: {len(view.runs)} run(s)"
                 + (f" on {escape.text(view.branch)}" if view.branch else "") + f", from {escape.text(view.store)}\n")
     if values:
-        head.append(f"step time  {sparkline(values)}  {min(values):.2f}-{max(values):.2f} ms\n")
+        head.append(f"step time  {sparkline(values)}  {min(values):.2f}-{max(values):.2f} ms ({view.statistic})\n")
     t = Table(show_edge=False)
     for col in ("#", "started", "commit", "branch", "step ms", "CPU wait ms", "findings", ""):
         t.add_column(col, justify="right" if col in ("#", "step ms", "CPU wait ms", "findings") else "left",
@@ -95,7 +95,7 @@ def _markdown(view: HistoryView) -> str:
     if view.script is None:
         rows = ["| script | runs |", "|---|---:|"] + [f"| {md(s, table=True)} | {n} |" for s, n in view.scripts]
         return "\n".join([f"## perfdoctor history: {md(view.store)}", "", *rows, ""]) + "\n"
-    out = [f"## perfdoctor history: {md(view.script)}", ""]
+    out = [f"## perfdoctor history: {md(view.script)}", "", f"Step time per run: {md(view.statistic)}.", ""]
     out += [f"- {md(shift_sentence(s, len(view.runs)))}" for s in view.shifts] or ["No change point in the step time."]
     out += ["", "| # | started | commit | branch | step ms | CPU wait ms | findings | |", "|---:|---|---|---|---:|---:|---:|---|"]
     starts = {s.index: s for s in view.shifts}
@@ -163,7 +163,7 @@ def _html(view: HistoryView) -> str:
         f"<td>{'' if r.cpu_wait_ms is None else f'{r.cpu_wait_ms:.1f}'}</td><td>{len(r.findings)}</td></tr>"
         for i, (r, v) in enumerate(zip(view.runs, view.values_ms)))
     body = [f"<h1>perfdoctor history: {e(Path(str(view.script)).name)}</h1>",
-            f'<section id="trend"><h2>Step time per run</h2>{_chart(view)}<ul class="shifts">{shifts}</ul></section>',
+            f'<section id="trend"><h2>Step time per run</h2><p class="dim">{e(view.statistic)}</p>{_chart(view)}<ul class="shifts">{shifts}</ul></section>',
             '<section id="runs"><h2>Runs</h2><table><tr><th>#</th><th>started</th><th>commit</th><th>branch</th>'
             f"<th>step ms</th><th>CPU wait ms</th><th>findings</th></tr>{rows}</table></section>"]
     return _page(f"perfdoctor history: {Path(str(view.script)).name}", body)
