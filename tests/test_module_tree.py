@@ -20,6 +20,8 @@ from perfdoctor.capture.probes.forward import ForwardProbe  # noqa: E402
 from perfdoctor.capture.probes.modules import ModuleProbe  # noqa: E402
 from tests.test_program_unchanged import Clock  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torch in this process: run by CI, not in the fast tier
+
 
 @pytest.fixture
 def probes():
@@ -99,8 +101,6 @@ def test_forward_dataflow_pairs_only_a_biased_conv_into_an_affine_bn(probes):
 
 LIBRARY = '''
 import torch.nn as nn
-
-pytestmark = pytest.mark.slow  # torch in this process: run by CI, not in the fast tier
 
 
 class TinyResNet(nn.Module):
