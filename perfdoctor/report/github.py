@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.gate.compare import host_contention_sentence, undecided_sentence
+from perfdoctor.model import Location, Report
 from perfdoctor.report.escape import github_data, github_property
 
 COMMAND = {"high": "error", "medium": "warning", "low": "notice"}
@@ -42,25 +43,25 @@ def _root(root: Path | str | None) -> Path:
     return Path(root) if root is not None else Path(os.environ.get("GITHUB_WORKSPACE") or os.getcwd())
 
 
-def render_report(report: Any, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
-    r, base = _as_dict(report), _root(root)
+def render_report(report: Report, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
+    base = _root(root)
     lines: list[str] = []
-    contention = (r.get("summary") or {}).get("contention") or {}
+    contention = report.summary.get("contention") or {}
     if contention.get("inflated"):
         lines.append(command("warning", str(contention.get("sentence")), title="perfdoctor: step times inflated"))
-    for f in (r.get("findings") or [])[:limit]:
-        saving = f.get("estimated_saving")
-        msg = f.get("message") or f.get("title") or ""
-        if saving:
-            msg += f" (saves ~{saving['ms_per_step']:.1f} ms/step)"
-        fix = f.get("fix")
-        if fix and fix.get("after"):
-            msg += f"\nFix: {fix['after']}"
+    for f in report.findings[:limit]:
+        msg = f.message or f.title or ""
+        if f.ms_per_step is not None:
+            msg += f" (saves ~{round(f.ms_per_step, 3):.1f} ms/step)"  # as report.json holds it
+        if f.fix and f.fix.after:
+            msg += f"\nFix: {f.fix.after}"
         # one annotation at each line the finding was found at; its other lines after the other findings' first
-        for loc in (f.get("locations") or [{}])[:1 if len(lines) >= limit // 2 else 10]:
-            lines.append(command(COMMAND.get(f.get("severity"), "warning"), msg,
-                                 file=_rel(loc["file"], base) if loc.get("file") else None,
-                                 line=loc.get("line") or None, title=f"{f.get('rule')} {f.get('title', '')}".strip()))
+        where: list[Location | None] = list(f.locations) or [None]
+        for loc in where[:1 if len(lines) >= limit // 2 else 10]:
+            lines.append(command(COMMAND.get(f.severity, "warning"), msg,
+                                 file=_rel(loc.file, base) if loc is not None and loc.file else None,
+                                 line=(loc.line or None) if loc is not None else None,
+                                 title=f"{f.rule} {f.title}".strip()))
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -104,6 +105,6 @@ def render_comparison(comparison: Any, root: Path | str | None = None, limit: in
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def render_both(report: Any, comparison: Any, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
+def render_both(report: Report, comparison: Any, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
     """The report's annotations, then the gate's."""
     return render_report(report, root, limit) + render_comparison(comparison, root, limit)
