@@ -37,7 +37,7 @@ def rules_for(config: Path | None) -> tuple[Settings, list[Rule], dict[str, Any]
     """The settings (`config`, else pyproject.toml in the current directory: never the analysed
     folder's), the rules, and what the settings change (rules.config.check_settings)."""
     settings = load_settings(config)
-    rules = load_rules(settings.extra_rule_dirs)
+    rules = load_rules(settings.extra_rule_dirs, settings.project)
     return settings, rules, check_settings(settings, rules)
 
 

@@ -83,6 +83,7 @@ def _main(
 def _write(body: str, output: Path | None) -> None:
     """A machine document: to --output, or to stdout alone."""
     if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)  # check_writable made none: nothing left behind on an error
         output.write_text(body, encoding="utf-8")
     else:
         sys.stdout.write(body)
@@ -96,6 +97,7 @@ def _print(renderable, output: Path | None) -> None:
     if output is None:
         Console().print(renderable)
         return
+    output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("w", encoding="utf-8") as fh:
         Console(file=fh, width=100, no_color=True).print(renderable)
     sys.stderr.write(f"perfdoctor: report written to {output}\n")

@@ -84,21 +84,26 @@ def warm_up() -> None:
 
 def check_writable(path: Path, option: str) -> None:
     """`path` (given as `option`: --output, --save-baseline) can be written: checked before anything
-    runs, so that a typo does not lose the report after minutes of running. Missing parent folders
-    are made (as writing it would); the file is opened for appending, never truncated, and removed
-    again if this made it. One InputError line (exit 2) when it cannot be written."""
+    runs, so that a typo does not lose the report after minutes of running. Nothing is created: an
+    existing file is opened for appending (never truncated), else the nearest existing folder above
+    it must be a writable folder (the missing ones are made when the file is written). One
+    InputError line (exit 2) when it cannot be written."""
     path = Path(os.path.abspath(path))
     if path.is_dir():
         raise InputError(f"{option} {path}: is a folder, give a file name")
-    existed = path.exists()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "ab"):
-            pass
-    except OSError as e:
-        raise InputError(f"{option} {path}: cannot write it ({e.strerror or e})") from None
-    if not existed:
-        path.unlink(missing_ok=True)
+    if path.exists():
+        try:  # without blocking: a FIFO with no reader is an error, not a hang
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | getattr(os, "O_NONBLOCK", 0)))
+        except OSError as e:
+            raise InputError(f"{option} {path}: cannot write it ({e.strerror or e})") from None
+        return
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise InputError(f"{option} {path}: {above} is not a folder")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise InputError(f"{option} {path}: cannot write it (no permission to write in {above})")
 
 
 def _previous_runs(out_dir: Path) -> list[Path]:
@@ -128,11 +133,13 @@ def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Pat
     rank = rank_from_env()
     if rank is not None:  # a rank under an outside launcher: every rank claims its own rank-<R> of the job folder
         out_dir = out_dir / rank_dir_name(rank.rank)
+    made = [d for d in (out_dir, *out_dir.parents) if not d.exists()]  # removed again if the run never starts
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(out_dir, os.O_RDONLY)
     except OSError as e:
         raise InputError(f"--out-dir {out_dir}: cannot create it ({e.strerror or e})") from None
+    started = False
     try:
         try:
             import fcntl
@@ -145,6 +152,10 @@ def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Pat
                 raise InputError(f"--out-dir {out_dir}: another perfdoctor run is writing there; "
                                  f"give each run its own folder") from None
         previous = _previous_runs(out_dir)
+        if not previous and any(out_dir.iterdir()):  # the user's own files: perfdoctor writes nothing there
+            names = sorted(p.name for p in out_dir.iterdir())
+            raise InputError(f"--out-dir {out_dir}: holds files that are not a perfdoctor run ("
+                             f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}); give a new or empty folder")
         if previous and not overwrite:
             raise InputError(f"--out-dir {out_dir}: holds a previous run; give another folder, "
                              f"or --overwrite to replace it")
@@ -155,7 +166,14 @@ def claim_out_dir(out_dir: Path | None, overwrite: bool = False) -> Iterator[Pat
             if d != out_dir:
                 with contextlib.suppress(OSError):  # a repeat folder is removed when nothing else is in it
                     d.rmdir()
+        started = True
         yield out_dir
+    except BaseException:
+        if not started or not any(out_dir.iterdir()):  # a bad setting found before anything was written
+            for d in made:
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+        raise
     finally:
         os.close(fd)
 

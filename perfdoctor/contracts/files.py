@@ -92,6 +92,19 @@ def read_source(path: Path | str, limit: int = MAX_SOURCE_BYTES) -> bytes | None
     return data if len(data) <= limit else None  # it grew while being read
 
 
+def read_head(path: Path | str, size: int) -> bytes:
+    """The first `size` bytes of a regular file (a look at what it is), b"" for anything else: a
+    FIFO is never waited on."""
+    opened = _open_regular(path)
+    if opened is None:
+        return b""
+    with os.fdopen(opened[0], "rb") as f:
+        try:
+            return f.read(size)
+        except OSError:
+            return b""
+
+
 def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
     """A perfdoctor JSON file (run file, report.json, baseline): regular files only, at most `limit`
     bytes; InputError otherwise."""
@@ -101,8 +114,8 @@ def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
     if opened is None:
         if path.is_dir():
             raise InputError(f"{path} is a folder, not a file")
-        try:  # the reason it could not be opened, or that it is not a regular file
-            path.open("rb").close()
+        try:  # the reason it could not be opened (never opened again: a FIFO would block)
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0)))
         except OSError as e:
             raise InputError(f"{path}: cannot read it ({e.strerror or e})") from None
         raise InputError(f"{path}: not a regular file")

@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from perfdoctor.contracts import files
 from perfdoctor.contracts.files import Count, Ms, StepMs, check_schema, decode, read_bytes, schema_of
 from perfdoctor.contracts.run import Stuck
 from perfdoctor.model import SCHEMA as REPORT_SCHEMA
@@ -321,11 +322,7 @@ def is_report(path: Path, raw: bytes) -> bool:
 def looks_like_report(path: Path) -> bool:
     """Whether `path` is a file that opens as a report.json does (its schema first): a cheap look at
     its first bytes, not a read of what may be a trace of gigabytes."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(256)
-    except OSError:
-        return False
+    head = files.read_head(path, 256)
     return head.lstrip().startswith(b"{") and b'"schema"' in head and b'"perfdoctor/report/' in head
 
 

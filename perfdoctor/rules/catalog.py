@@ -17,7 +17,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from perfdoctor.errors import RuleError
+from perfdoctor.contracts import files
+from perfdoctor.errors import InputError, RuleError
 from perfdoctor.facts import registry
 from perfdoctor.model import SEVERITIES, RuleDoc
 from perfdoctor.rules.expr import names_in
@@ -284,9 +285,11 @@ MAX_RULE_BYTES = 1 << 20  # a rule file bigger than this is refused
 
 def load_rule_file(path: Path) -> Rule:
     try:
-        raw = path.read_bytes()[:MAX_RULE_BYTES + 1]
-        if len(raw) > MAX_RULE_BYTES:
-            raise RuleError(f"rule file {path} is over {MAX_RULE_BYTES >> 20} MB")
+        # a regular file only, opened without blocking (a FIFO, /dev/zero), at most MAX_RULE_BYTES
+        raw = files.read_bytes(path, MAX_RULE_BYTES)
+    except InputError as e:
+        raise RuleError(f"rule file {e.message}") from None
+    try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError) as e:
         raise RuleError(f"cannot read rule file {path}: {e}") from None
@@ -297,15 +300,18 @@ def load_rule_file(path: Path) -> Rule:
     return rule
 
 
-def load_rules(extra_dirs: list[Path] | None = None) -> list[Rule]:
+def load_rules(extra_dirs: list[Path] | None = None, project: Path | None = None) -> list[Rule]:
     """The built-in rules plus the project's own rule folders. A project rule may not take a
-    built-in rule's id (it would replace what the CI gate checks), nor two project rules one id."""
+    built-in rule's id (it would replace what the CI gate checks), nor two project rules one id;
+    nor be a link to a file outside the `project` folder (a link can arrive in a pull request)."""
     rules: dict[str, Rule] = {}
     builtin: set[str] = set()
     for n, d in enumerate([builtin_rules_dir(), *(extra_dirs or [])]):
         if not d.is_dir():
             raise RuleError(f"rules folder {d} does not exist")
         for p in sorted(d.glob("*.toml")):
+            if n > 0 and project is not None and not p.resolve().is_relative_to(project.resolve()):
+                raise RuleError(f"rule file {p} leads outside the project ({p.resolve()}): refused")
             r = load_rule_file(p)
             if n > 0 and r.id in rules:
                 what = "a built-in rule" if r.id in builtin else f"{rules[r.id].path}"

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfdoctor.errors import RuleError
+from perfdoctor.contracts import files
+from perfdoctor.errors import InputError, RuleError
 from perfdoctor.rules.catalog import Rule, builtin_rules_dir, tomllib
 
 MAX_CONFIG_BYTES = 1 << 20  # a pyproject.toml bigger than this is refused
@@ -72,11 +73,12 @@ def load_settings(config: Path | None = None, cwd: Path | None = None) -> Settin
             raise RuleError(f"--config {path}: no such file")
     path = path.resolve()
     try:
-        raw = path.read_bytes()[:MAX_CONFIG_BYTES + 1]
-        if len(raw) > MAX_CONFIG_BYTES:
-            raise RuleError(f"{path}: over {MAX_CONFIG_BYTES >> 20} MB; not a project's pyproject.toml")
+        raw = files.read_bytes(path, MAX_CONFIG_BYTES)  # a regular file only, never blocking, capped
+    except InputError as e:
+        raise RuleError(e.message) from None
+    try:
         data = tomllib.loads(raw.decode("utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
         raise RuleError(f"cannot read {path}: {' '.join(str(e).split())[:200]}") from None
     return parse_settings(data, path)
 
@@ -101,6 +103,8 @@ def parse_settings(data: dict[str, Any], path: Path) -> Settings:
         raise RuleError(f"{path}: [tool.perfdoctor.thresholds] must hold one table per rule id")
     dirs = []
     for d in _str_list(cfg.get("extend-rules", []), "extend-rules", path):
+        if not d.strip():
+            raise RuleError(f"{path}: extend-rules {d!r}: give a folder of rule files (a path inside the project)")
         p = Path(d)
         resolved = (project / p).resolve()
         if p.is_absolute() or not resolved.is_relative_to(project.resolve()):
@@ -115,11 +119,16 @@ def parse_settings(data: dict[str, Any], path: Path) -> Settings:
     )
 
 
+MAX_THRESHOLD = 1e9  # a threshold beyond this (1e308 workers, ms, bytes...) is a typo, not a setting
+
+
 def _same_type(default: Any, value: Any) -> bool:
     if isinstance(default, bool) or isinstance(value, bool):
         return isinstance(default, bool) and isinstance(value, bool)
-    if isinstance(default, (int, float)):
-        return isinstance(value, (int, float)) and math.isfinite(value)
+    if isinstance(default, int):  # a count: a whole number
+        return isinstance(value, int) and abs(value) <= MAX_THRESHOLD
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and math.isfinite(value) and abs(value) <= MAX_THRESHOLD
     return isinstance(value, type(default))
 
 
@@ -141,8 +150,9 @@ def check_settings(settings: Settings, rules: list[Rule]) -> dict[str, Any]:
                                 f"({', '.join(sorted(rule.thresholds)) or 'none'})")
             default = rule.thresholds[name]
             if not _same_type(default, value):
-                want = "a finite number" if isinstance(default, (int, float)) and not isinstance(default, bool) \
-                    else type(default).__name__
+                want = type(default).__name__ if isinstance(default, bool) or not isinstance(default, (int, float)) \
+                    else f"a whole number up to {MAX_THRESHOLD:g}" if isinstance(default, int) \
+                    else f"a finite number up to {MAX_THRESHOLD:g}"
                 raise RuleError(f"{where}: [tool.perfdoctor.thresholds.{rid}] {name} = {value!r}: must be {want}, "
                                 f"as its default {default!r}")
             if value != default:

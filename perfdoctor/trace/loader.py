@@ -312,8 +312,8 @@ def _as_int(v: Any) -> int:
 def _pieces(path: Path) -> Iterator[bytes]:
     """The file's bytes, decompressed if it is gzip (by magic number, not by name), at most
     MAX_EXPANSION times the file's size (or MIN_EXPANDED bytes) out of a gzip file."""
-    try:
-        f = open(path, "rb")
+    try:  # without blocking: a FIFO named as the trace must not hang (it is refused below)
+        f = os.fdopen(os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)), "rb")
     except IsADirectoryError:
         raise InputError(f"{path} is a folder; use load_traces for a folder of per-rank traces") from None
     except OSError as e:

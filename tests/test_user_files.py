@@ -1,0 +1,97 @@
+"""The user's folders and files (issue 26): `--out-dir` naming the user's own folder is refused, a bad
+option leaves no folder behind, and every reader takes regular files only, without blocking, at most
+its cap (a FIFO as a trace, a baseline, a run folder's steps.json, a rule file; a rule file linked to
+/dev/zero or to a file outside the project)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from test_hostile_inputs import cli, error_line
+from test_run_facts import make_run
+
+from perfdoctor.errors import InputError
+from perfdoctor.orchestrate import check_writable, claim_out_dir
+
+posix_only = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
+
+
+def test_out_dir_holding_the_users_own_files_is_refused_and_left_as_it_was(tmp_path: Path) -> None:
+    mine = tmp_path / "results"
+    mine.mkdir()
+    for name, text in (("trace.json.gz", "mine"), ("steps.json", "mine"), ("report.html", "mine"), ("notes.txt", "x")):
+        (mine / name).write_text(text)
+    with pytest.raises(InputError, match="holds files that are not a perfdoctor run"):
+        with claim_out_dir(mine, overwrite=True):
+            pass
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "report.html", "steps.json", "trace.json.gz"]
+    assert all((mine / n).read_text() == "mine" for n in ("trace.json.gz", "steps.json", "report.html"))
+
+
+def test_an_error_before_the_run_leaves_no_folder_behind(tmp_path: Path) -> None:
+    check_writable(tmp_path / "reports" / "ci" / "report.json", "--output")
+    assert not (tmp_path / "reports").exists()  # checked, not made
+    with pytest.raises(InputError, match="bad setting"):
+        with claim_out_dir(tmp_path / "out" / "run"):
+            raise InputError("bad setting")  # what run_and_gate raises before the script starts
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match="is not a folder"):
+        check_writable(tmp_path / "file" / "report.json", "--output")
+
+
+def test_a_bad_setting_with_output_in_new_folders_leaves_nothing(tmp_path: Path, monkeypatch, capsys) -> None:
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "bad.toml").write_text("[tool.perfdoctor]\nselect = 3\n")
+    code, out, err = cli(tmp_path, monkeypatch, capsys, "run", "train.py", "--output", "reports/ci/report.json",
+                         "--out-dir", "runs/one", "--config", "bad.toml")
+    error_line(code, out, err, "bad.toml")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.toml", "train.py"]
+
+
+@posix_only
+def test_a_fifo_as_trace_baseline_or_steps_file_is_one_error_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    os.mkfifo(tmp_path / "fifo.json")
+    error_line(*cli(tmp_path, monkeypatch, capsys, "report", "fifo.json"), "fifo.json")
+    error_line(*cli(tmp_path, monkeypatch, capsys, "compare", "fifo.json", "fifo.json"), "fifo.json")
+    run = make_run(tmp_path / "run")
+    (run / "steps.json").unlink()
+    os.mkfifo(run / "steps.json")
+    error_line(*cli(tmp_path, monkeypatch, capsys, "report", "run"), "steps.json")
+
+
+def _project(tmp_path: Path, config: str) -> Path:
+    (tmp_path / "perf").mkdir(parents=True)
+    (tmp_path / "pyproject.toml").write_text(config)
+    make_run(tmp_path / "run")
+    return tmp_path
+
+
+@posix_only
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "outside"])
+def test_a_project_rule_file_that_is_no_regular_file_inside_the_project_is_refused(
+        tmp_path: Path, monkeypatch, capsys, kind: str) -> None:
+    project = _project(tmp_path / "project", '[tool.perfdoctor]\nextend-rules = ["perf"]\n')
+    rule = project / "perf" / "XY100.toml"
+    if kind == "fifo":
+        os.mkfifo(rule)
+    elif kind == "dev-zero":
+        rule.symlink_to("/dev/zero")
+    else:
+        (tmp_path / "elsewhere.toml").write_text("id = 'XY100'\n")
+        rule.symlink_to(tmp_path / "elsewhere.toml")
+    line = error_line(*cli(project, monkeypatch, capsys, "report", "run", "--config", "pyproject.toml"), "XY100.toml")
+    assert ("outside the project" in line) == (kind != "fifo")
+
+
+@pytest.mark.parametrize(("config", "says"), [
+    ('[tool.perfdoctor]\nextend-rules = [""]\n', "extend-rules ''"),
+    ("[tool.perfdoctor.thresholds.PD002]\nmax_workers = 1e308\n", "must be a whole number"),
+    ("[tool.perfdoctor.thresholds.PD002]\nmax_workers = 4.5\n", "must be a whole number"),
+])
+def test_settings_that_cannot_be_meant_are_refused(tmp_path: Path, monkeypatch, capsys, config: str, says: str) -> None:
+    project = _project(tmp_path, config)
+    line = error_line(*cli(project, monkeypatch, capsys, "report", "run", "--config", "pyproject.toml"), "pyproject.toml")
+    assert says in line
