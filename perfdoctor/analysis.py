@@ -8,6 +8,7 @@ Never imports torch."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -178,6 +179,12 @@ def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[
     return facts, summary, findings, rows, slowest
 
 
+def _failed_first(report: Report) -> tuple[int, float]:
+    """The order of a job's ranks in its notes: the failed ones first, by when they ended."""
+    ex = report.run.get("exit") or {}
+    return (0, ex.get("at") or 0.0) if ex.get("code") else (1, 0.0)
+
+
 def analyse_job(job_dir: Path, config: Path | None = None, write_rank_reports: bool = False) -> Report:
     """The merged report of a job folder: one run folder per rank (`rank-<R>`, written by `perfdoctor
     run --nproc-per-node N`, by every rank under an outside launcher, or gathered from every node).
@@ -201,14 +208,17 @@ def analyse_job(job_dir: Path, config: Path | None = None, write_rank_reports: b
     facts, summary, findings, rows, slowest = _merge_ranks(ranks, per_rank, rules, settings, "run")
     pace = reports[slowest]
     notes: list[str] = []
-    for r in reports:
+    # the rank whose failure started it first (it ended first: the others' errors follow from it,
+    # a collective's peer gone), then the other failed ranks in the order they ended, then the rest
+    by_failure = sorted(reports, key=_failed_first)
+    for r in by_failure:
         notes += [n for n in r.notes if n not in notes]
     world = max((int((r.run.get("rank") or {}).get("world_size") or 0) for r in reports), default=0)
     if world > len(dirs):
         missing = sorted(set(range(world)) - {rank for rank, _ in dirs})
         notes.append(f"{len(dirs)} of {world} ranks found; missing: rank {', '.join(map(str, missing))} "
                      f"(gather the rank folders of every node into one folder)")
-    failed = next((r.run["exit"] for r in reports if (r.run.get("exit") or {}).get("code")), None)
+    failed = next((r.run["exit"] for r in by_failure if (r.run.get("exit") or {}).get("code")), None)
     run = dict(pace.run)
     run.update(kind="job", job_dir=str(job_dir), run_dir=str(job_dir), ranks=[rank for rank, _ in ranks],
                rank_dirs=[str(d) for _, d in dirs], exit=failed or pace.run.get("exit", {}))
@@ -377,12 +387,25 @@ def analyse_repeats(folder: Path, runs: list[Path], config: Path | None = None) 
     return report
 
 
+def missing(path: Path) -> None:
+    """InputError when `path` cannot be reached: no such file or folder, or a loop of symbolic links
+    (which `exists()` reports as missing)."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise InputError(f"{path}: a loop of symbolic links (it leads back to itself); give the file or folder "
+                             f"itself") from None
+        if not path.exists():
+            raise InputError(f"{path}: no such file or folder") from None
+        raise InputError(f"{path}: cannot read it ({e.strerror or e})") from None
+
+
 def analyse_path(path: Path, config: Path | None = None) -> Report:
     """`perfdoctor report PATH`: a run folder, a job folder of rank run folders, a repeated run's folder
     of repeat-N run folders (the last run, noted), a saved report.json (as it was judged: `config` does
     not apply), a trace file, or a folder of per-rank traces."""
-    if not path.exists():
-        raise InputError(f"{path}: no such file or folder")
+    missing(path)
     if is_run_dir(path):
         return analyse_run(path, config)
     if is_job_dir(path):
@@ -420,7 +443,6 @@ def compare_paths(base: Path, current: Path, max_regression: float, fail_on: str
     (its repeat-N run folders) or a report.json; `allow_different_args`: script arguments that
     differ do not make the pair not comparable."""
     for p in (base, current):
-        if not p.exists():
-            raise PerfdoctorError(f"{p}: no such file or folder")
+        missing(p)
     return compare_files(base, current, max_regression, fail_on, strict=strict,
                          allow_different_args=allow_different_args)

@@ -95,3 +95,26 @@ def test_settings_that_cannot_be_meant_are_refused(tmp_path: Path, monkeypatch, 
     project = _project(tmp_path, config)
     line = error_line(*cli(project, monkeypatch, capsys, "report", "run", "--config", "pyproject.toml"), "pyproject.toml")
     assert says in line
+
+
+def test_a_loop_of_symbolic_links_is_its_own_error(tmp_path: Path, monkeypatch, capsys) -> None:
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    for args in (("report", "a"), ("compare", "a", "a")):
+        assert "a loop of symbolic links" in error_line(*cli(tmp_path, monkeypatch, capsys, *args), "a")
+    assert "no such file or folder" in error_line(*cli(tmp_path, monkeypatch, capsys, "report", "c"), "c")
+
+
+def test_a_failed_jobs_notes_start_with_the_rank_that_failed_first(tmp_path: Path) -> None:
+    """Rank 1 raised; rank 0's collective then failed with a secondary gloo error, later: rank 1's
+    exception is the first note and the job's exit."""
+    from perfdoctor.analysis import analyse_job
+
+    for rank, (err, at) in enumerate((("RuntimeError: [gloo] Connection closed by peer", 200.0),
+                                      ("ValueError: the real cause", 100.0))):
+        exit_ = {"code": 1, "reason": "exception", "traceback": f"Traceback ...\n{err}\n", "at": at}
+        make_run(tmp_path / "job" / f"rank-{rank}", n=20, exit_=exit_)
+    report = analyse_job(tmp_path / "job")
+    failed = [n for n in report.notes if "the script failed" in n]
+    assert "ValueError: the real cause" in failed[0] and "gloo" in failed[1]
+    assert report.run["exit"]["traceback"].strip().endswith("ValueError: the real cause")

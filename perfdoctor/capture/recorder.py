@@ -12,6 +12,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -226,7 +227,7 @@ class Recorder:
                         memory_objects=self.memory_objects.records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
-        meta.exit = Exit(code=code, reason=reason, traceback=tb)
+        meta.exit = Exit(code=code, reason=reason, traceback=tb, at=round(time.time(), 3))
         meta.step_clock = self.clock.kind or "none"
         meta.window = self.window.meta()
         meta.env = collect_env(self.torch, self.clock.device_mem.used, self.clock.device_mem.peaks)

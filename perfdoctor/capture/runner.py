@@ -370,7 +370,8 @@ def _finish_meta(run_dir: Path, target: str, module: bool, argv: list[str], code
     if not (run_dir / "steps.json").exists():
         write(run_dir / "steps.json", Steps(steps=steps))
     meta.wall_s, meta.step_clock, meta.complete, meta.finalised_by = round(wall_s, 4), clock, True, "parent"
-    meta.exit = Exit(code=code, reason="interrupted" if interrupted else "killed", traceback=None)
+    meta.exit = Exit(code=code, reason="interrupted" if interrupted else "killed", traceback=None,
+                     at=round(time.time(), 3))
     write_meta(run_dir, meta)
     return meta
 
@@ -778,7 +779,7 @@ def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple
     if not dirs:
         raise InputError(f"torch.distributed.run started no rank (exit {code}): see its error above")
     metas = [_finish_meta(d, target, module, list(script_args), code, signalled, wall) for _, d in dirs]
-    bad = next((m for m in metas if m.exit.code), metas[0])
+    bad = min((m for m in metas if m.exit.code), key=lambda m: m.exit.at or 0.0, default=metas[0])  # failed first
     return RunResult(run_dir=job_dir, exit_code=code if bad.exit.code is None else bad.exit.code,
                      reason=bad.exit.reason or "killed")
 

@@ -65,6 +65,7 @@ class ExitDoc(Doc):
     code: int | None | UnsetType = UNSET
     reason: str | None | UnsetType = UNSET
     traceback: str | None | UnsetType = UNSET
+    at: float | None | UnsetType = UNSET  # when the script ended (Unix time)
 
 
 class RankDoc(Doc):

@@ -31,6 +31,7 @@ class Exit(Struct, kw_only=True):
     code: int | None = None
     reason: str | None = None  # completed | steps-reached | sys-exit | exception | interrupted | killed | not-started
     traceback: str | None = None
+    at: float | None = None  # when the script ended (Unix time): which rank of a failed job failed first
 
 
 class Window(Struct, kw_only=True):
