@@ -255,21 +255,40 @@ def _init_rank_worker(settings: Settings, rules: list[Rule]) -> None:
     _worker_rules = (settings, rules)
 
 
-def _rank_worker(path: Path) -> tuple[RankSummary, list[Finding]]:
+def _summarise_or_why(path: Path, settings: Settings, rules: list[Rule]) -> tuple[RankSummary, list[Finding]] | InputError:
+    """A rank's summary and findings, or why its trace could not be read."""
+    try:
+        return _summarise_and_judge(path, settings, rules)
+    except InputError as e:
+        return e
+
+
+def _rank_worker(path: Path) -> tuple[RankSummary, list[Finding]] | InputError:
     assert _worker_rules is not None  # set by the pool's initializer
-    return _summarise_and_judge(path, *_worker_rules)
+    return _summarise_or_why(path, *_worker_rules)
+
+
+def _readable_ranks(files: list[Path], ranked: list[tuple[RankSummary, list[Finding]] | InputError]
+                    ) -> tuple[list[tuple[RankSummary, list[Finding]]], list[str]]:
+    """The ranks whose trace could be read, and a note for each one left out (a truncated rank file
+    costs that rank, not the folder); the first error where none could be read."""
+    good = [r for r in ranked if not isinstance(r, InputError)]
+    bad = [(p, r) for p, r in zip(files, ranked) if isinstance(r, InputError)]
+    if not good:
+        raise bad[0][1]
+    return good, [f"rank trace {p.name} left out: {e.message}" for p, e in bad]
 
 
 def _summarise_ranks(files: list[Path], settings: Settings, rules: list[Rule],
-                     workers: int | None) -> list[tuple[RankSummary, list[Finding]]]:
+                     workers: int | None) -> list[tuple[RankSummary, list[Finding]] | InputError]:
     """`_summarise_and_judge` for every file, in file order: in this process for one file or one
     worker, else in a pool of `workers` processes (default: the usable CPUs, at most one per file).
     A worker holds one trace at a time and sends back only its summary, so memory is this process's
     plus, per worker, what one trace takes to load and measure, however many ranks there are. The
-    first file (in file order) that cannot be read raises its InputError, as it would serially."""
+    files that cannot be read give their InputError in their place (`_readable_ranks`)."""
     n = min(workers or usable_cpus(), len(files))
     if n <= 1:
-        return [_summarise_and_judge(p, settings, rules) for p in files]
+        return [_summarise_or_why(p, settings, rules) for p in files]
     from concurrent.futures.process import BrokenProcessPool, ProcessPoolExecutor  # 16 ms: only when used
 
     import perfdoctor.facts.trace  # noqa: F401  # the merge needs it too: imported once, before the workers fork
@@ -292,11 +311,11 @@ def analyse_trace(path: Path, config: Path | None = None, workers: int | None = 
 
     files = trace_files(path)
     settings, rules, changes = rules_for(config)
-    per_rank = _summarise_ranks(files, settings, rules, workers)
+    per_rank, left_out = _readable_ranks(files, _summarise_ranks(files, settings, rules, workers))
     for (r, _), (rank, source) in zip(per_rank, settle_ranks([(r.rank, r.rank_source) for r, _ in per_rank])):
         r.rank, r.rank_source = rank, source
     per_rank.sort(key=lambda x: x[0].rank)
-    notes: list[str] = []
+    notes: list[str] = list(left_out)
     first = per_rank[0][0]
     if first.step_source != "profiler-step":
         notes.append("no ProfilerStep annotations: steps taken from "

@@ -5,6 +5,7 @@ its cap (a FIFO as a trace, a baseline, a run folder's steps.json, a rule file; 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -118,3 +119,57 @@ def test_a_failed_jobs_notes_start_with_the_rank_that_failed_first(tmp_path: Pat
     failed = [n for n in report.notes if "the script failed" in n]
     assert "ValueError: the real cause" in failed[0] and "gloo" in failed[1]
     assert report.run["exit"]["traceback"].strip().endswith("ValueError: the real cause")
+
+
+@pytest.mark.parametrize("odd", [b'"dur": NaN', b'"name": "caf\xe9"', b'"name": "a\\udc80b"'],
+                         ids=["nan", "latin-1", "lone-surrogate"])
+def test_one_odd_value_in_a_trace_is_repaired_and_named_not_the_whole_trace_refused(
+        tmp_path: Path, monkeypatch, capsys, odd: bytes) -> None:
+    from test_hostile_inputs import ev, loader_steps, reported
+
+    good = loader_steps("train.py(3): main", n=6)
+    marker = ev("MARK", "cpu_op", 5, 7777)
+    raw = json.dumps({"traceEvents": [*good, marker]}).encode()
+    key = b'"dur": 7777' if odd.startswith(b'"dur"') else b'"name": "MARK"'
+    (tmp_path / "t.json").write_bytes(raw.replace(key, odd))
+    rep = reported(*cli(tmp_path, monkeypatch, capsys, "report", "t.json", "--format", "json"))
+    assert rep["run"]["steps_observed"] == 6
+    assert any("not JSON" in n for n in rep["notes"]), rep["notes"]
+
+
+def test_a_trace_whose_every_timestamp_is_a_string_says_so(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Each such event is dropped and counted (a string is no time); where that is every event, the
+    error says why, not that the trace holds none."""
+    from test_hostile_inputs import loader_steps, write_trace
+
+    events = loader_steps("train.py(3): main", n=6)
+    for e in events:
+        e["ts"] = str(e["ts"])
+    write_trace(tmp_path / "t.json", events)
+    line = error_line(*cli(tmp_path, monkeypatch, capsys, "report", "t.json"), "t.json")
+    assert "none of its events can be used (18 with wrong-typed fields)" in line
+
+
+def test_implausible_step_times_are_flagged(tmp_path: Path, monkeypatch, capsys) -> None:
+    from test_hostile_inputs import ev, reported, write_trace
+
+    events = [ev(f"ProfilerStep#{i}", "user_annotation", i * 9e19, 9e19) for i in range(4)]
+    events += [ev("aten::mm", "cpu_op", i * 9e19 + 10, 1000) for i in range(4)]
+    write_trace(tmp_path / "t.json", events)
+    rep = reported(*cli(tmp_path, monkeypatch, capsys, "report", "t.json", "--format", "json"))
+    assert any("steps longer than a day left out" in n for n in rep["notes"]), rep["notes"]
+
+
+def test_one_truncated_rank_trace_costs_that_rank_not_the_folder(tmp_path: Path, monkeypatch, capsys) -> None:
+    from test_hostile_inputs import loader_steps, reported, write_trace
+
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    for r in (0, 1, 2):
+        write_trace(ranks / f"rank{r}.json", loader_steps("train.py(3): main", n=6),
+                    distributedInfo={"rank": r, "world_size": 3})
+    raw = (ranks / "rank1.json").read_bytes()
+    (ranks / "rank1.json").write_bytes(raw[: len(raw) // 2])  # cut off mid-write
+    rep = reported(*cli(tmp_path, monkeypatch, capsys, "report", "ranks", "--format", "json"))
+    assert any(n.startswith("rank trace rank1.json left out:") for n in rep["notes"]), rep["notes"]
+    assert rep["run"]["steps_observed"] == 6

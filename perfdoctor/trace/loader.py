@@ -19,7 +19,10 @@ Limits (a trace may come from anywhere; each keeps time and memory proportional 
 Going past a limit is an InputError (exit 2) naming the file and the limit, except `MAX_STRING`.
 Events that cannot be used (no timestamp, no name, no duration on a complete event, wrong-typed
 fields, times beyond `MAX_TIME`) are dropped, and odd values (negative durations, ids beyond
-64 bits) repaired; both are counted by reason in `Trace.dropped`.
+64 bits) repaired; both are counted by reason in `Trace.dropped`. So are the repairs of text that is
+not JSON (`_repair`: NaN / Infinity literals read as null, bytes that are not UTF-8 and lone
+surrogate escapes as U+FFFD), and the steps longer than a day
+(`MAX_STEP_US`), left out: one odd value costs its event, never the whole trace.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ MAX_EXPANSION = 200  # decompressed bytes per byte of a gzip file...
 MIN_EXPANDED = 256 << 20  # ...or this many, whichever is more
 EVENTS_PER_MB = 1_000_000  # events per MB of the file on disk...
 MIN_EVENTS = 2_000_000  # ...or this many, whichever is more
+MAX_STEP_US = 86_400e6  # a step longer than a day (µs) is no training step: the trace's times are suspect
 MAX_TIME = 1e20  # |ts| and dur (µs; ns in some dialects): beyond is not a time, and sums of it stay finite
 
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
@@ -406,10 +410,10 @@ def _load(path: Path) -> Trace:
             continue
         buf[c] = 0x5D  # "]": close the array after the last whole event
         try:
-            events = _events_decoder.decode(memoryview(buf)[: c + 1])
+            events = _decode(_events_decoder, memoryview(buf)[: c + 1], b)
         except msgspec.ValidationError:
             events = None
-            b.add_lenient(_try_any(buf, c + 1))
+            b.add_lenient(_try_any(buf, c + 1, b))
         except (msgspec.DecodeError, UnicodeDecodeError):  # the cut fell inside a string: extend with the next bytes
             buf[c] = 0x2C
             if len(buf) > MAX_EVENT_BYTES + CHUNK:
@@ -431,14 +435,49 @@ def _load(path: Path) -> Trace:
     return trace
 
 
+# what a Python json.dump or a stray byte leaves in an otherwise good trace: NaN / Infinity literals
+# (not JSON), lone UTF-16 surrogate escapes and bytes that are not UTF-8 (a Latin-1 name)
+_NAN = re.compile(rb"(?<=[:\[,])(\s*)-?(?:NaN|Infinity)\b")
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+REPAIRED = "repaired: not JSON (NaN or Infinity as null, text that is not UTF-8 as U+FFFD)"
+
+
+def _repair(data: bytes) -> bytes:
+    """`data` with NaN and Infinity literals as null, lone surrogate escapes and bytes that are not
+    UTF-8 as U+FFFD; the same bytes where there was nothing to repair. (A surrogate pair, valid JSON,
+    in a chunk that needs repair for another reason becomes two U+FFFD: rare, and only a name.)"""
+    out = _NAN.sub(rb"\1null", data)
+    out = _SURROGATE.sub(rb"\\ufffd", out)
+    return out.decode("utf-8", "replace").encode("utf-8")
+
+
+def _decode(decoder: Any, data: bytes | memoryview, b: _Builder) -> Any:
+    """`decoder.decode(data)`; where that is not JSON, the repaired bytes (`_repair`, counted as such).
+    The first error is raised where repairing changes nothing or does not help."""
+    try:
+        return decoder.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        fixed = _repair(bytes(data))
+        if fixed == bytes(data):
+            raise
+        try:
+            out = decoder.decode(fixed)
+        except (msgspec.DecodeError, UnicodeDecodeError):
+            pass
+        else:
+            b.count(REPAIRED)
+            return out
+        raise
+
+
 def _too_many(path: Path, n: int) -> InputError:
     return InputError(f"{path}: more than {n} events, over {EVENTS_PER_MB} per MB of the file "
                       "(real traces hold under 100,000 per MB); not a torch.profiler trace")
 
 
-def _try_any(buf: bytearray, end: int) -> Any:
+def _try_any(buf: bytearray, end: int, b: _Builder) -> Any:
     try:
-        return _any_decoder.decode(memoryview(buf)[:end])
+        return _decode(_any_decoder, memoryview(buf)[:end], b)
     except (msgspec.DecodeError, UnicodeDecodeError):
         return []
 
@@ -476,7 +515,7 @@ def _finish(trace: Trace, b: _Builder, head: bytearray, buf: bytearray | None) -
     del buf
     if top:
         try:
-            t = _top_decoder.decode(doc)
+            t = _decode(_top_decoder, doc, b)
         except msgspec.ValidationError:
             t = _lenient_top(path, doc, b)
         except (msgspec.DecodeError, UnicodeDecodeError) as e:
@@ -492,14 +531,18 @@ def _finish(trace: Trace, b: _Builder, head: bytearray, buf: bytearray | None) -
     else:
         try:
             try:
-                events = _events_decoder.decode(doc)
+                events = _decode(_events_decoder, doc, b)
             except msgspec.ValidationError:  # msgspec types as it parses: the JSON may still be malformed later on
-                b.add_lenient(_any_decoder.decode(doc))
+                b.add_lenient(_decode(_any_decoder, doc, b))
             else:
                 b.add(events)
         except (msgspec.DecodeError, UnicodeDecodeError) as e:
             raise InputError(f"{path}: not valid JSON ({_short(e)}); the file is truncated or not a trace") from None
     if not len(trace.kind):
+        if b.dropped:  # every event was unusable: say why, not that there were none
+            why = ", ".join(f"{n} {reason}" for reason, n in sorted(b.dropped.items(), key=lambda x: -x[1])[:3])
+            raise InputError(f"{path}: none of its events can be used ({why}); it is not a torch.profiler trace "
+                             "as torch writes it (times are numbers, every event has a name)")
         raise InputError(f"{path} contains no profiler events; profile at least one step and export again")
     rank = trace.distributed_info.get("rank")
     if isinstance(rank, int) and not isinstance(rank, bool):
@@ -509,12 +552,19 @@ def _finish(trace: Trace, b: _Builder, head: bytearray, buf: bytearray | None) -
         if m:
             trace.rank, trace.rank_source = int(m.group(1)), "file name"
     find_steps(trace)
+    keep = [end - start <= MAX_STEP_US for _, start, end in trace.steps]
+    if not all(keep):  # no training step: left out of the step times, and said
+        b.count("implausible: steps longer than a day left out (times in another unit than µs, or broken)",
+                keep.count(False))
+        if len(trace.cpu_steps) == len(keep):
+            trace.cpu_steps = list(compress(trace.cpu_steps, keep))
+        trace.steps = list(compress(trace.steps, keep))
 
 
 def _lenient_top(path: Path, doc: bytes, b: _Builder) -> Top:
     """The document is JSON but some values have unexpected types: keep what can be read."""
     try:
-        raw = _any_decoder.decode(doc)
+        raw = _decode(_any_decoder, doc, b)
     except (msgspec.DecodeError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: not valid JSON ({_short(e)}); the file is truncated or not a trace") from None
     if not isinstance(raw, dict) or "traceEvents" not in raw:
