@@ -101,7 +101,7 @@ def check_writable(path: Path, option: str) -> None:
     while not above.exists() and above != above.parent:
         above = above.parent
     if not above.is_dir():
-        raise InputError(f"{option} {path}: {above} is not a folder")
+        raise InputError(f"{option} {path}: cannot write it ({above} is not a folder)")
     if not os.access(above, os.W_OK | os.X_OK):
         raise InputError(f"{option} {path}: cannot write it (no permission to write in {above})")
 

@@ -130,8 +130,8 @@ def test_check_writable(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("x")
     with pytest.raises(InputError, match=r"--save-baseline .*file/b.json: cannot write it"):
         check_writable(tmp_path / "file" / "b.json", "--save-baseline")
-    check_writable(tmp_path / "new" / "r.md", "--output")  # its folder is made, the file is not left
-    assert (tmp_path / "new").is_dir() and not (tmp_path / "new" / "r.md").exists()
+    check_writable(tmp_path / "new" / "r.md", "--output")  # nothing is made: the folder comes with the file
+    assert not (tmp_path / "new").exists()
     check_writable(tmp_path / "file", "--output")
     assert (tmp_path / "file").read_text() == "x"  # an existing file is not truncated by the check
 
