@@ -138,7 +138,7 @@ def test_a_script_that_forks_helpers_that_sys_exit(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr[-3000:]
     assert "codes [7, 7, 7]" in p.stderr and p.stderr.count("helper atexit") == 3
     meta = _meta(tmp_path / "run")
-    assert meta["exit"] == {"code": 0, "reason": "completed", "traceback": None}
+    assert (meta["exit"]["code"], meta["exit"]["reason"]) == (0, "completed")
     assert json.loads((tmp_path / "run" / "steps.json").read_text())["steps"][-1]["i"] == 20
     assert meta["window"]["trace"]
 
