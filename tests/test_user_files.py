@@ -173,3 +173,17 @@ def test_one_truncated_rank_trace_costs_that_rank_not_the_folder(tmp_path: Path,
     rep = reported(*cli(tmp_path, monkeypatch, capsys, "report", "ranks", "--format", "json"))
     assert any(n.startswith("rank trace rank1.json left out:") for n in rep["notes"]), rep["notes"]
     assert rep["run"]["steps_observed"] == 6
+
+
+@pytest.mark.parametrize("field", ['message = "{}"'.format("x" * 1_000_000), "evidence = [{}]".format(", ".join(['"step.time_ms"'] * 1000))],
+                         ids=["1-MB-text", "1000-entries"])
+def test_a_rule_file_whose_text_would_swamp_every_report_is_refused(
+        tmp_path: Path, monkeypatch, capsys, field: str) -> None:
+    """A 1 MB rule file made 95 MB of Markdown (its text in every finding): a rule's texts and lists
+    are bounded, so the reports that repeat them are."""
+    project = _project(tmp_path, '[tool.perfdoctor]\nextend-rules = ["perf"]\n')
+    (project / "perf" / "XY100.toml").write_text(
+        'id = "XY100"\nname = "x"\nseverity = "low"\nsummary = "s"\nwhen = "step.time_ms > 0"\n'
+        f'title = "t"\n{field}\n[doc]\nwhat = "w"\nwhy = "y"\n')
+    line = error_line(*cli(project, monkeypatch, capsys, "report", "run", "--config", "pyproject.toml"), "XY100.toml")
+    assert "over the" in line

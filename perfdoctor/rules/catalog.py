@@ -201,7 +201,26 @@ def check_names(names: dict[str, set[str]], subjects: tuple[str, ...], threshold
             raise RuleError(f"{where}: {field_name} reads {name!r}, which is not a fact perfdoctor produces ({hint})")
 
 
+MAX_RULE_TEXT = 8_000  # characters in one text of a rule (the built-in rules' longest: about 1,200)
+MAX_RULE_ITEMS = 64  # entries in one list or table of a rule
+
+
+def _bounded(x: Any, where: str, path: str = "") -> None:
+    """Every text and list of a rule file within MAX_RULE_TEXT / MAX_RULE_ITEMS: what a rule says is
+    repeated in every report that shows it (each finding, each format), so its size bounds theirs."""
+    if isinstance(x, str) and len(x) > MAX_RULE_TEXT:
+        raise RuleError(f"{where}: {path or 'a value'} is {len(x):,} characters, over the {MAX_RULE_TEXT:,} a rule's "
+                        f"text may hold")
+    if isinstance(x, (list, dict)):
+        if len(x) > MAX_RULE_ITEMS:
+            raise RuleError(f"{where}: {path or 'the rule'} has {len(x):,} entries, over the {MAX_RULE_ITEMS} a rule "
+                            f"may hold")
+        for k, v in (x.items() if isinstance(x, dict) else enumerate(x)):
+            _bounded(v, where, f"{path}.{k}" if path else str(k))
+
+
 def parse_rule(data: dict[str, Any], where: str) -> Rule:
+    _bounded(data, where)
     rid = _req(data, "id", where)
     if not ID_RE.match(rid):
         raise RuleError(f"{where}: rule id {rid!r} must look like PD001")
