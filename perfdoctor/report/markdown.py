@@ -9,12 +9,12 @@ document: `md` in prose, `cell` in a table, `_code` in a code span, `_fence` in 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from perfdoctor.gate.compare import Comparison, undecided_sentence
-from perfdoctor.model import NOTHING_MEASURED, RANK_COLUMNS, Report, rank_header
+from perfdoctor.model import NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
 from perfdoctor.report.explain import explanation_lines
 from perfdoctor.report.memory import compute_line, memory_line
@@ -46,17 +46,24 @@ def _ms(v: Any) -> str:
     return "–" if v is None else f"{v:,.2f} ms"
 
 
-def _where(f: Mapping[str, Any]) -> str:
+def _where(f: Finding) -> str:
     """`file name:line` of a finding's first location, unescaped; "" without one."""
-    locs = f.get("locations") or []
+    locs = f.locations
     if not locs:
         return ""
     loc = locs[0]
     more = f" and {len(locs) - 1} more" if len(locs) > 1 else ""  # the same finding at several lines
-    return f"{Path(str(loc.get('file', ''))).name}:{loc.get('line', '')}{more}"
+    return f"{Path(str(loc.file)).name}:{loc.line}{more}"
 
 
-def _loc(f: Mapping[str, Any], table: bool = False) -> str:
+def _saving(f: Finding) -> tuple[float, float | None] | None:
+    """The finding's saving (ms per step, share of the step) as report.json holds it, None unmeasured."""
+    if f.ms_per_step is None:
+        return None
+    return round(f.ms_per_step, 3), None if f.fraction_of_step is None else round(f.fraction_of_step, 4)
+
+
+def _loc(f: Finding, table: bool = False) -> str:
     where = _where(f)
     return _code(where, table) if where else ""
 
@@ -71,8 +78,7 @@ def _diff(before: str, after: str) -> str:
 
 
 def render_report(report: Report) -> str:
-    r = report.as_dict()
-    run, summary = r.get("run") or {}, r.get("summary") or {}
+    run, summary = report.run, report.summary
     st = summary.get("step_time_ms") or {}
     script = Path(str(run.get("script") or "")).name or "trace"
     out = [f"## perfdoctor: {md(script)}" + (f" ({md(run['label'])})" if run.get("label") else ""), ""]
@@ -100,59 +106,58 @@ def render_report(report: Report) -> str:
             frac = b.get("fraction")
             out.append(f"| {cell(b.get('category'))} | {b.get('ms', 0):,.2f} | {'' if frac is None else f'{frac:.0%}'} |")
         out.append("")
-    out += _ranks(r.get("ranks") or [])
-    minor = [f.minor for f in report.findings]  # the findings' dicts are in the same order
-    findings = [f for f, m in zip(r.get("findings") or [], minor, strict=True) if not m]
-    small = [f for f, m in zip(r.get("findings") or [], minor, strict=True) if m]
+    out += _ranks(report.ranks)
+    findings = [f for f in report.findings if not f.minor]
+    small = [f for f in report.findings if f.minor]
     if not findings and not small:
         out += [NOTHING_MEASURED if report.measured_nothing else "No findings. ✅", ""]
     elif findings:
         out += [f"### Findings ({len(findings)})", "",
                 "| # | Rule | Severity | Saves | Location | Finding |", "|---:|---|---|---:|---|---|"]
         for i, f in enumerate(findings, 1):
-            saving = f.get("estimated_saving") or {}
-            cost = "–" if not saving else f"{saving['ms_per_step']:,.1f} ms/step" + (
-                f" ({saving['fraction_of_step']:.0%})" if saving.get("fraction_of_step") is not None else "")
-            out.append(f"| {i} | {cell(f.get('rule'))} {cell(f.get('name'))} | {cell(f.get('severity'))} | {cost} "
-                       f"| {_loc(f, table=True)} | {cell(f.get('title'))} |")
+            saving = _saving(f)
+            cost = "–" if saving is None else f"{saving[0]:,.1f} ms/step" + (
+                f" ({saving[1]:.0%})" if saving[1] is not None else "")
+            out.append(f"| {i} | {cell(f.rule)} {cell(f.name)} | {cell(f.severity)} | {cost} "
+                       f"| {_loc(f, table=True)} | {cell(f.title)} |")
         out.append("")
         for f in findings:
             where = f"`{_where(f)}`" if _where(f) else "no location"
-            out += [f"<details><summary><b>{escape.markdown_html(f.get('rule'))}</b> {escape.markdown_html(f.get('title'))} "
+            out += [f"<details><summary><b>{escape.markdown_html(f.rule)}</b> {escape.markdown_html(f.title)} "
                     f"({escape.markdown_html(where)})</summary>", ""]
-            if f.get("message"):
-                out += [md(f["message"], multiline=True), ""]
-            if not f.get("estimated_saving") and f.get("saving_basis"):
-                out += [f"*{md(f['saving_basis'])}*", ""]
-            if f.get("why"):
-                out += [f"**Why:** {md(f['why'], multiline=True)}", ""]
-            for loc in (f.get("locations") or [])[:10]:
-                if loc.get("code"):
-                    out += [_code(f"{loc.get('file')}:{loc.get('line')}"), "", _fence(escape.clean(loc["code"]), "python"), ""]
-            fix = f.get("fix")
+            if f.message:
+                out += [md(f.message, multiline=True), ""]
+            if f.ms_per_step is None and f.saving_basis:
+                out += [f"*{md(f.saving_basis)}*", ""]
+            if f.why:
+                out += [f"**Why:** {md(f.why, multiline=True)}", ""]
+            for loc in f.locations[:10]:
+                if loc.code:
+                    out += [_code(f"{loc.file}:{loc.line}"), "", _fence(escape.clean(loc.code), "python"), ""]
+            fix = f.fix
             if fix:
-                out += ["**Fix, for example:**" if fix.get("example") else "**Fix:**", ""]
-                if fix.get("before") or fix.get("after"):
-                    out += [_diff(fix.get("before") or "", fix.get("after") or ""), ""]
-                if fix.get("note"):
-                    out += [md(fix["note"], multiline=True), ""]
-            refs = f.get("references") or []
+                out += ["**Fix, for example:**" if fix.example else "**Fix:**", ""]
+                if fix.before or fix.after:
+                    out += [_diff(fix.before or "", fix.after or ""), ""]
+                if fix.note:
+                    out += [md(fix.note, multiline=True), ""]
+            refs = f.references
             if refs:
                 out += ["References: " + ", ".join(md(r) for r in refs), ""]
             out += ["</details>", ""]
     if small:  # measured, and worth under 1 % of the step or 0.2 ms: one line each
         out += [f"**Minor ({len(small)})**: measured, under 1% of the step or 0.2 ms each", ""]
         for f in small:
-            saving = f.get("estimated_saving") or {}
-            out.append(f"- {md(f.get('rule'))} {md(f.get('name'))}: {saving.get('ms_per_step', 0):,.3f} ms/step "
-                       f"{_loc(f)} {md(f.get('title'))}")
+            saving = _saving(f)
+            out.append(f"- {md(f.rule)} {md(f.name)}: {saving[0] if saving is not None else 0:,.3f} ms/step "
+                       f"{_loc(f)} {md(f.title)}")
         out.append("")
-    for n in r.get("notes") or []:
+    for n in report.notes:
         out.append(f"> {md(n)}")
     return "\n".join(out).rstrip() + "\n"
 
 
-def _ranks(rows: list[Mapping[str, Any]]) -> list[str]:
+def _ranks(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The rank table of a distributed job: the columns some rank has a value for."""
     cols = [c for c in RANK_COLUMNS if any(row.get(c[0]) is not None for row in rows)]
     if not rows or not cols:
