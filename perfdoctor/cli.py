@@ -177,6 +177,8 @@ def run(
         None, "--base-branch",
         help="With --history-baseline: only runs recorded on this git branch (default: the CI's base branch, "
              "GITHUB_BASE_REF or CI_MERGE_REQUEST_TARGET_BRANCH_NAME, where set; else any branch)."),
+    verify: bool = typer.Option(False, "--verify", help="Then measure each finding's fix on a copy (perfdoctor verify)."),
+    write_patch: Path | None = typer.Option(None, "--write-patch", help="With --verify: the verified fixes as one diff."),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
     from perfdoctor.capture.runner import is_launcher, split_launcher_args
@@ -234,7 +236,15 @@ def run(
         _err(line)
     if outcome.comparison is not None:
         _step_summary(outcome.comparison)
+    checked = None
+    if verify and not (outcome.script_failed or outcome.interrupted) and launcher is None:
+        from perfdoctor.orchestrate import verify_report
+
+        checked = verify_report(outcome.report, outcome.result.run_dir, config=config, steps=steps)
+        _write_patch(checked, write_patch)
     _emit(fmt, output, outcome.report, outcome.comparison)
+    if checked is not None and checked.interrupted:
+        raise typer.Exit(130)
     if outcome.script_failed:
         raise typer.Exit(EXIT_SCRIPT_FAILED)
     if outcome.interrupted:  # the script's own code: 130 after a KeyboardInterrupt, 0 where its handler exited 0
@@ -256,6 +266,55 @@ def _no_unknown_options(ctx: typer.Context, extra: list[str], target: str) -> No
     at = extra.index(unknown)
     raise PerfdoctorError(f"no such option: {name}; {hint}arguments for the script go after --: "
                           f"perfdoctor run [options] {target} -- {' '.join(extra[at:])}")
+
+
+@app.command(cls=_Command, context_settings={"allow_extra_args": True})
+def verify(
+    ctx: typer.Context,
+    path: str = typer.Argument(..., help="A run folder, or a training script (its arguments after --)."),
+    steps: int | None = typer.Option(None, "--steps", min=1, help="Steps per run (default: the run's limit, else 30)."),
+    repeats: int | None = typer.Option(None, "--repeats", min=1, max=20, help="Runs of each side before judging (3)."),
+    max_repeats: int | None = typer.Option(None, "--max-repeats", min=1, max=20,
+                                           help="Runs of each side at most, while undecided (6)."),
+    write_patch: Path | None = typer.Option(None, "--write-patch", help="Write the verified fixes as one unified diff."),
+    fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Report format."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Write the report to this file."),
+    out_dir: Path | None = typer.Option(None, "--out-dir", help="A script's run folder (default .perfdoctor/runs/...)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the previous run in --out-dir."),
+    config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+) -> None:
+    """Apply each finding's fix in a scratch copy of the project and measure what it saves."""
+    from perfdoctor.orchestrate import check_writable, claim_out_dir, run_and_gate, verify_path, verify_report
+
+    for p, option in ((output, "--output"), (write_patch, "--write-patch")):
+        if p is not None:
+            check_writable(p, option)
+    opts: dict = {"config": config, "steps": steps, "pairs": repeats, "max_pairs": max_repeats}
+    if (Path(path) / "meta.json").is_file():
+        report, checked = verify_path(Path(path), **opts)
+    elif Path(path).is_file():
+        with claim_out_dir(out_dir, overwrite) as run_root:
+            outcome = run_and_gate(path, module=False, script_args=list(ctx.args) + list(ctx.meta.get("after_dashes", [])),
+                                   out_dir=run_root,
+                                   steps=steps, script_stdout_to_stderr=True, show_status=True, config=config)
+        if outcome.script_failed or outcome.interrupted:
+            _emit(fmt, output, outcome.report)
+            raise typer.Exit(EXIT_SCRIPT_FAILED if outcome.script_failed else 130)
+        report, checked = outcome.report, verify_report(outcome.report, outcome.result.run_dir, **opts)
+    else:
+        raise PerfdoctorError(f"{path}: neither a run folder nor a script")
+    _write_patch(checked, write_patch)
+    _emit(fmt, output, report)
+    if checked.interrupted:
+        raise typer.Exit(130)
+
+
+def _write_patch(checked, path: Path | None) -> None:
+    if path is None:
+        return
+    path.write_text(checked.patch, encoding="utf-8")
+    _err(f"the verified fixes written to {path} (git apply {path})" if checked.patch
+         else f"no fix saved time measurably; {path} is empty")
 
 
 def _rank_output(output: Path | None) -> Path | None:

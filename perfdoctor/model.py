@@ -93,6 +93,35 @@ class Fix:
         return {"before": self.before, "after": self.after, "note": self.note, "example": self.example}
 
 
+VERDICTS = ("verified", "smaller", "larger", "no-saving-here", "did-not-hold", "not-verifiable-here")
+
+
+@dataclass
+class Verification:
+    """What `perfdoctor verify` measured for a finding: its fix (or, where there is none, an ablation:
+    an upper bound on the saving, not a fix) applied in a scratch copy of the project, and the script
+    run against the copy without it, alternately."""
+
+    verdict: str  # one of VERDICTS
+    kind: str  # "fix" | "ablation"
+    why: str  # one sentence: what was done and what the numbers say
+    measured_ms_per_step: float | None = None  # the original's mean step less the changed copy's
+    interval_ms: tuple[float, float] | None = None  # its 90% interval
+    runs: int = 0  # runs made, both sides
+    step_ms: float | None = None  # the original's mean step, the scale of the saving
+
+    def sentence(self) -> str:
+        """One line for every report: the verdict, the kind, and why (the numbers are in `why`)."""
+        runs = f", {self.runs} runs" if self.runs else ""
+        return f"verify: {self.verdict} ({self.kind}{runs}): {self.why}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "kind": self.kind, "why": self.why,
+                "measured_ms_per_step": None if self.measured_ms_per_step is None else round(self.measured_ms_per_step, 3),
+                "interval_ms": None if self.interval_ms is None else [round(v, 3) for v in self.interval_ms],
+                "runs": self.runs, "step_ms": None if self.step_ms is None else round(self.step_ms, 3)}
+
+
 @dataclass
 class Finding:
     rule: str  # "PD002"
@@ -111,6 +140,7 @@ class Finding:
     references: list[str] = field(default_factory=list)
     subject: str = ""  # the subject key the rule was judged on
     saving_range: tuple[float, float] | None = None  # p25..p75 of the saving evaluated step by step
+    verification: Verification | None = None  # `perfdoctor verify`'s measurement, where it ran
 
 
     @property
@@ -135,7 +165,7 @@ class Finding:
                       "fraction_of_step": None if self.fraction_of_step is None else round(self.fraction_of_step, 4)}
             if self.saving_range is not None:
                 saving["range_ms"] = [round(self.saving_range[0], 3), round(self.saving_range[1], 3)]
-        return {
+        out = {
             "rule": self.rule,
             "name": self.name,
             "severity": self.severity,
@@ -151,6 +181,9 @@ class Finding:
             "references": list(self.references),
             "fingerprint": self.fingerprint(),
         }
+        if self.verification is not None:  # only where verify ran: reports without it are as they were
+            out["verification"] = self.verification.as_dict()
+        return out
 
 
 @dataclass

@@ -28,6 +28,7 @@ from perfdoctor.model import Report, at_or_above
 
 if TYPE_CHECKING:  # imported where used: the runner is not needed to start every command
     from perfdoctor.capture.runner import RunResult
+    from perfdoctor.verify import Outcome as VerifyOutcome
 
 
 GATE_REPEATS = 3  # runs per side when gating: the gate's unit of evidence is a run, it needs several
@@ -276,3 +277,28 @@ def keep_in_history(store: Path | None, path: Path) -> list[str]:
     except PerfdoctorError as e:  # the report stands; only its place in the history is lost
         return [f"warning: the run was not kept in the history: {e.message}"]
     return []
+
+
+# -- `perfdoctor verify`: each finding's fix measured on a copy of the project ------------------------
+
+def verify_report(report: Report, run_dir: Path, *, config: Path | None = None, steps: int | None = None,
+                  pairs: int | None = None, max_pairs: int | None = None) -> VerifyOutcome:
+    """Verify the findings of `report`, the analysis of `run_dir` (perfdoctor.verify): each finding gets
+    its `verification`, the report its notes, and the run folder's report.json and report.html are
+    written again with them."""
+    from perfdoctor import verify
+
+    _, rules, _ = rules_for(config)
+    outcome = verify.verify(report, run_dir, rules, steps=steps, pairs=pairs or verify.PAIRS,
+                            max_pairs=max(pairs or verify.PAIRS, max_pairs or verify.MAX_PAIRS))
+    report.notes.extend(outcome.notes)
+    write_run_reports(report, run_dir)
+    return outcome
+
+
+def verify_path(path: Path, *, config: Path | None = None, **kwargs: int | None) -> tuple[Report, VerifyOutcome]:
+    """`perfdoctor verify RUN_FOLDER`: the run folder's analysis, verified."""
+    if not (path / "meta.json").is_file():
+        raise InputError(f"{path}: not a run folder (no meta.json); give a run folder or a script")
+    report = analyse_run(path, config)
+    return report, verify_report(report, path, config=config, **kwargs)

@@ -32,7 +32,8 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the perfd
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
     opts: dict[str, Any] = {"steps": None, "module": False, "window": None, "parent_pid": None, "job": False,
-                            "signal_fd": None}
+                            "signal_fd": None,
+                            "ablate": None}
     rest = list(argv)
     while rest and rest[0].startswith("--") and rest[0] != "--":
         flag = rest.pop(0)
@@ -50,6 +51,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             opts["signal_fd"] = int(rest.pop(0))
         elif flag == "--job":
             opts["job"] = True
+        elif flag == "--ablate":
+            opts["ablate"] = rest.pop(0)
         else:
             raise SystemExit(f"perfdoctor child: unknown option {flag}")
     opts["target"] = rest.pop(0)
@@ -253,6 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         rec.errors("install", e)
         print(f"perfdoctor: some probes could not be installed ({type(e).__name__}: {e})", file=sys.stderr)
 
+    if opts["ablate"]:  # perfdoctor verify's upper bound (capture/ablation.py); installed last, over the probes
+        from perfdoctor.capture import ablation
+
+        ablation.install(torch, opts["ablate"])
     if opts["signal_fd"] is not None:
         watch_signals(opts["signal_fd"])
     _on_sigterm.append(lambda: _finalise(rec, run_dir, "interrupted", 128 + signal.SIGTERM, None))

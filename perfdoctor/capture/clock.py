@@ -24,6 +24,7 @@ bytes at the step end and its peak within the step (the allocator's peak, reset 
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -36,6 +37,7 @@ from perfdoctor.capture.writer import RunWriter
 
 _PRIORITY = {None: 0, "dataloader": 1, "backward": 2, "optimizer": 3}
 FLUSH_S = 0.5  # the partial steps reach the disk this often
+LOSS_STEPS = 5  # the first backward calls whose loss is kept (probes.json `losses`)
 
 
 class StepsReached(SystemExit):
@@ -67,6 +69,9 @@ class StepClock:
         self.clock_opt: int | None = None  # id() of the optimizer whose step ends a step
         self.opt_seen: set[int] = set()
         self.dl_calls = 0
+        # the loss of the first LOSS_STEPS outermost backward calls, detached copies read only when the run
+        # folder is written (no host-device sync inside the steps)
+        self.loss_refs: list[Any] = []
         self.device_mem = DeviceMemory(torch)
         self.closed = False  # the run folder is written
         self.stopping = False  # --steps was reached
@@ -120,6 +125,8 @@ class StepClock:
             if clock.bwd_depth or not clock.mine():
                 return orig(*args, **kwargs)
             clock.bwd_depth = 1
+            if len(clock.loss_refs) < LOSS_STEPS:
+                clock.keep_loss(args[0] if args else kwargs.get("tensors"))
             t = clock.pc()
             try:
                 out = orig(*args, **kwargs)
@@ -134,6 +141,28 @@ class StepClock:
             return out
 
         self.patches.replace(self.torch.autograd, "backward", backward)
+
+    def keep_loss(self, tensors: Any) -> None:
+        t0 = self.pc()
+        try:
+            t = tensors[0] if isinstance(tensors, (tuple, list)) and tensors else tensors
+            one = isinstance(t, self.torch.Tensor) and t.numel() == 1
+            self.loss_refs.append(t.detach().clone() if one else None)
+        except Exception as e:  # noqa: BLE001
+            self.err("loss", e)
+        self.exclude(t0)
+
+    def losses(self) -> list[float | None]:
+        """The losses kept (`keep_loss`) as floats; None for a backward of something else than a
+        scalar, or a value that is not finite."""
+        out: list[float | None] = []
+        for t in self.loss_refs:
+            try:
+                v = float(t.float().item()) if t is not None else None
+            except Exception:  # noqa: BLE001 - a device that is gone: nothing to compare
+                v = None
+            out.append(v if v is not None and math.isfinite(v) else None)
+        return out
 
     # -- events ---------------------------------------------------------------------------------
     def before_batch(self) -> None:

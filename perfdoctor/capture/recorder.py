@@ -224,7 +224,8 @@ class Recorder:
                         gc_time=self.gc_time.records(), stalls=self.stalls.records(),
                         eval_grad=self.forward.eval_grad_records(), compile=self.compile.records(len(steps) + 1),
                         cpu_wait=self.cpu_wait.records(), gpu_clock=self.gpu_clock.records(),
-                        memory_objects=self.memory_objects.records())
+                        memory_objects=self.memory_objects.records(),
+                        losses=self.clock.losses())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb, at=round(time.time(), 3))

@@ -665,18 +665,21 @@ def _check(target: str, module: bool, steps: int | None) -> None:
 
 def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, window: tuple[int, int, int] | None,
             script_stdout_to_stderr: bool, show_status: bool, distributed: bool = False,
-            label: str = "", report_signals: bool = False) -> tuple[int, bool, float]:
-    """Start the child command (the script's stdout to stderr where asked; with `report_signals`, a
-    pipe on which perfdoctor's child reports the signals it receives), show the status line read
-    from `partial` while it runs (`label`: which run of several), watch for a script stuck before
-    its first step (`StuckWatch`, not for a distributed job), wait for it, and end whatever it left
-    running (`_end_orphans`): (its exit code, as a shell reports a signal, whether a signal was
-    passed on to it, the wall time)."""
+            label: str = "", report_signals: bool = False, cwd: Path | None = None,
+            quiet: bool = False) -> tuple[int, bool, float]:
+    """Start the child command in `cwd` (the script's stdout to stderr where asked, both nowhere when
+    `quiet`; with `report_signals`, a pipe on which perfdoctor's child reports the signals it
+    receives), show the status line read from `partial` while it runs (`label`: which run of several),
+    watch for a script stuck before its first step (`StuckWatch`, not for a distributed job), wait for
+    it, and end whatever it left running (`_end_orphans`): (its exit code, as a shell reports a signal,
+    whether a signal was passed on to it, the wall time)."""
     from perfdoctor.capture.window import plan
     from perfdoctor.capture.workers import find_py_spy
 
-    stdout = None
-    if script_stdout_to_stderr:
+    stdout: int | None = None
+    if quiet:
+        stdout = subprocess.DEVNULL
+    elif script_stdout_to_stderr:
         try:
             stdout = sys.stderr.fileno()
         except (AttributeError, OSError, ValueError):
@@ -703,7 +706,8 @@ def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, windo
         cmd = [*cmd[:3], "--signal-fd", str(w), *cmd[3:]]
     t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(cmd, env=_child_env(), stdout=stdout, pass_fds=() if reports is None else (w,))
+        proc = subprocess.Popen(cmd, env=_child_env(), stdout=stdout, pass_fds=() if reports is None else (w,),
+                                stderr=subprocess.DEVNULL if quiet else None, cwd=cwd)
     finally:
         if reports is not None:
             os.close(w)
@@ -730,9 +734,12 @@ def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, windo
 
 def run_script(target: str, *, module: bool = False, script_args: list[str] | tuple[str, ...] = (),
                out_dir: Path | None = None, steps: int | None = None, script_stdout_to_stderr: bool = False,
-               show_status: bool = False, window: tuple[int, int, int] | None = None, label: str = "") -> RunResult:
+               show_status: bool = False, window: tuple[int, int, int] | None = None, label: str = "",
+               cwd: Path | None = None, quiet: bool = False, ablate: str | None = None) -> RunResult:
     """Run a training script (or `-m` module) under perfdoctor's capture; return where the run folder
-    is. `label`: which run of several, for the status line."""
+    is. `label`: which run of several, for the status line; `cwd`: the script's working folder (default
+    ours); `quiet`: its output goes nowhere (the run folder keeps a traceback); `ablate`: an ablation
+    of `perfdoctor verify` (capture/ablation.py)."""
     _check(target, module, steps)
     run_dir = new_run_dir(target, module, out_dir)
     cmd = [sys.executable, "-m", "perfdoctor.capture.child", "--run-dir", str(run_dir), "--parent-pid", str(os.getpid())]
@@ -740,11 +747,14 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
         cmd += ["--steps", str(steps)]
     if window:
         cmd += ["--window", ",".join(str(int(x)) for x in window)]
+    if ablate:
+        cmd += ["--ablate", ablate]
     if module:
         cmd.append("--module")
     cmd += [target, "--", *script_args]
     code, signalled, wall = _launch(cmd, target, run_dir / PARTIAL, steps, window, script_stdout_to_stderr,
-                                    show_status, label=label, report_signals=True)
+                                    show_status, label=label, report_signals=True,
+                                    cwd=cwd, quiet=quiet)
     meta = _finish_meta(run_dir, target, module, list(script_args), code, signalled, wall)
     return RunResult(run_dir=run_dir, exit_code=code if meta.exit.code is None else meta.exit.code,
                      reason=meta.exit.reason or "killed",

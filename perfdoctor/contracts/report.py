@@ -22,7 +22,7 @@ from perfdoctor.contracts import files
 from perfdoctor.contracts.files import Count, Ms, StepMs, check_schema, decode, read_bytes, schema_of
 from perfdoctor.contracts.run import Stuck
 from perfdoctor.model import SCHEMA as REPORT_SCHEMA
-from perfdoctor.model import Fact, Finding, Fix, Hotspot, Location, Report, RuleDoc, identity_of
+from perfdoctor.model import Fact, Finding, Fix, Hotspot, Location, Report, RuleDoc, Verification, identity_of
 
 # Every Struct of report.json forbids fields it does not declare: a key the writer adds without a
 # field here fails the writer's own encode (report/jsonfmt.py goes through ReportDoc) and the reader.
@@ -211,6 +211,17 @@ class FactDoc(Doc):
     detail: str = ""
 
 
+class VerificationDoc(Doc):
+    """`perfdoctor verify`'s measurement of a finding (perfdoctor.model.Verification)."""
+    verdict: str
+    kind: str = "fix"
+    why: str = ""
+    measured_ms_per_step: float | None = None
+    interval_ms: list[float] | None = None
+    runs: int = 0
+    step_ms: float | None = None
+
+
 class FindingDoc(Doc):
     rule: str
     name: str = ""
@@ -226,6 +237,7 @@ class FindingDoc(Doc):
     fix: FixDoc | None = None
     references: list[str] = []
     fingerprint: str = ""
+    verification: VerificationDoc | None = None
 
     def identity(self) -> str:
         """`perfdoctor.model.finding_identity` of this finding (the gate's and SARIF's key)."""
@@ -343,6 +355,14 @@ def to_doc(report: Report) -> ReportDoc:
     return msgspec.convert(report.as_dict(), ReportDoc)
 
 
+def _verification(v: VerificationDoc | None) -> Verification | None:
+    if v is None:
+        return None
+    iv = v.interval_ms
+    return Verification(v.verdict, v.kind, v.why, v.measured_ms_per_step,
+                        (iv[0], iv[1]) if iv is not None and len(iv) == 2 else None, v.runs, v.step_ms)
+
+
 def from_doc(doc: ReportDoc) -> Report:
     """A saved report.json as the Report every renderer draws (`perfdoctor report report.json`):
     everything it shows is in the document (a finding's per-step saving range as written, no per-step
@@ -367,7 +387,8 @@ def from_doc(doc: ReportDoc) -> Report:
             evidence=[fact(e.fact, e) for e in f.evidence],
             fix=Fix(f.fix.before, f.fix.after, f.fix.note, f.fix.example) if f.fix is not None else None,
             references=list(f.references), subject=subject,
-            saving_range=(spread[0], spread[1]) if spread is not None and len(spread) == 2 else None))
+            saving_range=(spread[0], spread[1]) if spread is not None and len(spread) == 2 else None,
+            verification=_verification(f.verification)))
     hotspots = [Hotspot(function=h.function, file=h.file, line=h.line, ms_per_step=h.ms_per_step,
                         calls_per_step=h.calls_per_step, lines=msgspec.to_builtins(h.lines), process=h.process)
                 for h in doc.hotspots]

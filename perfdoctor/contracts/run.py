@@ -460,6 +460,10 @@ class Probes(Struct, kw_only=True):
     cpu_wait: CpuWaitRecord | None = None
     gpu_clock: GpuClockRecord | None = None
     memory_objects: list[OptimizerMemory] = []
+    # the value of the tensor passed to each of the first LOSS_STEPS outermost backward calls (the loss;
+    # null where it is not a one-element tensor or not finite): `perfdoctor verify` compares the
+    # trajectories of a script and its fixed copy
+    losses: list[float | None] = []
 
 
 # -- hotspots.json -----------------------------------------------------------------------------

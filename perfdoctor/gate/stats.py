@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from perfdoctor.stats import quantile
 
@@ -33,6 +33,12 @@ Z95 = 1.959963984540054
 N_BOOT = 2000
 # The quantile of a run's steady steps that the gate judges (why p10: the module docstring).
 GATE_QUANTILE = 0.10
+# A run's value other than a quantile of its steps (`perfdoctor verify`: the median or the mean step)
+Statistic = Callable[[Sequence[float]], float]
+
+
+def _of(q: float, stat: Statistic | None) -> Statistic:
+    return stat if stat is not None else (lambda xs: quantile(xs, q))
 
 
 def block_length(x: Sequence[float]) -> int:
@@ -60,7 +66,7 @@ def block_length(x: Sequence[float]) -> int:
 
 
 def block_bootstrap(x: Sequence[float], n_boot: int, rng: random.Random, q: float = 0.5,
-                    block: int | None = None) -> list[float]:
+                    block: int | None = None, stat: Statistic | None = None) -> list[float]:
     """q-quantiles of `n_boot` circular block bootstrap resamples of the series x."""
     n = len(x)
     b = block or block_length(x)
@@ -72,18 +78,18 @@ def block_bootstrap(x: Sequence[float], n_boot: int, rng: random.Random, q: floa
         for _ in range(k):
             s = rng.randrange(n)
             sample.extend(xs[s:s + b])
-        out.append(quantile(sample[:n], q))
+        out.append(quantile(sample[:n], q) if stat is None else stat(sample[:n]))
     return out
 
 
 def within_run_log_var(x: Sequence[float], rng: random.Random, n_boot: int = N_BOOT,
-                       q: float | None = None) -> float | None:
+                       q: float | None = None, stat: Statistic | None = None) -> float | None:
     """Variance of log(q-quantile of the run; GATE_QUANTILE by default), from the block bootstrap.
     None for too short a run."""
     if len(x) < 6:
         return None
     q = GATE_QUANTILE if q is None else q
-    meds = block_bootstrap(x, n_boot, rng, q)
+    meds = block_bootstrap(x, n_boot, rng, q, stat=stat)
     logs = [math.log(m) for m in meds if m > 0]
     return statistics.pvariance(logs) if len(logs) > 1 else None
 
@@ -106,11 +112,29 @@ def side_center(run_values: Sequence[float]) -> float:
     return math.exp(statistics.fmean(math.log(v) for v in vals))
 
 
-def ratio_interval(base_runs: Sequence[Sequence[float]], cur_runs: Sequence[Sequence[float]],
-                   sigma_b2: float, df: int = 0, seed: int = 0, n_boot: int | None = None,
-                   q: float | None = None, level: float = 0.90) -> tuple[float, float, float]:
-    """Point estimate and `level` percentile interval of center(current) / center(baseline),
-    where a run's value is the q-quantile of its steps.
+def pooled_between_log_var(sides: Sequence[Sequence[Sequence[float]]], seed: int, min_steps: int,
+                           q: float | None = None, stat: Statistic | None = None) -> tuple[float, int] | None:
+    """sigma_b^2 pooled over the sides (each a list of runs' steady step times) that have two runs or
+    more, all with `min_steps` steps, and its degrees of freedom; None where no side has repeats."""
+    rng = random.Random(seed)
+    of = _of(GATE_QUANTILE if q is None else q, stat)
+    parts = []
+    for side in sides:
+        if len(side) >= 2 and all(len(r) >= min_steps for r in side):
+            v = between_run_log_var([of(r) for r in side], [within_run_log_var(r, rng, 500, q, stat) for r in side])
+            if v is not None:
+                parts.append((len(side) - 1, v))
+    if not parts:
+        return None
+    dof = sum(df for df, _ in parts)
+    return sum(df * v for df, v in parts) / dof, dof
+
+
+def side_replicates(base_runs: Sequence[Sequence[float]], cur_runs: Sequence[Sequence[float]],
+                    sigma_b2: float, df: int = 0, seed: int = 0, n_boot: int | None = None,
+                    q: float | None = None, stat: Statistic | None = None) -> tuple[list[float], list[float]]:
+    """`n_boot` bootstrap replicates of each side's center, as logs, where a run's value is the
+    q-quantile of its steps (or `stat` of them).
 
     Each bootstrap replicate redraws every run's value by a block bootstrap of its own steps and
     multiplies it by a run effect exp(u), u ~ N(0, s^2), then takes each side's center. The run
@@ -134,7 +158,7 @@ def ratio_interval(base_runs: Sequence[Sequence[float]], cur_runs: Sequence[Sequ
         """Each replicate's side center, as its log: a run effect drawn from a wide posterior (a
         noisy baseline of two runs, df=1) can be exp(±1000), which as a factor overflows to inf or
         underflows to 0 (and a side of one run then had no value left to take the mean of)."""
-        per_run = [block_bootstrap(r, n_boot, rng, q) for r in runs]
+        per_run = [block_bootstrap(r, n_boot, rng, q, stat=stat) for r in runs]
         out = []
         for i in range(n_boot):
             sd = run_sd()
@@ -142,11 +166,37 @@ def ratio_interval(base_runs: Sequence[Sequence[float]], cur_runs: Sequence[Sequ
                                          for pr in per_run if pr[i] > 0] or [0.0]))
         return out
 
-    point = side_center([quantile(r, q) for r in cur_runs]) / side_center([quantile(r, q) for r in base_runs])
-    b, c = replicates(base_runs), replicates(cur_runs)
-    ratios = sorted(math.exp(max(-700.0, min(700.0, ci - bi))) for ci, bi in zip(c, b))
+    return replicates(base_runs), replicates(cur_runs)
+
+
+def _percentiles(values: list[float], level: float) -> tuple[float, float]:
+    values = sorted(values)
     tail = (1 - level) / 2
-    lo = ratios[int(tail * (n_boot - 1))]
-    hi = ratios[int(math.ceil((1 - tail) * (n_boot - 1)))]
+    return values[int(tail * (len(values) - 1))], values[int(math.ceil((1 - tail) * (len(values) - 1)))]
+
+
+def ratio_interval(base_runs: Sequence[Sequence[float]], cur_runs: Sequence[Sequence[float]],
+                   sigma_b2: float, df: int = 0, seed: int = 0, n_boot: int | None = None,
+                   q: float | None = None, level: float = 0.90, stat: Statistic | None = None
+                   ) -> tuple[float, float, float]:
+    """Point estimate and `level` percentile interval of center(current) / center(baseline)
+    (`side_replicates`)."""
+    of = _of(GATE_QUANTILE if q is None else q, stat)
+    point = side_center([of(r) for r in cur_runs]) / side_center([of(r) for r in base_runs])
+    b, c = side_replicates(base_runs, cur_runs, sigma_b2, df, seed, n_boot, q, stat)
+    lo, hi = _percentiles([math.exp(max(-700.0, min(700.0, ci - bi))) for ci, bi in zip(c, b)], level)
     return point, lo, hi
 
+
+def difference_interval(base_runs: Sequence[Sequence[float]], cur_runs: Sequence[Sequence[float]],
+                        sigma_b2: float, df: int = 0, seed: int = 0, n_boot: int | None = None,
+                        q: float | None = None, level: float = 0.90, stat: Statistic | None = None
+                        ) -> tuple[float, float, float]:
+    """Point estimate and `level` percentile interval of center(baseline) - center(current), in the
+    runs' unit (`perfdoctor verify`'s saving per step): both centers' uncertainty in it, which a
+    ratio's interval scaled by the baseline's point would leave out (`side_replicates`)."""
+    of = _of(GATE_QUANTILE if q is None else q, stat)
+    point = side_center([of(r) for r in base_runs]) - side_center([of(r) for r in cur_runs])
+    b, c = side_replicates(base_runs, cur_runs, sigma_b2, df, seed, n_boot, q, stat)
+    lo, hi = _percentiles([math.exp(min(700.0, bi)) - math.exp(min(700.0, ci)) for ci, bi in zip(c, b)], level)
+    return point, lo, hi

@@ -53,6 +53,9 @@ def render_report(report: Report, root: Path | str | None = None, limit: int = M
         msg = f.message or f.title or ""
         if f.ms_per_step is not None:
             msg += f" (saves ~{round(f.ms_per_step, 3):.1f} ms/step)"  # as report.json holds it
+        if f.verification is not None:
+            v = f.verification
+            msg += f"\nverify: {v.verdict} ({v.kind}): {v.why}"
         if f.fix and f.fix.after:
             msg += f"\nFix: {f.fix.after}"
         # one annotation at each line the finding was found at; its other lines after the other findings' first

@@ -259,6 +259,32 @@ def _value(v: Any, unit: str) -> str:
     return _e(f"{v:.4g}" if isinstance(v, float) else v) + (f" {_e(unit)}" if unit and unit != "count" else "")
 
 
+def _verified(f: Finding, step_ms: Any) -> str:
+    """`perfdoctor verify`'s result: its sentence, and the predicted and measured savings on one bar (the
+    measured one's interval as a whisker), both as shares of the original's step."""
+    v = f.verification
+    assert v is not None
+    out = f'<br><span class="verified verdict-{_e(v.verdict)}">{_e(v.sentence())}</span>'
+    scale = v.step_ms if v.step_ms else step_ms
+    if v.measured_ms_per_step is None or not isinstance(scale, (int, float)) or scale <= 0:
+        return out
+
+    def x(ms: float) -> float:
+        return max(0.0, min(1.0, ms / scale)) * 300
+
+    bars = ['<rect width="300" height="16" fill="#e6e6e6"/>']
+    if f.ms_per_step is not None:
+        bars.append(f'<rect y="0" width="{x(f.ms_per_step):.1f}" height="7" fill="{charts.fill(0)}"><title>predicted '
+                    f'{_e(ms_text(f.ms_per_step))}</title></rect>')
+    bars.append(f'<rect y="9" width="{x(v.measured_ms_per_step):.1f}" height="7" fill="{charts.fill(1)}"><title>measured '
+                f'{_e(ms_text(v.measured_ms_per_step))}</title></rect>')
+    if v.interval_ms is not None:
+        lo, hi = x(v.interval_ms[0]), x(v.interval_ms[1])
+        bars.append(f'<line x1="{lo:.1f}" x2="{hi:.1f}" y1="12.5" y2="12.5" stroke="#000" stroke-width="1.5"/>')
+    return (out + '<br><svg class="chart savebar" role="img" aria-label="predicted (top) and measured (bottom) '
+            'saving as shares of the step" viewBox="0 0 300 16" width="300" height="16">' + "".join(bars) + "</svg>")
+
+
 def _finding(i: int, f: Finding, rule: RuleDoc | None, step_ms: Any) -> str:
     if f.ms_per_step is not None:
         cost = (f'<span class="saving">saves ~{_data(f"findings.{i - 1}.estimated_saving.ms_per_step", round(f.ms_per_step, 3), ms_text(f.ms_per_step))}'
@@ -273,6 +299,8 @@ def _finding(i: int, f: Finding, rule: RuleDoc | None, step_ms: Any) -> str:
         cost += bar
     else:
         cost = '<span class="unmeasured">cost not measured here</span>'
+    if f.verification is not None:
+        cost += _verified(f, step_ms)
     locs = "".join(f'<li><code class="where">{_e(_short(l.file))}:{l.line}</code>'
                    + (f' <code class="code">{_e(l.code)}</code>' if l.code else "") + "</li>" for l in f.locations[:10])
     out = [f'<article class="finding sev-{_e(f.severity)}" id="finding-{i}">',

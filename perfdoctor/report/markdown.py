@@ -129,6 +129,9 @@ def render_report(report: Report) -> str:
                 out += [md(f.message, multiline=True), ""]
             if f.ms_per_step is None and f.saving_basis:
                 out += [f"*{md(f.saving_basis)}*", ""]
+            if f.verification is not None:
+                v = f.verification
+                out += [f"**Verified on this machine:** {md(v.verdict)} ({md(v.kind)}, {v.runs} runs): {md(v.why)}", ""]
             if f.why:
                 out += [f"**Why:** {md(f.why, multiline=True)}", ""]
             for loc in f.locations[:10]:

@@ -114,6 +114,8 @@ def to_sarif(report: Any, rules: Iterable[Any] | None = None, root: Path | str |
                                "properties": {"confidence": f.get("confidence"),
                                               "precision": PRECISION.get(f.get("confidence", "medium"), "medium"),
                                               "estimatedSavingMsPerStep": saving["ms_per_step"] if saving else None}}
+        if f.get("verification"):  # `perfdoctor verify`: the measured saving beside the estimate
+            res["properties"]["verification"] = f["verification"]
         locs = [l for l in f.get("locations") or [] if l.get("file")]
         if locs:
             res["locations"] = []

@@ -196,6 +196,9 @@ def _finding(i: int, f: Finding) -> Group:
     head.append("  ")
     head.append_text(_cost(f))
     parts: list[Any] = [head, _indent(_t(f.title, style="bold"))]
+    if f.verification is not None:
+        good = f.verification.verdict in ("verified", "larger")
+        parts.append(_indent(_t(f.verification.sentence(), style="green" if good else "yellow")))
     for loc in f.locations[:MAX_LOCATIONS]:  # a finding found at several lines (the same words) lists them all
         where = _t(f"{_short(loc.file)}:{loc.line}", style="cyan")
         if loc.code:

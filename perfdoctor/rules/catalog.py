@@ -74,6 +74,9 @@ class Rule:
     # the severity of a finding this run could not put a number on (the rule's `unmeasured` case);
     # None: the rule's severity
     severity_unmeasured: str | None = None
+    # where there is no mechanical fix, what `perfdoctor verify` may take away instead to bound the saving
+    # ([ablation]: {"kind": one of ABLATIONS, "what": a phrase, "callee": for remove-call}); None: nothing safe
+    ablation: dict[str, str] | None = None
     # `[let]`: named values, each an expression over facts, thresholds and the lets before it, read
     # in the rule's other expressions as `let.NAME` (evaluated where read: rules.engine.make_lookup)
     lets: dict[str, str] = field(default_factory=dict)
@@ -103,6 +106,12 @@ class Rule:
                 "doc": {"what": self.doc.what, "why": self.doc.why, "example": self.doc.example,
                         "use_instead": self.doc.use_instead, "fix_safety": self.doc.fix_safety,
                         "references": list(self.doc.references)}}
+
+
+# `perfdoctor verify`'s ablations: "data" (the child delivers the first batch again: capture/ablation.py),
+# "remove-call" (the call `callee` removed at the finding's line), "skip-line" (the call statement at
+# the finding's line removed)
+ABLATIONS = ("data", "remove-call", "skip-line")
 
 
 def builtin_rules_dir() -> Path:
@@ -282,13 +291,18 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     spread = data.get("spread_over_steps", False)
     if not isinstance(spread, bool):
         raise RuleError(f"{where}: spread_over_steps must be true or false")
+    ablation = data.get("ablation")
+    if ablation is not None and not (isinstance(ablation, dict) and ablation.get("kind") in ABLATIONS
+                                     and isinstance(ablation.get("what"), str)
+                                     and all(isinstance(v, str) for v in ablation.values())):
+        raise RuleError(f"{where}: [ablation] needs kind (one of {', '.join(ABLATIONS)}) and what, as strings")
     lets, let_used = parse_lets(data.get("let", {}), where)
     check_names({**let_used, **used}, subjects, thresholds, where, lets)
     return Rule(
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
         title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
         subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread, severity_unmeasured=severity_unmeasured,
-        subject_optional=bool(data.get("subject_optional", False)),
+        subject_optional=bool(data.get("subject_optional", False)), ablation=ablation,
         saving_ms=data.get("saving_ms"), unmeasured=str(data.get("unmeasured", "")),
         saving_note=str(data.get("saving_note", "")),
         thresholds=dict(thresholds), fix_kind=fix_kind, fix_params=params, fix_text=fix_text,
