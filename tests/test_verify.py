@@ -140,6 +140,13 @@ def test_every_format_shows_the_verdict() -> None:
     assert out["findings"][0]["verification"]["interval_ms"] == [15.0, 25.0]
     sarif = json.loads(render("sarif", report))
     assert sarif["runs"][0]["results"][0]["properties"]["verification"]["verdict"] == "smaller"
+    from perfdoctor.contracts.report import from_doc, to_doc
+
+    v = f.verification
+    assert from_doc(to_doc(report)).findings[0].verification == v  # `report report.json` keeps it
+    f.verification = None
+    assert "verification" not in render("json", report)  # reports without verify are as they were
+    f.verification = v
     page = render("html", report)
     assert "predicted 30.0 ms" in page.replace("&nbsp;", " ") or "predicted" in page
     assert page.count("savebar") >= 2  # the prediction's bar and the verified bar with both numbers

@@ -237,7 +237,7 @@ class FindingDoc(Doc):
     fix: FixDoc | None = None
     references: list[str] = []
     fingerprint: str = ""
-    verification: VerificationDoc | None = None
+    verification: VerificationDoc | UnsetType = UNSET  # only where `perfdoctor verify` ran
 
     def identity(self) -> str:
         """`perfdoctor.model.finding_identity` of this finding (the gate's and SARIF's key)."""
@@ -355,8 +355,8 @@ def to_doc(report: Report) -> ReportDoc:
     return msgspec.convert(report.as_dict(), ReportDoc)
 
 
-def _verification(v: VerificationDoc | None) -> Verification | None:
-    if v is None:
+def _verification(v: VerificationDoc | UnsetType) -> Verification | None:
+    if isinstance(v, UnsetType):
         return None
     iv = v.interval_ms
     return Verification(v.verdict, v.kind, v.why, v.measured_ms_per_step,
