@@ -105,10 +105,10 @@ class Verification:
     verdict: str  # one of VERDICTS
     kind: str  # "fix" | "ablation"
     why: str  # one sentence: what was done and what the numbers say
-    measured_ms_per_step: float | None = None  # the original's mean step less the changed copy's
+    measured_ms_per_step: float | None = None  # the original's median (or mean) step less the changed copy's
     interval_ms: tuple[float, float] | None = None  # its 90% interval
     runs: int = 0  # runs made, both sides
-    step_ms: float | None = None  # the original's mean step, the scale of the saving
+    step_ms: float | None = None  # the original's median (or mean) step, the scale of the saving
 
     def sentence(self) -> str:
         """One line for every report: the verdict, the kind, and why (the numbers are in `why`)."""

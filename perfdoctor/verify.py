@@ -12,10 +12,12 @@ replaced by the first batch repeated: an upper bound on the saving, never a fix)
 2. the original copy and the changed one run alternately under perfdoctor's capture (`--steps`, the
    profiled window at the last step, so that every other step is a steady one), `pairs` pairs, and
    more, one pair at a time, while the result is undecided, up to `max_pairs`.
-3. each run's value is its mean steady step (a saving per step is what the run's total time loses per
-   step, periodic stalls included); the saving's interval is the gate's: the ratio of the two sides'
-   centres from a block bootstrap of each run's steps, with the run-to-run variance measured on the
-   repeated runs (gate.stats), as the original's centre less the fixed one's.
+3. each run's value is its median steady step where the rule's saving is paid on every step (robust to
+   a shared machine's contention, which lands on some steps at random), its mean where the saving is
+   paid on some steps only (the rule's `spread_over_steps`: an epoch start, every Nth step; the median
+   would not see it); the saving's interval is the gate's: the ratio of the two sides' centres from a
+   block bootstrap of each run's steps, with the run-to-run variance measured on the repeated runs
+   (gate.stats), as the original's centre less the fixed one's.
 4. the verdict (`verdict`): `verified` (the saving is real and the prediction inside its interval),
    `smaller` / `larger` (real, the prediction above / below the interval; `smaller` also where the
    change made the step slower), `no-saving-here` (the interval holds no saving), `did-not-hold` (the
@@ -37,7 +39,7 @@ import shutil
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,7 +53,7 @@ from perfdoctor.gate.compare import LEVEL
 from perfdoctor.model import Finding, Fix, Location, Report, Verification
 from perfdoctor.rules.catalog import Rule
 from perfdoctor.rules.fixes import apply_fix, render_fix
-from perfdoctor.stats import profiler_steps, warmup_steps
+from perfdoctor.stats import profiler_steps, quantile, warmup_steps
 
 PAIRS = 3  # runs of each side before the first look: the gate's GATE_REPEATS
 MAX_PAIRS = 6  # at most twice the runs the gate needs, per finding
@@ -75,6 +77,7 @@ class Change:
     what: str  # what was changed, for the verdict's sentence
     files: dict[Path, str] = field(default_factory=dict)
     ablate: str | None = None
+    statistic: str = "median"  # a run's value: "median" or "mean" (the rule's saving is spread over steps)
 
 
 @dataclass
@@ -106,15 +109,19 @@ class Sides:
 
 
 # -- the verdict, from measured series -------------------------------------------------------------
-def saving_interval(original: list[list[float]], changed: list[list[float]], seed: int = 0
-                    ) -> tuple[float, float, float, float]:
+STATISTICS: dict[str, Callable[[Sequence[float]], float]] = {
+    "median": lambda xs: quantile(xs, 0.5), "mean": statistics.fmean}
+
+
+def saving_interval(original: list[list[float]], changed: list[list[float]], statistic: str = "median",
+                    seed: int = 0) -> tuple[float, float, float, float]:
     """(the original's centre, the saving's point estimate, its LEVEL interval's low and high end), in ms
-    per step, a run's value being its mean step (gate.stats with `stat=fmean`)."""
-    mean = statistics.fmean
-    between = stats.pooled_between_log_var([original, changed], seed, MIN_STEPS, stat=mean)
+    per step, a run's value being its median or mean step (`statistic`; gate.stats with `stat=`)."""
+    of = STATISTICS[statistic]
+    between = stats.pooled_between_log_var([original, changed], seed, MIN_STEPS, stat=of)
     sigma_b2, df = between or (0.0, 0)
-    ratio, lo, hi = stats.ratio_interval(original, changed, sigma_b2, df, seed=seed, level=LEVEL, stat=mean)
-    base = stats.side_center([mean(r) for r in original])
+    ratio, lo, hi = stats.ratio_interval(original, changed, sigma_b2, df, seed=seed, level=LEVEL, stat=of)
+    base = stats.side_center([of(r) for r in original])
     return base, base * (1 - ratio), base * (1 - hi), base * (1 - lo)
 
 
@@ -249,18 +256,19 @@ def plan(finding: Finding, rule: Rule | None, gpu_only_here: bool) -> Change | V
         return Verification("not-verifiable-here", "fix", "a GPU-only problem on a CPU run of a CUDA-targeting "
                             "script: its cost exists only on a GPU; verify it on one")
     loc = finding.locations[0] if finding.locations else None
+    statistic = "mean" if rule is not None and rule.spread_over_steps else "median"
     if finding.fix is not None and not finding.fix.example and loc is not None:
         source = _read(Path(loc.file))
         fixed = apply_fix(source, finding.fix) if source is not None else None
         if fixed is None:
             return Verification("did-not-hold", "fix", f"the fix does not apply: its `before` is not in {loc.file}")
-        return Change(finding, "fix", "the fix applied", {Path(loc.file): fixed})
+        return Change(finding, "fix", "the fix applied", {Path(loc.file): fixed}, statistic=statistic)
     ablation = rule.ablation if rule is not None else None
     if ablation is None:
         return Verification("not-verifiable-here", "fix", "no mechanical fix and no safe ablation for this rule")
     kind, what = ablation["kind"], ablation["what"]
     if kind == "data":
-        return Change(finding, "ablation", what, ablate="data")
+        return Change(finding, "ablation", what, ablate="data", statistic=statistic)
     if loc is None:
         return Verification("not-verifiable-here", "ablation", f"{what}: the finding names no line to change")
     fix = _removed_call(loc, ablation.get("callee") if kind == "remove-call" else None)
@@ -269,7 +277,7 @@ def plan(finding: Finding, rule: Rule | None, gpu_only_here: bool) -> Change | V
     if changed is None:
         return Verification("not-verifiable-here", "ablation", f"{what}: the line is not a call statement that can "
                             f"be left out safely")
-    return Change(finding, "ablation", what, {Path(loc.file): changed})
+    return Change(finding, "ablation", what, {Path(loc.file): changed}, statistic=statistic)
 
 
 # -- running ----------------------------------------------------------------------------------------
@@ -384,8 +392,8 @@ def _measure(change: Change, n: int, total: int, project: Project, scratch: Path
         if len(sides.changed) < pairs:
             continue
         result = _judge(change, sides, predicted)
-        _, _, lo, hi = saving_interval(sides.original, sides.changed)
-        if settled(predicted, result.step_ms or 0.0, lo, hi):
+        assert result.interval_ms is not None
+        if settled(predicted, result.step_ms or 0.0, *result.interval_ms):
             break
         planned = min(2 * max_pairs, k + 2)
     if len(sides.changed) and len(sides.original) and all(len(r) >= MIN_STEPS for r in sides.original + sides.changed):
@@ -403,8 +411,9 @@ def _measure(change: Change, n: int, total: int, project: Project, scratch: Path
 
 
 def _judge(change: Change, sides: Sides, predicted: float | None) -> Verification:
-    base, point, lo, hi = saving_interval(sides.original, sides.changed)
+    base, point, lo, hi = saving_interval(sides.original, sides.changed, change.statistic)
     v, why = verdict(predicted, point, lo, hi)
+    why += f"; {change.statistic} steps compared"
     if change.kind == "ablation":
         why = f"{change.what} (an upper bound on the saving, not a fix): {why}"
     return Verification(v, change.kind, why, point, (lo, hi), sides.runs, base)

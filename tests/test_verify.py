@@ -98,6 +98,15 @@ def test_plans(tmp_path: Path) -> None:
     compile(ablation.files[anomaly], str(anomaly), "exec")
     data = verify.plan(_finding("PD014", aloc, None), rules["PD014"], False)
     assert isinstance(data, verify.Change) and data.ablate == "data"
+    assert ablation.statistic == "median"  # paid on every step
+    # PD020's periodic stall: the stalling call skipped, judged on the mean step (its saving is on some steps only)
+    stall = tmp_path / "stall.py"
+    shutil.copy(SAMPLES / "pd020_periodic_stall.py", stall)
+    sloc = _loc(stall, "save_checkpoint(model, optimizer, ckpt)  #")
+    skipped = verify.plan(_finding("PD020", sloc, Fix("a", "b", example=True)), rules["PD020"], False)
+    assert isinstance(skipped, verify.Change) and skipped.kind == "ablation" and skipped.statistic == "mean"
+    assert "save_checkpoint(model, optimizer, ckpt)  #" not in skipped.files[stall]
+    compile(skipped.files[stall], str(stall), "exec")
     nothing = verify.plan(_finding("PD012", aloc, None), rules["PD012"], False)
     assert isinstance(nothing, Verification) and nothing.verdict == "not-verifiable-here"
 
