@@ -492,3 +492,22 @@ def test_every_format_says_the_step_times_are_inflated(tmp_path):
             Console(file=buf, width=400, no_color=True).print(out)
             out = buf.getvalue()
         assert "waited 34 ms per step for a CPU, 67%" in out, fmt
+
+
+# -- PD013 ---------------------------------------------------------------------------------------
+
+def test_anomaly_mode_gets_the_time_of_its_stack_captures(tmp_path):
+    """PD013's number: anomaly mode's Python stack captures per steady step (probes.json anomaly_stack_ms),
+    a lower bound on what turning it off saves; without them, no number."""
+    rule = [r for r in load_rules() if r.id == "PD013"]
+    probes = {"anomaly": [{"site": site(16, "torch.autograd.set_detect_anomaly(True)"), "enabled": True}],
+              "anomaly_stack_ms": [[i, 6.0] for i in range(1, 41)]}
+    r = load_run(make_run(tmp_path / "a", wall=lambda i: 20.0, probes=probes))
+    (s,) = r.facts.of_kind("anomaly")
+    assert s.facts["anomaly.stack_ms"].value == pytest.approx(6.0)
+    (f,) = judge(r.facts, rule, user_files=r.user_files)
+    assert f.ms_per_step == pytest.approx(6.0) and "lower bound" in f.saving_basis
+    del probes["anomaly_stack_ms"]
+    r = load_run(make_run(tmp_path / "b", wall=lambda i: 20.0, probes=probes))
+    (f,) = judge(r.facts, rule, user_files=r.user_files)
+    assert f.ms_per_step is None

@@ -76,7 +76,7 @@ class Recorder:
         self.modules = ModuleProbe(torch, self.errors)
         self.forward = ForwardProbe(torch, self.clock, self.errors, self.modules)
         self.empty_cache = EmptyCacheProbe(torch, self.clock, self.errors)
-        self.anomaly = AnomalyProbe(torch, self.errors)
+        self.anomaly = AnomalyProbe(torch, self.clock, self.errors)
         self.dataparallel = DataParallelProbe(torch, self.errors)
         self.holders = HolderScanner(torch)
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
@@ -225,7 +225,7 @@ class Recorder:
                         eval_grad=self.forward.eval_grad_records(), compile=self.compile.records(len(steps) + 1),
                         cpu_wait=self.cpu_wait.records(), gpu_clock=self.gpu_clock.records(),
                         memory_objects=self.memory_objects.records(),
-                        losses=self.clock.losses())
+                        losses=self.clock.losses(), anomaly_stack_ms=self.anomaly.stack_records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb, at=round(time.time(), 3))

@@ -464,6 +464,8 @@ class Probes(Struct, kw_only=True):
     # null where it is not a one-element tensor or not finite): `perfdoctor verify` compares the
     # trajectories of a script and its fixed copy
     losses: list[float | None] = []
+    # [step, ms] in anomaly mode's Python stack captures (capture/probes/anomaly.py), steps with some only
+    anomaly_stack_ms: list[list[float]] = []
 
 
 # -- hotspots.json -----------------------------------------------------------------------------

@@ -233,6 +233,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
     ]),
     "anomaly": _declare("anomaly", [
         ("enabled", "bool", "run", "set_detect_anomaly(True) / detect_anomaly() seen here"),
+        ("stack_ms", "ms", "run", "anomaly mode's Python stack captures per step (torch.fx.traceback.format_stack "
+                                  "for every autograd node of the forward)"),
     ]),
     "worker_hotspot": _declare("worker_hotspot", [
         ("function", "str", "run", "the hottest user function in the DataLoader workers (py-spy)"),

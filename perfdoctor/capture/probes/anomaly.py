@@ -1,7 +1,12 @@
 """Autograd anomaly detection switched on or off (`set_detect_anomaly`, `detect_anomaly`) by the
 user's own code. Torch enters anomaly mode itself (AOTAutograd traces a compiled model under
 `detect_anomaly(check_nan=False)`): only a switch whose direct caller is a user file counts, so the
-record's site is the line that switched it."""
+record's site is the line that switched it.
+
+What anomaly mode costs in the forward: for every autograd node it creates, torch calls
+`torch.fx.traceback.format_stack()` (from C++, through the module's attribute) to keep the Python
+stack; the probe times those calls while anomaly mode is on, step by step (`anomaly_stack_ms`,
+PD013's saving). The backward's NaN check of every gradient is not in it: a lower bound."""
 
 from __future__ import annotations
 
@@ -9,17 +14,20 @@ import sys
 from typing import Any
 
 from perfdoctor.capture import sites
+from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.contracts.run import AnomalyRecord
 from perfdoctor.usercode import is_user_file
 
 
 class AnomalyProbe:
-    def __init__(self, torch: Any, err: ErrorLog):
+    def __init__(self, torch: Any, clock: StepClock, err: ErrorLog):
         self.torch = torch
+        self.clock = clock
         self.err = err
         self.patches = Patches()
         self.switches: list[AnomalyRecord] = []
+        self.stack_ms: dict[int, float] = {}  # step -> ms in anomaly mode's stack captures
 
     def install(self) -> None:
         import torch.autograd.anomaly_mode  # noqa: F401 - make the submodule an attribute
@@ -41,6 +49,30 @@ class AnomalyProbe:
                     probe.err("anomaly", e)
 
             self.patches.replace(cls, "__init__", init)
+        self._time_stacks()
+
+    def _time_stacks(self) -> None:
+        try:
+            import torch.fx.traceback as fxtb
+        except ImportError:  # an older torch: no number, the rule says so
+            return
+        probe, clock, enabled = self, self.clock, self.torch.is_anomaly_enabled
+        orig = fxtb.format_stack
+
+        def format_stack(*args: Any, **kwargs: Any) -> Any:
+            if not enabled() or clock.kind is None:
+                return orig(*args, **kwargs)
+            t = clock.pc()
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                i = len(clock.steps) + 1
+                probe.stack_ms[i] = probe.stack_ms.get(i, 0.0) + (clock.pc() - t) * 1e3
+
+        self.patches.replace(fxtb, "format_stack", format_stack)
+
+    def stack_records(self) -> list[list[float]]:
+        return [[i, round(ms, 4)] for i, ms in sorted(self.stack_ms.items())]
 
     def uninstall(self) -> None:
         self.patches.undo()

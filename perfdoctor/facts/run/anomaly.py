@@ -1,9 +1,12 @@
 """The anomaly probe's records (capture/probes/anomaly.py) -> `autograd.anomaly_enabled` and one
-`anomaly` subject per line that switched anomaly detection on."""
+`anomaly` subject per line that switched anomaly detection on, with the time anomaly mode spent
+capturing Python stacks per steady step (`stack_ms`)."""
 
 from __future__ import annotations
 
-from perfdoctor.facts.model import site_subject
+import statistics
+
+from perfdoctor.facts.model import Subject, site_subject
 from perfdoctor.facts.run.context import RunContext
 
 
@@ -14,3 +17,12 @@ def add(ctx: RunContext) -> None:
             s = site_subject(ctx.facts, "anomaly", an.site)
             if s is not None:
                 s.add("enabled", True)
+                _stack_ms(ctx, s)
+
+
+def _stack_ms(ctx: RunContext, s: Subject) -> None:
+    per = {int(row[0]): row[1] for row in ctx.probes.anomaly_stack_ms if len(row) >= 2}
+    if not per or not ctx.steady or "stack_ms" in s.facts:
+        return
+    series = tuple(per.get(x["i"], 0.0) for x in ctx.steady)
+    s.add("stack_ms", statistics.fmean(series), "ms", detail=f"mean over {len(series)} steady steps", per_step=series)
