@@ -15,9 +15,9 @@ replaced by the first batch repeated: an upper bound on the saving, never a fix)
 3. each run's value is its median steady step where the rule's saving is paid on every step (robust to
    a shared machine's contention, which lands on some steps at random), its mean where the saving is
    paid on some steps only (the rule's `spread_over_steps`: an epoch start, every Nth step; the median
-   would not see it); the saving's interval is the gate's: the ratio of the two sides' centres from a
-   block bootstrap of each run's steps, with the run-to-run variance measured on the repeated runs
-   (gate.stats), as the original's centre less the fixed one's.
+   would not see it); the saving's interval is the gate's bootstrap (gate.stats.side_replicates: a
+   block bootstrap of each run's steps, with the run-to-run variance measured on the repeated runs),
+   of the original's centre less the changed one's (`difference_interval`).
 4. the verdict (`verdict`): `verified` (the saving is real and the prediction inside its interval),
    `smaller` / `larger` (real, the prediction above / below the interval; `smaller` also where the
    change made the step slower), `no-saving-here` (the interval holds no saving), `did-not-hold` (the
@@ -120,9 +120,8 @@ def saving_interval(original: list[list[float]], changed: list[list[float]], sta
     of = STATISTICS[statistic]
     between = stats.pooled_between_log_var([original, changed], seed, MIN_STEPS, stat=of)
     sigma_b2, df = between or (0.0, 0)
-    ratio, lo, hi = stats.ratio_interval(original, changed, sigma_b2, df, seed=seed, level=LEVEL, stat=of)
-    base = stats.side_center([of(r) for r in original])
-    return base, base * (1 - ratio), base * (1 - hi), base * (1 - lo)
+    point, lo, hi = stats.difference_interval(original, changed, sigma_b2, df, seed=seed, level=LEVEL, stat=of)
+    return stats.side_center([of(r) for r in original]), point, lo, hi
 
 
 def verdict(predicted: float | None, point: float, lo: float, hi: float) -> tuple[str, str]:
