@@ -175,3 +175,68 @@ def test_the_program_is_unchanged(probes):
     import inspect
 
     assert list(inspect.signature(nn.Conv2d).parameters)[:3] == ["in_channels", "out_channels", "kernel_size"]
+
+
+# -- facts: the run decides (perfdoctor/facts/run/modules.py) -----------------------------------
+
+def _tree_record(groups, *, watched=True, module="VGG", site_line=99):
+    from perfdoctor.contracts.run import ForwardRecord, ModuleTree, Site
+
+    return ForwardRecord(site=Site(file="/p/train.py", line=site_line, code="model(x)", function="main"),
+                         module=module, calls=3, params=1000,
+                         tree=ModuleTree(modules=20, layers={"Conv2d": sum(g.count for g in groups)}, convs=groups,
+                                         watched=watched))
+
+
+def _group(line, *, direct=True, count=8, bias=8, fed=8, norm="BatchNorm2d", cl=0):
+    from perfdoctor.contracts.run import ConvGroup, Site
+
+    return ConvGroup(site=Site(file="/p/models.py", line=line, code="layers.append(nn.Conv2d(c, v, 3))",
+                               function="make_layers"),
+                     direct=direct, layer="Conv2d", dims=2, count=count, bias=bias, params=count * 100, in_channels=3,
+                     weights_channels_last=cl, inputs_seen=count, bias_into_norm=fed, norm=norm if fed else None)
+
+
+def test_run_facts_count_every_conv_and_pair_conv_bias_at_the_building_line():
+    from perfdoctor.contracts.run import Probes
+    from perfdoctor.facts.run import modules
+    from perfdoctor.facts.run.context import RunContext
+
+    lib = _group(21, direct=False, count=4, bias=0, fed=0)
+    ctx = RunContext(probes=Probes(forward=[_tree_record([_group(16)]), _tree_record([lib], module="ResNet")]))
+    modules.add(ctx)
+    nets = {s.key: s for s in ctx.facts.subjects["conv_net"]}
+    vgg, resnet = nets["/p/models.py:16"], nets["/p/models.py:21"]
+    assert (vgg.facts["conv_net.convs"].value, vgg.facts["conv_net.model"].value, vgg.facts["conv_net.dims"].value) == (8, "VGG", 2)
+    assert resnet.facts["conv_net.convs"].value == 4 and resnet.facts["conv_net.convs"].source == "run"
+    (cb,) = ctx.facts.subjects["conv_bias"]  # the library's layers are not the user's to change
+    assert cb.key == "/p/models.py:16" and (cb.facts["conv_bias.count"].value, cb.facts["conv_bias.norm"].value) == (8, "BatchNorm2d")
+    assert ctx.facts.value("layout.channels_last") is False
+    assert modules.decided(ctx.probes.forward) == {"conv_net", "conv_bias"}
+
+
+def test_channels_last_weights_seen_and_an_unwatched_tree_leaves_conv_bias_to_the_source():
+    from perfdoctor.contracts.run import Probes
+    from perfdoctor.facts.run import modules
+    from perfdoctor.facts.run.context import RunContext
+
+    forward = [_tree_record([_group(16, cl=8)], watched=False)]
+    ctx = RunContext(probes=Probes(forward=forward))
+    modules.add(ctx)
+    assert ctx.facts.value("layout.channels_last") is True
+    assert "conv_bias" not in ctx.facts.subjects  # a compiled forward hides the dataflow
+    assert modules.decided(forward) == {"conv_net"}
+    assert modules.decided([]) == frozenset()
+
+
+def test_static_detectors_of_a_decided_kind_stand_down(tmp_path):
+    from perfdoctor.facts.model import Facts
+    from perfdoctor.facts.static import analyse_files
+
+    path = tmp_path / "m.py"
+    path.write_text("import torch.nn as nn\nnet = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))\n")
+    both, decided = Facts(), Facts()
+    analyse_files([path], both)
+    analyse_files([path], decided, decided=frozenset({"conv_net", "conv_bias"}))
+    assert {"conv_net", "conv_bias"} <= set(both.subjects)
+    assert not {"conv_net", "conv_bias"} & set(decided.subjects)

@@ -263,7 +263,8 @@ GLOBAL_FACTS.update(_declare(GLOBAL, [
      "the files set torch.backends.cudnn.benchmark (True where any sets it True; absent where none sets it)"),
     ("cudnn.deterministic", "bool", "static", "the files set torch.backends.cudnn.deterministic = True"),
     ("autocast.in_source", "bool", "static", "the files enter torch.autocast (or torch.cuda.amp.autocast)"),
-    ("layout.channels_last", "bool", "static", "the files use torch.channels_last (or channels_last_3d)"),
+    ("layout.channels_last", "bool", "run/static", "a run: the conv nets it called hold 2-D convolution weights or "
+     "get inputs in torch.channels_last; the source: the files use torch.channels_last (or channels_last_3d)"),
     ("layout.transposes_per_step", "count", "trace", "NCHW<->NHWC layout transpose kernels per step"),
     ("layout.transpose_ms", "ms", "trace", "NCHW<->NHWC layout transpose kernel time per step"),
     ("data.custom_collate", "bool", "static",
@@ -271,14 +272,19 @@ GLOBAL_FACTS.update(_declare(GLOBAL, [
 ]))
 SUBJECT_FACTS.update({
     "conv_net": _declare("conv_net", [
-        ("layer", "str", "static", "the first convolution layer of the file, as written (e.g. nn.Conv2d)"),
-        ("dims", "count", "static", "its spatial dimensions: 1, 2 or 3"),
-        ("convs", "count", "static", "convolution layers constructed in the file"),
+        ("layer", "str", "run/static", "the first convolution layer: its class (a run) or as written (e.g. nn.Conv2d)"),
+        ("dims", "count", "run/static", "its spatial dimensions: 1, 2 or 3 (the largest of the model's)"),
+        ("convs", "count", "run/static", "convolution layers: in the module tree the run called, or constructed in the file"),
+        ("model", "str", "run", "the class of the top-level module holding them (e.g. ResNet)"),
+        ("conv_params", "count", "run", "parameters of its convolutions"),
+        ("min_in_channels", "count", "run", "the fewest input channels of its convolutions (3: an RGB stem)"),
     ]),
     "conv_bias": _declare("conv_bias", [
-        ("layer", "str", "static", "the convolution class, as called (e.g. Conv2d)"),
-        ("norm", "str", "static", "the BatchNorm that directly follows it (e.g. BatchNorm2d)"),
-        ("pattern", "str", "static", "where they meet: sequential (nn.Sequential) or forward (bn(conv(x)))"),
+        ("layer", "str", "run/static", "the convolution class, as called (e.g. Conv2d)"),
+        ("norm", "str", "run/static", "the BatchNorm that directly follows it (e.g. BatchNorm2d)"),
+        ("pattern", "str", "run/static", "where they meet: run (the run saw the conv's output go into the norm), "
+                                         "sequential (nn.Sequential) or forward (bn(conv(x)))"),
+        ("count", "count", "run", "convolutions built at this line whose output the run saw go into the norm"),
     ]),
     "tf32": _declare("tf32", [
         ("setting", "str", "static", "the statement that turns TF32 off, as written"),

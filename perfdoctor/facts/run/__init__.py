@@ -32,6 +32,7 @@ from perfdoctor.facts.run import (
     hotspots,
     machine,
     memory,
+    modules,
     notes,
     stalls,
     steps,
@@ -43,7 +44,7 @@ __all__ = ["FAMILIES", "RunContext", "RunData", "load_run"]
 
 # In order: the step time first (the others read its steady steps), the memory before the loss
 # holders (they share its growth), the notes before the hot spots' note.
-FAMILIES = (steps, machine, memory, dataloader, dataparallel, empty_cache, anomaly, forward, holders, host_reads,
+FAMILIES = (steps, machine, memory, dataloader, dataparallel, empty_cache, anomaly, forward, modules, holders, host_reads,
             gc_calls, stalls, compile, cpu_wait, ddp, gc_time, gpu_clock, notes, hotspots)
 
 
@@ -59,6 +60,8 @@ class RunData:
     # the user-defined classes of the models the run called ("<file>:<qualname>"); None where the
     # run saw no model called (then nothing is known of which ran)
     model_classes: set[str] | None = None
+    # the subject kinds the run decided (their static detectors stand down), e.g. conv_net
+    decided: frozenset[str] = frozenset()
 
 
 def load_run(run_dir: Path) -> RunData:
@@ -69,7 +72,8 @@ def load_run(run_dir: Path) -> RunData:
     trace = run_dir / "trace.json.gz"
     return RunData(meta=ctx.raw_meta, facts=ctx.facts, summary=ctx.summary, hotspots=ctx.hotspots, notes=ctx.notes,
                    user_files=[p for p in _user_files(ctx) if p.is_file()], trace_path=trace if trace.exists() else None,
-                   model_classes=forward.model_classes(ctx.probes.forward))
+                   model_classes=forward.model_classes(ctx.probes.forward),
+                   decided=modules.decided(ctx.probes.forward))
 
 
 def _user_files(ctx: RunContext) -> list[Path]:

@@ -61,11 +61,15 @@ DETECTORS = (
 )
 
 
-def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | None = None) -> None:
+def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | None = None,
+                  decided: frozenset[str] = frozenset()) -> None:
     """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped.
     `model_classes`: the classes of the models a run called ("<absolute file>:<qualname>", their
     bases included), where a run knows them: the detectors of model code judge only those
-    (`SourceIndex.model_ran`); None: every class in the files."""
+    (`SourceIndex.model_ran`); None: every class in the files. `decided`: the subject kinds a run
+    decided from what it observed (`perfdoctor.facts.run.modules.decided`): their detectors (the
+    module of that name) stand down."""
+    detectors = [d for d in DETECTORS if d.__module__.rsplit(".", 1)[-1] not in decided]
     for path in paths:
         index = read(Path(path))
         if index is None:
@@ -73,5 +77,5 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
         if model_classes is not None:
             prefix = f"{index.file}:"
             index.ran_classes = {c[len(prefix):] for c in model_classes if c.startswith(prefix)}
-        for detect in DETECTORS:
+        for detect in detectors:
             detect(index, facts)
