@@ -45,3 +45,23 @@ def test_conv_nets_found_from_the_modules_the_run_called(tmp_path):
     (pd028,) = _at(found, "PD028").values()
     assert (Path(pd028["locations"][0]["file"]).name, pd028["locations"][0]["line"]) == ("models.py", append)
     assert "8 layers built at this line" in pd028["title"] and "bias=False" in pd028["fix"]["after"]
+
+
+def test_host_tensors_moved_every_step_found_at_the_factory_and_the_move(tmp_path):
+    """A helper in another file returns torch.randint(...) that the loop moves, the model's forward
+    moves torch.arange(...).expand_as(w), the loop moves torch.randn(...) with type_as: PD004 at
+    each factory line with the move line beside it. A tensor drawn from a host generator is not
+    flagged (device= cannot be given)."""
+    project = PROJECTS / "host_tensors"
+
+    def line(name: str, text: str) -> tuple[str, int]:
+        lines = (project / name).read_text().splitlines()
+        return name, next(i for i, t in enumerate(lines, 1) if text in t)
+
+    found = [f for f in _findings(tmp_path, project / "train.py", 12) if f["rule"] == "PD004"]
+    where = {tuple((Path(loc["file"]).name, loc["line"]) for loc in f["locations"]) for f in found}
+    assert where == {
+        (line("utils.py", "torch.randint"), line("train.py", "random_labels(8, 10).to")),
+        (line("train.py", "type_as(imgs)"),),
+        (line("models.py", "torch.arange"),),
+    }

@@ -33,6 +33,7 @@ from perfdoctor.capture.probes.gc_time import GcTimeProbe
 from perfdoctor.capture.probes.gpu_clock import GpuClockProbe
 from perfdoctor.capture.probes.holders import HolderScanner
 from perfdoctor.capture.probes.host_reads import HostReadProbe
+from perfdoctor.capture.probes.host_tensors import HostTensorProbe
 from perfdoctor.capture.probes.memory_objects import MemoryObjectsProbe
 from perfdoctor.capture.probes.modules import ModuleProbe
 from perfdoctor.capture.probes.stalls import StallSampler
@@ -80,6 +81,7 @@ class Recorder:
         self.dataparallel = DataParallelProbe(torch, self.errors)
         self.holders = HolderScanner(torch)
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
+        self.host_tensors = HostTensorProbe(torch, self.errors)
         self.gc_calls = GcCallProbe(self.clock, self.errors)
         self.ddp = DdpProbe(torch, self.clock, self.errors)
         self.gc_time = GcTimeProbe(self.clock, self.errors, lambda: self.forward.busy)
@@ -98,8 +100,8 @@ class Recorder:
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.modules, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
-                        self.host_reads, self.user_profiler, self.gc_calls, self.ddp, self.gc_time, self.stalls,
-                        self.compile, self.cpu_wait, self.gpu_clock, self.memory_objects)
+                        self.host_reads, self.host_tensors, self.user_profiler, self.gc_calls, self.ddp, self.gc_time,
+                        self.stalls, self.compile, self.cpu_wait, self.gpu_clock, self.memory_objects)
 
     @property
     def stopping(self) -> bool:
@@ -160,6 +162,7 @@ class Recorder:
         self.gpu_clock.end_step(i)
         self.dataloader.end_step()
         self.host_reads.end_step()
+        self.host_tensors.end_step(i)
         self.cuda_batches.end_step(i)
         if not self.host_reads.cuda_run and self.cuda_batches.active:
             self.host_reads.cuda_run = True  # from CUDA's first use on, only device tensors count
@@ -220,6 +223,7 @@ class Recorder:
         probes = Probes(dataloaders=self.dataloader.records(), dataparallel=self.dataparallel.records(),
                         empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
                         forward=self.forward.records(), loss_holders=self.holders.records(),
+                        host_tensors=self.host_tensors.records(),
                         host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(), ddp=self.ddp.records(),
                         gc_time=self.gc_time.records(), stalls=self.stalls.records(),
                         eval_grad=self.forward.eval_grad_records(), compile=self.compile.records(len(steps) + 1),

@@ -296,6 +296,18 @@ class ForwardRecord(Struct, kw_only=True):
     tree: ModuleTree | None = None
 
 
+class HostTensorRecord(Struct, kw_only=True):
+    """Tensors a torch factory made on the host inside the step, then moved to a device (capture/probes/host_tensors.py)."""
+    site: Site | None = None  # the factory call
+    moved: Site | None = None  # the .to(device) / .cuda() / .type_as(t) that moved them
+    factory: str = ""  # randn, randint, arange, ...
+    how: str = ""  # to | cuda | type_as
+    moves: int = 0  # moves seen over the watched steps
+    steps: int = 0  # watched steps with such a move
+    watched: int = 0  # steps watched
+    nbytes: int = 0  # bytes of the first tensor moved
+
+
 class LossHolderRecord(Struct, kw_only=True):
     """A holder of losses with their graphs (capture/probes/holders.py); `site` feeds it."""
     site: Site | None = None
@@ -450,6 +462,7 @@ class Probes(Struct, kw_only=True):
     anomaly: list[AnomalyRecord] = []
     forward: list[ForwardRecord] = []
     loss_holders: list[LossHolderRecord] = []
+    host_tensors: list[HostTensorRecord] = []
     host_reads: list[HostReadRecord] = []
     gc_calls: list[GcCallRecord] = []
     ddp: list[DdpRecord] = []

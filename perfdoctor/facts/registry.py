@@ -200,10 +200,13 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("free_calls_per_step", "count", "trace", "cudaFree/hipFree calls per step"),
     ]),
     "cpu_to_device": _declare("cpu_to_device", [
-        ("factory", "str", "trace/static", "the torch factory that builds the tensor on the CPU"),
+        ("factory", "str", "run/trace/static", "the torch factory that builds the tensor on the CPU"),
         ("target", "str", "trace/static", "the device it is copied to, as written (a trace: cuda)"),
-        ("in_loop", "bool", "trace/static", "made on every training step (a static read: in the step loop's body, "
-                                            "not once per epoch; in a forward or a function the step calls)"),
+        ("in_loop", "bool", "run/trace/static", "made on every training step (a run: moved on at least half the "
+                                                "watched steps; a static read: in the step loop's body, not once per "
+                                                "epoch; in a forward or a function the step calls)"),
+        ("moves_per_step", "count", "run", "its tensors moved to a device per watched step (the move's line is the "
+                                           "second location)"),
         ("ms", "ms", "trace", "its host-to-device copy time per step"),
     ]),
     "loss_holder": _declare("loss_holder", [

@@ -43,7 +43,7 @@ def main():
         copt = torch.optim.SGD(convs.parameters(), lr=1e-2)
         cconvs = torch.compile(convs, backend=BACKEND)
         for _ in range(3):
-            closs = cconvs(torch.randn(2, 3, 12, 12)).square().mean()
+            closs = cconvs(torch.randn(2, 3, 12, 12).to(x.device)).square().mean()
             copt.zero_grad()
             closs.backward()
             copt.step()

@@ -1,0 +1,209 @@
+"""Tensors a factory makes on the host inside the training step and the step then moves to a device
+(PD004): the factory's line and the move's line, whatever function each is in (a helper that
+returns `torch.randint(...)`, its caller's `.to(device)`; `torch.arange(L).expand_as(w).to(device)`
+in an attention call; `torch.randn(...).type_as(imgs)`).
+
+A CPU run moves nothing (the device is the CPU), but the script's `.to(device)` / `.cuda()` /
+`.type_as(batch)` on the tensor is the copy its GPU runs pay on every step. Watched from the end of
+the first step for `WATCH_STEPS` steps, on the main thread of this process (never in a forked
+DataLoader worker): torch's factories (`FACTORIES`, module functions of torch) note the tensors they
+return when the caller is the user's code, by `id()` with a weak reference, forgotten at each step
+end; `Tensor.to`, `.cuda` and `.type_as` look the tensor (or the tensor a view was taken of) up in
+that dict and count the pair of lines. O(1) per call; nothing while dynamo traces; nothing stored
+on tensors. The factory wrappers stay installed, inert, until the run ends (TorchScript knows them
+as the aten ops they wrap: `torch.jit.script` of code calling `torch.randn` still compiles); the
+Tensor methods are put back when the watch ends.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import threading
+import weakref
+from typing import Any
+
+from perfdoctor.capture import sites
+from perfdoctor.capture.patches import ErrorLog, Patches
+from perfdoctor.contracts.run import HostTensorRecord
+from perfdoctor.usercode import is_user_file
+
+# torch's functions that allocate on the CPU unless given device= (as the static read's, less
+# as_tensor, which often wraps a batch that is already a tensor)
+FACTORIES = ("randn", "rand", "randint", "randperm", "zeros", "ones", "full", "empty", "arange", "linspace",
+             "logspace", "eye", "tensor")
+WATCH_STEPS = 30
+MAX_MADE = 10_000  # tensors remembered per step
+MAX_PAIRS = 200  # (factory line, move line) pairs kept
+_KEEP: list[Any] = []  # every wrapper ever registered with TorchScript: its id() must stay its own
+
+
+class _Pair:
+    __slots__ = ("site", "moved", "factory", "how", "moves", "steps", "last", "nbytes")
+
+    def __init__(self, site: Any, moved: Any, factory: str, how: str, nbytes: int):
+        self.site, self.moved, self.factory, self.how, self.nbytes = site, moved, factory, how, nbytes
+        self.moves = self.steps = 0
+        self.last = -1
+
+
+class HostTensorProbe:
+    def __init__(self, torch: Any, err: ErrorLog):
+        self.torch = torch
+        self.err = err
+        self.patches = Patches()  # the factories
+        self.methods = Patches()  # the Tensor methods, while watching
+        self.on = False
+        self.done = False
+        self.step = 0
+        self.until = 0
+        self.main = threading.get_ident()
+        self.made: dict[int, tuple[weakref.ref, Any, str]] = {}  # id() -> (ref, factory frame's (code, line), factory)
+        self.pairs: dict[tuple, _Pair] = {}
+        self.site_of: dict[tuple, Any] = {}  # (code, line) -> Site
+        self.watched = 0
+
+    # -- the factories (installed for the whole run, active while watching) ----------------------
+    def install(self) -> None:
+        torch, probe = self.torch, self
+        compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+        get_ident, getframe = threading.get_ident, sys._getframe
+        register = getattr(getattr(getattr(torch, "jit", None), "_builtins", None), "_register_builtin", None)
+        def wrap(orig: Any, name: str) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                # compiling() first: a constant True to dynamo, which then guards on nothing of the probe's
+                if compiling() or not probe.on or get_ident() != probe.main or "device" in kwargs or "generator" in kwargs:
+                    return orig(*args, **kwargs)  # (a host generator cannot draw on a device: not the user's to change)
+                out = orig(*args, **kwargs)
+                probe._made(out, getframe(1), name)
+                return out
+            return wrapper
+
+        for name in FACTORIES:
+            orig = getattr(torch, name, None)
+            if orig is None:
+                continue
+            wrapper = wrap(orig, name)
+            self.patches.replace(torch, name, wrapper)
+            _KEEP.append(wrapper)
+            if register is not None:
+                register(wrapper, f"aten::{name}")
+        os.register_at_fork(after_in_child=self._forked)
+
+    def uninstall(self) -> None:
+        self._stop()
+        self.patches.undo()
+
+    def _forked(self) -> None:
+        self.on = False
+        self.done = True
+        self.made = {}
+
+    def _made(self, out: Any, frame: Any, factory: str) -> None:
+        try:
+            if len(self.made) >= MAX_MADE or not isinstance(out, self.torch.Tensor) or out.device.type != "cpu":
+                return
+            if not is_user_file(frame.f_code.co_filename):
+                return
+            self.made[id(out)] = (weakref.ref(out), (frame.f_code, frame.f_lineno), factory)
+        except Exception as e:  # noqa: BLE001
+            self.err("host_tensors", e)
+
+    # -- the moves (while watching) --------------------------------------------------------------
+    def _watch(self) -> None:
+        torch, probe = self.torch, self
+        T = torch.Tensor
+        compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+        getframe = sys._getframe
+        orig_to, orig_cuda, orig_type_as = T.to, T.cuda, T.type_as
+
+        def to(t: Any, *args: Any, **kwargs: Any) -> Any:
+            if not compiling() and probe.made and _to_device(torch, args, kwargs):
+                probe._moved(t, getframe(1), "to")
+            return orig_to(t, *args, **kwargs)
+
+        def cuda(t: Any, *args: Any, **kwargs: Any) -> Any:
+            if not compiling() and probe.made:
+                probe._moved(t, getframe(1), "cuda")
+            return orig_cuda(t, *args, **kwargs)
+
+        def type_as(t: Any, other: Any) -> Any:
+            if not compiling() and probe.made:
+                probe._moved(t, getframe(1), "type_as")
+            return orig_type_as(t, other)
+
+        for f, o in ((to, orig_to), (cuda, orig_cuda), (type_as, orig_type_as)):
+            setattr(f, "__wrapped__", o)  # noqa: B010
+        self.methods.replace(T, "to", to)
+        self.methods.replace(T, "cuda", cuda)
+        self.methods.replace(T, "type_as", type_as)
+        self.on = True
+
+    def _stop(self) -> None:
+        self.on = False
+        self.methods.undo()
+        self.made = {}
+
+    def _moved(self, t: Any, frame: Any, how: str) -> None:
+        try:
+            e = self.made.get(id(t))
+            if e is None or e[0]() is not t:
+                base = t._base
+                e = self.made.get(id(base)) if base is not None else None
+                if e is None or e[0]() is not base:
+                    return
+            if threading.get_ident() != self.main or not is_user_file(frame.f_code.co_filename):
+                return
+            key = (e[1], (frame.f_code, frame.f_lineno))
+            p = self.pairs.get(key)
+            if p is None:
+                if len(self.pairs) >= MAX_PAIRS:
+                    return
+                p = self.pairs[key] = _Pair(self._site(*e[1]), self._site(frame.f_code, frame.f_lineno), e[2], how,
+                                            int(t.numel() * t.element_size()))
+            p.moves += 1
+            if p.last != self.step:
+                p.last = self.step
+                p.steps += 1
+        except Exception as ex:  # noqa: BLE001
+            self.err("host_tensors", ex)
+
+    def _site(self, code: Any, line: int) -> Any:
+        s = self.site_of.get((code, line))
+        if s is None:
+            fn = os.path.abspath(code.co_filename)
+            s = self.site_of[(code, line)] = sites.Site(file=fn, line=line, code=linecache.getline(fn, line).strip(),
+                                                         function=code.co_name)
+        return s
+
+    # -- per step ---------------------------------------------------------------------------------
+    def end_step(self, i: int) -> None:
+        """The step clock ended step `i`: forget its tensors; watch from the first step's end on."""
+        if self.done:
+            return
+        self.made = {}
+        if self.on:
+            self.watched += 1  # step i was watched to its end
+            if i >= self.until:
+                self._stop()
+                self.done = True
+                return
+        else:
+            self._watch()
+            self.until = i + WATCH_STEPS
+        self.step = i + 1
+
+    def records(self) -> list[HostTensorRecord]:
+        return [HostTensorRecord(site=p.site, moved=p.moved, factory=p.factory, how=p.how, moves=p.moves,
+                                 steps=p.steps, watched=max(self.watched, p.steps), nbytes=p.nbytes)
+                for p in self.pairs.values()]
+
+
+def _to_device(torch: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether `Tensor.to(*args, **kwargs)` names a device (a device, a device string, another
+    tensor), not only a dtype."""
+    if "device" in kwargs:
+        return True
+    a = args[0] if args else kwargs.get("other")
+    return isinstance(a, (str, int, torch.device, torch.Tensor))

@@ -1,0 +1,134 @@
+"""Tensors made on the host inside the step and moved to a device (capture/probes/host_tensors.py,
+in process, real torch): the factory's line and the move's line, in any function; and the program
+unchanged (TorchScript, torch.compile, results)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from perfdoctor.capture.patches import ErrorLog  # noqa: E402
+from perfdoctor.capture.probes.host_tensors import HostTensorProbe  # noqa: E402
+
+
+@pytest.fixture
+def probe():
+    err = ErrorLog()
+    p = HostTensorProbe(torch, err)
+    bare = torch.randn
+    p.install()
+    yield p
+    p.uninstall()
+    assert torch.randn is bare and not err.items
+
+
+def _line(fn, text):
+    src, first = inspect.getsourcelines(fn)
+    return first + next(i for i, s in enumerate(src) if text in s)
+
+
+def noise(b):
+    return torch.randint(0, 10, (b,))  # made in a helper
+
+
+def attention(w, device):
+    pos = torch.arange(w.shape[-1]).expand_as(w).to(device)  # a view of the host tensor, moved
+    return w + pos
+
+
+def step(imgs, device):
+    y = noise(4).to(device)  # moved by the caller
+    z = torch.randn(4, 3).type_as(imgs)
+    h = torch.ones(4).to(torch.float16)  # a dtype, not a device: not a move
+    return y, z, h, attention(torch.zeros(2, 5, dtype=torch.long), device)
+
+
+def test_factory_and_move_lines_in_any_function(probe):
+    device = torch.device("cpu")
+    imgs = torch.zeros(2, 3)
+    step(imgs, device)  # step 1: before the watch
+    probe.end_step(1)
+    for i in range(2, 6):
+        step(imgs, device)
+        probe.end_step(i)
+    got = {(r.factory, r.how): r for r in probe.records()}
+    assert set(got) == {("randint", "to"), ("randn", "type_as"), ("arange", "to")}
+    r = got["randint", "to"]
+    assert (r.site.line, r.moved.line) == (_line(noise, "torch.randint"), _line(step, "noise(4).to"))
+    assert (r.moves, r.steps, r.watched, r.nbytes) == (4, 4, 4, 4 * 8)
+    assert got["arange", "to"].site.line == got["arange", "to"].moved.line == _line(attention, "torch.arange")
+    assert got["randn", "type_as"].moved.function == "step"
+
+
+def test_tensors_made_before_the_watch_or_moved_after_their_step_do_not_count(probe):
+    kept = torch.randn(3)  # made before the first step ended
+    probe.end_step(1)
+    kept.to("cpu")
+    made = torch.randn(3)
+    probe.end_step(2)
+    made.to("cpu")  # a step later: the factory's step is over
+    assert probe.records() == []
+
+
+def test_the_watch_ends_and_puts_the_tensor_methods_back(probe):
+    bare_to = torch.Tensor.to
+    probe.end_step(1)
+    assert torch.Tensor.to is not bare_to
+    for i in range(2, 2 + 31):
+        probe.end_step(i)
+    assert probe.done and torch.Tensor.to is bare_to and torch.randn(2).to("cpu").shape == (2,)
+
+
+def test_torchscript_and_compile_see_torchs_own_factories(probe):
+    probe.end_step(1)
+
+    @torch.jit.script
+    def scripted(n: int):
+        return torch.randn(n) * 0 + torch.arange(n)
+
+    assert torch.equal(scripted(3), torch.arange(3).float())
+
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+
+    def f(x):
+        return x + torch.ones(3).to(x.device) + torch.randint(0, 1, (3,)).to(x.device)
+
+    compiled = torch.compile(f, backend="eager")
+    x = torch.zeros(3)
+    assert torch.equal(compiled(x), f(x))
+    probe.end_step(2)
+    assert torch.equal(compiled(x), f(x))
+    assert not counters["graph_break"] and counters["stats"]["unique_graphs"] == 1
+
+
+def test_run_facts_key_the_factory_line_with_the_move_beside():
+    from perfdoctor.contracts.run import HostTensorRecord, Probes, Site
+    from perfdoctor.facts.run import host_tensors
+    from perfdoctor.facts.run.context import RunContext
+
+    made = Site(file="/p/utils.py", line=6, code="return torch.randint(0, n, (b,))", function="labels")
+    moved = Site(file="/p/train.py", line=20, code="y = labels(8).to(device)", function="main")
+    every = HostTensorRecord(site=made, moved=moved, factory="randint", how="to", moves=40, steps=20, watched=20)
+    rare = HostTensorRecord(site=moved, moved=moved, factory="zeros", how="cuda", moves=2, steps=2, watched=20)
+    ctx = RunContext(probes=Probes(host_tensors=[every, rare]))
+    host_tensors.add(ctx)
+    subjects = {s.key: s for s in ctx.facts.subjects["cpu_to_device"]}
+    s = subjects["/p/utils.py:6"]
+    assert [(loc.file, loc.line) for loc in s.locations] == [("/p/utils.py", 6), ("/p/train.py", 20)]
+    assert s.facts["cpu_to_device.in_loop"].value is True and s.facts["cpu_to_device.moves_per_step"].value == 2
+    assert s.facts["cpu_to_device.factory"].source == "run"
+    assert subjects["/p/train.py:20"].facts["cpu_to_device.in_loop"].value is False  # 2 of 20 steps: not per step
+
+
+def test_device_and_generator_arguments_are_not_host_tensors_to_fix(probe):
+    probe.end_step(1)
+    g = torch.Generator().manual_seed(0)
+    torch.randn(3, generator=g).to("cpu")  # a host generator: device= cannot be given
+    torch.zeros(3, device="cpu").to("cpu")  # made where the script said
+    probe.end_step(2)
+    assert probe.records() == []
