@@ -132,3 +132,38 @@ def test_device_and_generator_arguments_are_not_host_tensors_to_fix(probe):
     torch.zeros(3, device="cpu").to("cpu")  # made where the script said
     probe.end_step(2)
     assert probe.records() == []
+
+
+def test_batches_of_a_loader_moved_by_a_helper(probe):
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 2), torch.zeros(8)), batch_size=2)
+    probe.end_step(1)
+    for i, batch in enumerate(loader, 2):
+        probe.tag(batch, 7)
+        [t.to("cpu", non_blocking=True) for t in batch]  # noqa: B018
+        probe.end_step(i)
+    (r,) = probe.records()
+    assert (r.loader, r.site, r.factory, r.moves, r.steps, r.non_blocking) == (7, None, "", 8, 4, True)
+
+
+def test_run_facts_of_a_loaders_moves():
+    from perfdoctor.contracts.run import DataLoaderKwargs, DataLoaderRecord, HostTensorRecord, Probes, Site
+    from perfdoctor.facts.run import host_tensors
+    from perfdoctor.facts.run.context import RunContext
+
+    def site(file, line):
+        return Site(file=file, line=line, code="", function="f")
+
+    train = DataLoaderRecord(id=0, site=site("/p/data.py", 20), kwargs=DataLoaderKwargs(pin_memory=True))
+    val = DataLoaderRecord(id=1, site=site("/p/data.py", 21), kwargs=DataLoaderKwargs(pin_memory=False))
+    move = site("/p/utils.py", 16)
+    ctx = RunContext(probes=Probes(dataloaders=[train, val], host_tensors=[
+        HostTensorRecord(loader=0, moved=move, how="to", moves=60, steps=30, watched=31, non_blocking=False),
+        HostTensorRecord(loader=1, moved=move, how="to", moves=24, steps=3, watched=31, non_blocking=False)]))
+    host_tensors.add(ctx)
+    loaders = {s.key: s for s in ctx.facts.subjects["dataloader"]}
+    t, v = loaders["/p/data.py:20"], loaders["/p/data.py:21"]
+    assert t.facts["dataloader.trains"].value is True and v.facts["dataloader.trains"].value is False
+    assert t.facts["dataloader.moved"].value and [loc.line for loc in t.locations] == [20, 16]
+    (b,) = ctx.facts.subjects["batch_copy"]
+    assert b.key == "/p/utils.py:16" and b.facts["batch_copy.pinned"].value is True
+    assert b.facts["batch_copy.non_blocking"].value is False

@@ -65,3 +65,16 @@ def test_host_tensors_moved_every_step_found_at_the_factory_and_the_move(tmp_pat
         (line("train.py", "type_as(imgs)"),),
         (line("models.py", "torch.arange"),),
     }
+
+
+def test_a_loader_built_in_one_file_moved_by_a_helper_of_another(tmp_path):
+    """The training loader (pinned) is built in data.py, iterated through a progress wrapper over
+    enumerate() in train.py, and its batches moved by utils.to_device without non_blocking: PD017 at
+    the helper's move line. The unpinned evaluation loader's batches go through the same helper on a
+    few steps only: not a training loader, no PD003."""
+    project = PROJECTS / "loaders"
+    lines = (project / "utils.py").read_text().splitlines()
+    move = next(i for i, t in enumerate(lines, 1) if "t.to(device)" in t)
+    found = _findings(tmp_path, project / "train.py", 30)
+    assert set(_at(found, "PD017")) == {("utils.py", move)}
+    assert not _at(found, "PD003")

@@ -82,6 +82,7 @@ class Recorder:
         self.holders = HolderScanner(torch)
         self.host_reads = HostReadProbe(torch, self.clock, self.errors)
         self.host_tensors = HostTensorProbe(torch, self.errors)
+        self.dataloader.host = self.host_tensors
         self.gc_calls = GcCallProbe(self.clock, self.errors)
         self.ddp = DdpProbe(torch, self.clock, self.errors)
         self.gc_time = GcTimeProbe(self.clock, self.errors, lambda: self.forward.busy)

@@ -297,10 +297,13 @@ class ForwardRecord(Struct, kw_only=True):
 
 
 class HostTensorRecord(Struct, kw_only=True):
-    """Tensors a torch factory made on the host inside the step, then moved to a device (capture/probes/host_tensors.py)."""
-    site: Site | None = None  # the factory call
+    """Tensors a torch factory made on the host inside the step (or a DataLoader's batch), then moved to
+    a device (capture/probes/host_tensors.py)."""
+    site: Site | None = None  # the factory call (None for a batch)
+    loader: int | None = None  # the DataLoader record (its id) whose batch was moved; None for a factory's tensor
+    non_blocking: bool | None = None  # every move passed non_blocking=True
     moved: Site | None = None  # the .to(device) / .cuda() / .type_as(t) that moved them
-    factory: str = ""  # randn, randint, arange, ...
+    factory: str = ""  # randn, randint, arange, ... ("" for a batch)
     how: str = ""  # to | cuda | type_as
     moves: int = 0  # moves seen over the watched steps
     steps: int = 0  # watched steps with such a move

@@ -171,9 +171,12 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("feeds_cuda", "bool", "run/static", "its batches are moved to a CUDA device (absent, never False, "
                                                "in a static read without a move)"),
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),
-        ("trains", "bool", "static", "a loop over its batches takes a training step; False where none does while "
-                                     "another loop of the file does, or all sit in an evaluation function (an "
-                                     "evaluation loader)"),
+        ("trains", "bool", "run/static", "its batches reach the training step (a run: moved to a device on at least "
+                                         "half the watched steps); a static read: a loop over its batches takes a "
+                                         "training step, False where none does while another loop of the file does, "
+                                         "or all sit in an evaluation function (an evaluation loader)"),
+        ("moved", "bool", "run", "the step moved its batches to a device (.to(device), .cuda(), any function or file; "
+                                 "the move's line is a further location)"),
         ("pin_memory_on_cuda", "bool", "static",
          "pin_memory as it would be on a CUDA device: `use_cuda`, `torch.cuda.is_available()`, a kwargs dict "
          "filled on the accelerator path (absent where the source does not say)"),
@@ -302,8 +305,8 @@ SUBJECT_FACTS.update({
         ("grads_read", "bool", "static", "the file reads a tensor's .grad (zeroed gradients may be relied on)"),
     ]),
     "batch_copy": _declare("batch_copy", [
-        ("pinned", "bool", "static", "the DataLoader whose batch this line moves pins its memory"),
-        ("non_blocking", "bool", "static", "the move passes non_blocking=True"),
+        ("pinned", "bool", "run/static", "the DataLoader whose batch this line moves pins its memory"),
+        ("non_blocking", "bool", "run/static", "the move passes non_blocking=True (a run: every move it saw)"),
     ]),
 })
 SUBJECT_FACTS["dataloader"].update(_declare("dataloader", [

@@ -66,6 +66,7 @@ class DataLoaderProbe:
         self.torch = torch
         self.clock = clock
         self.cuda = cuda
+        self.host: Any = None  # the host-tensor probe: where the step moves each batch (set by the coordinator)
         self.err = err
         self.patches = Patches()
         self.loaders: dict[tuple, LoaderState] = {}
@@ -109,6 +110,8 @@ class DataLoaderProbe:
                 lrec.batches += 1
                 if probe.cuda.active and lrec.cuda_seen < 3:
                     probe.cuda.tag(batch, lrec)
+                if probe.host is not None and probe.host.on:
+                    probe.host.tag(batch, lrec.id)
             return batch
 
         def __iter__(loader: Any) -> Any:

@@ -40,12 +40,14 @@ _KEEP: list[Any] = []  # every wrapper ever registered with TorchScript: its id(
 
 
 class _Pair:
-    __slots__ = ("site", "moved", "factory", "how", "moves", "steps", "last", "nbytes")
+    __slots__ = ("site", "moved", "factory", "how", "moves", "steps", "last", "nbytes", "loader", "non_blocking")
 
-    def __init__(self, site: Any, moved: Any, factory: str, how: str, nbytes: int):
+    def __init__(self, site: Any, moved: Any, factory: str, how: str, nbytes: int, loader: int | None):
         self.site, self.moved, self.factory, self.how, self.nbytes = site, moved, factory, how, nbytes
+        self.loader = loader
         self.moves = self.steps = 0
         self.last = -1
+        self.non_blocking: bool | None = None
 
 
 class HostTensorProbe:
@@ -59,9 +61,10 @@ class HostTensorProbe:
         self.step = 0
         self.until = 0
         self.main = threading.get_ident()
-        self.made: dict[int, tuple[weakref.ref, Any, str]] = {}  # id() -> (ref, factory frame's (code, line), factory)
+        self.made: dict[int, tuple[weakref.ref, Any, str]] = {}  # id() -> (ref, (id of its code, line), factory)
         self.pairs: dict[tuple, _Pair] = {}
-        self.site_of: dict[tuple, Any] = {}  # (code, line) -> Site
+        self.site_of: dict[tuple, Any] = {}  # (id of a code object, line) -> Site
+        self.codes: dict[int, Any] = {}  # id() -> the code objects of the lines noted
         self.watched = 0
 
     # -- the factories (installed for the whole run, active while watching) ----------------------
@@ -102,11 +105,13 @@ class HostTensorProbe:
 
     def _made(self, out: Any, frame: Any, factory: str) -> None:
         try:
-            if len(self.made) >= MAX_MADE or not isinstance(out, self.torch.Tensor) or out.device.type != "cpu":
+            if len(self.made) >= MAX_MADE or not isinstance(out, self.torch.Tensor) or not out.is_cpu:
                 return
             if not is_user_file(frame.f_code.co_filename):
                 return
-            self.made[id(out)] = (weakref.ref(out), (frame.f_code, frame.f_lineno), factory)
+            code = frame.f_code
+            self.codes[id(code)] = code  # keeps the id its own
+            self.made[id(out)] = (weakref.ref(out), (id(code), frame.f_lineno), factory)
         except Exception as e:  # noqa: BLE001
             self.err("host_tensors", e)
 
@@ -120,12 +125,12 @@ class HostTensorProbe:
 
         def to(t: Any, *args: Any, **kwargs: Any) -> Any:
             if not compiling() and probe.made and _to_device(torch, args, kwargs):
-                probe._moved(t, getframe(1), "to")
+                probe._moved(t, getframe(1), "to", _non_blocking(args, kwargs))
             return orig_to(t, *args, **kwargs)
 
         def cuda(t: Any, *args: Any, **kwargs: Any) -> Any:
             if not compiling() and probe.made:
-                probe._moved(t, getframe(1), "cuda")
+                probe._moved(t, getframe(1), "cuda", _non_blocking(args, kwargs))
             return orig_cuda(t, *args, **kwargs)
 
         def type_as(t: Any, other: Any) -> Any:
@@ -145,7 +150,25 @@ class HostTensorProbe:
         self.methods.undo()
         self.made = {}
 
-    def _moved(self, t: Any, frame: Any, how: str) -> None:
+    def tag(self, batch: Any, loader: int) -> None:
+        """While watching, on the main thread: the host tensors of a DataLoader's batch (a few levels
+        into lists, tuples, dicts), as made by that loader (its record's id)."""
+        if not self.on or threading.get_ident() != self.main:
+            return
+        T, todo = self.torch.Tensor, [batch]
+        for _ in range(64):
+            if not todo or len(self.made) >= MAX_MADE:
+                break
+            b = todo.pop()
+            if isinstance(b, T):
+                if b.is_cpu:
+                    self.made[id(b)] = (weakref.ref(b), (0, loader), "")
+            elif isinstance(b, (list, tuple)):
+                todo.extend(b[:16])
+            elif isinstance(b, dict):
+                todo.extend(list(b.values())[:16])
+
+    def _moved(self, t: Any, frame: Any, how: str, non_blocking: bool = False) -> None:
         try:
             e = self.made.get(id(t))
             if e is None or e[0]() is not t:
@@ -153,27 +176,32 @@ class HostTensorProbe:
                 e = self.made.get(id(base)) if base is not None else None
                 if e is None or e[0]() is not base:
                     return
-            if threading.get_ident() != self.main or not is_user_file(frame.f_code.co_filename):
-                return
-            key = (e[1], (frame.f_code, frame.f_lineno))
+            code = frame.f_code
+            key = (e[1], (id(code), frame.f_lineno))
             p = self.pairs.get(key)
             if p is None:
-                if len(self.pairs) >= MAX_PAIRS:
+                if (len(self.pairs) >= MAX_PAIRS or threading.get_ident() != self.main
+                        or not is_user_file(code.co_filename)):
                     return
-                p = self.pairs[key] = _Pair(self._site(*e[1]), self._site(frame.f_code, frame.f_lineno), e[2], how,
-                                            int(t.numel() * t.element_size()))
+                self.codes[id(code)] = code
+                loader = e[1][1] if not e[2] else None  # a batch's tensors: (0, the loader's id)
+                p = self.pairs[key] = _Pair(None if loader is not None else self._site(*e[1]),
+                                            self._site(id(code), frame.f_lineno), e[2], how,
+                                            int(t.numel() * t.element_size()), loader)
             p.moves += 1
+            p.non_blocking = non_blocking if p.non_blocking is None else (p.non_blocking and non_blocking)
             if p.last != self.step:
                 p.last = self.step
                 p.steps += 1
         except Exception as ex:  # noqa: BLE001
             self.err("host_tensors", ex)
 
-    def _site(self, code: Any, line: int) -> Any:
-        s = self.site_of.get((code, line))
+    def _site(self, code_id: int, line: int) -> Any:
+        s = self.site_of.get((code_id, line))
         if s is None:
+            code = self.codes[code_id]
             fn = os.path.abspath(code.co_filename)
-            s = self.site_of[(code, line)] = sites.Site(file=fn, line=line, code=linecache.getline(fn, line).strip(),
+            s = self.site_of[(code_id, line)] = sites.Site(file=fn, line=line, code=linecache.getline(fn, line).strip(),
                                                          function=code.co_name)
         return s
 
@@ -196,8 +224,13 @@ class HostTensorProbe:
 
     def records(self) -> list[HostTensorRecord]:
         return [HostTensorRecord(site=p.site, moved=p.moved, factory=p.factory, how=p.how, moves=p.moves,
-                                 steps=p.steps, watched=max(self.watched, p.steps), nbytes=p.nbytes)
+                                 steps=p.steps, watched=max(self.watched, p.steps), nbytes=p.nbytes, loader=p.loader,
+                                 non_blocking=p.non_blocking)
                 for p in self.pairs.values()]
+
+
+def _non_blocking(args: tuple, kwargs: dict) -> bool:
+    return bool(kwargs.get("non_blocking", any(a is True for a in args)))
 
 
 def _to_device(torch: Any, args: tuple, kwargs: dict) -> bool:

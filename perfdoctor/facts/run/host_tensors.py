@@ -1,26 +1,71 @@
-"""The host-tensor probe's records (capture/probes/host_tensors.py) -> one `cpu_to_device` subject
-per factory line whose tensors the step moved to a device (PD004): the factory, the move's line as
-the second location (any function, any file), the moves per watched step, and `in_loop` from how
-many of the watched steps moved one (the run decides it over the source read's guess)."""
+"""The host-tensor probe's records (capture/probes/host_tensors.py) -> where the step moved host
+tensors to a device, whatever function or file each line is in:
+
+- a factory's tensors (PD004): one `cpu_to_device` subject per factory line, the move's line as its
+  second location, the moves per watched step, and `in_loop` from how many watched steps moved one
+  (the run decides it over the source read's guess);
+- a DataLoader's batches (PD003, PD017): on its `dataloader` subject, that the step moved them
+  (`moved`, the move's line as a further location), whether every move passed non_blocking, and
+  whether its batches reach the training step (`trains`: moved on most watched steps); one
+  `batch_copy` subject per move line, with the loader's pin_memory where it pins and the move's
+  non_blocking."""
 
 from __future__ import annotations
 
-from perfdoctor.facts.model import site_subject
+from perfdoctor.contracts.run import HostTensorRecord
+from perfdoctor.facts.model import Subject, site_subject
 from perfdoctor.facts.run.context import RunContext
 from perfdoctor.model import Location
 
+MIN_WATCHED = 4  # watched steps before the run says whether a loader's batches reach every step
+
 
 def add(ctx: RunContext) -> None:
+    loaders = {dl.id: dl for dl in ctx.probes.dataloaders}
     for r in ctx.probes.host_tensors:
-        s = site_subject(ctx.facts, "cpu_to_device", r.site)
-        if s is None or r.moved is None:
+        if r.moved is None:
             continue
-        move = Location(r.moved.file, r.moved.line, r.moved.code, r.moved.function)
-        if move not in s.locations:
-            s.locations.append(move)
-        watched = max(r.watched, 1)
-        s.add("factory", r.factory, detail=f"torch.{r.factory} at this line made the tensor on the host")
-        s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
-              detail=f"moved with .{r.how}() on {r.steps} of {r.watched} watched steps")
-        s.add("moves_per_step", r.moves / watched, "count",
-              detail=f"{r.moves} moves at {r.moved.file.rsplit('/', 1)[-1]}:{r.moved.line} over {r.watched} watched steps")
+        if r.loader is None:
+            _factory(ctx, r)
+            continue
+        dl = loaders.get(r.loader)
+        if dl is None:
+            continue
+        s = site_subject(ctx.facts, "dataloader", dl.site)
+        if s is not None:
+            _also_at(s, r)
+            s.add("moved", True, detail=f"{_where(r)}: .{r.how}() on {r.steps} of {r.watched} watched steps")
+            if ctx.env.device != "cuda" and r.non_blocking is not None:
+                s.add("non_blocking", r.non_blocking, detail=f"the moves at {_where(r)}")
+            if r.watched >= MIN_WATCHED:
+                s.add("trains", 2 * r.steps >= r.watched,
+                      detail=f"its batches were moved on {r.steps} of {r.watched} watched training steps")
+        b = site_subject(ctx.facts, "batch_copy", r.moved)
+        if b is not None and r.how in ("to", "cuda"):
+            if dl.kwargs.pin_memory:
+                b.add("pinned", True, detail="the DataLoader whose batch this line moves was built with pin_memory=True")
+            if r.non_blocking is not None:
+                b.add("non_blocking", r.non_blocking, detail=f"{r.moves} moves seen")
+
+
+def _factory(ctx: RunContext, r: HostTensorRecord) -> None:
+    s = site_subject(ctx.facts, "cpu_to_device", r.site)
+    if s is None:
+        return
+    _also_at(s, r)
+    s.add("factory", r.factory, detail=f"torch.{r.factory} at this line made the tensor on the host")
+    s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
+          detail=f"moved with .{r.how}() on {r.steps} of {r.watched} watched steps")
+    s.add("moves_per_step", r.moves / max(r.watched, 1), "count",
+          detail=f"{r.moves} moves at {_where(r)} over {r.watched} watched steps")
+
+
+def _also_at(s: Subject, r: HostTensorRecord) -> None:
+    assert r.moved is not None
+    move = Location(r.moved.file, r.moved.line, r.moved.code, r.moved.function)
+    if move not in s.locations:
+        s.locations.append(move)
+
+
+def _where(r: HostTensorRecord) -> str:
+    return f"{r.moved.file.rsplit('/', 1)[-1]}:{r.moved.line}" if r.moved is not None else "?"
