@@ -13,6 +13,8 @@ torch = pytest.importorskip("torch")
 from perfdoctor.capture.patches import ErrorLog  # noqa: E402
 from perfdoctor.capture.probes.host_tensors import HostTensorProbe  # noqa: E402
 
+pytestmark = pytest.mark.slow  # torch in this process: run by CI, not in the fast tier
+
 
 @pytest.fixture
 def probe():
