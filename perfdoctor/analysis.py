@@ -27,7 +27,7 @@ from perfdoctor.model import Finding, Report, RuleDoc
 from perfdoctor.report import jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, check_settings, describe_changes, load_settings
-from perfdoctor.rules.engine import judge
+from perfdoctor.rules.engine import gpu_only_context, judge
 from perfdoctor.rules.expr import names_in
 
 if TYPE_CHECKING:  # imported where used: the trace layer is not needed to start every command
@@ -81,6 +81,14 @@ def _input_notes(changes: dict[str, Any], dropped: dict[str, int]) -> list[str]:
     return notes
 
 
+def _failure_notes(*facts: Facts) -> list[str]:
+    """One note per family of facts that failed with an internal error (`Facts.family`): the report
+    says what it lacks instead of being lost."""
+    failed = dict.fromkeys(f for fs in facts for f in fs.failures)
+    return [f"perfdoctor's own analysis failed in {f}; what that part would have found is missing, the rest "
+            "of this report stands (a bug in perfdoctor: please report it with this line)" for f in failed]
+
+
 def analyse_run(run_dir: Path, config: Path | None = None) -> Report:
     """The report of a run folder written by `perfdoctor run`; `config`: `--config`."""
     return _run_report(run_dir, *rules_for(config))[0]
@@ -124,12 +132,15 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
         resolve_trace_files(facts, user_files)
     script = data.meta.get("script")
     findings = judge(facts, rules, settings, user_files)
-    notes += _input_notes(changes, dropped)
+    notes += _input_notes(changes, dropped) + _failure_notes(facts)
     needs_gpu = needs_a_gpu(data.meta, data.summary)
     if needs_gpu:
         notes.append(needs_gpu)
+    # why PD007 is quiet on an fp32 model: this machine has no fast low-precision math. Not where PD007
+    # spoke, nor where it judged the GPU the script targets (`gpu_only_context`) rather than this machine
     amp = facts.get("device.amp_available")
-    if amp is not None and amp.value is False and facts.value("autocast.enabled") is False:
+    if (amp is not None and amp.value is False and facts.value("autocast.enabled") is False
+            and not any(f.rule == "PD007" for f in findings) and gpu_only_context(facts) is None):
         notes.append(f"the model trains in fp32 without autocast, not flagged (PD007): {amp.detail}")
     env = data.meta.get("env", {})
     summary = dict(data.summary)
@@ -326,7 +337,7 @@ def analyse_trace(path: Path, config: Path | None = None, workers: int | None = 
     for r, _ in per_rank:
         for why, n in r.dropped.items():
             dropped[why] = dropped.get(why, 0) + n
-    notes += _input_notes(changes, dropped)
+    notes += _input_notes(changes, dropped) + _failure_notes(*(r.facts for r, _ in per_rank))
 
     if len(per_rank) == 1:
         facts, summary = first.facts, first.summary

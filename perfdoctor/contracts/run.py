@@ -34,6 +34,19 @@ class Exit(Struct, kw_only=True):
     at: float | None = None  # when the script ended (Unix time): which rank of a failed job failed first
 
 
+def exception_line(traceback: str | None) -> str:
+    """The line that names the exception in a traceback as Python prints it: the first line of the
+    last traceback (a chained one's) that is not a frame, its code or its carets. Not the last line,
+    which a multi-line message fills (jit.trace's graph diff ends in `\t\t? ^^`)."""
+    text = traceback or ""
+    last = text.rsplit("Traceback (most recent call last):", 1)[-1]
+    for line in last.splitlines():
+        if line.strip() and not line[:1].isspace():
+            return line.strip()
+    lines = text.strip().splitlines()
+    return lines[-1].strip() if lines else "an exception"
+
+
 class Window(Struct, kw_only=True):
     """The profiled window: steps skip+1..skip+warmup warm up, first_step..last_step are recorded."""
     skip: int | None = None

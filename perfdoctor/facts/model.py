@@ -10,14 +10,21 @@ Every name is declared in `perfdoctor.facts.registry` (an undeclared one raises 
 every add follows one precedence rule, `perfdoctor.facts.merge.supersedes`: a fact once set stays,
 except that its own source may set it again and run evidence replaces static evidence (facts/merge.py
 holds every rule of how evidence for one thing is merged).
+
+Each family of facts (a trace module, a static detector on one file, a run family) runs inside
+`Facts.family`: an internal error in it (a bug of perfdoctor's, not bad input) takes back what that
+family added and becomes one line of `Facts.failures`, which the report shows as a note; the other
+families' facts are judged as usual.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from perfdoctor.errors import PerfdoctorError
 from perfdoctor.facts.merge import supersedes
 from perfdoctor.facts.registry import GLOBAL, SOURCES, check_declared, check_kind
 from perfdoctor.model import Fact, Location
@@ -66,6 +73,28 @@ class Facts:
     def __init__(self) -> None:
         self._facts: dict[str, Fact] = {}
         self.subjects: dict[str, list[Subject]] = {}
+        self.failures: list[str] = []  # families that failed: "<family>: <error>" (`family`)
+
+    @contextmanager
+    def family(self, name: str) -> Iterator[None]:
+        """Run one family of facts, `name` saying which ("static cpu_to_device on train.py"). An
+        exception out of it that is not a PerfdoctorError (bad input keeps its exit code) is an
+        analysis bug: the facts and subjects it added or changed are taken back, the error is kept
+        in `failures`, and the analysis goes on without that family."""
+        saved = (dict(self._facts), {k: [(s, dict(s.facts), list(s.locations)) for s in subs]
+                                     for k, subs in self.subjects.items()})
+        try:
+            yield
+        except PerfdoctorError:
+            raise
+        except Exception as e:  # RecursionError and MemoryError included: one family's bug, not the run's
+            self._facts = saved[0]
+            self.subjects = {k: [s for s, _, _ in subs] for k, subs in saved[1].items()}
+            for subs in saved[1].values():
+                for s, kept, locations in subs:
+                    s.facts, s.locations = kept, locations
+            message = " ".join(str(e).split())[:200]
+            self.failures.append(f"{name}: {type(e).__name__}" + (f": {message}" if message else ""))
 
     # -- global facts --------------------------------------------------------------------
     def add(self, name: str, value: Any, unit: str = "", source: str = "run", detail: str = "",

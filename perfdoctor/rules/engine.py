@@ -295,12 +295,15 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
             "in this run" if "run" in sources else "in the source")
         basis = f"{GPU_ONLY}: {gpu_only}; the problem was seen {seen}. {basis[:1].upper()}{basis[1:]}"
         confidence = "medium" if sources & {"static", "run"} else "low"
+    fix = None
+    with facts.family(f"the fix of {rule.id}"):  # a bug rendering a fix costs the fix, not the finding
+        fix = _fix(rule, subject, lookup, files)
     finding = Finding(
         rule=rule.id, name=rule.name, severity=_severity(rule, ms, frac, bool(gpu_only)),
         title=render_template(rule.title, lookup), message=render_template(rule.message, lookup),
         why=rule.doc.why.strip(), ms_per_step=ms, fraction_of_step=frac, saving_basis=basis,
         confidence=confidence, locations=list(subject.locations) if subject else [],
-        evidence=evidence, fix=_fix(rule, subject, lookup, files), references=list(rule.doc.references),
+        evidence=evidence, fix=fix, references=list(rule.doc.references),
         subject=subject.key if subject else "", saving_range=spread,
     )
     return None if suppressed(finding, files) else finding

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from perfdoctor.contracts.run import Stuck, StuckProcess
+from perfdoctor.contracts.run import Stuck, StuckProcess, exception_line
 from perfdoctor.facts.run.context import RunContext
 from perfdoctor.usercode import is_user_file
 
@@ -80,7 +80,7 @@ def failure_line(traceback: str | None) -> str:
     """The exception of a traceback and where it was raised (its last `File "...", line N`: for a
     SyntaxError, the line that does not parse): `SyntaxError: invalid syntax (syn.py:3)`."""
     text = (traceback or "").strip()
-    last = text.splitlines()[-1] if text else "an exception"
+    last = exception_line(text)  # not the last line: a multi-line message ends jit.trace's graph diff
     where = list(_FILE_LINE.finditer(text))
     return last + (f" ({os.path.basename(where[-1]['file'])}:{where[-1]['line']})" if where else "")
 
@@ -125,8 +125,7 @@ def needs_a_gpu(meta: dict[str, Any], summary: dict[str, Any]) -> str | None:
         return None
     if summary.get("steps_profiled"):
         return None
-    last = ((exit_.get("traceback") or "").strip().splitlines() or [""])[-1]
-    if not _NO_GPU.search(last):
+    if not _NO_GPU.search(exception_line(exit_.get("traceback"))):
         return None
     return ("the script needs a GPU and this machine has none: it failed before its first step, so nothing was "
             "measured and only its source was read. Run it on a GPU machine, or let it fall back to the CPU where "

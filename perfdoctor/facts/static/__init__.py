@@ -68,14 +68,18 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     bases included), where a run knows them: the detectors of model code judge only those
     (`SourceIndex.model_ran`); None: every class in the files. `decided`: the subject kinds a run
     decided from what it observed (`perfdoctor.facts.run.modules.decided`): their detectors (the
-    module of that name) stand down."""
+    module of that name) stand down. Each file's read and each detector on it is one family of
+    facts (`Facts.family`): a bug in one leaves the others' facts."""
     detectors = [d for d in DETECTORS if d.__module__.rsplit(".", 1)[-1] not in decided]
     for path in paths:
-        index = read(Path(path))
+        index = None
+        with facts.family(f"the static read of {Path(path).name}"):
+            index = read(Path(path))
         if index is None:
             continue
         if model_classes is not None:
             prefix = f"{index.file}:"
             index.ran_classes = {c[len(prefix):] for c in model_classes if c.startswith(prefix)}
         for detect in detectors:
-            detect(index, facts)
+            with facts.family(f"the static {detect.__module__.rsplit('.', 1)[-1]} detector on {Path(path).name}"):
+                detect(index, facts)

@@ -46,22 +46,17 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
     `steps_label`, the run's steps the trace recorded, added to every global fact's detail."""
     with gc_paused():
         ctx = TraceContext(trace, facts, run_step_ms, steps_label)
-        steps = breakdown.add(ctx)
-        device.add(ctx)
+        steps = breakdown.add(ctx)  # the step windows every other family measures in: not contained
         summary = dict(steps.summary)
+        families: list[tuple[Any, tuple[Any, ...]]] = [(device.add, ())]
         if ctx.gpu:
-            summary.update(gpu.add(ctx, steps.gpu_parts))
-            sync.add(ctx)
-            copies.add(ctx)
-            empty_cache.add(ctx)
-            layout.add(ctx)
-        matmul.add(ctx)
-        flops.add(ctx)
-        comm.add(ctx)
-        dataparallel.add(ctx)
-        ddp_sync.add(ctx)
-        dataloader.add(ctx, steps.data_loading)
-        counters.add(ctx)
+            families += [(gpu.add, (steps.gpu_parts,)), (sync.add, ()), (copies.add, ()), (empty_cache.add, ()),
+                         (layout.add, ())]
+        families += [(matmul.add, ()), (flops.add, ()), (comm.add, ()), (dataparallel.add, ()), (ddp_sync.add, ()),
+                     (dataloader.add, (steps.data_loading,)), (counters.add, ())]
+        for add, args in families:  # each one family of facts (`Facts.family`)
+            with facts.family(f"the trace's {add.__module__.rsplit('.', 1)[-1]} facts"):
+                summary.update(add(ctx, *args) or {})
         return summary
 
 
