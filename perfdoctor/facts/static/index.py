@@ -17,7 +17,7 @@ import ast
 import io
 import re
 import tokenize
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,10 @@ Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda  # the enclosing fun
 Located = ast.stmt | ast.expr  # a node with a position in the source
 _DETAIL = "static read of the source"
 UNKNOWN: Any = object()  # `SourceIndex.on_cuda`: the source does not say
+# how deep the readings of a value (`device_expr`, `is_dtype`, `on_cuda`) follow names through their
+# assignments, branches and calls: bounded, so that cycles (`device = torch.device(device)`) and deep
+# expressions end, and memoised per name and depth (`SourceIndex._by_name`), so that fan-out stays linear
+FOLLOW_DEPTH = 6
 
 
 def read(path: Path) -> SourceIndex | None:
@@ -177,6 +181,9 @@ class SourceIndex:
         self._trains: dict[int, bool] = {}
         self._direct: dict[int, bool] = {}  # `_steps_directly` by the loop or function's id
         self._callers: dict[str, list[ast.Call]] | None = None  # function name -> its calls in this file
+        self._memo: dict[tuple[str, str, int], Any] = {}  # `_by_name`
+        self._named: dict[str, list[ast.Call]] | None = None  # `calls_named`
+        self._epoch_loops: dict[int, bool] = {}  # `per_step`: a loop whose inner loop or callee trains
         # the qualnames of this file's classes that were part of the models a run called, where a
         # run says (set by `static.analyse_files`); None: unknown
         self.ran_classes: set[str] | None = None
@@ -387,8 +394,12 @@ class SourceIndex:
     def calls_named(self, name: str) -> list[ast.Call]:
         """The calls `name(...)` and `<anything>.name(...)`: every call that may reach a function
         `name`, methods of other objects included (wider than `callers`)."""
-        return [c for c in self.calls if (isinstance(c.func, ast.Name) and c.func.id == name)
-                or (isinstance(c.func, ast.Attribute) and c.func.attr == name)]
+        if self._named is None:
+            self._named = {}
+            for c in self.calls:
+                if isinstance(c.func, (ast.Name, ast.Attribute)):
+                    self._named.setdefault(c.func.id if isinstance(c.func, ast.Name) else c.func.attr, []).append(c)
+        return list(self._named.get(name, []))
 
     def in_training_step(self, node: ast.AST, depth: int = 0) -> bool | None:
         """Whether `node` runs inside a training step. True when a loop around it takes the step
@@ -450,10 +461,13 @@ class SourceIndex:
             return False
         loop = self.enclosing_loop(node)
         if loop is not None:
-            return not any(
-                (isinstance(n, LOOPS) and self.trains(n))
-                or (isinstance(n, ast.Call) and self.local_callee(n) in self._epoch_fns)
-                for n in walk_scope(loop.body))  # type: ignore[attr-defined]
+            key = id(loop)
+            if key not in self._epoch_loops:  # once per loop: a long loop body is walked once, not per node
+                self._epoch_loops[key] = any(
+                    (isinstance(n, LOOPS) and self.trains(n))
+                    or (isinstance(n, ast.Call) and self.local_callee(n) in self._epoch_fns)
+                    for n in walk_scope(loop.body))  # type: ignore[attr-defined]
+            return not self._epoch_loops[key]
         scope = self.context(node)[0]
         if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             return False
@@ -497,16 +511,32 @@ class SourceIndex:
             s.locations.append(Location(self.file, line, code, self.function_name(node)))
 
     # -- devices and dtypes --------------------------------------------------------------
-    def is_dtype(self, node: ast.AST) -> bool:
+    def _by_name(self, what: str, name: str, depth: int, of_values: Callable[[list[ast.expr]], Any],
+                 unsure: Any = None) -> Any:
+        """`of_values(the values assigned to name)`, once per (question, name, depth): a name followed
+        through its assignments (`device = torch.device(device)`, `a = b; b = a`) costs each question
+        at most names x FOLLOW_DEPTH evaluations, whatever the file's cycles and fan-out. While it is
+        being worked out, the name reads as `unsure`."""
+        key = (what, name, depth)
+        if key not in self._memo:
+            self._memo[key] = unsure
+            self._memo[key] = of_values(self.assigned.get(name, []))
+        return self._memo[key]
+
+    def is_dtype(self, node: ast.AST, depth: int = 0) -> bool:
         q = self.qual(node)
         if q and q.startswith("torch.") and q[6:] in DTYPE_NAMES:
             return True
-        if isinstance(node, ast.Name):
-            return any(self.is_dtype(v) for v in self.assigned.get(node.id, []))
+        if isinstance(node, ast.Name) and depth < FOLLOW_DEPTH:
+            return bool(self._by_name("dtype", node.id, depth,
+                                      lambda values: any(self.is_dtype(v, depth + 1) for v in values)))
         return False
 
-    def device_expr(self, node: ast.AST) -> bool | None:
-        """True: names a (possibly CUDA) device. False: names the CPU. None: not a device / unsure."""
+    def device_expr(self, node: ast.AST, depth: int = 0) -> bool | None:
+        """True: names a (possibly CUDA) device. False: names the CPU. None: not a device / unsure
+        (also past FOLLOW_DEPTH names, branches or calls deep)."""
+        if depth > FOLLOW_DEPTH:
+            return None
         if isinstance(node, ast.Constant):
             if isinstance(node.value, str):
                 kind = node.value.split(":")[0].lower()
@@ -517,21 +547,22 @@ class SourceIndex:
                 return True
             return None
         if isinstance(node, ast.IfExp):
-            branches = [self.device_expr(node.body), self.device_expr(node.orelse)]
+            branches = [self.device_expr(node.body, depth + 1), self.device_expr(node.orelse, depth + 1)]
             return True if True in branches else (False if branches == [False, False] else None)
         if isinstance(node, ast.Call):
             if self.qual(node.func) == "torch.device":
-                return self.device_expr(node.args[0]) if node.args else None
+                return self.device_expr(node.args[0], depth + 1) if node.args else None
             return None
         name = dotted(node)
         if name is None or self.is_dtype(node):
             return None
         if isinstance(node, ast.Name) and node.id in self.assigned:
-            verdicts = {self.device_expr(v) for v in self.assigned[node.id]}
-            if verdicts == {False}:
-                return False
-            if True in verdicts:
-                return True
+            def verdict(values: list[ast.expr]) -> bool | None:
+                verdicts = {self.device_expr(v, depth + 1) for v in values}
+                return False if verdicts == {False} else (True if True in verdicts else None)
+            found = self._by_name("device", node.id, depth, verdict)
+            if found is not None:
+                return bool(found)
         last = name.rsplit(".", 1)[-1]
         return True if _DEVICE_NAME.search(last) else None
 
@@ -540,7 +571,7 @@ class SourceIndex:
         `torch.cuda.is_available()` and flags like `use_cuda` / `args.cuda` are True there,
         `args.no_cuda` False, `device.type == "cuda"` True, constants are themselves, and names
         assigned in the file are followed (all their assignments must agree). `UNKNOWN` otherwise."""
-        if depth > 6:
+        if depth > FOLLOW_DEPTH:
             return UNKNOWN
         if isinstance(node, ast.Constant):
             return node.value
@@ -573,9 +604,13 @@ class SourceIndex:
         if isinstance(node, ast.Compare) and len(node.ops) == 1:
             return self._device_compare(node)
         if isinstance(node, ast.Name) and node.id in self.assigned:
-            vals = [self.on_cuda(v, depth + 1) for v in self.assigned[node.id]]
-            if vals and all(v is not UNKNOWN for v in vals) and all(v == vals[0] for v in vals):
-                return vals[0]
+            def agreed(values: list[ast.expr]) -> Any:
+                vals = [self.on_cuda(v, depth + 1) for v in values]
+                return vals[0] if vals and all(v is not UNKNOWN for v in vals) and all(v == vals[0] for v in vals) \
+                    else UNKNOWN
+            value = self._by_name("on_cuda", node.id, depth, agreed, UNKNOWN)
+            if value is not UNKNOWN:
+                return value
         name = dotted(node)
         if name is not None:
             last = name.rsplit(".", 1)[-1]
