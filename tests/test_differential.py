@@ -3,8 +3,9 @@ and under `perfdoctor run` (`--format json --output`, so that stdout is the scri
 the two runs must agree on the exit code, stdout, and every file the script wrote (byte for byte,
 or, for a torch file whose bytes differ, tensor for tensor).
 
-The scripts of tests/data/scripts/ (pickling and copying the user's objects, torch.compile,
-signal handlers, output files, an LBFGS step of 20 closure evaluations) run to their end. The
+The scripts of tests/data/scripts/ (pickling and copying the user's objects, torch.compile (dynamo),
+torch.jit.trace / torch.fx / torch.export before training, signal handlers, output files, an LBFGS
+step of 20 closure evaluations) run to their end. The
 sample scripts are seeded but long (a full epoch each): they run `--steps N` under perfdoctor, and
 bare under a stopper that ends the script the way `--steps` does (SystemExit at the N-th optimizer
 step), so that both print the same N steps.
@@ -48,7 +49,7 @@ CASES: list[tuple[str, list[str], bool]] = [
     ("needs_args.py", ["--epochs", "1", "--batches-per-epoch", "5"], False),
     ("pkg_entry", [], True),
 ]
-OWN = ["pickling.py", "compiled.py", "signals_and_files.py", "lbfgs_long.py", "own_profiler.py"]
+OWN = ["pickling.py", "compiled.py", "signals_and_files.py", "lbfgs_long.py", "own_profiler.py", "traced.py"]
 
 
 def _env() -> dict:

@@ -4,9 +4,31 @@ from __future__ import annotations
 
 import functools
 import types
+from collections.abc import Callable
 from typing import Any
 
 MAX_ERRORS = 20
+
+
+def tracing(torch: Any) -> Callable[[], bool]:
+    """A function true while torch traces or exports the program: then a probe's wrapper only calls
+    the original and does nothing observable (no tensor read, no record, no hook). Dynamo
+    (torch.compile, torch.export, strict or not: `torch.compiler.is_compiling()`, a constant True to
+    dynamo, tested first so that dynamo traces nothing after it), TorchScript's tracer (`torch.jit.trace`,
+    TensorBoard's `add_graph`: it runs the forward twice and compares the graphs, and a probe's work at
+    a line's first call differed between the two) and torch.fx's symbolic tracing."""
+    compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
+    if compiling is None:
+        import torch._dynamo  # torch 2.1, 2.2
+
+        compiling = torch._dynamo.is_compiling
+    jit_state = getattr(torch._C, "_get_tracing_state", None) or (lambda: None)
+    fx = getattr(getattr(torch, "fx", None), "_symbolic_trace", None)
+
+    def now() -> bool:
+        return bool(compiling() or jit_state() is not None or getattr(fx, "_is_fx_tracing_flag", False))
+
+    return now
 
 
 class Patches:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from perfdoctor.capture.patches import Patches
+from perfdoctor.capture.patches import Patches, tracing
 
 WATCH_STEPS = 30  # steps the moves are watched for, from the step at which CUDA was first seen
 
@@ -45,7 +45,7 @@ class CudaBatchProbe:
         torch, probe = self.torch, self
         T = torch.Tensor
         orig_to, orig_cuda, orig_copy, orig_as_tensor = T.to, T.cuda, T.copy_, torch.as_tensor
-        compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+        compiling = tracing(torch)
 
         def seen(t: Any, out: Any, nb: bool) -> None:
             lrec = probe.batch_ids.get(id(t))

@@ -28,8 +28,7 @@ from typing import Any
 
 from perfdoctor.capture import sites
 from perfdoctor.capture.clock import StepClock
-from perfdoctor.capture.patches import ErrorLog, Patches
-from perfdoctor.capture.probes.forward import is_compiling
+from perfdoctor.capture.patches import ErrorLog, Patches, tracing
 from perfdoctor.contracts.run import DdpRecord, Site
 from perfdoctor.usercode import is_user_file
 
@@ -60,7 +59,7 @@ class DdpProbe:
         self.ddps: dict[int, _Ddp] = {}
         self.backwards: dict[int, int] = {}  # step -> backward passes while a DDP was alive
         self.backward_site: Site | None = None
-        self.compiling = is_compiling(torch)
+        self.compiling = tracing(torch)
 
     def _live(self, obj: Any) -> _Ddp | None:
         d = self.ddps.get(id(obj))

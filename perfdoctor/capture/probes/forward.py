@@ -7,7 +7,7 @@ has) sees each module call made outside another one on the main thread: a top-le
 module hook is registered, global or per module: under `torch.compile` dynamo inlines module
 hooks and would break its graphs at them, and global hooks make it compile `__call__` with its
 hooks. Dynamo may still inline this wrapper (a compiled frame calling a submodule, or
-`torch.compile(module)` wrapping the bound `__call__`): its first test, `is_compiling()`, is a
+`torch.compile(module)` wrapping the bound `__call__`): its first test, `tracing()` (`patches.tracing`), is a
 constant to dynamo, and from there the wrapper only calls through, so the traced graph is the one
 a bare run gets. The probe's bookkeeping is keyed by `id()` and checked through a weak reference,
 never stored on the module.
@@ -33,20 +33,10 @@ import msgspec
 
 from perfdoctor.capture import sites
 from perfdoctor.capture.clock import StepClock
-from perfdoctor.capture.patches import ErrorLog, Patches
+from perfdoctor.capture.patches import ErrorLog, Patches, tracing
 from perfdoctor.capture.probes.modules import ModuleProbe, Watch
 from perfdoctor.contracts.run import EvalGradRecord, ForwardRecord
 from perfdoctor.usercode import is_user_file
-
-
-def is_compiling(torch: Any) -> Callable[[], bool]:
-    """torch's own "is dynamo (or export) tracing now": a constant True to dynamo, False when run."""
-    fn = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
-    if fn is None:
-        import torch._dynamo  # torch 2.1, 2.2
-
-        fn = torch._dynamo.is_compiling
-    return fn
 
 
 class ForwardProbe:
@@ -72,14 +62,15 @@ class ForwardProbe:
         probe, clock = self, self.clock
         Module = self.torch.nn.Module
         orig = Module.__call__
-        compiling, get_ident, main, pc = is_compiling(self.torch), threading.get_ident, self.main_ident, clock.pc
+        compiling, get_ident, main, pc = tracing(self.torch), threading.get_ident, self.main_ident, clock.pc
         grad_enabled, saved_tensors_hooks = self.torch.is_grad_enabled, self.torch.autograd.graph.saved_tensors_hooks
 
         # the first argument must be named `self`: torch.profiler's Python tracer takes the code of
         # `Module.__call__` for the module-call frame and reads the module from its local `self`
         # (it crashes the interpreter when there is none)
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-            # compiling() first: to dynamo it is True, and nothing below is traced
+            # compiling() (`patches.tracing`) first: to dynamo it is True, and nothing below is traced;
+            # nothing is measured of a forward that jit.trace, torch.fx or torch.export runs
             if compiling() or get_ident() != main or clock.bwd_depth:
                 # (activation checkpointing re-runs forward inside backward: not a forward call)
                 return orig(self, *args, **kwargs)

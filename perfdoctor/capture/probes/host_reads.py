@@ -12,8 +12,8 @@ user's line to change. Reads inside the DataLoader's fetch (a dataset drawing ra
 tensors are not counted either.
 
 Cheap: the Tensor methods are wrapped while the probe is installed; a call first checks that
-dynamo is not tracing (`torch.compiler.is_compiling()`: inside a compiled region the probe does
-nothing, so the graph sees torch's own methods), then looks its calling line up in a dict. Only
+torch is not tracing (`patches.tracing`: inside a compiled region, jit.trace, torch.fx or
+torch.export the probe does nothing, so the graph sees torch's own methods), then looks its calling line up in a dict. Only
 the first call from a line walks the stack and reads the source (that time is taken out of the
 step, `StepClock.exclude`); after that a call costs a dict lookup and an increment. Nothing is
 stored on tensors or other user objects.
@@ -27,7 +27,7 @@ from typing import Any
 
 from perfdoctor.capture import sites
 from perfdoctor.capture.clock import StepClock
-from perfdoctor.capture.patches import ErrorLog, Patches
+from perfdoctor.capture.patches import ErrorLog, Patches, tracing
 from perfdoctor.contracts.run import HostReadRecord, Site
 from perfdoctor.usercode import is_user_file
 
@@ -66,8 +66,7 @@ class HostReadProbe:
 
     def install(self) -> None:
         torch = self.torch
-        compiler = getattr(torch, "compiler", None)
-        compiling = getattr(compiler, "is_compiling", None) or torch._dynamo.is_compiling
+        compiling = tracing(torch)
         probe, main, get_ident, frame_of = self, self.main_ident, threading.get_ident, sys._getframe
 
         def wrap(orig: Any, kind: str) -> Any:
