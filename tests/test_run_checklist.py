@@ -511,3 +511,15 @@ def test_anomaly_mode_gets_the_time_of_its_stack_captures(tmp_path):
     r = load_run(make_run(tmp_path / "b", wall=lambda i: 20.0, probes=probes))
     (f,) = judge(r.facts, rule, user_files=r.user_files)
     assert f.ms_per_step is None
+
+
+def test_eval_forward_outside_the_steps_is_quiet(tmp_path):
+    # TensorBoard's add_graph (jit.trace) runs an eval-mode forward with grad on once before the
+    # first step: "0 call(s) per step", nothing of the training step to save
+    probes = _eval_grad(calls=1)
+    probes["eval_grad"][0]["ms_by_step"] = [[0, 30.0, 1]]
+    probes["eval_grad"][0]["saved_bytes"] = [9 << 20]
+    r, fs = findings(make_run(tmp_path, probes=probes))
+    (s,) = r.facts.of_kind("eval_grad")
+    assert s.facts["eval_grad.calls_per_step"].value == 0 and s.facts["eval_grad.measured"].value == 1
+    assert not fs
