@@ -180,6 +180,9 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("pin_memory_on_cuda", "bool", "static",
          "pin_memory as it would be on a CUDA device: `use_cuda`, `torch.cuda.is_available()`, a kwargs dict "
          "filled on the accelerator path (absent where the source does not say)"),
+        ("num_workers_on_cuda", "count", "static",
+         "num_workers as it would be on a CUDA device: a literal, or a kwargs dict filled on the accelerator path "
+         "(absent where the source does not say)"),
         ("multiprocess", "bool", "trace", "the trace shows a multi-process iterator"),
         ("sampler", "str", "run", "the sampler's class name (the batch sampler's where one was given)"),
         ("sharded", "bool", "run", "its sampler gives each rank its own shard (DistributedSampler, or one named so); absent for an IterableDataset"),

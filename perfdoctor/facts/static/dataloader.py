@@ -18,7 +18,9 @@ a Trainer's training loader trains, its others do not.
 `pin_memory_on_cuda` is the value pin_memory takes when the script runs on a CUDA device:
 `pin_memory=use_cuda`, `pin_memory=torch.cuda.is_available()` and a kwargs dict that gets
 `pin_memory: True` on the accelerator path (`if use_cuda: kwargs.update({"pin_memory": True})`)
-are True there, whatever a CPU run passed (`SourceIndex.on_cuda`); absent where the source does not say."""
+are True there, whatever a CPU run passed (`SourceIndex.on_cuda`); absent where the source does not say.
+`num_workers_on_cuda` likewise (pytorch/examples' `cuda_kwargs = {'num_workers': 1, ...}` merged in
+only where CUDA is used): a CPU run of a CUDA script is judged with the workers its GPU path has."""
 
 from __future__ import annotations
 
@@ -84,6 +86,9 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     on_cuda = pin_memory_on_cuda(index, call)
     if isinstance(on_cuda, bool):
         put(s, "pin_memory_on_cuda", on_cuda)
+    workers = on_cuda_path(index, call, "num_workers", 0)
+    if type(workers) is int and workers >= 0:
+        put(s, "num_workers_on_cuda", workers, "count")
     # the loader's names and the loops over it, found once for the facts below
     names = loader_names(index, call)
     over = batch_loops(index, call, names)
@@ -360,25 +365,32 @@ def _given(call: ast.Call) -> dict[str, ast.expr]:
 
 
 def pin_memory_on_cuda(index: SourceIndex, call: ast.Call) -> object:
-    """pin_memory of this DataLoader call on a CUDA device: the argument as written, or what the
-    `**kwargs` dicts put in it (a bool, or UNKNOWN)."""
+    """pin_memory of this DataLoader call on a CUDA device (a bool, or UNKNOWN)."""
+    return on_cuda_path(index, call, "pin_memory", False)
+
+
+def on_cuda_path(index: SourceIndex, call: ast.Call, name: str, default: object) -> object:
+    """The DataLoader argument `name` as it is when the script runs on a CUDA device: the argument as
+    written, or what the `**kwargs` dicts put in it (`cuda_kwargs = {"num_workers": 1, "pin_memory":
+    True}` merged in on the accelerator path), `default` where nothing sets it; UNKNOWN where the
+    source does not say."""
     given = _given(call)
     star = has_star_kwargs(call) or any(isinstance(a, ast.Starred) for a in call.args)
-    if "pin_memory" in given:
-        return index.on_cuda(given["pin_memory"])
+    if name in given:
+        return index.on_cuda(given[name])
     dicts = [k.value for k in call.keywords if k.arg is None]
     if not star:
-        return False
+        return default
     if any(isinstance(a, ast.Starred) for a in call.args) or not all(isinstance(d, (ast.Name, ast.Dict)) for d in dicts):
         return UNKNOWN
     values = []
     for d in dicts:
-        v = _dict_key_on_cuda(index, d, "pin_memory", index.context(call)[0], 0)
+        v = _dict_key_on_cuda(index, d, name, index.context(call)[0], 0)
         if v is UNKNOWN:
             return UNKNOWN
         if v is not None:
             values.append(v)
-    return values[-1] if values else False
+    return values[-1] if values else default
 
 
 def _dict_key_on_cuda(index: SourceIndex, d: ast.expr, key: str, scope: ast.AST | None, depth: int) -> object:
