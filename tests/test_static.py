@@ -203,7 +203,7 @@ def test_dataloader_literal_kwargs_and_feeds_cuda(tmp_path):
     assert by_line(facts, "dataloader") == {6: {
         "batch_size": 64, "num_workers": 2, "pin_memory": True, "persistent_workers": True,
         "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": True,
-        "pin_memory_on_cuda": True}}
+        "pin_memory_on_cuda": True, "num_workers_on_cuda": 2}}
 
 
 def test_dataloader_defaults_positional_and_blocking(tmp_path):
@@ -219,7 +219,7 @@ def test_dataloader_defaults_positional_and_blocking(tmp_path):
     assert by_line(facts, "dataloader") == {3: {
         "batch_size": 32, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
         "kwargs_style": "literal", "feeds_cuda": True, "non_blocking": False,
-        "pin_memory_on_cuda": False}}
+        "pin_memory_on_cuda": False, "num_workers_on_cuda": 0}}
 
 
 def test_dataloader_dict_and_mixed_kwargs_leave_unknowns_absent(tmp_path):
@@ -431,7 +431,8 @@ def test_dataloader_passed_to_a_train_function(tmp_path):
         """)
     got = by_line(facts, "dataloader")
     # the kwargs dict never gets pin_memory: False on the GPU too
-    assert got[14] == {"kwargs_style": "dict", "feeds_cuda": True, "non_blocking": False, "pin_memory_on_cuda": False}
+    assert got[14] == {"kwargs_style": "dict", "feeds_cuda": True, "non_blocking": False, "pin_memory_on_cuda": False,
+                       "num_workers_on_cuda": 0}
     assert "feeds_cuda" not in got[15]
 
 

@@ -98,7 +98,7 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
         put(s, "feeds_cuda", True)
         put(s, "non_blocking", all(
             isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m, _ in moves))
-    elif stage is not None and not any(index.framework_picks_gpu(c) is False for c in index.calls):
+    elif stage is not None and not index.gives_framework_the_cpu():
         # the framework moves these batches to the model's device (unless this file gives it the CPU,
         # or a device the source does not spell out: `accelerator=args.accelerator`)
         put(s, "feeds_cuda", True)
@@ -180,16 +180,15 @@ def batch_loops(index: SourceIndex, dl_call: ast.Call, names: list[LoaderName] |
                                       for name, sc, anywhere in names)
 
     # `it = iter(loader)`: draws from `it` are batches too
-    iterators = {t.id for n in index.nodes if isinstance(n, ast.Assign) and _iter_of(n.value, is_loader, n)
+    iterators = {t.id for n in index.nodes_of(ast.Assign) if _iter_of(n.value, is_loader, n)
                  for t in n.targets if isinstance(t, ast.Name)}
     out: list[tuple[ast.AST, set[str]]] = []
-    for loop in index.nodes:
-        if isinstance(loop, (ast.For, ast.AsyncFor)):
-            it = loop.iter
-            candidates = [it] + (list(it.args) if isinstance(it, ast.Call) and it is not dl_call else [])
-            if any(is_loader(c, loop) for c in candidates):
-                out.append((loop, {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}))
-    for n in index.nodes:  # `batch = next(it)` / `batch = next(iter(loader))` inside a loop
+    for loop in index.nodes_of(ast.For, ast.AsyncFor):
+        it = loop.iter
+        candidates = [it] + (list(it.args) if isinstance(it, ast.Call) and it is not dl_call else [])
+        if any(is_loader(c, loop) for c in candidates):
+            out.append((loop, {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}))
+    for n in index.nodes_of(ast.Assign):  # `batch = next(it)` / `batch = next(iter(loader))` inside a loop
         if not (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name)
                 and n.value.func.id == "next" and n.value.args):
             continue

@@ -162,7 +162,10 @@ class SourceIndex:
                 self.parents[child] = node
                 self.ctx[child] = (scope, in_loop or id(child) in body)
                 stack.append(child)
-        self.calls: list[ast.Call] = [n for n in self.nodes if isinstance(n, ast.Call)]
+        self._by_type: dict[type, list[ast.AST]] = {}  # `nodes_of`
+        for node in self.nodes:
+            self._by_type.setdefault(type(node), []).append(node)
+        self.calls: list[ast.Call] = self.nodes_of(ast.Call)
         self.aliases = self._aliases()
         # simple `name = value` assignments, for telling devices from dtypes
         self.assigned: dict[str, list[ast.expr]] = {}
@@ -182,11 +185,25 @@ class SourceIndex:
         self._direct: dict[int, bool] = {}  # `_steps_directly` by the loop or function's id
         self._callers: dict[str, list[ast.Call]] | None = None  # function name -> its calls in this file
         self._memo: dict[tuple[str, str, int], Any] = {}  # `_by_name`
+        self._framework_cpu: bool | None = None  # `gives_framework_the_cpu`
         self._named: dict[str, list[ast.Call]] | None = None  # `calls_named`
         self._epoch_loops: dict[int, bool] = {}  # `per_step`: a loop whose inner loop or callee trains
         # the qualnames of this file's classes that were part of the models a run called, where a
         # run says (set by `static.analyse_files`); None: unknown
         self.ran_classes: set[str] | None = None
+
+    def nodes_of(self, *types: type) -> list[Any]:
+        """The nodes of these exact AST types, parents before children within a type: what a detector
+        asks of every loader or call looks at these, not at every node of a long file again."""
+        if len(types) == 1:
+            return list(self._by_type.get(types[0], []))
+        return [n for n in self.nodes if type(n) in types]
+
+    def gives_framework_the_cpu(self) -> bool:
+        """Some call of this file gives a training framework the CPU (`framework_picks_gpu` False)."""
+        if self._framework_cpu is None:
+            self._framework_cpu = any(self.framework_picks_gpu(c) is False for c in self.calls)
+        return self._framework_cpu
 
     def model_ran(self, node: ast.AST) -> bool:
         """False where `node` is inside a class of this file that the run's models did not hold
@@ -322,15 +339,20 @@ class SourceIndex:
         this file; epoch functions: a loop of theirs does, `def train(epoch): for batch in loader: ...`)."""
         step: set[str] = set()
         epoch: set[str] = set()
+        # each function's own calls, and each of its loops' calls, walked once (not once per pass)
+        calls = {id(fn): [n for n in walk_scope(fn.body) if isinstance(n, ast.Call)]
+                 for defs in self.functions.values() for fn in defs}
+        loops = {id(fn): [[m for m in walk_scope(loop.body) if isinstance(m, ast.Call)]
+                          for loop in walk_scope(fn.body) if isinstance(loop, LOOPS)]
+                 for defs in self.functions.values() for fn in defs}
         for _ in range(4):  # calls through up to four local functions
             for name, defs in self.functions.items():
                 for fn in defs:
-                    inner = list(walk_scope(fn.body))
-                    if name not in step and any(self._takes_step(n, step) for n in inner):
+                    if name not in step and any(self._takes_step(n, step) for n in calls[id(fn)]):
                         step.add(name)
-                    if name not in epoch and any(
-                            (isinstance(n, LOOPS) and any(self._takes_step(m, step) for m in walk_scope(n.body)))
-                            or (isinstance(n, ast.Call) and self.local_callee(n) in epoch) for n in inner):
+                    if name not in epoch and (
+                            any(any(self._takes_step(m, step) for m in body) for body in loops[id(fn)])
+                            or any(self.local_callee(n) in epoch for n in calls[id(fn)])):
                         epoch.add(name)
         return step, epoch
 
