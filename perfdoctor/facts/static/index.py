@@ -149,6 +149,9 @@ class SourceIndex:
         self.parents: dict[ast.AST, ast.AST] = {}
         # node -> (enclosing function or None, directly in a for/while body of that function)
         self.ctx: dict[ast.AST, tuple[Scope | None, bool]] = {tree: (None, False)}
+        # node -> the statement (or lambda) it is part of: loops and ifs are statements, so the walks up
+        # to them (`enclosing_loop`, `periodic`) start there, not at each level of a deep expression
+        self._anchor: dict[ast.AST, ast.AST] = {tree: tree}
         stack: list[ast.AST] = [tree]
         self.nodes: list[ast.AST] = []  # every node, parents before children
         while stack:
@@ -161,6 +164,7 @@ class SourceIndex:
             for child in ast.iter_child_nodes(node):
                 self.parents[child] = node
                 self.ctx[child] = (scope, in_loop or id(child) in body)
+                self._anchor[child] = child if isinstance(child, (ast.stmt, ast.Lambda)) else self._anchor[node]
                 stack.append(child)
         self._by_type: dict[type, list[ast.AST]] = {}  # `nodes_of`
         for node in self.nodes:
@@ -453,7 +457,10 @@ class SourceIndex:
 
     def enclosing_loop(self, node: ast.AST) -> ast.AST | None:
         """The innermost for/while loop around `node` within its function (its body, not its iterator)."""
-        child, parent = node, self.parents.get(node)
+        child = self._anchor.get(node, node)
+        if child is not node and isinstance(child, ast.Lambda):
+            return None  # inside a lambda: its own scope
+        parent = self.parents.get(child)
         while parent is not None and not isinstance(parent, (*_SCOPES, ast.ClassDef)):
             if isinstance(parent, LOOPS) and child in parent.body:
                 return parent
@@ -464,7 +471,10 @@ class SourceIndex:
         """Behind an `if` (up to `top`, else up to its function) whose test has a `%` and whose body
         takes no training step: runs every N steps, not every step (`if i % n_critic == 0:` around
         the generator's step schedules steps: what it holds runs on each of them)."""
-        child, parent = node, self.parents.get(node)
+        child = self._anchor.get(node, node)
+        if child is not node and (isinstance(child, ast.Lambda) or top is not None and not isinstance(top, ast.stmt)):
+            child = node  # inside a lambda, or up to an expression: step by step
+        parent = self.parents.get(child)
         while parent is not None and parent is not top and not isinstance(parent, (*_SCOPES, ast.ClassDef)):
             if isinstance(parent, ast.If) and child is not parent.test and any(
                     isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(parent.test)) and not any(
