@@ -174,11 +174,13 @@ def test_worker_startup_every_epoch(tmp_path):
     (dl,) = r.facts.of_kind("dataloader")
     f = {k: v.value for k, v in dl.facts.items()}
     assert f["dataloader.epochs"] == 5 and f["dataloader.startup_ms"] == pytest.approx(307.5 - 5.0)
-    assert f["dataloader.startup_ms_per_step"] == pytest.approx((307.5 - 5.0) / 8)
+    # 4 restarts (epochs 2..5) over the run's 40 training steps
+    assert f["dataloader.startup_ms_per_step"] == pytest.approx((307.5 - 5.0) * 4 / 40)
     (finding,) = fs
-    assert finding.rule == "PD015" and finding.ms_per_step == pytest.approx((307.5 - 5.0) / 8)
+    assert finding.rule == "PD015" and finding.ms_per_step == pytest.approx(30.25)
+    assert finding.title.startswith("Each pass over this DataLoader (every 8 training steps) waits 302 ms")
     # paid at the epoch start, not in the median step: its share is of the median step plus itself
-    assert finding.fraction_of_step == pytest.approx(37.8125 / (40.0 + 37.8125))
+    assert finding.fraction_of_step == pytest.approx(30.25 / (40.0 + 30.25))
     assert finding.fix is not None
     assert finding.fix.after.strip() == "loader = DataLoader(ds, num_workers=2, persistent_workers=True)"
 
@@ -198,7 +200,19 @@ def test_worker_startup_measured_on_the_epoch_start_steps(tmp_path):
     (dl,) = r.facts.of_kind("dataloader")
     assert dl.facts["dataloader.startup_ms"].value == pytest.approx(200.0)
     (finding,) = fs
-    assert finding.ms_per_step == pytest.approx(25.0)
+    assert finding.ms_per_step == pytest.approx(200.0 * 4 / 40)
+
+
+def test_worker_startup_of_an_evaluation_loader_is_per_training_step(tmp_path):
+    # a validation loader of 2 batches, restarted at each of 5 evaluations over 40 training steps:
+    # 4 restarts of 300 ms cost a training step 30 ms, not 300 / 2 = 150 ms (its own batches)
+    probes = _loader()
+    probes["dataloaders"][0]["length"] = 2
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 40.0, probes=probes))
+    (dl,) = r.facts.of_kind("dataloader")
+    assert dl.facts["dataloader.startup_ms_per_step"].value == pytest.approx((307.5 - 5.0) * 4 / 40)
+    (finding,) = fs
+    assert finding.title.startswith("Each pass over this DataLoader (every 8 training steps)")
 
 
 def test_periodic_stall_needs_its_line_on_most_stalls(tmp_path):

@@ -192,7 +192,10 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("batches_per_epoch", "count", "run", "len(loader)"),
         ("startup_ms", "ms", "run", "an epoch start's extra time over a steady step (workers started again, "
                                     "their first batch), median over the epochs after the first (ms per epoch)"),
-        ("startup_ms_per_step", "ms", "run", "startup_ms / batches_per_epoch: the start-up's share of every step"),
+        ("startup_ms_per_step", "ms", "run", "startup_ms x the restarts (epochs after the first) / the training steps "
+                                             "observed: the start-up's cost per training step, whichever loader"),
+        ("steps_per_pass", "count", "run", "training steps per pass over this loader (steps observed / epochs begun): "
+                                           "how often its workers start"),
     ]),
     "dataparallel": _declare("dataparallel", [
         ("constructed", "bool", "run", "the run saw nn.DataParallel constructed"),

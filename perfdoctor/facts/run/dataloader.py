@@ -113,5 +113,11 @@ def worker_startup(ctx: RunContext) -> None:
             startup = statistics.median(extra)
             detail = f"median time to the first batch of epochs 2..{len(first)} less the median steady wait"
         s.add("startup_ms", startup, "ms", detail=detail, per_step=tuple(extra))
-        s.add("startup_ms_per_step", startup / dl.length, "ms",
-              detail=f"startup_ms / {dl.length} batches per epoch")
+        # per training step of the run, not per batch of this loader: an evaluation loader of 10 batches
+        # restarted once per 1000-step epoch costs a training step startup_ms / 1000, not / 10
+        steps = len(ctx.run_steps)
+        if steps:
+            s.add("steps_per_pass", steps / len(first), "count",
+                  detail=f"{steps} training steps over {len(first)} passes over this loader")
+            s.add("startup_ms_per_step", startup * (len(first) - 1) / steps, "ms",
+                  detail=f"startup_ms x {len(first) - 1} restarts / {steps} training steps")
