@@ -189,6 +189,7 @@ def test_the_failure_note_shows_the_exception_line():
                "ValueError: bad\nvalue\n")
     assert exception_line(chained) == "ValueError: bad"
     assert exception_line("SystemExit: 3") == "SystemExit: 3"
+    assert exception_line("Traceback ...\nValueError: the real cause\n") == "ValueError: the real cause"
     assert exception_line("") == "an exception" and exception_line(None) == "an exception"
 
 

@@ -41,7 +41,7 @@ def exception_line(traceback: str | None) -> str:
     text = traceback or ""
     last = text.rsplit("Traceback (most recent call last):", 1)[-1]
     for line in last.splitlines():
-        if line.strip() and not line[:1].isspace():
+        if line.strip() and not line[:1].isspace() and not line.startswith("Traceback"):
             return line.strip()
     lines = text.strip().splitlines()
     return lines[-1].strip() if lines else "an exception"
