@@ -220,7 +220,10 @@ def run(
             check_writable(path, option)  # before minutes of running, not after
     if baseline is not None and history_baseline is not None:
         raise PerfdoctorError("give --baseline FILE or --history-baseline N, not both")
-    store = _history_path(history)
+    # beside perfdoctor's own run folders; runs written where the user said are kept where the user says
+    from perfdoctor.history.store import DEFAULT_PATH
+
+    store = _history_path(history, None if out_dir is not None else DEFAULT_PATH)
     if base_branch is None and history_baseline is not None:
         base_branch = os.environ.get("GITHUB_BASE_REF") or os.environ.get("CI_MERGE_REQUEST_TARGET_BRANCH_NAME") or None
     human = FORMATS[fmt.value].console
@@ -373,7 +376,7 @@ def report(
 
     if output is not None:
         check_writable(output, "--output")
-    store = _history_path(history)
+    store = _history_path(history, _beside_runs(path))
     report = analyse_path(path, config)
     for line in keep_in_history(store, path):
         _err(line)
@@ -399,7 +402,9 @@ def history_cmd(
 
     if fmt.value not in HISTORY_FORMATS:
         raise PerfdoctorError(f"--format {fmt.value}: history is written as {', '.join(HISTORY_FORMATS)}")
-    store = _history_path(history)
+    from perfdoctor.history.store import DEFAULT_PATH
+
+    store = _history_path(history, DEFAULT_PATH)
     if store is None:
         raise PerfdoctorError("the history is off (--history off or PERFDOCTOR_HISTORY=off): nothing to show")
     if output is not None:
@@ -413,12 +418,22 @@ def history_cmd(
         _write(doc, output)
 
 
-def _history_path(option: str | None) -> Path | None:
-    """The history store: --history, PERFDOCTOR_HISTORY, or .perfdoctor/history.sqlite here; None: off."""
+def _history_path(option: str | None, default: Path | None) -> Path | None:
+    """The history store: --history, PERFDOCTOR_HISTORY, else `default`; None: no history."""
     from perfdoctor.history.store import resolve_path
 
-    path = resolve_path(option)
+    path = resolve_path(option, default)
     return None if path is None else Path(os.path.abspath(path))
+
+
+def _beside_runs(path: Path) -> Path | None:
+    """The store beside the default run folders a reported run folder lives in
+    (`X/.perfdoctor/runs/RUN` -> `X/.perfdoctor/history.sqlite`); None elsewhere."""
+    parts = Path(os.path.abspath(path)).parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "runs" and parts[i - 1] == ".perfdoctor":
+            return Path(*parts[:i]) / "history.sqlite"
+    return None
 
 
 # `rules` writes a table or a JSON list, nothing else: any other format is refused, not printed as text

@@ -316,3 +316,13 @@ def test_runs_slowed_by_a_neighbours_load_are_no_change_where_the_cpu_wait_was_m
         for i in range(30):
             s.add(entry(i, 90.0 if 10 <= i < 20 else 50.0, seed=i))
         assert [c.index for c in build(s, script="train.py").shifts] == [10, 20]
+
+
+def test_the_store_lives_beside_perfdoctors_own_run_folders(tmp_path, monkeypatch):
+    from perfdoctor.cli import _beside_runs, _history_path
+
+    monkeypatch.delenv("PERFDOCTOR_HISTORY", raising=False)
+    assert _beside_runs(tmp_path / ".perfdoctor" / "runs" / "train-1") == tmp_path / ".perfdoctor" / "history.sqlite"
+    assert _beside_runs(tmp_path / "my-results" / "run") is None  # a folder the user chose: nothing beside it
+    assert _history_path(None, None) is None  # --out-dir and nothing asked: no store anywhere
+    assert _history_path(str(tmp_path / "h.sqlite"), None) == tmp_path / "h.sqlite"

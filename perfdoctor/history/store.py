@@ -1,8 +1,10 @@
 """The run history: every `perfdoctor run`, gate run and `report RUN_FOLDER`, kept in one SQLite file.
 
-The default store is `.perfdoctor/history.sqlite` under the current directory, beside the default run
-folders (`.perfdoctor/runs/`); `--history PATH`, `PERFDOCTOR_HISTORY` or `history = "..."` under
-`[tool.perfdoctor]` put it elsewhere, and `off` turns recording off.
+The store lives beside perfdoctor's own run folders: `.perfdoctor/history.sqlite` under the current
+directory for runs in the default `.perfdoctor/runs/`, the `.perfdoctor/history.sqlite` above a run
+folder reported from such a place. A run written where the user said (`--out-dir`) is kept only where
+the user says (`--history PATH` or `PERFDOCTOR_HISTORY`): perfdoctor writes nothing outside the folders
+it was given. `off` turns recording off.
 
 - Schema: versioned by `PRAGMA user_version`, migrated forward one step at a time (`MIGRATIONS`), and
   marked as perfdoctor's by `PRAGMA application_id`. A store written by a newer perfdoctor, or a
@@ -111,14 +113,14 @@ class HistoryRun:
     id: int | None = None
 
 
-def resolve_path(option: str | Path | None, setting: str | None = None) -> Path | None:
-    """The store to use: --history, else PERFDOCTOR_HISTORY, else the [tool.perfdoctor] setting, else
-    the default; None where any of them says `off`."""
-    for value in (option, os.environ.get("PERFDOCTOR_HISTORY"), setting):
+def resolve_path(option: str | Path | None, default: Path | None = DEFAULT_PATH) -> Path | None:
+    """The store to use: --history, else PERFDOCTOR_HISTORY, else `default` (None: no history unless
+    asked for); None where either says `off`."""
+    for value in (option, os.environ.get("PERFDOCTOR_HISTORY")):
         if value is None or str(value) == "":
             continue
         return None if str(value).strip().lower() in OFF else Path(value)
-    return DEFAULT_PATH
+    return default
 
 
 def _refuse(path: Path, why: str) -> InputError:
