@@ -191,6 +191,8 @@ def test_the_failure_note_shows_the_exception_line():
     assert exception_line("SystemExit: 3") == "SystemExit: 3"
     assert exception_line("Traceback ...\nValueError: the real cause\n") == "ValueError: the real cause"
     assert exception_line("") == "an exception" and exception_line(None) == "an exception"
+    syntax = 'File "/tmp/syn.py", line 3\n    if x = 2:\n       ^^^^^\nSyntaxError: invalid syntax\n'
+    assert exception_line(syntax) == "SyntaxError: invalid syntax"  # a stripped SyntaxError traceback
 
 
 def _fp32_run(tmp_path: Path, source: str) -> Any:

@@ -36,12 +36,13 @@ class Exit(Struct, kw_only=True):
 
 def exception_line(traceback: str | None) -> str:
     """The line that names the exception in a traceback as Python prints it: the first line of the
-    last traceback (a chained one's) that is not a frame, its code or its carets. Not the last line,
+    last traceback (a chained one's) that is not a frame (indented or not: a SyntaxError's stripped
+    traceback starts with its `File "..."` line), its code or its carets. Not the last line,
     which a multi-line message fills (jit.trace's graph diff ends in `\t\t? ^^`)."""
     text = traceback or ""
     last = text.rsplit("Traceback (most recent call last):", 1)[-1]
     for line in last.splitlines():
-        if line.strip() and not line[:1].isspace() and not line.startswith("Traceback"):
+        if line.strip() and not line[:1].isspace() and not line.startswith(("Traceback", 'File "')):
             return line.strip()
     lines = text.strip().splitlines()
     return lines[-1].strip() if lines else "an exception"
