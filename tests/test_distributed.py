@@ -658,3 +658,17 @@ def test_gpu_clock_probe_reads_nvml_a_few_times_a_second_and_is_silent_without_i
         now[0] += 1.0
         probe.end_step(i)
     assert probe.records() is None and probe.off and not err.items  # nothing said
+
+
+def test_ranks_whose_windows_ended_at_different_steps_are_tested_over_the_steps_they_share():
+    """A budget ended rank 1's profiled window a step early (6 steps against 7): the straggler test runs
+    over the 6 steps both profiled instead of giving up on series of unequal length."""
+    from perfdoctor.facts.ranks import common_steps, straggler_test
+
+    fast = tuple(0.5 + 0.01 * (i % 2) for i in range(7))
+    slow = tuple(0.9 + 0.01 * (i % 3) for i in range(6))
+    series = common_steps([fast, slow])
+    assert [len(s) for s in series] == [6, 6]
+    test = straggler_test(series)
+    assert test is not None and test[0] == 1 and test[1] <= 0.1
+    assert common_steps([fast, ()]) == [fast, ()]

@@ -65,7 +65,7 @@ torch.set_num_threads(1)
 
 class Slow(Dataset):
     def __len__(self):
-        return 10_000
+        return 1_000_000  # one epoch outlasts a Ctrl-C test of a long run
 
     def __getitem__(self, i):
         time.sleep(0.0005)  # reading the sample

@@ -232,6 +232,15 @@ def _work_series(f: Facts, key: str) -> tuple[float, ...]:
     return fact.per_step if fact is not None else ()
 
 
+def common_steps(series: list[tuple[float, ...]]) -> list[tuple[float, ...]]:
+    """The ranks' per-step series over the steps every rank profiled: the window opens at the same
+    planned step on every rank (capture/window.py `plan`), but its time or event budget may end one
+    rank's window a step or two early, so the series are cut to the shortest. A rank with no series
+    leaves them all as they are (no test then)."""
+    n = min((len(s) for s in series), default=0)
+    return [s[:n] for s in series] if n else series
+
+
 def straggler_test(series: list[tuple[float, ...]], seed: int = 0) -> tuple[int, float] | None:
     """The rank (index into `series`, one work series per rank, aligned step by step) whose work
     exceeds the other ranks' most, step by step, and the chance that step-to-step noise alone makes
@@ -298,7 +307,7 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
     vals = [r[key] for r in rows if r[key] is not None]
     mid = median(vals)
     if len(vals) >= 2 and mid is not None and mid > 0:
-        series = [_work_series(f, key) for f in per_rank]
+        series = common_steps([_work_series(f, key) for f in per_rank])
         test = straggler_test(series) if len(vals) == len(rows) else None
         straggler = rows[test[0]] if test is not None else max(rows, key=lambda r: r[key] or 0)
         others = [r[key] for r in rows if r is not straggler and r[key] is not None]
