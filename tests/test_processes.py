@@ -17,30 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, run_cli
+from conftest import run_cli
+from test_run_robustness import _env, script  # one tiny training loop and environment for both
 
 from perfdoctor.capture import runner
 from perfdoctor.capture.child import _exit_code
 from perfdoctor.contracts.run import Exit, Meta, decode, encode
-
-LOOP = """
-import os, sys, time, torch
-torch.set_num_threads(1)
-m = torch.nn.Linear(8, 1); opt = torch.optim.SGD(m.parameters(), lr=0.1)
-def step():
-    loss = m(torch.randn(4, 8)).sum(); opt.zero_grad(); loss.backward(); opt.step()
-"""
-
-
-def script(d: Path, name: str, body: str) -> Path:
-    p = d / name
-    p.write_text(textwrap.dedent(LOOP).lstrip() + textwrap.dedent(body).lstrip())
-    return p
-
-
-def _env() -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "NO_COLOR": "1"}
 
 
 def _meta(run_dir: Path) -> dict:
