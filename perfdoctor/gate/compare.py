@@ -24,7 +24,6 @@ the current side while the step time is undecided (`Comparison.settled`, orchest
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -312,19 +311,9 @@ def _simple_row(metric: str, unit: str, kind: str, b: float | None, c: float | N
 
 def _sigma_b2(base: list[list[float]], cur: list[list[float]], seed: int) -> tuple[float, int] | None:
     """Between-run variance of a low quantile per run, pooled over the sides that have repeats (each
-    run's per-step series), and its degrees of freedom."""
-    rng = random.Random(seed)
-    parts = []
-    for side in (base, cur):
-        if len(side) >= 2 and all(len(x) >= MIN_STEPS for x in side):
-            vals = [stats.quantile(x, stats.GATE_QUANTILE) for x in side]
-            v = stats.between_run_log_var(vals, [stats.within_run_log_var(x, rng, 500) for x in side])
-            if v is not None:
-                parts.append((len(vals) - 1, v))
-    if not parts:
-        return None
-    dof = sum(df for df, _ in parts)
-    return sum(df * v for df, v in parts) / dof, dof
+    run's per-step series), and its degrees of freedom (stats.pooled_between_log_var, which verify
+    uses too)."""
+    return stats.pooled_between_log_var([base, cur], seed, MIN_STEPS)
 
 
 def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecord], max_regression: float = 0.10,
