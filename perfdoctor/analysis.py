@@ -122,6 +122,7 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
             dropped = trace.dropped
             trace_summary = add_trace_facts(
                 trace, facts, run_step_ms=facts.value("step.time_ms"),
+                modules=(data.summary.get("compute") or {}).get("modules"),
                 steps_label=f"profiled steps {win['first_step']}..{win['first_step'] + win['steps_profiled'] - 1}"
                 if win.get("first_step") is not None and win.get("steps_profiled") else "")
         except InputError as e:
@@ -146,6 +147,8 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     summary = dict(data.summary)
     if trace_summary.get("breakdown") and env.get("device") == "cuda":
         summary["gpu_breakdown"] = trace_summary["breakdown"]
+    if trace_summary.get("compute_modules") and summary.get("compute"):
+        summary["compute"] = {**summary["compute"], "modules": trace_summary["compute_modules"]}
     rank = data.meta.get("rank")
     label = {}
     if rank:

@@ -138,3 +138,15 @@ def test_own_scripts_behave_as_bare(name: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(("name", "args", "stopped"), CASES, ids=[c[0] for c in CASES])
 def test_samples_behave_as_bare(name: str, args: list[str], stopped: bool, tmp_path: Path) -> None:
     _run_pair(SAMPLES / name, args, tmp_path, STEPS if stopped else None)
+
+
+def test_the_flop_probe_counts_one_step_and_leaves_the_program_as_it_is(tmp_path: Path) -> None:
+    """FlopCounterMode runs over step 2 of the script (capture/probes/flops.py): the losses, the random
+    numbers drawn after each step (dropout's RNG) and the saved weights are a bare run's, bit for bit,
+    and the count is the hand count of the convolution and the Linear (tests/data/scripts/flop_step.py)."""
+    import json
+
+    _run_pair(SCRIPTS / "flop_step.py", ["{out}"], tmp_path, None)
+    rec = json.loads((tmp_path / "doc-perfdoctor" / "run" / "probes.json").read_text())["flops"]
+    assert rec["step"] == 2 and rec["flops"] == 2 * 442_368 + 3 * 491_520
+    assert rec["ops"]["aten.convolution"] == 442_368

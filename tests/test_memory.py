@@ -67,9 +67,23 @@ def test_flops_of_matmuls_of_known_shapes_and_the_mfu_against_the_cpus_measured_
     p = run_cli("run", str(REPO / "tests" / "data" / "scripts" / "known_flops.py"), "--out-dir", str(tmp_path / "run"),
                 "--history", "off", "-f", "json", cwd=tmp_path, timeout=300)
     assert p.returncode == 0, p.stderr
-    facts = {k: v for k, v in json.loads(p.stdout)["facts"].items()}
+    doc = json.loads(p.stdout)
+    facts = {k: v for k, v in doc["facts"].items()}
     hand = 5 * 2 * 64 * 1024 * 1024  # forward 2 addmm, backward 3 mm
     assert abs(facts["compute.flops_per_step"]["value"] - hand) <= 0.01 * hand
+    assert facts["compute.flops_per_step"]["source"] == "run" and "FlopCounterMode on step 2" in \
+        facts["compute.flops_per_step"]["detail"]
+    compute = doc["summary"]["compute"]
+    assert compute["source"].startswith("torch.utils.flop_counter.FlopCounterMode")
+    rows = {r["module"]: r for r in compute["modules"]}
+    assert set(rows) == {"Sequential.0", "Sequential.1"}  # the leaves, not the Sequential holding them
+    assert rows["Sequential.1"]["flops"] == 3 * hand // 5 and rows["Sequential.0"]["forward_flops"] == hand // 5
+    for r in rows.values():  # timed from the trace's "nn.Module: Linear_k" spans
+        assert r["forward_ms"] > 0 and r["achieved_flops"] == pytest.approx(r["forward_flops"] / r["forward_ms"] * 1e3, rel=1e-3)
+    # the trace alone: its recorded matmul shapes give the same count
+    trace = run_cli("report", str(tmp_path / "run" / "trace.json.gz"), "-f", "json", "--history", "off", cwd=tmp_path)
+    tf = json.loads(trace.stdout)["facts"]["compute.flops_per_step"]
+    assert tf["source"] == "trace" and abs(tf["value"] - hand) <= 0.01 * hand
     peak = facts["compute.peak_flops"]["value"]
     achieved = facts["compute.achieved_flops"]["value"]
     assert 0 < achieved and peak > 1e8 and "measured" in facts["compute.peak_flops"]["detail"]

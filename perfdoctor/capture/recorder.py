@@ -27,6 +27,7 @@ from perfdoctor.capture.probes.dataloader import DataLoaderProbe
 from perfdoctor.capture.probes.dataparallel import DataParallelProbe
 from perfdoctor.capture.probes.ddp import DdpProbe
 from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
+from perfdoctor.capture.probes.flops import FlopProbe
 from perfdoctor.capture.probes.forward import ForwardProbe
 from perfdoctor.capture.probes.gc_calls import GcCallProbe
 from perfdoctor.capture.probes.gc_time import GcTimeProbe
@@ -91,6 +92,7 @@ class Recorder:
         self.cpu_wait = CpuWaitProbe(self.errors, self.dataloader.worker_pids)
         self.gpu_clock = GpuClockProbe(torch, self.errors)
         self.memory_objects = MemoryObjectsProbe(torch, self.errors)
+        self.flops = FlopProbe(torch, self.errors)
         self.window = self._new_window()
         self.user_profiler = UserProfilerGuard(torch, lambda: self.window, self.errors)
         self.forward.poll = self.dataloader.poll = self._poll  # the window's time budget, inside long steps
@@ -102,7 +104,7 @@ class Recorder:
         # installed in this order, uninstalled in the reverse one
         self._probes = (self.clock, self.dataloader, self.modules, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
                         self.host_reads, self.host_tensors, self.user_profiler, self.gc_calls, self.ddp, self.gc_time,
-                        self.stalls, self.compile, self.cpu_wait, self.gpu_clock, self.memory_objects)
+                        self.stalls, self.compile, self.cpu_wait, self.gpu_clock, self.memory_objects, self.flops)
 
     @property
     def stopping(self) -> bool:
@@ -158,6 +160,7 @@ class Recorder:
 
     # -- driven by the step clock ---------------------------------------------------------------
     def _on_step(self, i: int) -> None:
+        self.flops.step_ended(i)
         self.cpu_wait.end_step(i)
         self.compile.end_step(i)
         self.gpu_clock.end_step(i)
@@ -171,6 +174,9 @@ class Recorder:
             self._early(i)
         if i >= self.window.next_at:
             self.window.tick(i)
+        # no profiler before the counted step ends, no code torch.compile compiled
+        self.flops.after_step(i, self.window.state == "wait" and self.window.next_at > i + 1
+                              and not self.compile.frames)
         self.cpu_wait.begin_step()  # the next step's wait counts from here, after perfdoctor's work above
 
     def _early(self, i: int) -> None:
@@ -182,6 +188,7 @@ class Recorder:
     def _on_merge(self) -> None:
         """A stronger step clock took over: what was counted by steps starts again."""
         self.dataloader.merge_steps()
+        self.flops.merge_steps()
         self.host_reads.merge_steps()
         self.cpu_wait.merge_steps()
         self.gpu_clock.merge_steps()
@@ -229,7 +236,7 @@ class Recorder:
                         gc_time=self.gc_time.records(), stalls=self.stalls.records(),
                         eval_grad=self.forward.eval_grad_records(), compile=self.compile.records(len(steps) + 1),
                         cpu_wait=self.cpu_wait.records(), gpu_clock=self.gpu_clock.records(),
-                        memory_objects=self.memory_objects.records(),
+                        memory_objects=self.memory_objects.records(), flops=self.flops.records(),
                         losses=self.clock.losses(), anomaly_stack_ms=self.anomaly.stack_records())
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)

@@ -165,6 +165,28 @@ class MemoryDoc(Doc):
     parts: dict[str, int | float] = {}  # params, grads, optimizer_state, activations
 
 
+class ComputeModuleDoc(Doc):
+    """A module with the most FLOPs in the counted step (facts/run/compute.py), its forward's time in the
+    run's trace and rate where the trace has its span (facts/trace/flops.py `module_rates`)."""
+
+    module: str = ""  # FlopCounterMode's name, e.g. "Net.fc1"
+    layer: str | None = None  # "Class_k", the trace's "nn.Module: Class_k"
+    flops: int | float = 0  # forward and backward
+    share: float = 0.0  # of the step's FLOPs
+    forward_flops: int | float = 0
+    forward_ms: float | UnsetType = UNSET
+    time_source: str | UnsetType = UNSET
+    achieved_flops: float | UnsetType = UNSET  # forward FLOPs / forward time
+
+
+class ComputeDoc(Doc):
+    """Where a run's FLOPs per step were counted and its modules with the most (facts/run/compute.py)."""
+
+    source: str = ""
+    flops_per_step: int | float = 0
+    modules: list[ComputeModuleDoc] = []
+
+
 class SummaryDoc(Doc):
     steps_observed: int | None = None
     steps_profiled: int | None = None
@@ -177,6 +199,7 @@ class SummaryDoc(Doc):
     gpu_breakdown: list[BreakdownDoc] | UnsetType = UNSET  # a CUDA run's step on the GPU
     rank: int | UnsetType = UNSET  # several ranks: the rank whose summary this is
     memory: MemoryDoc | UnsetType = UNSET  # a run's memory over its steps
+    compute: ComputeDoc | UnsetType = UNSET  # a run's FLOPs counted on one step, by module
     stuck: Stuck | UnsetType = UNSET  # a run where no step ended: where it was (the run folder's stuck.json)
     # a run: how long the training thread waited for a CPU per steady step, and whether that inflated
     # the step times (facts/run/cpu_wait.py: contention; `sentence` says so in words)

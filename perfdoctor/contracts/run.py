@@ -472,6 +472,21 @@ class OptimizerMemory(Struct, kw_only=True):
     state_bytes: dict[str, files.Count] = {}
 
 
+class FlopRecord(Struct, kw_only=True):
+    """The FLOPs of one training step as `torch.utils.flop_counter.FlopCounterMode` counted them
+    (capture/probes/flops.py): in all, by operator and by module (ModuleTracker's names, e.g.
+    "Net.fc1"; the MAX_MODULES with the most)."""
+    step: int  # the step counted
+    flops: int = 0
+    sixteen_bit_flops: int = 0  # of them, by operators whose first operand was float16 or bfloat16
+    ops: dict[str, int] = {}
+    modules: dict[str, int] = {}  # forward and backward
+    forward: dict[str, int] = {}  # the modules' forward FLOPs alone
+    # module name -> "Class_k": its class's k-th module to run a forward in the step, as torch.profiler's
+    # Python tracer names module calls ("nn.Module: Linear_1")
+    order: dict[str, str] = {}
+
+
 class Probes(Struct, kw_only=True):
     dataloaders: list[DataLoaderRecord] = []
     dataparallel: list[DataParallelRecord] = []
@@ -490,6 +505,7 @@ class Probes(Struct, kw_only=True):
     cpu_wait: CpuWaitRecord | None = None
     gpu_clock: GpuClockRecord | None = None
     memory_objects: list[OptimizerMemory] = []
+    flops: FlopRecord | None = None
     # the value of the tensor passed to each of the first LOSS_STEPS outermost backward calls (the loss;
     # null where it is not a one-element tensor or not finite): `perfdoctor verify` compares the
     # trajectories of a script and its fixed copy

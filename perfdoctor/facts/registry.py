@@ -123,8 +123,10 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("memory.activations_bytes", "bytes", "run", "CUDA: the peak within a step less parameters, gradients and "
      "optimizer state (activations kept for backward, temporaries)"),
     ("memory.headroom_bytes", "bytes", "run", "the device's (CPU: the machine's) memory less the peak"),
-    ("compute.flops_per_step", "number", "trace", "FLOPs per step of the recorded matmuls (mm, addmm, bmm, baddbmm: "
-     "2*M*K*N, forward and backward; convolutions not counted)"),
+    ("compute.flops_per_step", "number", "run/trace", "FLOPs per step, forward and backward: a run's counted by "
+     "FlopCounterMode on one step (matmuls, convolutions, attention), else a trace's recorded matmuls (mm, addmm, "
+     "bmm, baddbmm: 2*M*K*N; convolutions not counted)"),
+    ("compute.sixteen_bit_share", "ratio", "run", "the share of the counted FLOPs run on float16 or bfloat16 operands"),
     ("compute.achieved_flops", "number", "trace", "FLOPs per step / step time: FLOP/s achieved"),
     ("compute.peak_flops", "number", "machine/trace", "the peak the MFU is judged against: a CPU run's measured fp32 "
      "matmul rate, else a known accelerator's datasheet peak for the dtype in use"),

@@ -502,6 +502,21 @@ def _header(report: Report) -> str:
     return f'<header><h1>perfdoctor report</h1><dl class="run">{dl}</dl>{_perfetto(files)}</header>'
 
 
+def _modules_table(compute: dict | None) -> str:
+    """The modules with the most FLOPs (summary.compute.modules): FLOPs, share, and the forward's time and rate."""
+    rows = (compute or {}).get("modules") or []
+    if not rows:
+        return ""
+    out = ['<table id="compute-modules"><thead><tr><th>module</th><th class="n">FLOPs per step</th>'
+           '<th class="n">share</th><th class="n">forward ms</th><th class="n">forward FLOP/s</th></tr></thead><tbody>']
+    for r in rows:
+        rate = r.get("achieved_flops")
+        out.append(f'<tr><td>{_e(r["module"])}</td><td class="n">{r["flops"]:,.0f}</td><td class="n">{r["share"]:.1%}</td>'
+                   f'<td class="n">{_e(ms_text(r.get("forward_ms")))}</td>'
+                   f'<td class="n">{"" if rate is None else f"{rate:,.4g}"}</td></tr>')
+    return "".join(out) + "</tbody></table>"
+
+
 def _step_section(report: Report) -> str:
     s = report.summary
     parts = []
@@ -511,13 +526,14 @@ def _step_section(report: Report) -> str:
     mem = charts.memory_chart(s.get("memory") or {})
     if mem:
         parts.append('<section id="memory"><h2>Memory over the run</h2>' + mem + "</section>")
-    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None)
+    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None, s.get("compute"))
     if compute:
         mfu, flops = report.facts.get("compute.mfu"), report.facts.get("compute.flops_per_step")
         parts.append('<section id="compute"><h2>Compute efficiency</h2>'
                      + "<p>" + _data("compute.mfu", None if mfu is None else round(mfu.value, 6), compute) + "</p>"
                      + (f'<p class="formula">{_e(mfu.detail)}</p>' if mfu is not None else "")
-                     + (f'<p class="dim">{_e(flops.detail)}</p>' if flops is not None else "") + "</section>")
+                     + (f'<p class="dim">{_e(flops.detail)}</p>' if flops is not None else "")
+                     + _modules_table(s.get("compute")) + "</section>")
     bd = []
     if s.get("breakdown"):
         gpu_trace = report.run.get("kind") == "trace" and _fact(report, "step.gpu_kernel_ms") is not None

@@ -17,7 +17,7 @@ from perfdoctor.gate.compare import Comparison, undecided_sentence
 from perfdoctor.model import NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
 from perfdoctor.report.explain import explanation_lines
-from perfdoctor.report.memory import compute_line, memory_line
+from perfdoctor.report.memory import compute_line, memory_line, modules_line
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
                 "inconclusive": "❔ inconclusive", "unstable": "〰️ unstable", "not-comparable": "⚠️ not comparable"}
@@ -93,9 +93,12 @@ def render_report(report: Report) -> str:
     out += [" · ".join(facts), ""]
     if (summary.get("memory") or {}).get("bytes"):
         out += [f"**Memory** {md(memory_line(summary['memory']))}", ""]
-    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None)
+    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None, summary.get("compute"))
     if compute:
         out += [f"**Compute** {md(compute)}", ""]
+    mods = modules_line(summary.get("compute"))
+    if mods:
+        out += [f"**Modules** {md(mods)}", ""]
     contention = summary.get("contention") or {}
     if contention.get("inflated"):
         out += [f"> ⚠️ **{md(contention.get('sentence'))}**", ""]

@@ -33,13 +33,14 @@ def _si(v: float, unit: str) -> str:
     return f"{v:,.3g} {unit}"
 
 
-def compute_line(value: Any) -> str | None:
+def compute_line(value: Any, compute: dict[str, Any] | None = None) -> str | None:
     """The compute facts in one line, the MFU with its formula and denominator: `value(name)` reads a
-    fact's value. None where no FLOPs were counted."""
+    fact's value; `compute`, the summary's, says what counted the FLOPs. None where none were counted."""
     flops = value("compute.flops_per_step")
     if not isinstance(flops, (int, float)):
         return None
-    out = f"{_si(flops, 'FLOP')} per step (matmuls)"
+    source = (compute or {}).get("source") or "matmul shapes in the trace"
+    out = f"{_si(flops, 'FLOP')} per step ({source})"
     convs = value("compute.uncounted_convs_per_step")
     if isinstance(convs, (int, float)) and convs:
         return out + f"; {convs:g} convolution(s) per step not counted, so no FLOP/s or MFU"
@@ -49,4 +50,19 @@ def compute_line(value: Any) -> str | None:
     mfu, peak = value("compute.mfu"), value("compute.peak_flops")
     if isinstance(mfu, (int, float)) and isinstance(peak, (int, float)):
         out += f"; MFU {mfu:.1%} = FLOPs per step / step time / peak {_si(peak, 'FLOP/s')}"
+    return out
+
+
+def modules_line(compute: dict[str, Any] | None) -> str | None:
+    """The modules with the most FLOPs and, where the trace timed their forward, the lowest achieved
+    rate, in one line; None where the run listed none."""
+    rows = (compute or {}).get("modules") or []
+    if not rows:
+        return None
+    out = "most FLOPs: " + ", ".join(f"{r['module']} {r['share']:.0%}" for r in rows[:3])
+    rated = [r for r in rows if r.get("achieved_flops")]
+    if rated:
+        low = min(rated, key=lambda r: r["achieved_flops"])
+        out += (f"; lowest rate: {low['module']} {_si(low['achieved_flops'], 'FLOP/s')} "
+                f"(forward: {_si(low['forward_flops'], 'FLOP')} in {low['forward_ms']:.3g} ms)")
     return out

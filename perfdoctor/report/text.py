@@ -23,7 +23,7 @@ from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Findin
 from perfdoctor.report import escape
 from perfdoctor.report.common import chart_top, ms_text
 from perfdoctor.report.explain import explanation_lines
-from perfdoctor.report.memory import compute_line, memory_line
+from perfdoctor.report.memory import compute_line, memory_line, modules_line
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]
@@ -153,9 +153,12 @@ def _summary(report: Report) -> Panel:
     if len(mem_series) >= 2:
         rows.add_row("memory", Text(sparkline(mem_series, lo=min(mem_series)), style="magenta")
                      + Text("  " + memory_line(mem), style="dim"))
-    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None)
+    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None, s.get("compute"))
     if compute:
         rows.add_row("compute", Text(compute, style="dim"))
+    mods = modules_line(s.get("compute"))
+    if mods:
+        rows.add_row("modules", Text(mods, style="dim"))
     contention = s.get("contention") or {}
     if contention.get("inflated"):
         rows.add_row("contention", _t(str(contention.get("sentence") or ""), style="bold yellow"))

@@ -18,6 +18,7 @@ from perfdoctor.facts.model import Facts
 from perfdoctor.facts.run import (
     anomaly,
     compile,
+    compute,
     cpu_wait,
     dataloader,
     dataparallel,
@@ -46,7 +47,7 @@ __all__ = ["FAMILIES", "RunContext", "RunData", "load_run"]
 # In order: the step time first (the others read its steady steps), the memory before the loss
 # holders (they share its growth), the notes before the hot spots' note.
 FAMILIES = (steps, machine, memory, dataloader, dataparallel, empty_cache, anomaly, forward, modules, holders, host_reads,
-            host_tensors, gc_calls, stalls, compile, cpu_wait, ddp, gc_time, gpu_clock, notes, hotspots)
+            host_tensors, gc_calls, stalls, compile, compute, cpu_wait, ddp, gc_time, gpu_clock, notes, hotspots)
 
 
 @dataclass

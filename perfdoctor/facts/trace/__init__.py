@@ -39,13 +39,14 @@ __all__ = ["add_trace_facts", "summarise_trace"]
 
 
 def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = None,
-                    steps_label: str = "") -> dict[str, Any]:
+                    steps_label: str = "", modules: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Measure the trace, add facts (source "trace", never overwriting), return the summary dict.
     Where the trace comes from a run folder: `run_step_ms`, the run's median unprofiled step (the
     GPU's idle time is then the run's step less the GPU's busy time, `context.TraceContext`), and
-    `steps_label`, the run's steps the trace recorded, added to every global fact's detail."""
+    `steps_label`, the run's steps the trace recorded, added to every global fact's detail, and
+    `modules`, the run's modules with the most FLOPs, whose forward the trace times (`flops.module_rates`)."""
     with gc_paused():
-        ctx = TraceContext(trace, facts, run_step_ms, steps_label)
+        ctx = TraceContext(trace, facts, run_step_ms, steps_label, modules)
         steps = breakdown.add(ctx)  # the step windows every other family measures in: not contained
         summary = dict(steps.summary)
         families: list[tuple[Any, tuple[Any, ...]]] = [(device.add, ())]

@@ -25,8 +25,10 @@ class TraceContext:
     Several GPUs in one timeline (nn.DataParallel) are measured device by device; the step's
     global facts are the busiest device's (`main_device`)."""
 
-    def __init__(self, trace: Trace, facts: Facts, run_step_ms: float | None = None, steps_label: str = ""):
+    def __init__(self, trace: Trace, facts: Facts, run_step_ms: float | None = None, steps_label: str = "",
+                 modules: list[dict[str, Any]] | None = None):
         self.trace = trace
+        self.modules = modules or []  # the run's modules with the most FLOPs (facts/run/compute.py), to time
         self.facts = facts
         # the steps' spans, µs: each step's CPU span extended to the GPU work it launched
         self.windows: list[tuple[float, float]] = [(s, e) for _, s, e in trace.steps]

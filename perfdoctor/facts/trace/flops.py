@@ -19,10 +19,12 @@ accelerator for the dtype most of the FLOPs ran in (`PEAKS`).
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
+from typing import Any
 
 from perfdoctor.facts.trace.context import TraceContext
-from perfdoctor.trace.model import CPU_OP
+from perfdoctor.trace.model import CPU_OP, PYFUNC
 
 # Dense (no structured sparsity) peak TFLOP/s from the vendors' datasheets: (16-bit tensor, tf32, fp32).
 # NVIDIA: V100 SXM2, T4, A10, L4, A100 SXM, H100 SXM, H200 SXM, B200 (HGX B200, per GPU); AMD Instinct
@@ -72,8 +74,10 @@ def device_peak(name: str | None, dtype: str) -> tuple[float, str] | None:
     return None
 
 
-def add(ctx: TraceContext) -> None:
-    """compute.flops_per_step, compute.achieved_flops and, where a peak is known, compute.mfu."""
+def _count(ctx: TraceContext) -> tuple[float, float] | None:
+    """(FLOPs per step, their 16-bit share) from the trace's recorded matmul shapes; None where none
+    were recorded or where convolutions leave the step's FLOPs unknown (then the count is a fact, with
+    the convolutions not counted, and no rate follows)."""
     t = ctx.trace
     strings, name, kind = t.strings, t.name, t.kind
     total = sixteen = 0
@@ -98,7 +102,7 @@ def add(ctx: TraceContext) -> None:
         if len(types) > spec[1] and types[spec[1]] in _SIXTEEN:
             sixteen += flops
     if not total:
-        return
+        return None
     per_step = total / ctx.per_step
     left_out = f"; {convs // ctx.per_step} convolution(s) per step not counted (their output size is not recorded)" \
         if convs else ""
@@ -108,23 +112,86 @@ def add(ctx: TraceContext) -> None:
     if convs:  # the step's FLOPs are not known: no FLOP/s and no MFU, rather than a figure far too low
         ctx.put("compute.uncounted_convs_per_step", convs / ctx.per_step, "count",
                 "convolutions per step whose FLOPs the trace does not give (strides and padding not recorded)")
-        return
+        return None
+    return per_step, sixteen / total
+
+
+def add(ctx: TraceContext) -> dict[str, Any] | None:
+    """compute.flops_per_step (the run's FlopCounterMode count where there is one, else the trace's
+    matmul shapes), compute.achieved_flops and, where a peak is known, compute.mfu; the listed
+    modules' achieved rates (`module_rates`) as the summary's `compute_modules`."""
+    counted = ctx.facts.get("compute.flops_per_step")
+    if counted is not None and counted.source == "run":
+        share = ctx.facts.value("compute.sixteen_bit_share")
+        found: tuple[float, float] | None = (float(counted.value), float(share) if isinstance(share, (int, float)) else 0.0)
+    else:
+        found = _count(ctx)
+    rows = module_rates(ctx) if ctx.modules else None
+    if found is not None:
+        _rate(ctx, *found)
+    return {"compute_modules": rows} if rows else None
+
+
+def _rate(ctx: TraceContext, per_step: float, sixteen_share: float) -> None:
     step_ms = ctx.run_step_ms if ctx.run_step_ms else ctx.facts.value("step.time_ms")
     if not step_ms:
         return
     achieved = per_step / (step_ms / 1000)
     which = "the run's median unprofiled step" if ctx.run_step_ms else "the trace's median step"
     ctx.put("compute.achieved_flops", achieved, "number", f"FLOPs per step / {which} ({step_ms:.3f} ms), per second")
-    dtype = "16-bit" if sixteen >= total / 2 else "fp32"
+    dtype = "16-bit" if sixteen_share >= 0.5 else "fp32"
     peak_fact = ctx.facts.value("compute.peak_flops")
     if isinstance(peak_fact, (int, float)) and peak_fact > 0:
         peak, source = float(peak_fact), "this CPU's measured fp32 matmul rate (compute.peak_flops)"
     else:
-        found = device_peak(ctx.facts.value("device.name"), dtype)
-        if found is None:
+        dev = device_peak(ctx.facts.value("device.name"), dtype)
+        if dev is None:
             return
-        peak, source = found
+        peak, source = dev
         ctx.put("compute.peak_flops", peak, "number", source)
     ctx.put("compute.mfu", achieved / peak, "ratio",
             f"MFU = FLOPs per step / step time / peak = {per_step:.4g} / {step_ms / 1000:.4g} s / {peak:.4g} FLOP/s; "
             f"peak: {source}")
+
+
+MODULE_PREFIX = "nn.Module: "
+
+
+def module_rates(ctx: TraceContext) -> list[dict[str, Any]]:
+    """The run's listed modules (`ctx.modules`, facts/run/compute.py) with their forward's time per step
+    in the trace and its achieved rate (forward FLOPs / forward time). A module's time: on a GPU trace
+    the kernels launched inside its forward (torch.profiler's Python tracer's "nn.Module: Class_k" span),
+    on a CPU trace the span itself. Modules the trace has no span for keep no time."""
+    t = ctx.trace
+    strings, name, ts, dur = t.strings, t.name, t.ts, t.dur
+    wanted = {r["layer"]: r for r in ctx.modules if r.get("layer")}
+    spans: dict[str, list[tuple[float, float]]] = {}
+    for i in t.indices(PYFUNC):
+        nm = strings[name[i]]
+        if nm.startswith(MODULE_PREFIX) and nm[len(MODULE_PREFIX):] in wanted:
+            spans.setdefault(nm[len(MODULE_PREFIX):], []).append((ts[i], ts[i] + dur[i]))
+    launched: list[tuple[float, float]] = []  # (launch time, the kernel's duration), by launch time
+    if ctx.gpu:
+        corr = t.corr
+        for g in ctx.gpu_events:
+            call = ctx.launches.get(corr[g])
+            if call is not None:
+                launched.append((ts[call], dur[g]))
+        launched.sort()
+    starts = [a for a, _ in launched]
+    out = []
+    for r in ctx.modules:
+        row = dict(r)
+        sp = spans.get(r.get("layer") or "")
+        if sp:
+            if ctx.gpu:
+                us = sum(launched[k][1] for a, b in sp for k in range(bisect_left(starts, a), bisect_right(starts, b)))
+            else:
+                us = sum(b - a for a, b in sp)
+            ms = us / 1000 / ctx.per_step
+            row["forward_ms"] = round(ms, 4)
+            row["time_source"] = "GPU kernels launched in its forward" if ctx.gpu else "its forward's span on the CPU"
+            if ms > 0 and row.get("forward_flops"):
+                row["achieved_flops"] = round(row["forward_flops"] / (ms / 1000), 1)
+        out.append(row)
+    return out
