@@ -47,6 +47,7 @@ import msgspec
 
 from perfdoctor.contracts.run import Meta, Probes, Steps, read, read_meta
 from perfdoctor.errors import InputError
+from perfdoctor.facts import registry
 from perfdoctor.gate import stats
 from perfdoctor.gate.baseline import MIN_STEPS
 from perfdoctor.gate.compare import LEVEL
@@ -464,8 +465,9 @@ def verify(report: Report, run_dir: Path, rules: list[Rule], *, steps: int | Non
         shutil.rmtree(scratch)
     scratch.mkdir(parents=True)
     by_id = {r.id: r for r in rules}
-    targets_cuda = bool(getattr(report.facts.get("script.targets_cuda"), "value", False))
-    gpu_only_here = (meta.env.device or "cpu") == "cpu" and targets_cuda
+    seen = {"device.type": meta.env.device or "cpu",
+            "script.targets_cuda": getattr(report.facts.get("script.targets_cuda"), "value", None)}
+    gpu_only_here = bool(registry.derive("run.cuda_on_cpu", seen.get))
     findings = [f for f in report.findings if only is None or only(f)]
     plans: list[tuple[Finding, Change | Verification]] = [(f, plan(f, by_id.get(f.rule), gpu_only_here))
                                                           for f in findings]

@@ -38,6 +38,20 @@ def test_missing_fact_raises_missing_and_has_checks_presence():
     assert evaluate("has(gpu.utilization) and gpu.utilization < 0.5", FACTS) is False
 
 
+def test_get_reads_a_fact_or_its_default():
+    assert evaluate("get(cpu.count, 0)", FACTS) == 2
+    assert evaluate("get(gpu.utilization, false)", FACTS) is False
+    assert evaluate("get(gpu.utilization, cpu.count * 3)", FACTS) == 6
+    # the default is evaluated only where the fact is absent: a missing name there is not read
+    assert evaluate("get(cpu.count, gpu.utilization)", FACTS) == 2
+    with pytest.raises(Missing):
+        evaluate("get(gpu.utilization, step.nothing)", FACTS)
+    assert names_in("get(cpu.count, threshold.x)") == {"cpu.count", "threshold.x"}
+    for bad in ("get(cpu.count)", "get(1, 2)", "get(cpu.count, 1, 2)"):
+        with pytest.raises(RuleError):
+            compile_expr(bad)
+
+
 def test_names_in_reports_full_fact_names():
     assert names_in("dataloader.wait_ms / step.time_ms > threshold.min and has(cpu.count)") == {
         "dataloader.wait_ms", "step.time_ms", "threshold.min", "cpu.count"}

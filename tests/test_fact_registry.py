@@ -39,7 +39,12 @@ def fact_tables() -> str:
         "Global facts (`Facts.add`):", "", *head, *rows(list(registry.GLOBAL_FACTS.values())), "",
         "Subject facts (`Facts.subject(kind, key).add`), named after their kind; each subject also has "
         f"`locations`. Kinds: {', '.join(f'`{k}`' for k in registry.SUBJECT_KINDS)}.", "",
-        *head, *rows(subject_specs),
+        *head, *rows(subject_specs), "",
+        "Derived facts (`registry.DERIVED_FACTS`: computed from the global facts named, where a rule reads "
+        "them or Python calls `registry.derive`; a finding's evidence is their inputs):", "",
+        "| fact | unit | from | what |", "|---|---|---|---|",
+        *(f"| `{d.name}` | {d.unit} | {', '.join(f'`{i}`' for i in d.inputs)} | {d.doc} |"
+          for d in registry.DERIVED_FACTS.values()),
     ])
 
 
@@ -179,6 +184,58 @@ def test_every_builtin_rule_reads_declared_facts() -> None:
             else:
                 assert any(registry.readable(name, k) for k in rule.subjects or (None,)), (rule.id, name)
         assert rule.subject is None or rule.subject in registry.SUBJECT_KINDS
+
+
+def test_derived_facts_are_computed_once_from_declared_inputs() -> None:
+    """The derived facts are said once (registry.DERIVED_FACTS) from declared global facts, are never
+    stored (a producer cannot add one), and mean what their docs say, also where inputs are absent."""
+    for d in registry.DERIVED_FACTS.values():
+        assert d.unit in registry.UNITS and all(i in registry.GLOBAL_FACTS for i in d.inputs), d.name
+        with pytest.raises(UndeclaredFact):
+            Facts().add(d.name, 1, d.unit, "run")
+
+    def derive(name: str, **inputs: object) -> object:
+        values = {k.replace("__", "."): v for k, v in inputs.items()}
+        return registry.derive(name, values.get)
+
+    assert derive("run.cuda_on_cpu", device__type="cpu", script__targets_cuda=True) is True
+    for inputs in ({"device__type": "cuda", "script__targets_cuda": True}, {"device__type": "cpu"},
+                   {"script__targets_cuda": True}, {"device__type": "cpu", "script__targets_cuda": False}):
+        assert derive("run.cuda_on_cpu", **inputs) is False, inputs
+    assert derive("run.gpu_target", script__targets_cuda=True) is True
+    assert derive("run.gpu_target", device__type="rocm") is True
+    assert derive("run.gpu_target", device__type="cpu", script__targets_cuda=False) is False
+    assert derive("run.gpu_target") is False
+    assert derive("cpu.workers", cpu__count=6) == 6 and derive("cpu.workers", cpu__count=0) == 1
+    assert derive("cpu.workers") is None
+
+
+def test_a_rule_reads_a_derived_fact_and_shows_its_inputs_as_evidence(tmp_path: Path) -> None:
+    d = _rule(tmp_path, "run.cuda_on_cpu and cpu.workers >= 2 and dataloader.wait_ms > threshold.limit")
+    rules = [r for r in load_rules([d]) if r.id == "PD900"]
+    f = Facts()
+    f.add("device.type", "cpu", "str", "machine")
+    f.add("script.targets_cuda", True, "bool", "static")
+    f.add("step.time_ms", 10.0, "ms", "run")
+    f.subject("dataloader", "t.py:1").add("wait_ms", 5.0, "ms", "run")
+    assert judge(f, rules) == []  # cpu.workers: absent without cpu.count, so the rule cannot say
+    f.add("cpu.count", 4, "count", "machine")
+    (finding,) = judge(f, rules)
+    assert {e.name for e in finding.evidence} == {"device.type", "script.targets_cuda", "cpu.count",
+                                                  "dataloader.wait_ms"}
+    assert finding.confidence == "high"
+
+
+def test_rules_say_the_shared_tests_through_the_registry() -> None:
+    """The CPU run of a CUDA-targeting script, a script that targets a GPU, and a flag read with has()
+    are not spelt out in a rule file: `run.cuda_on_cpu`, `run.gpu_target` and `get(x, default)` say them."""
+    import re
+
+    for path in sorted((REPO / "rules").glob("*.toml")):
+        text = path.read_text()
+        assert not re.search(r"has\(([a-z_.]+)\) and \1(?![a-z0-9_.]|\s*(==|!=|<|>|in\b|not\b|[-+*/%]))", text), path.name
+        assert not re.search(r"device\.type\W{0,12}== 'cpu'.{0,80}script\.targets_cuda"
+                             r"|script\.targets_cuda.{0,80}device\.type\W{0,12}== 'cpu'", text, re.S), path.name
 
 
 @pytest.mark.parametrize("when,evidence,says", [

@@ -14,7 +14,9 @@ declared in both scopes (the trace's `sync.ms` is global; a `sync` subject has i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 # Where a fact comes from, strongest evidence first (the order `facts.model` and the doc follow).
 SOURCES = ("run", "trace", "static", "machine")
@@ -399,6 +401,59 @@ SUBJECT_FACTS.update({
 SUBJECT_KINDS = tuple(SUBJECT_FACTS)
 
 
+# -- derived facts -------------------------------------------------------------------------------
+# What several rules (and perfdoctor's own Python) would otherwise each spell out from the measured
+# facts, said once: a derived fact is computed here from the global facts it names as inputs, where a
+# rule reads it (`rules.engine.make_lookup`) or Python asks (`derive`). It is never stored: a finding's
+# evidence is its inputs (`rules.catalog.Rule.reads`), so the sources behind a finding are the same as
+# if the rule had spelt the expression out.
+
+
+@dataclass(frozen=True)
+class DerivedSpec:
+    name: str
+    unit: str  # one of UNITS
+    inputs: tuple[str, ...]  # the global facts it is computed from
+    doc: str  # one line
+    compute: Callable[[Callable[[str], Any]], Any]  # value(name) -> the input's value or None; None: absent
+
+
+def _cuda_on_cpu(value: Callable[[str], Any]) -> bool:
+    return value("device.type") == "cpu" and value("script.targets_cuda") is True
+
+
+def _gpu_target(value: Callable[[str], Any]) -> bool:
+    return value("script.targets_cuda") is True or value("device.type") not in (None, "cpu")
+
+
+def _cpu_workers(value: Callable[[str], Any]) -> int | None:
+    cpus = value("cpu.count")
+    return None if cpus is None else max(1, cpus)
+
+
+DERIVED_FACTS: dict[str, DerivedSpec] = {d.name: d for d in [
+    DerivedSpec("run.cuda_on_cpu", "bool", ("device.type", "script.targets_cuda"),
+                "a CPU run (or trace) of a script that targets CUDA: device.type is cpu and script.targets_cuda; what "
+                "only a GPU shows is judged for the GPU the script targets, unmeasured (False where either is unknown)",
+                _cuda_on_cpu),
+    DerivedSpec("run.gpu_target", "bool", ("script.targets_cuda", "device.type"),
+                "the script runs on a GPU or targets one: script.targets_cuda, or a device.type other than cpu "
+                "(False where neither says so)", _gpu_target),
+    DerivedSpec("cpu.workers", "count", ("cpu.count",),
+                "DataLoader workers this process can keep busy: its usable CPUs (cpu.count, a rank's share), at "
+                "least 1; absent where the CPUs are not known (a trace)", _cpu_workers),
+]}
+for _d in DERIVED_FACTS.values():
+    if _d.unit not in UNITS or _d.name in GLOBAL_FACTS or not all(i in GLOBAL_FACTS for i in _d.inputs):
+        raise ValueError(f"bad derived fact {_d.name}: unit {_d.unit!r}, a measured fact's name, or an undeclared input")
+
+
+def derive(name: str, value: Callable[[str], Any]) -> Any:
+    """The derived fact `name` (DERIVED_FACTS) from `value(input)`, the inputs' values (None where absent);
+    None where it is absent itself."""
+    return DERIVED_FACTS[name].compute(value)
+
+
 class UndeclaredFact(ValueError):
     """A producer added a fact (or a subject kind) this registry does not declare: a bug in perfdoctor."""
 
@@ -427,8 +482,9 @@ def check_declared(name: str, scope: str = GLOBAL) -> None:
 
 def readable(name: str, subject: str | None) -> bool:
     """Whether a rule judged on subjects of kind `subject` (None: on the global facts) may read the
-    fact `name`: the global facts, and the facts of its own subject kind."""
-    return name in GLOBAL_FACTS or (subject is not None and name in SUBJECT_FACTS.get(subject, {}))
+    fact `name`: the global facts (measured and derived), and the facts of its own subject kind."""
+    return name in GLOBAL_FACTS or name in DERIVED_FACTS or (
+        subject is not None and name in SUBJECT_FACTS.get(subject, {}))
 
 
 def all_specs() -> list[FactSpec]:

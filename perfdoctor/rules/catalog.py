@@ -82,11 +82,14 @@ class Rule:
     lets: dict[str, str] = field(default_factory=dict)
 
     def reads(self, names: set[str]) -> set[str]:
-        """`names` with each `let.NAME` replaced by the facts and thresholds its expression reads."""
+        """`names` with each `let.NAME` replaced by the facts and thresholds its expression reads, and
+        each derived fact by the facts it is derived from (`registry.DERIVED_FACTS`)."""
         out: set[str] = set()
         for n in names:
             if n.startswith(LET_PREFIX) and n[len(LET_PREFIX):] in self.lets:
                 out |= self.reads(names_in(self.lets[n[len(LET_PREFIX):]]))
+            elif n in registry.DERIVED_FACTS:
+                out |= set(registry.DERIVED_FACTS[n].inputs)
             else:
                 out.add(n)
         return out

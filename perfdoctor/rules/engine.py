@@ -10,6 +10,7 @@ from typing import Any
 
 from perfdoctor.contracts.files import read_source
 from perfdoctor.errors import RuleError
+from perfdoctor.facts import registry
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.model import Fact, Finding, Fix, Location
 from perfdoctor.rules.catalog import LET_PREFIX, TEMPLATE_RE, Rule, split_placeholder
@@ -28,8 +29,9 @@ GPU_ONLY = "GPU-only, not measured on this run"
 
 def make_lookup(facts: Facts, subject: Subject | None, thresholds: dict[str, Any],
                 lets: dict[str, str] | None = None) -> Callable[[str], Any]:
-    """Reads a rule's names: thresholds, the subject's facts, the global facts, and the rule's lets
-    (`let.NAME`, its expression evaluated over the same names once; Missing where a fact it needs is)."""
+    """Reads a rule's names: thresholds, the subject's facts, the global facts, the derived facts
+    (`registry.DERIVED_FACTS`, from the global facts) and the rule's lets (`let.NAME`, its expression
+    evaluated over the same names once; Missing where a fact it needs is)."""
     values: dict[str, Any] = {}
 
     def lookup(name: str) -> Any:
@@ -52,6 +54,10 @@ def make_lookup(facts: Facts, subject: Subject | None, thresholds: dict[str, Any
             return subject.facts[name].value
         f = facts.get(name)
         if f is None:
+            if name in registry.DERIVED_FACTS:
+                v = registry.derive(name, facts.value)
+                if v is not None:
+                    return v
             raise Missing(name)
         return f.value
 
@@ -169,11 +175,11 @@ def _confidence(sources: set[str]) -> str:
 
 def gpu_only_context(facts: Facts) -> str | None:
     """The one policy for GPU-only problems on a CPU run: where the run (or trace) was on the CPU and
-    the script targets CUDA (`script.targets_cuda`, read from the source: a `"cuda"` device, `.cuda()`),
-    what the source and the run show of a GPU-only problem is reported, unmeasured, marked
-    `GPU_ONLY`, ranked below the measured findings. Returns why the cost is not measured, or None
-    where this run can measure it (a GPU run) or the script does not target CUDA."""
-    if facts.value("device.type") == "cpu" and facts.value("script.targets_cuda") is True:
+    the script targets CUDA (the derived fact `run.cuda_on_cpu`), what the source and the run show of
+    a GPU-only problem is reported, unmeasured, marked `GPU_ONLY`, ranked below the measured findings.
+    Returns why the cost is not measured, or None where this run can measure it (a GPU run) or the
+    script does not target CUDA."""
+    if registry.derive("run.cuda_on_cpu", facts.value):
         return "this run had no GPU and the script targets CUDA"
     return None
 

@@ -3,7 +3,8 @@
 Expressions are parsed with `ast` and walked node by node over a whitelist; nothing is ever
 passed to `eval`. Names are fact names (`dataloader.wait_ms` parses as an attribute chain and
 is looked up as the dotted name) or rule thresholds (`threshold.min_wait_ms`). A name whose fact
-was not measured raises `Missing`, so a rule over an unmeasured fact does not fire.
+was not measured raises `Missing`, so a rule over an unmeasured fact does not fire; `has(x)` asks
+whether it was measured and `get(x, default)` reads it with a default.
 
 Limits (a project's rule files are input too; each keeps an expression's cost bounded):
 `MAX_SOURCE` characters of source, `MAX_DEPTH` levels of nesting, `MAX_POW` as an exponent,
@@ -139,8 +140,10 @@ FUNCTIONS: dict[str, Callable[..., Any]] = {
     "floor": _fn_floor,
     "abs": _fn_abs,
 }
-# `has(x)` is special: it tests whether a fact was measured, without raising Missing.
-SPECIAL = {"has"}
+# `has(x)` and `get(x, default)` are special: `has(x)` tests whether the fact x was measured, and
+# `get(x, default)` is x's value, or `default` (evaluated only then) where x was not measured; neither
+# raises Missing for x. `get(script.targets_cuda, false)` is the flag where it was read, false where not.
+SPECIAL = {"has", "get"}
 CONSTANTS = {"true": True, "false": False, "True": True, "False": False}
 
 
@@ -208,6 +211,10 @@ def _check(node: ast.AST, depth: int = 0) -> None:
             if len(node.args) != 1 or _dotted(node.args[0]) is None:
                 raise RuleError("has() takes one fact name")
             return
+        if node.func.id == "get":
+            if len(node.args) != 2 or _dotted(node.args[0]) is None:
+                raise RuleError("get() takes a fact name and a default")
+            return _check(node.args[1], depth + 1)
         for a in node.args:
             _check(a, depth + 1)
         return
@@ -345,6 +352,11 @@ def _eval_node(node: ast.AST, lookup: Callable[[str], Any], deadline: float) -> 
                 return True
             except Missing:
                 return False
+        if fname == "get":
+            try:
+                return lookup(_dotted(node.args[0]))  # type: ignore[arg-type]
+            except Missing:
+                return ev(node.args[1])
         return FUNCTIONS[fname](*(ev(a) for a in node.args))
     raise RuleError(f"{type(node).__name__} is not allowed")  # unreachable after _check
 
