@@ -46,6 +46,7 @@ PROBLEMS = [
     "pd025_batch_too_small.py",
     "pd026_zero_grad_no_none.py",
     "pd028_conv_bias_before_bn.py",
+    "pd034_matmul_dims_not_multiple_of_8.py",
     "pd015_persistent_workers.py",
     "pd020_periodic_stall.py",
     "pd027_gc_in_loop.py",

@@ -240,3 +240,27 @@ def test_static_detectors_of_a_decided_kind_stand_down(tmp_path):
     analyse_files([path], decided, decided=frozenset({"conv_net", "conv_bias"}))
     assert {"conv_net", "conv_bias"} <= set(both.subjects)
     assert not {"conv_net", "conv_bias"} & set(decided.subjects)
+
+
+class _OddLM(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3)  # an image stem: 3 input channels are not counted
+        self.conv = nn.Conv2d(16, 30, 3)
+        self.mlp = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+        self.head = nn.Linear(64, 5003)
+
+    def forward(self, x):
+        return self.head(self.mlp(self.conv(self.stem(x)).mean((2, 3)).repeat(1, 3)[:, :64]))
+
+
+def test_layers_with_dims_not_multiples_of_8_grouped_by_the_line_that_built_them(probes):
+    m = _OddLM()
+    m(torch.randn(2, 3, 8, 8))
+    (r,) = probes.records()
+    groups = {g.layer: g for g in r.tree.misaligned}
+    assert set(groups) == {"Conv2d", "Linear"}  # the aligned Linears and the stem are not there
+    conv, head = groups["Conv2d"], groups["Linear"]
+    assert conv.dims == ["out_channels 30"] and conv.names == ["_OddLM.conv"] and conv.direct
+    assert head.dims == ["out_features 5003"] and head.names == ["_OddLM.head"] and head.count == 1
+    assert head.site.line == _line(_OddLM.__init__, "self.head = nn.Linear") and head.params == 64 * 5003 + 5003

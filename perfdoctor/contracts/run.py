@@ -283,11 +283,24 @@ class ConvGroup(Struct, kw_only=True):
     bias_into_norm: int = 0  # convolutions with a bias whose output was an affine BatchNorm's input
 
 
+class LayerGroup(Struct, kw_only=True):
+    """The Linear or convolution layers of a module tree built at one user line whose matmul dimensions
+    are not all multiples of 8 (capture/probes/modules.py)."""
+    site: Site | None = None
+    direct: bool = False  # that line itself constructs the layer
+    layer: str = ""  # class name, e.g. Linear
+    count: int = 0
+    params: int = 0
+    dims: list[str] = []  # the dimensions that are not, e.g. "out_features 50257"
+    names: list[str] = []  # their names in the tree as FlopCounterMode gives them ("GPT.lm_head")
+
+
 class ModuleTree(Struct, kw_only=True):
     """A top-level module's tree at its first call and, from one forward, what its layers were fed."""
     modules: int = 0  # modules in the tree, itself included
     layers: dict[str, int] = {}  # class name -> modules of that class (the 64 most common classes)
     convs: list[ConvGroup] = []  # by construction line and class
+    misaligned: list[LayerGroup] = []  # Linear and convolution layers with dimensions not multiples of 8
     watched: bool = False  # a forward's submodule calls were seen (input layouts and conv -> norm are known)
     submodule_calls: int = 0  # submodule calls in that forward
 

@@ -302,6 +302,15 @@ SUBJECT_FACTS.update({
                                          "sequential (nn.Sequential) or forward (bn(conv(x)))"),
         ("count", "count", "run", "convolutions built at this line whose output the run saw go into the norm"),
     ]),
+    "misaligned": _declare("misaligned", [
+        ("layer", "str", "run", "the layer class (Linear, Conv2d...) built at this line"),
+        ("dims", "str", "run", "its matmul dimensions that are not multiples of 8, e.g. 'out_features 50257'"),
+        ("count", "count", "run", "such layers built at this line in the tree the run called"),
+        ("direct", "bool", "run", "the line itself constructs the layer (not a library's model builder)"),
+        ("flops_share", "ratio", "run", "their share of the step's FLOPs (FlopCounterMode on one step)"),
+        ("param_dtype", "str", "run", "the parameters' dtype of the model holding them"),
+        ("autocast", "bool", "run", "autocast was on in at least half of that model's forward calls"),
+    ]),
     "tf32": _declare("tf32", [
         ("setting", "str", "static", "the statement that turns TF32 off, as written"),
     ]),

@@ -1,12 +1,13 @@
-"""The module trees the training step calls (PD016, PD023, PD028), library models included.
+"""The module trees the training step calls (PD016, PD023, PD028, PD034), library models included.
 
-Where each convolution was built: `_ConvNd.__init__` is wrapped (on the class, once; nothing is
+Where each convolution and Linear was built: `_ConvNd.__init__` and `Linear.__init__` are wrapped (on the class, once; nothing is
 put on the layer) and notes the first frame of the user's code, and whether that frame built the
 layer itself (`layers.append(nn.Conv2d(...))`) or called a library's model builder that did
 (`torchvision.models.resnet18()`). At the first call of each top-level module the forward probe
 follows, `tree` reads its module tree: how many modules of each class, and its convolutions
 grouped by the line that built them, with their bias, parameters and the memory layout of their
-weights. On the first forward of that module that torch neither traces nor compiles, `Watch` sees
+weights, and the Linear and convolution layers whose matmul dimensions are not multiples of 8,
+grouped the same way with their names in the tree (FlopCounterMode's, "Net.fc1"). On the first forward of that module that torch neither traces nor compiles, `Watch` sees
 its submodule calls: the memory layout of each convolution's input, and which convolution's output
 a BatchNorm was called on (the dataflow `nn.Sequential(*layers)` or any forward builds, in any
 file). The weights' layout is read again when the first steps are over (`refresh`), after a
@@ -27,11 +28,13 @@ from typing import Any
 
 from perfdoctor.capture import sites
 from perfdoctor.capture.patches import ErrorLog, Patches
-from perfdoctor.contracts.run import ConvGroup, ForwardRecord, ModuleTree
+from perfdoctor.contracts.run import ConvGroup, ForwardRecord, LayerGroup, ModuleTree
 from perfdoctor.usercode import is_user_file
 
 MAX_BUILT = 100_000  # convolutions whose construction line is kept
 MAX_CLASSES = 64  # classes kept in a tree's layer counts
+MAX_GROUPS = 64  # construction lines of misaligned layers kept per tree
+MAX_NAMES = 256  # module names kept per line (FlopCounterMode's, to add up their FLOPs)
 
 
 class ModuleProbe:
@@ -46,16 +49,20 @@ class ModuleProbe:
         self.trees: list[tuple[ModuleTree, list[tuple[weakref.ref, ConvGroup]]]] = []
 
     def install(self) -> None:
-        from torch.nn.modules import batchnorm, conv
+        from torch.nn.modules import batchnorm, conv, linear
 
-        self.conv_cls, self.norm_cls = conv._ConvNd, batchnorm._BatchNorm
-        orig, probe = conv._ConvNd.__init__, self
+        self.conv_cls, self.norm_cls, self.linear_cls = conv._ConvNd, batchnorm._BatchNorm, linear.Linear
+        for cls in (conv._ConvNd, linear.Linear):
+            self._wrap_init(cls)
+
+    def _wrap_init(self, cls: Any) -> None:
+        orig, probe = cls.__init__, self
 
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             orig(self, *args, **kwargs)
             probe._built(self)
 
-        self.patches.replace(conv._ConvNd, "__init__", __init__)
+        self.patches.replace(cls, "__init__", __init__)
 
     def uninstall(self) -> None:
         self.patches.undo()
@@ -81,8 +88,11 @@ class ModuleProbe:
         counts: Counter[str] = Counter()
         groups: dict[tuple, ConvGroup] = {}
         members: list[tuple[weakref.ref, ConvGroup]] = []
-        for m in mod.modules():
+        misaligned: dict[tuple, LayerGroup] = {}
+        top = type(mod).__name__
+        for name, m in mod.named_modules():
             counts[type(m).__name__] += 1
+            self._aligned(m, f"{top}.{name}" if name else top, misaligned)
             if isinstance(m, self.conv_cls):
                 site, direct = self._site(m)
                 layer = type(m).__name__
@@ -99,8 +109,36 @@ class ModuleProbe:
                 g.weights_channels_last += self._channels_last(getattr(m, "weight", None))
                 members.append((weakref.ref(m), g))
         tree = ModuleTree(modules=sum(counts.values()), layers=dict(counts.most_common(MAX_CLASSES)),
-                          convs=list(groups.values()))
+                          convs=list(groups.values()), misaligned=list(misaligned.values())[:MAX_GROUPS])
         return tree, members
+
+    def _aligned(self, m: Any, name: str, into: dict[tuple, LayerGroup]) -> None:
+        """Note a Linear or convolution whose matmul dimensions are not all multiples of 8 (tensor cores
+        need them so in 16-bit), grouped by the line that built it. A convolution's input channels of 4
+        or fewer (an image stem: cuDNN has kernels for them) are not counted."""
+        if isinstance(m, self.linear_cls):
+            dims = (("in_features", m.in_features), ("out_features", m.out_features))
+        elif isinstance(m, self.conv_cls):
+            groups = int(getattr(m, "groups", 1) or 1)
+            dims = (("in_channels", m.in_channels // groups if m.in_channels > 4 else 8),
+                    ("out_channels", m.out_channels // groups))
+        else:
+            return
+        odd = [f"{k} {v}" for k, v in dims if isinstance(v, int) and v % 8]
+        if not odd:
+            return
+        site, direct = self._site(m)
+        key = (site.file, site.line, type(m).__name__) if site is not None else (None, 0, type(m).__name__)
+        g = into.get(key)
+        if g is None:
+            g = into[key] = LayerGroup(site=site, direct=direct, layer=type(m).__name__)
+        g.count += 1
+        g.params += _numel(m)
+        for d in odd:
+            if d not in g.dims and len(g.dims) < 8:
+                g.dims.append(d)
+        if len(g.names) < MAX_NAMES:
+            g.names.append(name)
 
     def _channels_last(self, t: Any) -> bool:
         """A 4-D tensor in torch.channels_last and not also NCHW-contiguous (a 1x1 kernel of one channel is both)."""

@@ -12,7 +12,7 @@ the trees, the static detectors of the same kinds stand down (`decided`)."""
 
 from __future__ import annotations
 
-from perfdoctor.contracts.run import ConvGroup, ForwardRecord, ModuleTree
+from perfdoctor.contracts.run import ConvGroup, ForwardRecord, LayerGroup, ModuleTree
 from perfdoctor.facts.model import site_subject
 from perfdoctor.facts.run.context import RunContext
 
@@ -24,6 +24,9 @@ def add(ctx: RunContext) -> None:
         _conv_net(ctx, f, t)
     if convs:
         _layout(ctx, [t for _, t in convs])
+    for f, t in trees:
+        for lg in t.misaligned:
+            _misaligned(ctx, f, lg)
     for _, t in convs:
         if t.watched:
             for g in t.convs:
@@ -80,3 +83,24 @@ def _conv_bias(ctx: RunContext, g: ConvGroup) -> None:
     s.add("norm", g.norm)
     s.add("pattern", "run", detail="the run saw the convolution's output go straight into the BatchNorm")
     s.add("count", g.bias_into_norm, "count", detail=f"of {g.count} convolutions built at this line")
+
+
+def _misaligned(ctx: RunContext, f: ForwardRecord, g: LayerGroup) -> None:
+    """A `misaligned` subject (PD034) per user line that built Linear or convolution layers with
+    dimensions not multiples of 8: the dimensions, the layers' share of the step's FLOPs where the FLOP
+    probe counted a step (its modules by name), and the model's dtype and autocast state."""
+    s = site_subject(ctx.facts, "misaligned", g.site)
+    if s is None:
+        return
+    s.add("layer", g.layer)
+    s.add("dims", ", ".join(g.dims), detail="the dimensions that are not multiples of 8")
+    s.add("count", g.count, "count", detail=f"{g.layer} layers built at this line in {f.module}'s tree")
+    s.add("direct", g.direct, "bool", detail="the line itself constructs the layer (not a library's builder it calls)")
+    rec = ctx.probes.flops
+    if rec is not None and rec.flops > 0:
+        mine = sum(rec.modules.get(n, 0) for n in g.names)
+        s.add("flops_share", round(mine / rec.flops, 4), "ratio",
+              detail=f"{mine:,} of the {rec.flops:,} FLOPs FlopCounterMode counted on step {rec.step}")
+    if f.param_dtype:
+        s.add("param_dtype", f.param_dtype, detail=f"{f.module}'s parameters")
+    s.add("autocast", f.autocast, "bool", detail=f"autocast was on in at least half of {f.module}'s forward calls")
