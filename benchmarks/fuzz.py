@@ -1,4 +1,4 @@
-"""A longer fuzz run of `perfdoctor report` than the suite's (tests/test_trace_fuzz.py): the big hostile
+"""A longer fuzz run of `perfdoctor report` than the suite's (tests/trace/test_trace_fuzz.py): the big hostile
 inputs of issue 9 (a 200 MB operator name, a 600 MB file without `traceEvents`, a gzip bomb, 100,000
 levels of nesting, a frame naming /dev/zero, python events that are their own parents), then random
 structure-aware mutations of the real traces in tests/data, each run as its own `perfdoctor report`

@@ -1,50 +1,14 @@
-"""Shared fixtures: run the perfdoctor CLI in a subprocess, find the `# expect:` lines of a sample."""
+"""Shared fixtures. The helpers tests import (paths, `run_cli`, `expected_findings`) are in tests/helpers.py."""
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-REPO = Path(__file__).resolve().parent.parent
-SAMPLES = REPO / "sample_scripts"
-EXPECT = re.compile(r"#\s*expect:\s*((?:PD\d{3}[,\s]*)+)")
-
-
-def expected_findings(script: Path) -> set[tuple[str, int]]:
-    """{(rule, line)} from the trailing `# expect: PD00N` comments of a sample script."""
-    out = set()
-    for n, text in enumerate(script.read_text().splitlines(), 1):
-        m = EXPECT.search(text)
-        if m:
-            out |= {(rule, n) for rule in re.findall(r"PD\d{3}", m.group(1))}
-    return out
-
-
-def run_cli(*args: str, cwd: Path | None = None, timeout: float = 180,
-            env: dict | None = None) -> subprocess.CompletedProcess:
-    """`python -m perfdoctor ARGS` from the repo's sources; text stdout/stderr.
-
-    One OpenMP thread unless the caller's environment says otherwise: the 2-core CI box is shared
-    with pytest and other jobs, and two spinning OpenMP threads there inflate compute up to 30x at
-    random, which would turn the data-bound PD002 sample compute-bound and the timings into noise.
-    """
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
-    full_env = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONPATH": path, "COLUMNS": "200", "NO_COLOR": "1",
-                **(env or {})}
-    return subprocess.run([sys.executable, "-m", "perfdoctor", *args], cwd=cwd or REPO,
-                          env=full_env, capture_output=True, text=True, timeout=timeout)
-
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch):
     """A fake CUDA layer (tests/fake_cuda.py) in place of torch.cuda for the test: one device;
     set `.count` for more. Imports torch, so only the tests that ask for it pay for that."""
-    from fake_cuda import FakeCuda, install
+    from tests.fake_cuda import FakeCuda, install
 
     return install(monkeypatch, FakeCuda())

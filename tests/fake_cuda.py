@@ -1,7 +1,7 @@
 """A fake CUDA layer, so that perfdoctor's CUDA paths run on every CI machine (which has no GPU).
 
 `FakeCuda` replaces exactly the `torch.cuda` functions perfdoctor calls or wraps (`STUBS`; a test,
-tests/test_fake_cuda.py, reads perfdoctor's source for every `torch.cuda.X` it uses and checks that
+tests/capture/test_fake_cuda.py, reads perfdoctor's source for every `torch.cuda.X` it uses and checks that
 the two lists are the same), and fails the test on the calls perfdoctor must never make
 (`FORBIDDEN`: `synchronize` would serialise the user's GPU work). It models what those calls
 answer on a real machine closely enough to tell right from wrong readings:

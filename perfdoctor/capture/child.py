@@ -179,7 +179,7 @@ def watch_signals(fd: int) -> None:
 def _hide_handler() -> None:
     """The script sees SIGTERM's handler as bare Python has it (SIG_DFL), not perfdoctor's
     `_terminated`: `signal.getsignal` and the previous handler `signal.signal` returns say SIG_DFL
-    while `_terminated` is in place (tests/test_differential.py prints the handlers)."""
+    while `_terminated` is in place (tests/capture/test_differential.py prints the handlers)."""
     real_get, real_set = signal.getsignal, signal.signal
 
     def getsignal(signalnum: Any) -> Any:

@@ -14,7 +14,7 @@ its mean (a change in the mean of Gaussian noise).
 - The penalty is PENALTY_PER_LOG_N * sigma^2 * ln(n). With 2 in place of 5 this is the Schwarz
   (BIC) penalty for a change in a Gaussian mean, which raises a false change on about a third of
   30-run series of pure noise once sigma is estimated from the series itself. With 5, on simulated
-  series of log-normal noise (tests/test_history.py), false changes fall to about 4 % of 10-run
+  series of log-normal noise (tests/history/test_history.py), false changes fall to about 4 % of 10-run
   series and under 1 % at 30 runs and more, while a 10 % shift in 3 % noise is still found at the
   right run (within 2) about 96 % of the time, a 30 % shift always.
 - One-offs first: a run further than OUTLIER_SIGMAS from the runs on both sides of it is a

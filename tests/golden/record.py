@@ -1,4 +1,4 @@
-"""Record the golden inputs and outputs of tests/test_golden.py.
+"""Record the golden inputs and outputs of tests/report/test_golden.py.
 
     python tests/golden/record.py runs      # run every sample once under `perfdoctor run`, keep the run folders
     python tests/golden/record.py reports   # (re)write the expected report of every golden input

@@ -1,6 +1,6 @@
 """Interval algebra on microsecond spans: merge, subtract, length per step window, count per window.
 
-Hand-tuned loops (a big trace has millions of spans); tests/test_trace_facts.py checks them against
+Hand-tuned loops (a big trace has millions of spans); tests/facts/test_trace_facts.py checks them against
 a brute-force reading on a unit grid.
 """
 

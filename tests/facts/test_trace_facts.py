@@ -1,0 +1,128 @@
+"""Trace facts on real traces, checked against independent readings of the raw JSON."""
+
+import gzip
+import json
+from statistics import median
+
+import pytest
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.ranks import cross_rank
+from perfdoctor.facts.trace import add_trace_facts, summarise_trace
+from perfdoctor.trace import load_trace, load_traces
+from tests.helpers import TESTS
+
+DATA = TESTS / "data" / "traces"
+HTA = DATA / "hta__ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+KINETO = DATA / "kineto__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
+MI300 = DATA / "tracelens__mi300__resnet_act_checkpoint.json.gz"
+DLRM = DATA / "param__dlrm_kineto_8ranks"
+CPU = DATA / "torch213_cpu_mlp_dataloader.pt.trace.json.gz"
+
+
+def facts_of(path):
+    f = Facts()
+    return f, add_trace_facts(load_trace(path), f)
+
+
+@pytest.mark.slow
+def test_resnet50_dataloader_share_matches_independent_reading():
+    ev = json.load(gzip.open(KINETO))["traceEvents"]
+    steps = [e for e in ev if e.get("name", "").startswith("ProfilerStep#")]
+    loads = [e for e in ev if e.get("name", "").startswith("enumerate(DataLoader)")]
+    share = median(sum(d["dur"] for d in loads if s["ts"] <= d["ts"] < s["ts"] + s["dur"]) / s["dur"] for s in steps)
+    f, summary = facts_of(KINETO)
+    (dl,) = f.of_kind("dataloader")
+    assert abs(dl.facts["dataloader.wait_fraction"].value - share) < 0.02, (dl.facts, share)
+    assert dl.facts["dataloader.num_workers"].value == 0 and dl.key.endswith(".py:42")
+    assert f.value("copies.h2d_pageable_per_step") == 2
+    assert f.value("matmul.fp32_share") > 0.95 and f.value("device.capability") == 7.0
+    assert f.value("device.amp_available") is True
+    # HTA: idle 39 %, 97 % of it waiting on the host
+    idle = f.value("step.idle_ms") / f.value("step.time_ms")
+    assert 0.33 < idle < 0.47
+    assert f.value("gpu.idle_host_wait_ms") / f.value("step.idle_ms") > 0.9
+    assert not f.of_kind("dataparallel")
+    total = sum(b["ms"] for b in summary["breakdown"])
+    assert abs(total - summary["step_time_ms"]["median"]) < 0.01
+
+
+def test_hta_ns_resolution_utilization_and_no_dataparallel():
+    f, summary = facts_of(HTA)
+    assert f.value("gpu.utilization") > 0.95  # HTA: compute 96.8 %, idle 2.6 %
+    assert f.value("step.idle_ms") / f.value("step.time_ms") < 0.04
+    assert 90 < f.value("step.time_ms") < 100  # steady-state period (CPU ProfilerSteps are ~95.6 ms)
+    assert not f.of_kind("dataparallel")  # DDP trace
+    assert f.value("comm.allreduce_per_step") == 5
+    assert f.value("device.count") == 8 and f.value("device.type") == "cuda"
+    assert all(x.source == "trace" for x in f)
+
+
+def test_rocm_comm_and_bf16():
+    f, _ = facts_of(MI300)
+    assert f.value("device.type") == "rocm"
+    assert f.value("comm.share") > 0.6  # RCCL all-reduce dominates GPU busy time
+    assert f.value("step.comm_ms") > f.value("step.gpu_kernel_ms")
+    assert f.value("matmul.fp32_share") < 0.05  # bf16 igemm kernels
+    assert f.value("comm.allreduce_bytes_median") > 0
+    assert f.value("ops.calls_per_step") > 0 and f.value("kernels.launches_per_step") > 0
+
+
+def test_cpu_trace():
+    f, summary = facts_of(CPU)
+    cats = {b["category"] for b in summary["breakdown"]}
+    assert {"data loading", "forward", "backward", "optimizer"} <= cats
+    assert f.value("device.type") == "cpu" and "gpu.utilization" not in f
+    assert f.value("dataloader.num_workers") == 0
+    assert f.value("matmul.fp32_share") == 1.0  # fp32 addmm recorded with shapes
+    assert f.value("ops.calls_per_step") > 10
+
+
+def test_never_overwrites_existing_facts():
+    f = Facts()
+    f.add("step.time_ms", 1.0, "ms", "run")
+    add_trace_facts(load_trace(HTA), f)
+    assert f.get("step.time_ms").source == "run" and f.value("step.time_ms") == 1.0
+
+
+def test_dlrm_rank_imbalance():
+    per = [summarise_trace(t.path) for t in load_traces(DLRM)]
+    g, rows = cross_rank([(r.rank, r.path.name) for r in per], [r.facts for r in per])
+    assert g.value("ranks.count") == 8 and len(rows) == 8
+    assert g.value("ranks.idle_spread") > 0.3  # README: per-rank idle 34-76 %
+    steps = [r["step_ms"] for r in rows]
+    assert max(steps) / min(steps) > 1.4
+    assert g.value("ranks.imbalance_ratio") > 1.1
+    assert all(not r.facts.of_kind("dataparallel") for r in per)
+
+
+@pytest.mark.slow
+def test_interval_helpers_match_a_brute_force_reading():
+    """merge, subtract and per_window (hand-tuned loops) against a unit-grid reading."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from perfdoctor.facts.trace.intervals import merge, per_window, subtract
+
+    ivs = st.lists(st.tuples(st.integers(0, 40), st.integers(-2, 8)).map(lambda p: (p[0], p[0] + p[1])), max_size=25)
+
+    def cells(iv):  # the unit cells [x, x + 1) an interval list covers
+        return {x for s, e in iv for x in range(s, e)}
+
+    @settings(max_examples=300, deadline=None)
+    @given(ivs, ivs, st.lists(st.integers(0, 50), max_size=8))
+    def check(a, b, cuts):
+        ma, mb = merge(list(a)), merge(list(b))
+        assert cells(ma) == cells(a)
+        assert all(s < e for s, e in ma) and all(x[1] < y[0] for x, y in zip(ma, ma[1:]))  # disjoint, apart
+        # b as disjoint runs that may touch (as the breakdown's `covered` list is)
+        touching = [[x, x + 1] for x in sorted(cells(b))]
+        for cover in (mb, touching):
+            diff = subtract(ma, cover)
+            assert cells(diff) == cells(ma) - cells(b)
+            assert all(s < e for s, e in diff)
+        pts = sorted(set(cuts))
+        windows = list(zip(pts, pts[1:]))
+        assert per_window(ma, windows) == [len({x for x in cells(ma) if s <= x < e}) for s, e in windows]
+
+    check()

@@ -1,0 +1,572 @@
+"""The rules whose cost a CPU run cannot show (PD016, PD017, PD021-PD026, PD028): their static
+detectors, their judgement on a CPU run (GPU-only: a finding from the source, no number) and on a
+GPU machine, the layout transposes they measure in real GPU traces, and their fixes."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.static import analyse_files
+from perfdoctor.facts.trace import add_trace_facts
+from perfdoctor.model import Location
+from perfdoctor.rules.catalog import load_rules
+from perfdoctor.rules.config import Settings
+from perfdoctor.rules.engine import judge
+from perfdoctor.trace.loader import load_trace
+from tests.helpers import TESTS
+
+RULES = load_rules()
+NEW = ("PD016", "PD017", "PD021", "PD022", "PD023", "PD024", "PD025", "PD026", "PD028")
+TRACES = TESTS / "data" / "traces"
+KINETO = TRACES / "kineto__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
+MI300 = TRACES / "tracelens__mi300__resnet_act_checkpoint.json.gz"
+HTA = TRACES / "hta__ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+
+HEAD = """\
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+"""
+
+
+def machine(facts: Facts, device: str = "cpu", capability: float | None = None) -> Facts:
+    facts.add("device.type", device, "", "machine")
+    if capability is not None:
+        facts.add("device.capability", capability, "", "machine")
+        facts.add("device.amp_available", capability >= 7.0, "", "machine")
+    else:
+        facts.add("device.amp_available", False, "", "machine", "CPU without AMX")
+    facts.add("step.time_ms", 20.0, "ms", "run")
+    return facts
+
+
+def analyse(tmp_path: Path, body: str, facts: Facts | None = None) -> tuple[Facts, Path]:
+    path = tmp_path / "train.py"
+    path.write_text(HEAD + textwrap.dedent(body))
+    facts = facts if facts is not None else Facts()
+    analyse_files([path], facts)
+    return facts, path
+
+
+def findings(facts: Facts, tmp_path: Path, rule: str | None = None):
+    out = judge(facts, RULES, Settings(project=tmp_path))
+    return [f for f in out if rule is None or f.rule == rule]
+
+
+def lines(facts: Facts, kind: str) -> dict[int, dict]:
+    return {int(s.key.rsplit(":", 1)[1]): {n.split(".", 1)[1]: f.value for n, f in s.facts.items()}
+            for s in facts.of_kind(kind)}
+
+
+def test_every_rule_is_documented_with_real_references():
+    by_id = {r.id: r for r in RULES}
+    for rid in NEW:
+        r = by_id[rid]
+        assert r.doc.what and r.doc.why and r.doc.example and r.doc.use_instead and r.doc.fix_safety, rid
+        assert r.doc.references and all(u.startswith("https://") for u in r.doc.references), rid
+    assert [by_id[rid].name for rid in NEW] == [
+        "cudnn-benchmark", "copy-not-async", "optimizer-not-fused", "tf32-disabled", "channels-last",
+        "slow-storage", "batch-too-small", "zero-grad-no-none", "conv-bias-before-bn"]
+    assert "reduce-overhead" in by_id["PD009"].doc.why and "CUDA graphs" in by_id["PD009"].doc.why
+    for rid in ("PD002", "PD024"):
+        assert "prefetcher" in by_id[rid].doc.why and "side" in by_id[rid].doc.why, rid
+
+
+# -- PD016 cudnn-benchmark ---------------------------------------------------------------------
+CONV_NET = """\
+model = nn.Sequential(
+    nn.Conv2d(3, 16, 3), nn.ReLU(),
+    nn.Conv2d(16, 32, 3), nn.ReLU(),
+).to(device)
+"""
+
+
+def test_pd016_static_on_a_cpu_run_with_the_fix(tmp_path):
+    facts, path = analyse(tmp_path, CONV_NET, machine(Facts()))
+    assert lines(facts, "conv_net") == {6: {"layer": "nn.Conv2d", "dims": 2, "convs": 2}}
+    assert "cudnn.benchmark" not in facts
+    [f] = findings(facts, tmp_path, "PD016")
+    assert f.ms_per_step is None and "GPU" in f.saving_basis  # GPU-only: no invented number
+    assert f.locations[0].line == 6 and f.confidence == "medium"
+    assert f.fix is not None and not f.fix.example
+    assert f.fix.after.startswith("torch.backends.cudnn.benchmark = True\nmodel = nn.Sequential(")
+
+
+@pytest.mark.parametrize("extra", [
+    "torch.backends.cudnn.benchmark = True\n",
+    "torch.backends.cudnn.benchmark = False\n",  # the user's choice
+    "torch.backends.cudnn.deterministic = True\n",
+    "torch.use_deterministic_algorithms(True)\n",
+    "loader = DataLoader(ds, batch_size=8, collate_fn=pad_batch)\n",  # shapes may change every step
+])
+def test_pd016_quiet_where_autotuning_would_not_help(tmp_path, extra):
+    facts, _ = analyse(tmp_path, extra + CONV_NET, machine(Facts()))
+    assert findings(facts, tmp_path, "PD016") == []
+
+
+def test_pd016_benchmark_set_in_another_file_counts(tmp_path):
+    other = tmp_path / "setup.py"
+    other.write_text("from torch.backends import cudnn\ncudnn.benchmark = True\n")
+    facts, path = analyse(tmp_path, CONV_NET, machine(Facts()))
+    analyse_files([other], facts)
+    assert facts.value("cudnn.benchmark") is True
+    assert findings(facts, tmp_path, "PD016") == []
+
+
+def test_pd016_quiet_without_cuda(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text("import torch.nn as nn\nmodel = nn.Conv2d(3, 8, 3)\n")
+    facts = machine(Facts())
+    analyse_files([path], facts)
+    assert findings(facts, tmp_path, "PD016") == []
+
+
+# -- PD017 copy-not-async ----------------------------------------------------------------------
+def test_pd017_pinned_batch_moved_synchronously(tmp_path):
+    facts, path = analyse(tmp_path, """\
+        loader = DataLoader(ds, batch_size=64, pin_memory=True)
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+            z = y.to(device, non_blocking=True)
+        other = DataLoader(ds, batch_size=64)
+        for a in other:
+            a = a.to(device)
+        """, machine(Facts()))
+    assert lines(facts, "batch_copy") == {7: {"pinned": True, "non_blocking": False},
+                                          8: {"pinned": True, "non_blocking": True}}
+    [f] = findings(facts, tmp_path, "PD017")
+    assert f.locations[0].line == 7 and f.ms_per_step is None
+    assert f.fix.after.strip() == "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)"
+
+
+# -- PD021 optimizer-not-fused -----------------------------------------------------------------
+@pytest.mark.parametrize("cls,after", [
+    ("AdamW", "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=None, fused=True)"),
+    ("RMSprop", "opt = torch.optim.RMSprop(model.parameters(), lr=1e-3, foreach=True)"),
+])
+def test_pd021_per_tensor_optimizer_and_fix(tmp_path, cls, after):
+    facts, _ = analyse(tmp_path, f"opt = torch.optim.{cls}(model.parameters(), lr=1e-3, foreach=False)\n",
+                       machine(Facts()))
+    [f] = findings(facts, tmp_path, "PD021")
+    assert f.ms_per_step is None and f.fix.after.strip() == after
+
+
+@pytest.mark.parametrize("call", [
+    "torch.optim.AdamW(model.parameters(), lr=1e-3)",  # torch's default on CUDA: foreach
+    "torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)",
+    "torch.optim.SGD(model.parameters(), lr=0.1, foreach=True)",
+])
+def test_pd021_quiet_on_multi_tensor_optimizers(tmp_path, call):
+    facts, _ = analyse(tmp_path, f"opt = {call}\n", machine(Facts()))
+    assert findings(facts, tmp_path, "PD021") == []
+
+
+# -- PD022 tf32-disabled -----------------------------------------------------------------------
+TF32_OFF = """\
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.set_float32_matmul_precision("highest")
+torch.backends.cudnn.allow_tf32 = True
+torch.set_float32_matmul_precision("high")
+"""
+
+
+def test_pd022_found_in_the_source(tmp_path):
+    facts, _ = analyse(tmp_path, TF32_OFF, machine(Facts()))
+    assert sorted(lines(facts, "tf32")) == [5, 6]
+    found = findings(facts, tmp_path, "PD022")
+    assert sorted(f.locations[0].line for f in found) == [5, 6]
+    assert all(f.ms_per_step is None and "8.0" in f.saving_basis for f in found)
+
+
+@pytest.mark.parametrize("device,capability,fires", [("cuda", 8.0, True), ("cuda", 9.0, True),
+                                                      ("cuda", 7.0, False), ("rocm", 9.4, False)])
+def test_pd022_only_on_ampere_or_newer(tmp_path, device, capability, fires):
+    facts, _ = analyse(tmp_path, TF32_OFF, machine(Facts(), device, capability))
+    assert bool(findings(facts, tmp_path, "PD022")) is fires
+
+
+def test_pd022_quiet_under_autocast(tmp_path):
+    facts, _ = analyse(tmp_path, TF32_OFF + "with torch.autocast('cuda', dtype=torch.bfloat16):\n    y = model(x)\n",
+                       machine(Facts()))
+    assert findings(facts, tmp_path, "PD022") == []
+
+
+# -- PD023 channels-last -----------------------------------------------------------------------
+AUTOCAST = "with torch.autocast(device_type='cuda', dtype=torch.float16):\n    out = model(x)\n"
+
+
+def test_pd023_static_conv_net_under_autocast(tmp_path):
+    facts, _ = analyse(tmp_path, CONV_NET + AUTOCAST, machine(Facts()))
+    [f] = findings(facts, tmp_path, "PD023")
+    assert f.locations[0].line == 6 and f.ms_per_step is None
+
+
+@pytest.mark.parametrize("body", [
+    CONV_NET,  # no autocast: fp32 convolutions do not use the NHWC tensor-core kernels
+    CONV_NET + AUTOCAST + "model = model.to(memory_format=torch.channels_last)\n",
+    "model = nn.Conv1d(3, 8, 3).to(device)\n" + AUTOCAST,  # channels_last is for 4-D tensors
+])
+def test_pd023_quiet(tmp_path, body):
+    facts, _ = analyse(tmp_path, body, machine(Facts()))
+    assert findings(facts, tmp_path, "PD023") == []
+
+
+def test_pd023_quiet_on_a_gpu_without_tensor_cores(tmp_path):
+    facts, _ = analyse(tmp_path, CONV_NET + AUTOCAST, machine(Facts(), "cuda", 6.1))
+    assert findings(facts, tmp_path, "PD023") == []
+
+
+def trace_facts(path: Path) -> Facts:
+    facts = Facts()
+    add_trace_facts(load_trace(path), facts)
+    return facts
+
+
+def test_pd023_measured_in_the_mi300_trace(tmp_path):
+    """MI300X ResNet under bf16 autocast, NCHW inputs: MIOpen's NHWC igemm kernels are wrapped in
+    batched_transpose kernels, which the trace times."""
+    facts = trace_facts(MI300)
+    assert facts.value("layout.transposes_per_step") > 100
+    share = facts.value("layout.transpose_ms") / facts.value("step.time_ms")
+    assert 0.03 < share < 0.2
+    [f] = findings(facts, tmp_path, "PD023")
+    assert f.ms_per_step == pytest.approx(facts.value("layout.transpose_ms"))
+    assert f.confidence == "high" and "trace" in f.saving_basis and not f.locations
+
+
+@pytest.mark.parametrize("path", [KINETO, HTA])
+def test_pd023_quiet_on_fp32_v100_traces(tmp_path, path):
+    facts = trace_facts(path)
+    assert facts.value("layout.transpose_ms") < 0.03 * facts.value("step.time_ms")
+    assert findings(facts, tmp_path, "PD023") == []
+
+
+@pytest.mark.slow
+def test_no_static_only_rule_fires_on_the_real_gpu_traces(tmp_path):
+    """Without the source, the trace-less branches stay quiet (PD016, PD017, PD021, PD022, PD026,
+    PD028 have no trace evidence: no real trace here shows theirs)."""
+    for path in (KINETO, MI300, HTA):
+        got = {f.rule for f in findings(trace_facts(path), tmp_path)} & set(NEW)
+        assert got <= {"PD023"}, path.name
+
+
+# -- PD024 slow-storage ------------------------------------------------------------------------
+def worker_run(tmp_path: Path, hot_line: str) -> tuple[Facts, Path]:
+    path = tmp_path / "data.py"
+    path.write_text("import numpy as np\nfrom PIL import Image\n\n"
+                    "class Tiles:\n    def __getitem__(self, i):\n        " + hot_line + "\n")
+    facts = machine(Facts())
+    facts.add("step.data_ms", 8.0, "ms", "run")
+    facts.add("cpu.count", 2, "count", "machine")
+    s = facts.subject("worker_hotspot", f"{path}:6")
+    for name, value in (("function", "Tiles.__getitem__"), ("ms_per_step", 30.0), ("share", 0.9),
+                        ("workers", 2), ("busy", 0.95)):
+        s.add(name, value, "", "run")
+    s.locations.append(Location(str(path), 6, hot_line, "__getitem__"))
+    analyse_files([path], facts)
+    return facts, path
+
+
+@pytest.mark.parametrize("hot_line,call", [
+    ("return [np.load(p) for p in self.paths[i]]", "np.load(p)"),
+    ("return Image.open(self.paths[i]).convert('RGB')", "Image.open(self.paths[i])"),
+    ("return open(self.paths[i], 'rb').read()", "open(self.paths[i], 'rb').read()"),
+])
+def test_pd024_worker_hot_line_reads_files(tmp_path, hot_line, call):
+    facts, _ = worker_run(tmp_path, hot_line)
+    [s] = facts.of_kind("worker_hotspot")
+    assert s.facts["worker_hotspot.io_call"].value == call
+    got = findings(facts, tmp_path)
+    assert {f.rule for f in got} & {"PD014", "PD024"} == {"PD024"}  # PD014 gives way
+    f = next(f for f in got if f.rule == "PD024")
+    assert f.ms_per_step == pytest.approx(min(8.0, 30.0 / 2) * 0.5)
+
+
+def test_pd024_quiet_when_the_hot_line_computes(tmp_path):
+    facts, _ = worker_run(tmp_path, "return sum(math.sin(k) for k in range(80000))")
+    got = {f.rule for f in findings(facts, tmp_path)}
+    assert "PD024" not in got and "PD014" in got
+
+
+# -- PD025 batch-too-small ---------------------------------------------------------------------
+SMALL_BATCH = """\
+loader = DataLoader(ds, batch_size=4, pin_memory=True)
+for x, y in loader:
+    x = x.to(device, non_blocking=True)
+"""
+
+
+def with_model(facts: Facts, params: int) -> Facts:
+    m = facts.subject("model", "train.py:40")
+    m.add("params", params, "count", "run")
+    return facts
+
+
+def test_pd025_cpu_run_small_batch_through_a_small_model(tmp_path):
+    facts, _ = analyse(tmp_path, SMALL_BATCH, with_model(machine(Facts()), 9610))
+    [s] = facts.of_kind("dataloader")
+    assert s.facts["dataloader.model_params"].value == 9610 and s.facts["dataloader.model_params"].source == "run"
+    [f] = findings(facts, tmp_path, "PD025")
+    assert f.ms_per_step is None and f.locations[0].line == 5
+    assert "9610 parameters" in f.title and "batch_size=16" in f.fix.after
+
+
+@pytest.mark.parametrize("params", [None, 350_000_000])  # no run, or a large model (not launch-bound)
+def test_pd025_cpu_run_quiet_without_a_small_model(tmp_path, params):
+    facts = machine(Facts())
+    if params:
+        with_model(facts, params)
+    facts, _ = analyse(tmp_path, SMALL_BATCH, facts)
+    assert findings(facts, tmp_path, "PD025") == []
+
+
+@pytest.mark.parametrize("peak_gb,fires", [(4, True), (20, False)])
+def test_pd025_gpu_run_needs_memory_headroom(tmp_path, peak_gb, fires):
+    facts = machine(Facts(), "cuda", 8.0)
+    facts.add("gpu.idle_host_wait_ms", 10.0, "ms", "trace")
+    facts.add("memory.peak_bytes", peak_gb * 2**30, "bytes", "run")
+    facts.add("memory.total_bytes", 40 * 2**30, "bytes", "machine")
+    facts, _ = analyse(tmp_path, SMALL_BATCH, facts)
+    got = findings(facts, tmp_path, "PD025")
+    assert bool(got) is fires
+    if fires:
+        assert got[0].ms_per_step == pytest.approx(5.0) and "batch_size=8" in got[0].fix.after
+
+
+# -- PD026 zero-grad-no-none -------------------------------------------------------------------
+def test_pd026_zero_grad_without_none_and_fix(tmp_path):
+    facts, _ = analyse(tmp_path, "optimizer.zero_grad(set_to_none=False)\noptimizer.zero_grad(set_to_none=True)\n",
+                       machine(Facts()))
+    assert lines(facts, "zero_grad") == {5: {"set_to_none": False, "grads_read": False},
+                                         6: {"set_to_none": True, "grads_read": False}}
+    [f] = findings(facts, tmp_path, "PD026")
+    assert f.fix.after.strip() == "optimizer.zero_grad(set_to_none=True)"
+
+
+def test_pd026_quiet_when_the_file_reads_grads(tmp_path):
+    facts, _ = analyse(tmp_path, "optimizer.zero_grad(set_to_none=False)\nnorm = model.weight.grad.norm()\n",
+                       machine(Facts()))
+    assert findings(facts, tmp_path, "PD026") == []
+
+
+# -- PD028 conv-bias-before-bn -----------------------------------------------------------------
+def test_pd028_sequential_and_forward(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        seq = nn.Sequential(
+            nn.Conv2d(3, 16, 3),
+            nn.BatchNorm2d(16),
+            nn.Conv2d(16, 16, 3, bias=False), nn.BatchNorm2d(16),
+            nn.Conv2d(16, 16, 3), nn.ReLU(), nn.BatchNorm2d(16),
+            nn.Conv2d(16, 16, 3), nn.BatchNorm2d(16, affine=False),
+        )
+
+        class Block(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv1d(8, 8, 3, bias=True)
+                self.bn = nn.BatchNorm1d(8)
+                self.other = nn.Conv1d(8, 8, 3)
+
+            def forward(self, x):
+                y = self.other(x)
+                return self.bn(self.conv(x)) + y
+        """, machine(Facts()))
+    assert lines(facts, "conv_bias") == {
+        6: {"layer": "Conv2d", "norm": "BatchNorm2d", "pattern": "sequential"},
+        16: {"layer": "Conv1d", "norm": "BatchNorm1d", "pattern": "forward"}}
+    got = {f.locations[0].line: f for f in findings(facts, tmp_path, "PD028")}
+    assert sorted(got) == [6, 16]
+    after = got[6].fix.after  # the whole nn.Sequential statement, with only the flagged layer changed
+    assert "    nn.Conv2d(3, 16, 3, bias=False),\n" in after
+    assert after.replace("nn.Conv2d(3, 16, 3, bias=False)", "nn.Conv2d(3, 16, 3)") == got[6].fix.before
+    assert got[16].fix.after.strip() == "self.conv = nn.Conv1d(8, 8, 3, bias=False)"
+
+
+MODELS = """\
+    class Stem(nn.Module):  # a base class: the run records it through Net's __mro__
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8))
+
+    class Net(Stem):
+        def forward(self, x):
+            return self.stem(x)
+
+    class Unused(nn.Module):  # defined (or imported from a models file) but never called
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3)
+            self.bn = nn.BatchNorm2d(8)
+
+        def forward(self, x):
+            return self.bn(self.conv(x))
+
+    def factory():
+        class Local(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Sequential(nn.Conv1d(3, 8, 3), nn.BatchNorm1d(8))
+        return Local()
+
+    head = nn.Sequential(nn.Conv2d(8, 8, 1), nn.BatchNorm2d(8))  # in no class: always judged
+    """
+
+
+@pytest.mark.parametrize("ran, lines_found, convs", [
+    (None, [8, 17, 27, 30], 4),  # no run says which classes ran: every class is judged
+    ({"Stem", "Net"}, [8, 30], 2),
+    ({"Stem", "Net", "factory.<locals>.Local"}, [8, 27, 30], 3),
+    (set(), [30], 1),  # the run's models hold none of this file's classes
+])
+def test_pd028_and_conv_net_judge_only_the_classes_the_run_called(tmp_path, ran, lines_found, convs):
+    path = tmp_path / "train.py"
+    path.write_text(HEAD + textwrap.dedent(MODELS))
+    facts = machine(Facts())
+    classes = None if ran is None else {f"{path.resolve()}:{q}" for q in ran} | {"/elsewhere/models.py:Net"}
+    analyse_files([path], facts, classes)
+    assert sorted(lines(facts, "conv_bias")) == lines_found
+    assert [s.facts["conv_net.convs"].value for s in facts.of_kind("conv_net")] == [convs]
+    # one finding where the layers read the same (grouped), with every line
+    assert sorted(loc.line for f in findings(facts, tmp_path, "PD028") for loc in f.locations) == lines_found
+
+
+# -- Lightning: the Trainer and Fabric move the batches and pick the GPU --------------------------
+LIGHTNING = """\
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+
+class Data(L.LightningDataModule):
+    def train_dataloader(self):
+        return DataLoader(self.ds, batch_size=32)
+
+    def val_dataloader(self):
+        return DataLoader(self.ds, batch_size=32)
+
+
+def main(model, ds):
+    train = DataLoader(ds, batch_size=64)
+    val = DataLoader(ds, batch_size=64)
+    kept = DataLoader(ds, batch_size=64)  # never given to Lightning
+    trainer = L.Trainer(max_epochs=1{accelerator})
+    trainer.fit(model, train, val_dataloaders=val)
+    fabric = L.Fabric()
+    a, b = fabric.setup_dataloaders(DataLoader(ds), DataLoader(ds), move_to_device={move})
+    for x in kept:
+        pass
+"""
+
+
+@pytest.mark.parametrize("accelerator, move", [("", "True"), ("", "False"), (', accelerator="cpu"', "True")])
+def test_lightning_loaders_feed_the_gpu_that_the_trainer_picks(tmp_path, accelerator, move):
+    path = tmp_path / "train.py"
+    path.write_text(LIGHTNING.format(accelerator=accelerator, move=move))
+    facts = Facts()
+    facts.add("device.type", "cpu", "", "machine")
+    analyse_files([path], facts)
+    got = lines(facts, "dataloader")
+    feeds = {n: (v.get("feeds_cuda"), v.get("trains")) for n, v in got.items()}
+    gpu = True if not accelerator else None  # a Trainer told the CPU: this file's loaders feed no GPU
+    assert feeds == {8: (gpu, True), 11: (gpu, False), 15: (gpu, True), 16: (gpu, False), 17: (None, None),
+                     21: (gpu if move == "True" else None, None)}  # move_to_device=False: Fabric moves nothing
+    if gpu:
+        assert got[8]["non_blocking"] is True  # Lightning copies with non_blocking=True on CUDA
+    # Fabric() is left to pick the device ("auto", a GPU where there is one) in both files
+    assert facts.value("script.targets_cuda") is True
+    pd003 = sorted(loc.line for f in findings(facts, tmp_path, "PD003") for loc in f.locations)
+    assert pd003 == ([8, 15] + ([21] if move == "True" else []) if gpu else [])
+
+
+def test_a_lightning_trainer_told_cpu_targets_no_gpu(tmp_path):
+    path = tmp_path / "train.py"
+    path.write_text('import lightning as L\ntrainer = L.Trainer(accelerator="cpu")\n')
+    facts = Facts()
+    analyse_files([path], facts)
+    assert facts.value("script.targets_cuda") is False
+    path.write_text('import pytorch_lightning as pl\ntrainer = pl.Trainer(devices=1)\n')
+    facts = Facts()
+    analyse_files([path], facts)
+    assert facts.value("script.targets_cuda") is True
+
+
+ACCELERATE = """\
+import torch
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+
+def main(args, model, optimizer, ds):
+    accelerator = Accelerator(cpu=args.cpu{placement})
+    train_dataloader = DataLoader(ds, batch_size=32, shuffle=True)
+    eval_dataloader = DataLoader(ds, batch_size=32)
+    other = DataLoader(ds)
+    model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader)
+    for batch in train_dataloader:
+        loss = model(batch)
+        accelerator.backward(loss)
+        optimizer.step()
+    for batch in eval_dataloader:
+        model(batch)
+    tokenizer = object()
+    tokenizer.prepare(other)  # not an Accelerator
+"""
+
+
+def test_accelerate_prepare_moves_the_loaders_a_helper_returns(tmp_path):
+    # huggingface/accelerate examples/nlp_example.py: get_dataloaders builds both loaders and returns them
+    path = tmp_path / "train.py"
+    path.write_text("""\
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+
+def get_dataloaders(accelerator, ds, batch_size=16):
+    train_dataloader = DataLoader(ds, shuffle=True, batch_size=batch_size)
+    eval_dataloader = DataLoader(ds, shuffle=False, batch_size=32)
+    return train_dataloader, eval_dataloader
+
+
+def training_function(model, optimizer, ds):
+    accelerator = Accelerator()
+    train_dataloader, eval_dataloader = get_dataloaders(accelerator, ds)
+    model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader)
+    for batch in train_dataloader:
+        accelerator.backward(model(**batch).loss)
+        optimizer.step()
+    for batch in eval_dataloader:
+        model(**batch)
+""")
+    facts = Facts()
+    facts.add("device.type", "cpu", "", "machine")
+    analyse_files([path], facts)
+    got = lines(facts, "dataloader")
+    assert {n: (v.get("feeds_cuda"), v.get("trains")) for n, v in got.items()} == {6: (True, True), 7: (True, False)}
+    assert sorted(loc.line for f in findings(facts, tmp_path, "PD003") for loc in f.locations) == [6]
+
+
+@pytest.mark.parametrize("placement", ["", ", device_placement=False"])
+def test_accelerate_prepare_moves_the_loaders_it_is_given(tmp_path, placement):
+    path = tmp_path / "train.py"
+    path.write_text(ACCELERATE.format(placement=placement))
+    facts = Facts()
+    facts.add("device.type", "cpu", "", "machine")
+    analyse_files([path], facts)
+    got = lines(facts, "dataloader")
+    feeds = {n: (v.get("feeds_cuda"), v.get("trains"), v.get("non_blocking")) for n, v in got.items()}
+    moved = not placement
+    assert feeds == {8: (True if moved else None, True, None), 9: (True if moved else None, False, None),
+                     10: (None, None, None)}
+    assert facts.value("script.targets_cuda") is True  # the --cpu flag is an opt-in: the GPU is the script's path
+    assert sorted(loc.line for f in findings(facts, tmp_path, "PD003") for loc in f.locations) == ([8] if moved else [])
+    path.write_text("from accelerate import Accelerator\naccelerator = Accelerator(cpu=True)\n")
+    facts = Facts()
+    analyse_files([path], facts)
+    assert facts.value("script.targets_cuda") is False

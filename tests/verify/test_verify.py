@@ -1,0 +1,217 @@
+"""`perfdoctor verify` (perfdoctor/verify.py): the verdict from measured series, the loss check, what a
+finding changes (its fix, an ablation, nothing), the patch `git apply` takes, the reports; and, end to
+end, verify on a sample: the user's files unchanged, a fix that breaks the script reported as
+did-not-hold."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from perfdoctor import verify
+from perfdoctor.model import Finding, Fix, Location, Report, Verification
+from perfdoctor.report.formats import FORMATS, render
+from perfdoctor.rules.catalog import load_rules
+from perfdoctor.rules.fixes import render_fix
+from tests.helpers import REPO, SAMPLES, run_cli
+
+SERIES = json.loads((REPO / "tests" / "data" / "verify" / "pd027_gc_series.json").read_text())
+
+
+# -- the verdict -------------------------------------------------------------------------------------
+def test_verdicts_from_the_interval() -> None:
+    assert verify.verdict(30.0, 31.0, 25.0, 36.0)[0] == "verified"
+    assert verify.verdict(60.0, 31.0, 25.0, 36.0)[0] == "smaller"
+    assert verify.verdict(10.0, 31.0, 25.0, 36.0)[0] == "larger"
+    assert verify.verdict(30.0, 2.0, -5.0, 9.0)[0] == "no-saving-here"
+    assert verify.verdict(None, 31.0, 25.0, 36.0)[0] == "verified"
+    slower, why = verify.verdict(30.0, -20.0, -26.0, -14.0)
+    assert slower == "smaller" and "slower" in why
+
+
+def test_a_recorded_fix_is_a_real_saving() -> None:
+    """PD027's gc.collect() removed, three runs a side under heavy load (the original's runs 546-768 ms
+    per step): a real saving (the interval clears zero) whose interval holds the spread of the
+    original's runs as well as the fixed copy's, and the prediction inside it."""
+    base, point, lo, hi = verify.saving_interval(SERIES["original"], SERIES["fixed"])
+    assert 0 < lo < point < hi < base
+    assert hi - lo > 0.2 * point  # both sides' uncertainty, not the ratio's scaled by a known original
+    assert verify.verdict(SERIES["predicted_ms"], point, lo, hi)[0] == "verified"
+    assert verify.verdict(2 * SERIES["predicted_ms"], point, lo, hi)[0] == "smaller"
+    assert verify.settled(SERIES["predicted_ms"], base, lo, hi)
+
+
+def test_runs_of_the_same_script_show_no_saving() -> None:
+    """The original against itself (its first run against its other two): no saving, and a predicted one
+    inside the interval leaves it undecided (verify adds runs)."""
+    original = SERIES["original"]
+    base, point, lo, hi = verify.saving_interval(original[:1] + original[2:], original[1:2])
+    assert lo < 0 < hi
+    assert verify.verdict(None, point, lo, hi)[0] == "no-saving-here"
+    assert not verify.settled((lo + hi) / 2 if (lo + hi) / 2 > 0 else hi / 2, base, lo, hi)
+
+
+def test_loss_check() -> None:
+    seeded = [[2.3, 2.1, 1.9], [2.3, 2.1, 1.9]]
+    assert verify.loss_check(seeded, [[2.3, 2.1, 1.9]]) is None
+    assert verify.loss_check(seeded, [[2.3, 2.1, 1.905]]) is None  # within LOSS_RTOL: autocast's rounding
+    why = verify.loss_check(seeded, [[2.3, 2.8, 3.5]])
+    assert why is not None and "step 2" in why
+    assert verify.loss_check(seeded, [[2.3, None, 1.9]]) is not None  # the loss became NaN
+    assert verify.loss_check([[2.3, 2.1], [2.4, 2.0]], [[9.0, 9.0]]) is None  # not seeded: nothing to hold it to
+
+
+# -- what a finding changes ------------------------------------------------------------------------------
+def _finding(rule: str, loc: Location, fix: Fix | None = None, ms: float | None = 5.0) -> Finding:
+    return Finding(rule, "x", "high", "t", "m", "w", ms, None, "measured", "high", [loc], fix=fix)
+
+
+def _loc(path: Path, needle: str) -> Location:
+    n, line = next((n, l) for n, l in enumerate(path.read_text().splitlines(), 1) if needle in l)
+    return Location(str(path), n, line.strip())
+
+
+def test_plans(tmp_path: Path) -> None:
+    rules = {r.id: r for r in load_rules()}
+    gc = tmp_path / "gc.py"
+    shutil.copy(SAMPLES / "pd027_gc_in_loop.py", gc)
+    loc = _loc(gc, "gc.collect()  #")
+    fix = render_fix("remove-call", loc, {"callee": "gc.collect"})  # PD027's fix, as the rule renders it
+    assert fix is not None
+    change = verify.plan(_finding("PD027", loc, fix), rules["PD027"], False)
+    assert isinstance(change, verify.Change) and change.kind == "fix"
+    assert "gc.collect()  #" not in change.files[gc] and "import gc" in change.files[gc]
+    stale = verify.plan(_finding("PD027", loc, Fix("gc.collect(generation=2)", "")), rules["PD027"], False)
+    assert isinstance(stale, Verification) and stale.verdict == "did-not-hold"
+    # a GPU-only finding on a CPU run of a CUDA-targeting script
+    gpu = verify.plan(_finding("PD005", loc, fix), rules["PD005"], True)
+    assert isinstance(gpu, Verification) and gpu.verdict == "not-verifiable-here" and "GPU" in gpu.why
+    # no mechanical fix: PD013's ablation takes set_detect_anomaly(True) out
+    anomaly = tmp_path / "anomaly.py"
+    shutil.copy(SAMPLES / "pd013_anomaly_detection.py", anomaly)
+    aloc = _loc(anomaly, "torch.autograd.set_detect_anomaly(True)")
+    ablation = verify.plan(_finding("PD013", aloc, Fix("a", "b", example=True), None), rules["PD013"], False)
+    assert isinstance(ablation, verify.Change) and ablation.kind == "ablation"
+    assert "torch.autograd.set_detect_anomaly(True)" not in ablation.files[anomaly]
+    compile(ablation.files[anomaly], str(anomaly), "exec")
+    data = verify.plan(_finding("PD014", aloc, None), rules["PD014"], False)
+    assert isinstance(data, verify.Change) and data.ablate == "data"
+    assert ablation.statistic == "median"  # paid on every step
+    # PD020's periodic stall: the stalling call skipped, judged on the mean step (its saving is on some steps only)
+    stall = tmp_path / "stall.py"
+    shutil.copy(SAMPLES / "pd020_periodic_stall.py", stall)
+    sloc = _loc(stall, "save_checkpoint(model, optimizer, ckpt)  #")
+    skipped = verify.plan(_finding("PD020", sloc, Fix("a", "b", example=True)), rules["PD020"], False)
+    assert isinstance(skipped, verify.Change) and skipped.kind == "ablation" and skipped.statistic == "mean"
+    assert "save_checkpoint(model, optimizer, ckpt)  #" not in skipped.files[stall]
+    compile(skipped.files[stall], str(stall), "exec")
+    nothing = verify.plan(_finding("PD012", aloc, None), rules["PD012"], False)
+    assert isinstance(nothing, Verification) and nothing.verdict == "not-verifiable-here"
+
+
+def test_the_patch_applies_with_git(tmp_path: Path) -> None:
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    script = proj / "train.py"
+    shutil.copy(SAMPLES / "pd027_gc_in_loop.py", script)
+    loc = _loc(script, "gc.collect()  #")
+    f = _finding("PD027", loc, render_fix("remove-call", loc, {"callee": "gc.collect"}))
+    change = verify.plan(f, None, False)
+    assert isinstance(change, verify.Change)
+    project = verify.Project(root=proj, script=script, module=None, cwd=proj, args=[])
+    patch = verify.diff(project, [change])
+    assert patch.startswith("--- a/train.py\n+++ b/train.py\n")
+    copy = tmp_path / "copy"
+    shutil.copytree(proj, copy)
+    (tmp_path / "p.diff").write_text(patch)
+    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
+    subprocess.run(["git", "apply", str(tmp_path / "p.diff")], cwd=copy, check=True)
+    assert (copy / "train.py").read_text() == change.files[script]
+
+
+def test_every_format_shows_the_verdict() -> None:
+    f = _finding("PD027", Location("/x/train.py", 3, "gc.collect()"), Fix("gc.collect()", ""), ms=30.0)
+    f.verification = Verification("smaller", "fix", "a real saving, smaller than the predicted 30.0 ms", 20.0,
+                                  (15.0, 25.0), 6, 100.0)
+    report = Report(run={"script": "/x/train.py"}, summary={"step_time_ms": {"median": 100.0}}, findings=[f])
+    for fmt in FORMATS:
+        doc = render(fmt, report)
+        if FORMATS[fmt].console:
+            from rich.console import Console
+
+            console = Console(width=200, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+            console.print(doc)
+            doc = console.export_text()
+        assert "smaller" in doc, fmt
+    out = json.loads(render("json", report))
+    assert out["findings"][0]["verification"]["interval_ms"] == [15.0, 25.0]
+    sarif = json.loads(render("sarif", report))
+    assert sarif["runs"][0]["results"][0]["properties"]["verification"]["verdict"] == "smaller"
+    from perfdoctor.contracts.report import from_doc, to_doc
+
+    v = f.verification
+    assert from_doc(to_doc(report)).findings[0].verification == v  # `report report.json` keeps it
+    f.verification = None
+    assert "verification" not in render("json", report)  # reports without verify are as they were
+    f.verification = v
+    page = render("html", report)
+    assert "predicted 30.0 ms" in page.replace("&nbsp;", " ") or "predicted" in page
+    assert page.count("savebar") >= 2  # the prediction's bar and the verified bar with both numbers
+
+
+# -- end to end ---------------------------------------------------------------------------------------
+def _hashes(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and ".perfdoctor" not in p.parts and "run" not in p.parts}
+
+
+@pytest.mark.e2e
+def test_verify_a_sample_end_to_end(tmp_path: Path) -> None:
+    """verify on PD027's sample (gc.collect() on every step): a verdict per finding in the JSON, the
+    user's files unchanged, a patch git applies; then, on the same run folder, a fix that breaks the
+    training (the learning rate 100x) is reported as did-not-hold from its losses, and one that raises
+    from its exit."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    script = proj / "train.py"
+    shutil.copy(SAMPLES / "pd027_gc_in_loop.py", script)
+    (proj / "data.txt").write_text("the user's data\n")
+    before = _hashes(proj)
+    patch = tmp_path / "fixes.diff"
+    p = run_cli("verify", str(script), "--steps", "12", "--repeats", "2", "--max-repeats", "2", "--format", "json",
+                "--out-dir", str(proj / "run"), "--write-patch", str(patch), cwd=proj, timeout=400)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "verifying PD027 1/1: run 2 of 4" in p.stderr
+    doc = json.loads(p.stdout)
+    (gc,) = [f for f in doc["findings"] if f["rule"] == "PD027"]
+    v = gc["verification"]
+    assert v["kind"] == "fix" and v["runs"] == 4 and v["verdict"] in ("verified", "smaller", "larger")
+    assert v["interval_ms"][0] > 0 and v["measured_ms_per_step"] > 0
+    assert _hashes(proj) == before
+    copy = tmp_path / "copy"
+    shutil.copytree(proj, copy, ignore=shutil.ignore_patterns("run"))
+    subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
+    subprocess.run(["git", "apply", str(patch)], cwd=copy, check=True)
+    assert "gc.collect()  #" not in (copy / "train.py").read_text()
+
+    from perfdoctor.analysis import analyse_run
+
+    report = analyse_run(proj / "run")
+    sgd = _loc(script, "torch.optim.SGD(")
+    lr = _finding("PD900", sgd, Fix("    " + sgd.code, "    " + sgd.code.replace("lr=0.02", "lr=2.0")))
+    step = _loc(script, "optimizer.step()")
+    raises = _finding("PD901", step, Fix("        " + step.code, "        raise RuntimeError('broken fix')"))
+    report.findings = [lr, raises]
+    out = verify.verify(report, proj / "run", load_rules(), steps=12, pairs=2, max_pairs=2,
+                        progress=verify.Progress(2, write=lambda s: None))
+    assert lr.verification is not None and lr.verification.verdict == "did-not-hold", lr.verification
+    assert "loss at step" in lr.verification.why
+    assert raises.verification is not None and raises.verification.verdict == "did-not-hold"
+    assert "broken fix" in raises.verification.why
+    assert out.patch == ""
+    assert _hashes(proj) == before
