@@ -5,10 +5,8 @@ import pytest
 
 from perfdoctor.analysis import analyse_path, analyse_trace
 from perfdoctor.errors import InputError
-from perfdoctor.facts.model import Facts
 from perfdoctor.report import jsonfmt
 from perfdoctor.rules.catalog import load_rules
-from perfdoctor.rules.engine import judge
 from tests.helpers import TESTS
 
 DATA = TESTS / "data" / "traces"
@@ -94,63 +92,3 @@ def test_a_bad_rank_file_from_a_worker_is_left_out_with_a_note(tmp_path):
     with pytest.raises(InputError) as e:  # no rank readable: the first one's error
         analyse_trace(tmp_path, workers=2)
     assert "rank1.json" in e.value.message and "truncated" in e.value.message
-
-
-def gpu_facts(**kv):
-    f = Facts()
-    f.add("device.type", "cuda", "", "trace")
-    f.add("step.time_ms", 100.0, "ms", "trace")
-    if "step__profiled_time_ms" not in kv:  # a trace alone: its steps are the profiled steps
-        f.add("step.profiled_time_ms", 100.0, "ms", "trace")
-    for k, v in kv.items():
-        f.add(k.replace("__", "."), v, "", "trace")
-    return f
-
-
-def test_pd008_needs_syncs_that_cost_gpu_time():
-    fired = judge(gpu_facts(sync__count_per_step=20, sync__ms=6.0, gpu__idle_host_wait_ms=4.0), RULES)
-    (f,) = [x for x in fired if x.rule == "PD008"]
-    assert f.ms_per_step == pytest.approx(4.0)
-    # the GPU never waited on the host: the syncs cost nothing worth a finding
-    assert "PD008" not in [x.rule for x in judge(gpu_facts(sync__count_per_step=20, sync__ms=6.0,
-                                                           gpu__idle_host_wait_ms=0.1), RULES)]
-
-
-def test_pd008_reads_profiled_host_time_as_a_share_of_the_profiled_steps():
-    """In a run folder the profiled steps take twice the run's (the profiler's host overhead): 6 ms
-    blocked in syncs of a 200 ms profiled step is 3% of the step, 3 ms of the run's 100 ms one."""
-    fired = judge(gpu_facts(sync__count_per_step=20, sync__ms=6.0, gpu__idle_host_wait_ms=10.0,
-                            step__profiled_time_ms=200.0), RULES)
-    (f,) = [x for x in fired if x.rule == "PD008"]
-    assert f.ms_per_step == pytest.approx(3.0)
-    # on a CPU trace .item() is not a device sync
-    cpu = gpu_facts(sync__count_per_step=20, sync__ms=6.0, gpu__idle_host_wait_ms=4.0)
-    cpu.add("device.type", "cpu", "", "trace")
-    assert "PD008" not in [x.rule for x in judge(cpu, RULES)]
-
-
-def test_pd009_discounts_data_loading():
-    f = gpu_facts(gpu__idle_host_wait_ms=40.0, step__data_ms=35.0, gpu__utilization=0.6)
-    assert "PD009" not in [x.rule for x in judge(f, RULES)]  # PD002's business
-    f = gpu_facts(gpu__idle_host_wait_ms=40.0, step__data_ms=5.0, gpu__utilization=0.6)
-    (x,) = [x for x in judge(f, RULES) if x.rule == "PD009"]
-    assert x.ms_per_step == pytest.approx(35.0 * 0.8)
-
-
-def test_pd010_and_pd011():
-    f = gpu_facts(step__comm_ms=30.0, comm__overlap=0.1, comm__allreduce_per_step=200.0,
-                  comm__allreduce_bytes_median=65536.0)
-    rules = [x.rule for x in judge(f, RULES)]
-    assert "PD010" in rules and "PD011" in rules
-    f = gpu_facts(step__comm_ms=5.0, comm__allreduce_per_step=4.0, comm__allreduce_bytes_median=25e6)
-    rules = [x.rule for x in judge(f, RULES)]
-    assert "PD010" not in rules and "PD011" not in rules
-
-
-def test_pd012_saving_is_the_straggler_gap():
-    f = gpu_facts(ranks__count=8, ranks__imbalance_ratio=1.25, ranks__straggler=3)
-    (x,) = [x for x in judge(f, RULES) if x.rule == "PD012"]
-    assert x.ms_per_step == pytest.approx(100.0 * (1 - 1 / 1.25))
-    assert "Rank 3" in x.title
-    f = gpu_facts(ranks__count=8, ranks__imbalance_ratio=1.05, ranks__straggler=3)
-    assert "PD012" not in [x.rule for x in judge(f, RULES)]

@@ -287,20 +287,6 @@ def test_a_valid_user_rule_loads_and_judges(tmp_path: Path) -> None:
     assert [x.title for x in judge(f, rules)] == ["t 10.0"]
 
 
-def test_pd001_says_why_it_has_no_number() -> None:
-    """PD001 reads no fact for its saving (none measures DataParallel's overhead): with several GPUs
-    the basis says so instead of claiming the run had too few."""
-    pd001 = next(r for r in load_rules() if r.id == "PD001")
-    assert pd001.saving_ms is None
-    for count, says in [(None, "this run had 0 GPU(s)"), (1, "this run had 1 GPU(s)"),
-                        (4, "is not measured apart from the rest of the step")]:
-        f = Facts()
-        f.add("device.count", count, "count", "machine")
-        f.subject("dataparallel", "t.py:1").add("constructed", True, "", "run")
-        (finding,) = judge(f, [pd001])
-        assert finding.ms_per_step is None and says in finding.saving_basis, finding.saving_basis
-
-
 # -- fixes ---------------------------------------------------------------------------------------
 
 def test_fix_kinds_are_the_fixer_modules() -> None:

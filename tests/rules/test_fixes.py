@@ -338,3 +338,96 @@ def test_apply_fix_replaces_the_statement_and_removes_a_line(tmp_path):
     assert apply_fix(src, Fix("    x = 1", "    x = 3")) == src.replace("x = 1", "x = 3")
     assert apply_fix(src, Fix("    z = 1", "")) is None
     assert apply_fix(src, Fix("    x = 1", "    x = 3", example=True)) is None
+
+
+# -- fixes that fit the code (issue 25, a user's first hour) ---------------------------------
+
+ARGS_SCRIPT = '''\
+import argparse
+import torch
+from torch.utils.data import DataLoader
+
+WORKERS = 0
+parser = argparse.ArgumentParser()
+parser.add_argument("--workers", type=int, default=0)
+args = parser.parse_args()
+a = DataLoader(ds, batch_size=32, num_workers=args.workers)
+b = DataLoader(ds, num_workers=WORKERS)
+c = DataLoader(ds, num_workers=cfg.workers)
+d = DataLoader(ds, num_workers=0)
+'''
+WORKERS_SET = {"callee": "DataLoader", "set": {"num_workers": "4", "persistent_workers": "True"}}
+
+
+def _fix(tmp_path: Path, source: str, kind: str, line: int, params: dict):
+    from perfdoctor.model import Location
+    from perfdoctor.rules.fixes import apply_fix, render_fix
+
+    path = tmp_path / "train.py"
+    path.write_text(source)
+    f = render_fix(kind, Location(str(path), line), params)
+    if f is not None and f.before:
+        new = apply_fix(source, f)
+        assert new is not None
+        compile(new, "train.py", "exec")
+    return f
+
+
+def test_pd002_fix_never_overwrites_the_scripts_own_flag_or_setting(tmp_path: Path) -> None:
+    f = _fix(tmp_path, ARGS_SCRIPT, "call-kwargs", 9, WORKERS_SET)
+    assert f.before == 'parser.add_argument("--workers", type=int, default=0)'
+    assert f.after == 'parser.add_argument("--workers", type=int, default=4)'
+    assert "--workers" in f.note and "persistent_workers=True" in f.note
+    f = _fix(tmp_path, ARGS_SCRIPT, "call-kwargs", 10, WORKERS_SET)
+    assert (f.before, f.after) == ("WORKERS = 0", "WORKERS = 4")
+    f = _fix(tmp_path, ARGS_SCRIPT, "call-kwargs", 11, WORKERS_SET)  # cfg is no argparse result: words for it
+    assert f.after == "c = DataLoader(ds, num_workers=cfg.workers, persistent_workers=True)"
+    assert "num_workers comes from `cfg.workers`: give it 4" in f.note
+    f = _fix(tmp_path, ARGS_SCRIPT, "call-kwargs", 11, {"callee": "DataLoader", "set": {"num_workers": "4"}})
+    assert (f.before, f.after) == ("", "") and "give it 4" in f.note  # words alone
+    f = _fix(tmp_path, ARGS_SCRIPT, "call-kwargs", 12, WORKERS_SET)  # a constant in the call: replaced there
+    assert f.after == "d = DataLoader(ds, num_workers=4, persistent_workers=True)"
+
+
+def test_pd008_fix_is_against_the_flagged_line(tmp_path: Path) -> None:
+    src = "for x, y in loader:\n    acc = (model(x).argmax(1) == y).float().mean().item()\n    print(loss.item())\n"
+    f = _fix(tmp_path, src, "defer-host-read", 2, {})
+    assert f.before == "    acc = (model(x).argmax(1) == y).float().mean().item()"
+    assert f.after == "    acc = (model(x).argmax(1) == y).float().mean().detach()" and not f.example
+    assert "`acc` stays a tensor" in f.note
+    assert _fix(tmp_path, src, "defer-host-read", 3, {}) is None  # a print needs the number: words instead
+    from perfdoctor.rules.catalog import load_rules
+
+    pd008 = next(r for r in load_rules() if r.id == "PD008")
+    assert "after" not in pd008.fix_text and "running_loss" not in pd008.fix_text.get("note", "")
+
+
+PD016_SCRIPT = '''\
+import torch
+import torch.nn as nn
+
+
+def make_layers(cfg):
+    layers = []
+    for v in cfg:
+        layers.append(nn.Conv2d(3, v, 3))
+    return nn.Sequential(*layers)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3)
+'''
+
+
+def test_pd016_fix_goes_at_module_level_never_in_init_or_a_loop(tmp_path: Path) -> None:
+    params = {"statement": "torch.backends.cudnn.benchmark = True"}
+    f = _fix(tmp_path, PD016_SCRIPT, "insert-before", 8, params)  # inside make_layers' for loop
+    assert (f.before, f.after) == ("def make_layers(cfg):", "torch.backends.cudnn.benchmark = True\ndef make_layers(cfg):")
+    f = _fix(tmp_path, PD016_SCRIPT, "insert-before", 15, params)  # inside Net.__init__
+    assert f.after == "torch.backends.cudnn.benchmark = True\nclass Net(nn.Module):"
+    from perfdoctor.rules.catalog import load_rules
+
+    pd016 = next(r for r in load_rules() if r.id == "PD016")
+    assert "after" not in pd016.fix_text  # where the source cannot be read: words, no generic snippet

@@ -1,0 +1,24 @@
+"""PD001 (rules/PD001-dataparallel.toml), judged on hand-built facts: why it has no number.
+
+Its sample: sample_scripts/pd001_dataparallel.py (end to end: tests/analysis/test_e2e_samples.py; the fixed twin: tests/rules/test_fixes_applied.py);
+its goldens: tests/golden/expected/pd001_dataparallel.* (tests/report/test_golden.py)."""
+
+from __future__ import annotations
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.rules.catalog import load_rules
+from perfdoctor.rules.engine import judge
+
+
+def test_pd001_says_why_it_has_no_number() -> None:
+    """PD001 reads no fact for its saving (none measures DataParallel's overhead): with several GPUs
+    the basis says so instead of claiming the run had too few."""
+    pd001 = next(r for r in load_rules() if r.id == "PD001")
+    assert pd001.saving_ms is None
+    for count, says in [(None, "this run had 0 GPU(s)"), (1, "this run had 1 GPU(s)"),
+                        (4, "is not measured apart from the rest of the step")]:
+        f = Facts()
+        f.add("device.count", count, "count", "machine")
+        f.subject("dataparallel", "t.py:1").add("constructed", True, "", "run")
+        (finding,) = judge(f, [pd001])
+        assert finding.ms_per_step is None and says in finding.saving_basis, finding.saving_basis

@@ -1,0 +1,112 @@
+"""PD002 (rules/PD002-dataloader-workers.toml), judged on hand-built facts: when the loop waits for data, the saving workers would bring, a CPU run projected onto the GPU it targets.
+
+Its samples: sample_scripts/pd002_dataloader_workers.py, sample_scripts/pd002_config_dict.py (end to end: tests/analysis/test_e2e_samples.py; the fixed twin: tests/rules/test_fixes_applied.py);
+its goldens: tests/golden/expected/pd002_dataloader_workers.*, tests/golden/expected/pd002_config_dict.*, tests/golden/expected/torch213_cpu_mlp_dataloader.* (tests/report/test_golden.py);
+its saving range: tests/facts/test_run_numbers.py; its fix: tests/rules/test_fixes.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.model import Location
+from perfdoctor.rules.config import Settings
+from perfdoctor.rules.engine import judge
+from tests.rules.builders import RULES, cpu_run, ids, loader
+
+PD002 = [r for r in RULES if r.id == "PD002"]
+
+
+def test_pd002_fires_when_loop_waits_and_estimates_the_saving():
+    f = cpu_run(step_ms=20.0, cpus=4)
+    loader(f, workers=0, wait_ms=8.0)
+    (finding,) = judge(f, RULES)
+    assert finding.rule == "PD002"
+    # L = 8 ms with 0 workers; with 4 workers the wait is max(0, 8/4 - 12) = 0: all 8 ms saved
+    assert finding.ms_per_step == pytest.approx(8.0)
+    assert finding.fraction_of_step == pytest.approx(0.4)
+    assert finding.saving_basis == "measured in this run"
+    assert finding.confidence == "high"
+    assert "num_workers=0" in finding.title
+
+
+def test_pd002_partial_saving_when_loading_dominates():
+    f = cpu_run(step_ms=100.0, cpus=2)
+    loader(f, workers=0, wait_ms=90.0)  # compute 10 ms; 2 workers -> wait 45 - 10 = 35
+    (finding,) = judge(f, RULES)
+    assert finding.ms_per_step == pytest.approx(55.0)
+
+
+@pytest.mark.parametrize("workers,wait", [(0, 0.3), (2, 0.0), (0, None), (2, 9.0)])
+def test_pd002_silent_when_workers_keep_up_or_none_can_be_added(workers, wait):
+    f = cpu_run(step_ms=20.0, cpus=2)
+    loader(f, workers=workers, wait_ms=wait)
+    assert "PD002" not in ids(judge(f, RULES))
+
+
+def test_pd002_threshold_from_settings():
+    f = cpu_run(step_ms=20.0, cpus=4)
+    loader(f, workers=0, wait_ms=3.0)  # 15 % of the step
+    assert "PD002" in ids(judge(f, RULES))
+    strict = Settings(thresholds={"PD002": {"min_wait_fraction": 0.2}})
+    assert "PD002" not in ids(judge(f, RULES, strict))
+
+
+def _cpu_run_of_gpu_script(load_ms, step_ms, targets_cuda=True, cpus=4):
+    f = Facts()
+    f.add("step.time_ms", step_ms, "ms")
+    f.add("cpu.count", cpus, "count", "machine")
+    f.add("device.type", "cpu", "", "machine")
+    f.add("script.targets_cuda", targets_cuda, "", "static")
+    gpu = (step_ms - load_ms) / 10
+    f.add("step.gpu_compute_ms", gpu, "ms")
+    f.add("step.gpu_speedup", 10.0, "number")  # as facts/run/dataloader.py adds them together
+    s = f.subject("dataloader", "train.py:10")
+    s.add("num_workers", 0, "count")
+    s.add("pin_memory", False)
+    s.add("wait_ms", load_ms, "ms")
+    s.add("wait_fraction", load_ms / step_ms, "ratio")
+    s.add("load_ms", load_ms, "ms")
+    s.add("gpu_wait_fraction", load_ms / (load_ms + gpu), "ratio")
+    s.locations.append(Location("train.py", 10, "loader = DataLoader(ds)"))
+    return f
+
+
+def test_pd002_projects_a_cpu_run_onto_a_gpu():
+    # 5 ms of loading beside 200 ms of CPU compute: 2 % here, 5 / (5 + 19.5) = 20 % of a GPU step
+    (finding,) = judge(_cpu_run_of_gpu_script(5.0, 200.0), PD002)
+    assert finding.title.startswith("On a GPU, loading batches would take 20% of the step: 5 ms per step")
+    assert "Projected for a GPU, not measured" in finding.message and "19.5 ms on a GPU (10x faster" in finding.message
+    # with 4 workers the GPU step hides 5/4 ms of loading behind 19.5 ms of compute: all 5 ms saved
+    assert finding.ms_per_step == pytest.approx(5.0)
+    assert judge(_cpu_run_of_gpu_script(5.0, 200.0, targets_cuda=False), PD002) == []
+    assert judge(_cpu_run_of_gpu_script(0.5, 20.0), PD002) == []  # below 1 ms: in-memory data
+
+
+def test_pd002_judges_the_workers_of_the_cuda_path(tmp_path):
+    # pytorch/examples: `cuda_kwargs = {'num_workers': 1, 'pin_memory': True}` merged in only where
+    # CUDA is used. The CPU run had no workers; the GPU path has one, which hides loading behind compute
+    from perfdoctor.facts.static import analyse_files
+
+    src = tmp_path / "main.py"
+    src.write_text("import torch\nfrom torch.utils.data import DataLoader\n"
+                   "use_cuda = torch.cuda.is_available()\ndevice = torch.device('cuda' if use_cuda else 'cpu')\n"
+                   "train_kwargs = {'batch_size': 64}\nif use_cuda:\n"
+                   "    train_kwargs.update({'num_workers': 1, 'pin_memory': True, 'shuffle': True})\n"
+                   "loader = DataLoader(ds, **train_kwargs)\n")
+    facts = _cpu_run_of_gpu_script(5.0, 200.0)
+    analyse_files([src], facts)
+    (static,) = [s for s in facts.of_kind("dataloader") if s.key.endswith("main.py:8")]
+    assert static.facts["dataloader.num_workers_on_cuda"].value == 1
+    # the same loader as the run's: 5 ms of loading per step, 19.5 ms of GPU compute hide it all
+    run = facts.of_kind("dataloader")[0]
+    run.add("num_workers_on_cuda", 1, "count", source="static")
+    assert judge(facts, PD002) == []
+    # one worker cannot keep up with 50 ms of loading per 15 ms GPU step: flagged, on the GPU path's terms
+    slow = _cpu_run_of_gpu_script(50.0, 200.0)
+    slow.of_kind("dataloader")[0].add("num_workers_on_cuda", 1, "count", source="static")
+    (f,) = judge(slow, PD002)
+    assert f.title.startswith("On a GPU, num_workers=1 (what the script sets on CUDA) would leave 35 ms")
+    assert f.message.startswith("The workers do not keep up")
+    # 4 workers: 50/4 = 12.5 ms of loading, all behind 15 ms of compute: 35 ms saved
+    assert f.ms_per_step == pytest.approx(35.0)

@@ -1,0 +1,34 @@
+"""PD004 (rules/PD004-cpu-tensor-to-device.toml), judged on hand-built facts: only for a CUDA-targeting script and tensors made every step.
+
+Its sample: sample_scripts/pd004_cpu_tensor_to_device.py (end to end: tests/analysis/test_e2e_samples.py; the fixed twin: tests/rules/test_fixes_applied.py);
+its goldens: tests/golden/expected/pd004_cpu_tensor_to_device.* (tests/report/test_golden.py);
+the run's host-tensor probe: tests/capture/test_host_tensors.py."""
+
+from __future__ import annotations
+
+from perfdoctor.model import Location
+from perfdoctor.rules.engine import judge
+from tests.rules.builders import RULES, cpu_run
+
+
+def test_pd004_silent_when_script_never_targets_cuda():
+    f = cpu_run()
+    f.add("script.targets_cuda", False, "", "static")
+    f.subject("cpu_to_device", "t.py:3").add("factory", "zeros", "", "static")
+    assert judge(f, RULES) == []
+
+
+def test_pd004_only_for_tensors_made_every_step():
+    def run(in_loop, factory="zeros"):
+        f = cpu_run()
+        f.add("script.targets_cuda", True, "", "static")
+        s = f.subject("cpu_to_device", "t.py:3")
+        s.add("factory", factory, "", "static")
+        s.add("in_loop", in_loop, "", "static")
+        s.locations.append(Location("t.py", 3, "h0 = torch.zeros(2, 16, 8).to(device)"))
+        return judge(f, RULES)
+    assert run(in_loop=False) == []  # once per epoch or per run: nothing per step
+    (finding,) = run(in_loop=True)
+    assert "on every step" in finding.message and "Pass device=" in finding.message
+    (finding,) = run(in_loop=True, factory="cuda.FloatTensor")
+    assert finding.title.startswith("torch.cuda.FloatTensor(...)") and "torch.randn(..., device=" in finding.message

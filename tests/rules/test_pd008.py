@@ -1,0 +1,67 @@
+"""PD008 (rules/PD008-host-device-sync.toml), judged on hand-built facts: host reads of a CUDA script on a CPU run, syncs that cost GPU time in a trace.
+
+the run's host-read probe end to end: tests/capture/test_host_reads.py."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfdoctor.model import Location
+from perfdoctor.rules.engine import judge
+from tests.rules.builders import RULES, cpu_run, gpu_facts
+
+
+def test_pd008_host_reads_of_a_cuda_script_on_a_cpu_run():
+    def run(targets=True, count=None, device="cpu"):
+        f = cpu_run()
+        f.add("device.type", device, "", "machine")
+        f.add("script.targets_cuda", targets, "", "static")
+        s = f.subject("host_read", "train.py:12")
+        s.add("kind", "item", "", "static")
+        s.add("in_loop", True, "", "static")
+        s.add("count_per_step", count, "count", "run")
+        s.locations.append(Location("train.py", 12, "total += loss.item()"))
+        return judge(f, RULES)
+    (finding,) = run()
+    assert finding.rule == "PD008" and finding.locations[0].line == 12
+    assert finding.title == ("A host read of a device tensor (item) on every training step: "
+                             "a host-device sync each time on the GPU")
+    assert finding.saving_basis.startswith("GPU-only") and finding.confidence == "medium"
+    (finding,) = run(count=2.0)
+    assert "2 time(s) per step" in finding.title and "in the source and in this run" in finding.saving_basis
+    assert run(count=0.1) == []  # the probe saw it once every ten steps: logging, not a step cost
+    assert run(targets=False) == []  # a CPU-only script: .item() is no device sync
+    assert run(device="cuda") == []  # on a GPU the trace's measured syncs decide
+
+
+def test_pd008_trusts_the_source_over_a_short_logging_interval():
+    f = cpu_run()
+    f.add("script.targets_cuda", True, "", "static")
+    s = f.subject("host_read", "train.py:30")
+    s.add("kind", "item", "", "static")
+    s.add("in_loop", False, "", "static")  # behind `if it % log_interval == 0`
+    s.add("count_per_step", 1.0, "count", "run")  # the run logged every step
+    s.locations.append(Location("train.py", 30, "lossf = loss.item()"))
+    assert judge(f, RULES) == []
+
+
+def test_pd008_needs_syncs_that_cost_gpu_time():
+    fired = judge(gpu_facts(sync__count_per_step=20, sync__ms=6.0, gpu__idle_host_wait_ms=4.0), RULES)
+    (f,) = [x for x in fired if x.rule == "PD008"]
+    assert f.ms_per_step == pytest.approx(4.0)
+    # the GPU never waited on the host: the syncs cost nothing worth a finding
+    assert "PD008" not in [x.rule for x in judge(gpu_facts(sync__count_per_step=20, sync__ms=6.0,
+                                                           gpu__idle_host_wait_ms=0.1), RULES)]
+
+
+def test_pd008_reads_profiled_host_time_as_a_share_of_the_profiled_steps():
+    """In a run folder the profiled steps take twice the run's (the profiler's host overhead): 6 ms
+    blocked in syncs of a 200 ms profiled step is 3% of the step, 3 ms of the run's 100 ms one."""
+    fired = judge(gpu_facts(sync__count_per_step=20, sync__ms=6.0, gpu__idle_host_wait_ms=10.0,
+                            step__profiled_time_ms=200.0), RULES)
+    (f,) = [x for x in fired if x.rule == "PD008"]
+    assert f.ms_per_step == pytest.approx(3.0)
+    # on a CPU trace .item() is not a device sync
+    cpu = gpu_facts(sync__count_per_step=20, sync__ms=6.0, gpu__idle_host_wait_ms=4.0)
+    cpu.add("device.type", "cpu", "", "trace")
+    assert "PD008" not in [x.rule for x in judge(cpu, RULES)]
