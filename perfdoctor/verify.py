@@ -46,6 +46,7 @@ from pathlib import Path
 import msgspec
 
 from perfdoctor.contracts.run import Meta, Probes, Steps, read, read_meta
+from perfdoctor.contracts.source import read_source
 from perfdoctor.errors import InputError
 from perfdoctor.facts import registry
 from perfdoctor.gate import stats
@@ -230,9 +231,12 @@ def _mapped_args(project: Project, copy: Path) -> list[str]:
 
 # -- what each finding changes -----------------------------------------------------------------------
 def _read(path: Path) -> str | None:
+    """The file's UTF-8 text with universal newlines (as `read_text` gives it), read by contracts.source
+    (regular files only, capped, shared with the analysis); None where it cannot be read or decoded."""
+    sf = read_source(path)
     try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        return None if sf is None else sf.data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError:
         return None
 
 

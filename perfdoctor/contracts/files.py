@@ -1,6 +1,6 @@
 """Reading input files at the edge: a contract file's JSON decoded and validated into its Struct, every
-failure one InputError line (exit 2) that names the file and what is wrong; and the one way to read a
-source file that an input names (`read_source`: regular files only, capped)."""
+failure one InputError line (exit 2) that names the file and what is wrong. (A source file that an input
+names is read by `contracts.source`.)"""
 
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ Ms = Annotated[float, msgspec.Meta(ge=0, le=MAX_MS)]  # a part of a step: may be
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
-MAX_SOURCE_BYTES = 4 << 20  # a source file bigger than this is not read (the user's own code is far smaller)
 MAX_FILE_BYTES = 256 << 20  # a run file, report.json or baseline bigger than this is refused
 
 
@@ -72,24 +71,6 @@ def printable_data(x: Any) -> Any:
 def _escaped(m: re.Match[str]) -> str:
     c = ord(m.group())
     return f"\\x{c - 0xDC00:02x}" if 0xDC80 <= c <= 0xDCFF else f"\\u{c:04x}"
-
-
-def read_source(path: Path | str, limit: int = MAX_SOURCE_BYTES) -> bytes | None:
-    """The bytes of a source file that an input (a trace's frame, a run's hotspots, its script) names:
-    None unless it is a regular file of at most `limit` bytes that can be read."""
-    opened = _open_regular(path)
-    if opened is None:
-        return None
-    fd, size = opened
-    if size > limit:
-        os.close(fd)
-        return None
-    try:
-        with os.fdopen(fd, "rb") as f:
-            data = f.read(limit + 1)
-    except OSError:
-        return None
-    return data if len(data) <= limit else None  # it grew while being read
 
 
 def read_head(path: Path | str, size: int) -> bytes:

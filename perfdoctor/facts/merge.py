@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perfdoctor.contracts.files import read_source
+from perfdoctor.contracts.source import read_source
 from perfdoctor.model import Finding, Location
 
 if TYPE_CHECKING:
@@ -74,10 +74,9 @@ def resolve_trace_files(facts: Facts, user_files: list[Path]) -> None:
 
 
 def _line(path: Path, line: int) -> str:
-    """The code of line `line` of `path` (a user file, size-guarded: contracts.files.read_source)."""
-    data = read_source(path)
-    lines = [] if data is None else data.decode("utf-8", "replace").splitlines()
-    return lines[line - 1].strip() if 0 < line <= len(lines) else ""
+    """The code of line `line` of `path` (a user file: contracts.source reads it)."""
+    sf = read_source(path)
+    return "" if sf is None else sf.line(line).strip()
 
 
 def merge_findings(ranks: list[int], per_rank: list[list[Finding]]) -> list[Finding]:

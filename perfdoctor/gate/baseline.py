@@ -32,11 +32,11 @@ from perfdoctor.contracts.baseline import (
     ToolDoc,
     read_baseline,
 )
-from perfdoctor.contracts.files import read_source
 from perfdoctor.contracts.report import ReportDoc, read_report
 from perfdoctor.contracts.report import SummaryDoc as ReportSummaryDoc
 from perfdoctor.contracts.run import Meta, Probes, Steps, rank_dirs, read_meta
 from perfdoctor.contracts.run import read as read_run_file
+from perfdoctor.contracts.source import read_source
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
 from perfdoctor.stats import steady_steps, warmup_steps
@@ -127,8 +127,8 @@ def _r(v: float | None, nd: int = 4) -> float | None:
 
 
 def _sha256(path: str | None) -> str | None:
-    data = read_source(path) if path else None  # the script the run names: a regular file, capped
-    return hashlib.sha256(data).hexdigest() if data is not None else None
+    sf = read_source(path) if path else None  # the script the run names: a regular file, capped
+    return hashlib.sha256(sf.data).hexdigest() if sf is not None else None
 
 
 def _script_args(argv: list[str], script: str | None) -> list[str]:

@@ -27,9 +27,9 @@ from typing import Any
 
 import msgspec
 
-from perfdoctor.contracts.files import read_source
 from perfdoctor.contracts.run import Probes, read_meta
 from perfdoctor.contracts.run import read as read_run_file
+from perfdoctor.contracts.source import read_source
 from perfdoctor.errors import PerfdoctorError
 from perfdoctor.gate.baseline import RunRecord, meta_and_steps
 from perfdoctor.stats import steady_steps
@@ -285,10 +285,10 @@ def _class_lines(run_dir: Path, names: set[str]) -> dict[str, str]:
         return {}
     out: dict[str, str] = {}
     for f in files if isinstance(files, list) else []:
-        data = read_source(f)
-        if data is None:
+        sf = read_source(f)
+        if sf is None:
             continue
-        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), 1):
+        for n, line in enumerate(sf.lines, 1):
             m = re.match(r"\s*class\s+(\w+)\s*[(:]", line)
             if m and m.group(1) in names and m.group(1) not in out:
                 out[m.group(1)] = f"{f}:{n}"

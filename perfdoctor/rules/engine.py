@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from perfdoctor.contracts.files import read_source
+from perfdoctor.contracts.source import read_source
 from perfdoctor.errors import RuleError
 from perfdoctor.facts import registry
 from perfdoctor.facts.model import Facts, Subject
@@ -121,7 +121,7 @@ class Sources:
     (for ignore comments and fixes). A location comes from the input (a trace's frame names any
     path it likes, `/dev/zero` included): a file is read only when it lies inside the project
     folder (where the config was read: the current directory or `--config`'s folder) or is one of
-    the run's user files, and `contracts.files.read_source` reads it (regular files only, at most
+    the run's user files, and `contracts.source` reads it (regular files only, at most
     MAX_SOURCE_BYTES). A relative path is taken from the project folder."""
 
     def __init__(self, project: Path, user_files: Iterable[Path | str] = ()):
@@ -142,8 +142,8 @@ class Sources:
     def lines(self, file: str) -> list[str] | None:
         if file not in self._lines:
             p = self.path(file)
-            data = read_source(p) if p is not None else None
-            self._lines[file] = None if data is None else data.decode("utf-8", "replace").splitlines()
+            sf = read_source(p)
+            self._lines[file] = None if sf is None else sf.lines
         return self._lines[file]
 
     def line(self, file: str, line: int) -> str:

@@ -115,10 +115,10 @@ def test_call_kwargs_no_match(script):
 
 def test_the_users_file_is_read_through_the_size_guard(tmp_path: Path) -> None:
     """The fixer reads the flagged file as every reader of the user's files does
-    (contracts.files.read_source): not past its size cap, never a FIFO (which would block)."""
+    (contracts.source.read_source): not past its size cap, never a FIFO (which would block)."""
     import os
 
-    from perfdoctor.contracts.files import MAX_SOURCE_BYTES
+    from perfdoctor.contracts.source import MAX_SOURCE_BYTES
 
     code = "loader = DataLoader(ds, batch_size=64)"
     ok = tmp_path / "ok.py"

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import ast
 import re
-from functools import lru_cache
 from typing import Any
 
-from perfdoctor.contracts.files import read_source
 from perfdoctor.contracts.run import Hotspots, Step, Window, Workers
+from perfdoctor.contracts.source import read_source
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.run.context import RunContext
 from perfdoctor.model import Hotspot, Location
@@ -28,18 +27,12 @@ def add(ctx: RunContext) -> None:
     ctx.hotspots = _hotspots(ctx.hotspot_file) + worker_hot
 
 
-@lru_cache(maxsize=128)
-def _source_lines(file: str) -> list[str]:
-    """The lines of a user file the run names (regular files only, capped: contracts.files.read_source)."""
-    data = read_source(file)
-    return [] if data is None else data.decode("utf-8", "replace").splitlines(keepends=True)
-
-
 def _function_spans(file: str) -> list[tuple[int, int, int]]:
-    """(def line, first body line, end line) of every function in `file`, outer ones first."""
-    try:
-        tree = ast.parse("".join(_source_lines(file)))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
+    """(def line, first body line, end line) of every function in `file` (a user file the run names:
+    contracts.source reads it), outer ones first."""
+    sf = read_source(file)
+    tree = sf.parse(file) if sf is not None else None
+    if tree is None:
         return []
     return [(n.lineno, n.body[0].lineno, n.end_lineno or n.lineno) for n in ast.walk(tree)
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -58,8 +51,8 @@ def _enclosing_start(spans: list[tuple[int, int, int]], line: int) -> int | None
 def _hot_lines(file: str, rows: list[dict]) -> list[dict[str, Any]]:
     """A function's hottest lines (up to 5, each at least 5% of its samples) with their code."""
     total = sum(x["samples"] for x in rows)
-    lines = _source_lines(file)
-    return [{"line": x["line"], "code": lines[x["line"] - 1].strip() if 0 < x["line"] <= len(lines) else "",
+    sf = read_source(file)
+    return [{"line": x["line"], "code": sf.line(x["line"]).strip() if sf is not None else "",
              "share": round(x["samples"] / total, 3), "samples": x["samples"]}
             for x in sorted(rows, key=lambda x: -x["samples"])[:5] if x["samples"] / total >= 0.05]
 

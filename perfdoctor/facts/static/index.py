@@ -14,14 +14,12 @@ fix reads names, devices and dtypes exactly as the finding did.
 from __future__ import annotations
 
 import ast
-import io
 import re
-import tokenize
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from perfdoctor.contracts.files import read_source
+from perfdoctor.contracts.source import read_source
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.model import Location
 
@@ -61,20 +59,13 @@ FOLLOW_DEPTH = 6
 
 
 def read(path: Path) -> SourceIndex | None:
-    """The index of one file, or None when it cannot be read, decoded or parsed."""
-    raw = read_source(path)  # regular files only, capped: the run folder names these files
-    if raw is None:
+    """The index of one file, or None when it cannot be read (`contracts.source`: regular files only,
+    capped; the run folder names these files), decoded or parsed."""
+    sf = read_source(path)
+    tree = sf.parse(str(path)) if sf is not None and sf.encoding is not None else None
+    if sf is None or tree is None:
         return None
-    try:
-        encoding, _ = tokenize.detect_encoding(io.BytesIO(raw).readline)
-        text = raw.decode(encoding)
-    except (OSError, SyntaxError, UnicodeDecodeError, LookupError):
-        return None
-    try:
-        tree = ast.parse(raw, filename=str(path))
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    return SourceIndex(path.resolve(), text.splitlines(), tree)
+    return SourceIndex(path.resolve(), sf.lines, tree)
 
 
 def dotted(node: ast.AST) -> str | None:

@@ -12,7 +12,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, PositionProvider
 
-from perfdoctor.contracts.files import read_source
+from perfdoctor.contracts.source import read_source
 from perfdoctor.facts.static.index import SourceIndex
 from perfdoctor.model import Fix, Location
 
@@ -120,11 +120,11 @@ def render(fixer: Fixer, location: Location, params: dict) -> Fix | None:
     if location.line < 1:
         return None
     path = Path(location.file)
-    data = read_source(path)  # the one size-guarded reader of the user's files: regular files only, capped
-    if data is None:
+    sf = read_source(path)  # the one size-guarded reader of the user's files: regular files only, capped
+    if sf is None:
         return None
     try:
-        ctx = Context(path, data, location.line)
+        ctx = Context(path, sf.data, location.line)
     except (OSError, cst.ParserSyntaxError, SyntaxError, ValueError, RecursionError, NoStatement):
         return None
     if location.line > len(ctx.lines):
