@@ -11,7 +11,8 @@ import ast
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.dataloader import DATALOADER
-from perfdoctor.facts.static.index import SourceIndex, kwarg
+from perfdoctor.facts.static.index import SourceIndex
+from perfdoctor.facts.static.index.syntax import kwarg
 
 AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast",
                       "torch.amp.autocast_mode.autocast"})

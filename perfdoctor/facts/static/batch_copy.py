@@ -12,16 +12,17 @@ import ast
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.dataloader import DATALOADER, batch_moves, pin_memory_on_cuda
-from perfdoctor.facts.static.index import SourceIndex, kwarg, put
+from perfdoctor.facts.static.index import SourceIndex, put
+from perfdoctor.facts.static.index.syntax import kwarg
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
-    trains_somewhere = index.has_training_loop()
+    trains_somewhere = index.loops.has_training_loop()
     for call in index.calls:
         if index.qual(call.func) not in DATALOADER or pin_memory_on_cuda(index, call) is not True:
             continue
         for move, loop in batch_moves(index, call):
-            if trains_somewhere and not index.trains(loop):
+            if trains_somewhere and not index.loops.trains(loop):
                 continue
             nb = kwarg(move, "non_blocking")
             s = index.subject(facts, "batch_copy", move)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import ast
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import SourceIndex, dotted, kwarg, put
+from perfdoctor.facts.static.index import SourceIndex, put
+from perfdoctor.facts.static.index.syntax import dotted, kwarg
 
 CONVS = frozenset(f"torch.nn.{k}{d}d" for d in (1, 2, 3) for k in ("Conv", "ConvTranspose"))
 NORMS = frozenset({"torch.nn.BatchNorm1d", "torch.nn.BatchNorm2d", "torch.nn.BatchNorm3d", "torch.nn.SyncBatchNorm"})

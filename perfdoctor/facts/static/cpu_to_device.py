@@ -1,6 +1,6 @@
 """A tensor made on the CPU and then moved to a device (PD004): one `cpu_to_device` subject per
 factory call, with the factory's name, the move's target as written and `in_loop` (made on every
-training step: `SourceIndex.per_step`; a tensor made once per epoch or once per run costs nothing
+training step: `Loops.per_step`; a tensor made once per epoch or once per run costs nothing
 per step).
 
 Three shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`), keyed on the call;
@@ -18,7 +18,8 @@ import ast
 from collections.abc import Iterator
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import SourceIndex, has_star_kwargs, kwarg, put
+from perfdoctor.facts.static.index import SourceIndex, put
+from perfdoctor.facts.static.index.syntax import has_star_kwargs, kwarg
 
 # torch factories that allocate on the CPU unless given `device=`. Left out on purpose:
 # `from_numpy` (it has no `device=`, the data is on the host anyway) and the `*_like`
@@ -53,26 +54,26 @@ def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     if not isinstance(call.func, ast.Attribute):
         return
     fac = _factory(index, call.func.value)
-    target = index.move_target(call) if fac else None
+    target = index.devices.move_target(call) if fac else None
     if target is None:
         return
     s = index.subject(facts, "cpu_to_device", call)
     put(s, "factory", fac)
     put(s, "target", target)
-    put(s, "in_loop", index.per_step(call))
+    put(s, "in_loop", index.loops.per_step(call))
 
 
 def _host_data(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     """`Tensor(np.random.normal(...))`, `LongTensor(labels_np)`: host data to a CUDA tensor type."""
     if len(call.args) != 1 or call.keywords:
         return
-    kind = index.cuda_tensor_type(call.func)
+    kind = index.devices.cuda_tensor_type(call.func)
     if kind is None or not _host_array(index, call.args[0]):
         return
     s = index.subject(facts, "cpu_to_device", call)
     put(s, "factory", f"cuda.{kind}")
     put(s, "target", "cuda")
-    put(s, "in_loop", index.per_step(call))
+    put(s, "in_loop", index.loops.per_step(call))
 
 
 def _host_array(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
@@ -103,14 +104,14 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
             for later in block[i + 1:i + 6]:
                 move = _rebind_move(later, name)
                 if move is not None:
-                    target = index.move_target(move)
+                    target = index.devices.move_target(move)
                     dev_names = {n.id for n in ast.walk(move) if isinstance(n, ast.Name)} - {name}
                     if target is not None and not dev_names & between:
                         s = index.subject(facts, "cpu_to_device", stmt)
                         index.locate(s, later)
                         put(s, "factory", fac)
                         put(s, "target", target)
-                        put(s, "in_loop", index.per_step(stmt))
+                        put(s, "in_loop", index.loops.per_step(stmt))
                     break
                 if isinstance(later, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.Return,
                                       ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or any(

@@ -4,7 +4,7 @@ default where the argument is absent and no `*args` / `**kwargs` could carry it)
 arguments were passed (`kwargs_style`), and, where the loop over it moves a batch to a device,
 `feeds_cuda` and `non_blocking` (absent, never False, when no move is found).
 
-`trains`: True where a loop over its batches takes a training step (`SourceIndex.trains`), False
+`trains`: True where a loop over its batches takes a training step (`Loops.trains`), False
 where its loops take none while another loop of the file does, or all sit in an evaluation function
 (`evaluate`, `eval_split`, `test`: an evaluation or test loader, its copies are not on the training
 step), absent otherwise.
@@ -18,7 +18,7 @@ a Trainer's training loader trains, its others do not.
 `pin_memory_on_cuda` is the value pin_memory takes when the script runs on a CUDA device:
 `pin_memory=use_cuda`, `pin_memory=torch.cuda.is_available()` and a kwargs dict that gets
 `pin_memory: True` on the accelerator path (`if use_cuda: kwargs.update({"pin_memory": True})`)
-are True there, whatever a CPU run passed (`SourceIndex.on_cuda`); absent where the source does not say.
+are True there, whatever a CPU run passed (`Devices.on_cuda`); absent where the source does not say.
 `num_workers_on_cuda` likewise (pytorch/examples' `cuda_kwargs = {'num_workers': 1, ...}` merged in
 only where CUDA is used): a CPU run of a CUDA script is judged with the workers its GPU path has."""
 
@@ -29,16 +29,9 @@ import re
 from collections.abc import Callable
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import (
-    UNKNOWN,
-    SourceIndex,
-    dotted,
-    has_star_kwargs,
-    kwarg,
-    put,
-    root_name,
-    walk_scope,
-)
+from perfdoctor.facts.static.index import SourceIndex, put
+from perfdoctor.facts.static.index.devices import UNKNOWN
+from perfdoctor.facts.static.index.syntax import dotted, has_star_kwargs, kwarg, root_name, walk_scope
 from perfdoctor.usercode import kwargs_style
 
 # words of evaluation rather than training: in a function's name (`evaluate`, `eval_split`, `test`,
@@ -98,16 +91,16 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
         put(s, "feeds_cuda", True)
         put(s, "non_blocking", all(
             isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m, _ in moves))
-    elif stage is not None and not index.gives_framework_the_cpu():
+    elif stage is not None and not index.frameworks.gives_framework_the_cpu():
         # the framework moves these batches to the model's device (unless this file gives it the CPU,
         # or a device the source does not spell out: `accelerator=args.accelerator`)
         put(s, "feeds_cuda", True)
         if stage != "accelerate":  # Lightning copies with non_blocking on CUDA; Accelerate as configured
             put(s, "non_blocking", True)
     loops = [loop for loop, _ in over]
-    if any(index.trains(loop) for loop in loops) or stage == "train":
+    if any(index.loops.trains(loop) for loop in loops) or stage == "train":
         put(s, "trains", True)
-    elif stage in _EVAL_STAGES or loops and (index.has_training_loop() or all(
+    elif stage in _EVAL_STAGES or loops and (index.loops.has_training_loop() or all(
             _EVAL_NAME.search(index.function_name(loop)) for loop in loops)):
         put(s, "trains", False)  # an evaluation loader beside the training one, or in an eval function
     elif not loops and _eval_named(names):
@@ -150,7 +143,7 @@ def framework_stage(index: SourceIndex, call: ast.Call, names: list[LoaderName] 
             move = kwarg(c, "move_to_device")
             if not (isinstance(move, ast.Constant) and move.value is False) and any(given(a, c) for a in c.args):
                 return "fabric"
-        elif attr == "prepare" and isinstance(c.func, ast.Attribute) and index.accelerator_places(c.func.value):
+        elif attr == "prepare" and isinstance(c.func, ast.Attribute) and index.frameworks.accelerator_places(c.func.value):
             if any(given(a, c) for a in c.args):
                 return "accelerate"
         elif attr in _TRAINER_CALLS:
@@ -158,7 +151,7 @@ def framework_stage(index: SourceIndex, call: ast.Call, names: list[LoaderName] 
             # by Lightning's own keywords, or by position where the receiver is a Trainer
             named = {k.arg: k.value for k in c.keywords if k.arg in _TRAINER_KWARGS}
             positional = (dict(zip(_TRAINER_CALLS[attr], c.args[1:]))
-                          if isinstance(c.func, ast.Attribute) and index.lightning_trainer(c.func.value) else {})
+                          if isinstance(c.func, ast.Attribute) and index.frameworks.lightning_trainer(c.func.value) else {})
             for arg, node in {**positional, **named}.items():
                 if given(node, c):
                     return "train" if arg == "train_dataloaders" else "val"
@@ -195,7 +188,7 @@ def batch_loops(index: SourceIndex, dl_call: ast.Call, names: list[LoaderName] |
         src = n.value.args[0]
         if not ((isinstance(src, ast.Name) and src.id in iterators) or _iter_of(src, is_loader, n)):
             continue
-        draws_in = index.enclosing_loop(n)
+        draws_in = index.loops.enclosing_loop(n)
         if draws_in is None:
             continue
         drawn = {m.id for t in n.targets for m in ast.walk(t) if isinstance(m, ast.Name)}
@@ -310,8 +303,8 @@ def _is_move(index: SourceIndex, call: ast.Call) -> bool:
     """`x.to(device)`, `x.cuda()`, `x.type(Tensor)` with `Tensor` a CUDA tensor type on the GPU path."""
     attr = call.func.attr  # type: ignore[attr-defined]
     if attr in ("to", "cuda"):
-        return index.move_target(call) is not None
-    return attr == "type" and len(call.args) == 1 and index.cuda_tensor_type(call.args[0]) is not None
+        return index.devices.move_target(call) is not None
+    return attr == "type" and len(call.args) == 1 and index.devices.cuda_tensor_type(call.args[0]) is not None
 
 
 def _passed_to(index: SourceIndex, name: str, scope: ast.AST | None) -> list[tuple[str, ast.AST, bool]]:
@@ -376,7 +369,7 @@ def on_cuda_path(index: SourceIndex, call: ast.Call, name: str, default: object)
     given = _given(call)
     star = has_star_kwargs(call) or any(isinstance(a, ast.Starred) for a in call.args)
     if name in given:
-        return index.on_cuda(given[name])
+        return index.devices.on_cuda(given[name])
     dicts = [k.value for k in call.keywords if k.arg is None]
     if not star:
         return default
@@ -406,18 +399,18 @@ def _dict_key_on_cuda(index: SourceIndex, d: ast.expr, key: str, scope: ast.AST 
                     return UNKNOWN
                 value = sub if sub is not None else value
             elif isinstance(k, ast.Constant) and k.value == key:
-                value = index.on_cuda(item)
+                value = index.devices.on_cuda(item)
                 if value is UNKNOWN:
                     return UNKNOWN
         return value
     if isinstance(d, ast.IfExp):
-        test = index.on_cuda(d.test)
+        test = index.devices.on_cuda(d.test)
         return UNKNOWN if test is UNKNOWN else _dict_key_on_cuda(index, d.body if test else d.orelse, key, scope, depth + 1)
     if isinstance(d, ast.Call) and isinstance(d.func, ast.Name) and d.func.id == "dict" and not d.args:
         if has_star_kwargs(d):
             return UNKNOWN
         given = kwarg(d, key)
-        return None if given is None else index.on_cuda(given)
+        return None if given is None else index.devices.on_cuda(given)
     if not isinstance(d, ast.Name):
         return UNKNOWN
     name = d.id
@@ -461,7 +454,7 @@ def _guard_on_cuda(index: SourceIndex, node: ast.AST) -> object:
     child, parent = node, index.parents.get(node)
     while parent is not None and not isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
         if isinstance(parent, ast.If):
-            test = index.on_cuda(parent.test)
+            test = index.devices.on_cuda(parent.test)
             if test is not UNKNOWN:
                 test = bool(test)
                 taken = test if child in parent.body else (not test if child in parent.orelse else True)

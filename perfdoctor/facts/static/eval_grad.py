@@ -10,7 +10,8 @@ from __future__ import annotations
 import ast
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import SourceIndex, dotted, put, walk_scope
+from perfdoctor.facts.static.index import SourceIndex, put
+from perfdoctor.facts.static.index.syntax import dotted, walk_scope
 
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
                      "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode",

@@ -19,7 +19,7 @@ for a short run, may count one per step), so the rule trusts the source there:
 - `.numpy()` / `.tolist()` / `.cpu()` of a batch tensor from a DataLoader that the step never moves to the
   device (labels turned one-hot on the host): a host tensor on a GPU run too;
 - in a loop that no training step runs, in a file whose loops show where the steps are
-  (`SourceIndex.in_training_step` False): an evaluation loop and a function it calls (the probe
+  (`Loops.in_training_step` False): an evaluation loop and a function it calls (the probe
   counts an evaluation between epochs as reads per training step too), an epoch loop's own body
   (once per epoch). An inner loop of the training loop (`for p in model.parameters():
   p.grad.norm().item()`) reads on every step.
@@ -31,7 +31,8 @@ import ast
 import re
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import LOOPS, SourceIndex, dotted, put, walk_scope
+from perfdoctor.facts.static.index import SourceIndex, put
+from perfdoctor.facts.static.index.syntax import LOOPS, dotted, walk_scope
 
 _METHODS = ("item", "cpu", "numpy", "tolist")
 _CASTS = ("float", "int")
@@ -56,14 +57,14 @@ def detect(index: SourceIndex, facts: Facts) -> None:
         host |= _host_batch_reads(index, loop)
     for fn in index.nodes:  # a step function with its own backward, called from a loop
         if (isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in training_fns
-                and fn.name in index.called_in_loop):
+                and fn.name in index.loops.called_in_loop):
             _reads(index, fn.body, fn, reads)
     # reads in a loop that no training step runs, where the file shows where its steps are: an
     # evaluation loop (the run's probe counts its reads too, per training step, when it runs
     # between epochs)
     outside: list[tuple[ast.expr, str]] = [
         (n, kind) for n in index.nodes if isinstance(n, ast.expr) and (kind := _any_read(n)) is not None
-        and index.in_loop(n) and index.in_training_step(n) is False] if index.has_training_loop() else []
+        and index.loops.in_loop(n) and index.loops.in_training_step(n) is False] if index.loops.has_training_loop() else []
     not_per_step = host | {n.lineno for n, _ in outside}
     for line, (read, kinds) in reads.items():
         s = index.subject(facts, "host_read", read)
@@ -89,10 +90,10 @@ def _less_than_every_step(index: SourceIndex, training_loops: list[ast.AST]) -> 
         for name in index.functions:
             sites = index.calls_named(name)
             if name not in periodic_fns and sites and all(
-                    index.periodic(c, None) or index.function_name(c) in periodic_fns for c in sites):
+                    index.loops.periodic(c, None) or index.function_name(c) in periodic_fns for c in sites):
                 periodic_fns.add(name)
     formats_every_step = any(
-        _formats(n) and not index.periodic(n, loop)
+        _formats(n) and not index.loops.periodic(n, loop)
         for loop in training_loops for n in walk_scope(loop.body))  # type: ignore[attr-defined]
     out: list[tuple[ast.expr, str]] = []
     for n in index.nodes:
@@ -100,7 +101,7 @@ def _less_than_every_step(index: SourceIndex, training_loops: list[ast.AST]) -> 
         if kind is None:
             continue
         fn = index.function_name(n)
-        if (index.periodic(n, None) or fn in periodic_fns
+        if (index.loops.periodic(n, None) or fn in periodic_fns
                 or (fn in _FORMATTERS and not formats_every_step)):
             out.append((n, kind))  # type: ignore[arg-type]
     return out
@@ -224,7 +225,7 @@ def _reads(index: SourceIndex, body: list[ast.stmt], top: ast.AST,
                                 for v in a.values if isinstance(v, ast.FormattedValue))]
             if any(isinstance(a, ast.Name) and a.id in tensors for a in shown):
                 kind = "print"
-        if kind is None or index.periodic(n, top):
+        if kind is None or index.loops.periodic(n, top):
             continue
         first, kinds = reads.setdefault(n.lineno, (n, []))
         if kind not in kinds:

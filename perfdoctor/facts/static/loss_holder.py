@@ -9,7 +9,8 @@ import ast
 from collections.abc import Iterator
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import LOOPS, SourceIndex, dotted, put, root_name, walk_scope
+from perfdoctor.facts.static.index import SourceIndex, put
+from perfdoctor.facts.static.index.syntax import LOOPS, dotted, root_name, walk_scope
 
 _LIST_METHODS = frozenset({"append", "extend", "insert"})
 _HOLDER_METHODS = frozenset({"update", "add", "record", "accumulate", "push", "put"})

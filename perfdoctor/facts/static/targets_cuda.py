@@ -21,7 +21,7 @@ _SELECTS = ("torch.cuda.", "torch.accelerator.")  # device selection: is_availab
 
 def _names_cuda(index: SourceIndex) -> bool:
     for node in index.nodes:
-        if isinstance(node, ast.Call) and index.framework_picks_gpu(node):
+        if isinstance(node, ast.Call) and index.frameworks.framework_picks_gpu(node):
             return True
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and _CUDA_STRING.match(node.value):
             return True

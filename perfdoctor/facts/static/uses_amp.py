@@ -11,7 +11,8 @@ import ast
 import re
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import SourceIndex, add_union, kwarg
+from perfdoctor.facts.static.index import SourceIndex, add_union
+from perfdoctor.facts.static.index.syntax import kwarg
 
 _FACT = "script.uses_amp"
 _AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",

@@ -7,7 +7,8 @@ from __future__ import annotations
 import ast
 
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.index import SourceIndex, kwarg, put
+from perfdoctor.facts.static.index import SourceIndex, put
+from perfdoctor.facts.static.index.syntax import kwarg
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:

@@ -45,13 +45,13 @@ def _device_dtype(ctx: Context, move: cst.Call) -> tuple[cst.BaseExpression, cst
     dtype = dtype_arg.value if dtype_arg else None
     for p in positional[:2]:
         node = ctx.to_ast(p)
-        if ctx.index.is_dtype(node) and dtype is None:
+        if ctx.index.devices.is_dtype(node) and dtype is None:
             dtype = p
-        elif dev is None and ctx.index.device_expr(node) is True:
+        elif dev is None and ctx.index.devices.device_expr(node) is True:
             dev = p
         else:
             return None
-    if dev is None or ctx.index.device_expr(ctx.to_ast(dev)) is not True:
+    if dev is None or ctx.index.devices.device_expr(ctx.to_ast(dev)) is not True:
         return None
     return dev, dtype
 

@@ -21,9 +21,9 @@ def fix(ctx: Context, params: dict):
             if dev is None:
                 continue
             node = ctx.to_ast(dev.value)
-            verdict = ctx.index.device_expr(node)
+            verdict = ctx.index.devices.device_expr(node)
             if not (verdict is True or (verdict is None and isinstance(node, (ast.Name, ast.Attribute))
-                                        and not ctx.index.is_dtype(node))):
+                                        and not ctx.index.devices.is_dtype(node))):
                 continue
         nb = kw(call, "non_blocking")
         if nb is None or not m.matches(nb.value, m.Name("True")):

@@ -1,0 +1,199 @@
+"""Loops and steps: where a file's training step is, and how often a node runs.
+
+Which of the file's functions take a training step (`loss.backward()`, an optimizer's `.step()`, a
+call of such a function, through up to four local functions) and which hold a loop that does (an
+epoch function); whether a loop trains (`trains`), whether a node runs inside a training step
+(`in_training_step`), on every step (`per_step`: not once per epoch, not behind a periodic `if i %
+n == 0:` guard), in a loop (`in_loop`, `enclosing_loop`). Reads the file through `Syntax`.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+
+from perfdoctor.facts.static.index.syntax import LOOPS, SCOPES, Syntax, dotted, walk_scope
+
+# receivers of a `.step()` that takes an optimizer step: `optimizer`, `optimizer_G`, `opt`, `self.optim`,
+# `scaler` (GradScaler.step steps the optimizer); not `scheduler.step()`
+_OPTIMIZER_NAME = re.compile(r"optim|(^|[._])opt($|[_A-Z0-9])|scaler", re.I)
+
+
+class Loops:
+    """The training loops and steps of one file."""
+
+    def __init__(self, syntax: Syntax):
+        self.syntax = syntax
+        self.called_in_loop = set(self._calls_in_loops())  # names of the functions a loop body calls
+        self._step_fns, self._epoch_fns = self._training_functions()
+        self._batch_step_fns = self._step_fns - self._epoch_fns  # one step per call
+        self._trains: dict[int, bool] = {}
+        self._direct: dict[int, bool] = {}  # `_steps_directly` by the loop or function's id
+        self._epoch_loops: dict[int, bool] = {}  # `per_step`: a loop whose inner loop or callee trains
+
+    def in_loop(self, node: ast.AST) -> bool:
+        """In a loop body, or in a function of this file that a loop body calls (one level)."""
+        scope, direct = self.syntax.context(node)
+        return direct or (isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef))
+                          and scope.name in self.called_in_loop)
+
+    def _calls_in_loops(self) -> Iterator[str]:
+        for node in self.syntax.calls:
+            if self.syntax.context(node)[1]:
+                f = node.func
+                if isinstance(f, ast.Name):
+                    yield f.id
+                elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in ("self", "cls"):
+                    yield f.attr
+
+    def _training_functions(self) -> tuple[set[str], set[str]]:
+        """(step functions: their body takes a training step, directly or through a function of
+        this file; epoch functions: a loop of theirs does, `def train(epoch): for batch in loader: ...`)."""
+        step: set[str] = set()
+        epoch: set[str] = set()
+        # each function's own calls, and each of its loops' calls, walked once (not once per pass)
+        calls = {id(fn): [n for n in walk_scope(fn.body) if isinstance(n, ast.Call)]
+                 for defs in self.syntax.functions.values() for fn in defs}
+        loops = {id(fn): [[m for m in walk_scope(loop.body) if isinstance(m, ast.Call)]
+                          for loop in walk_scope(fn.body) if isinstance(loop, LOOPS)]
+                 for defs in self.syntax.functions.values() for fn in defs}
+        for _ in range(4):  # calls through up to four local functions
+            for name, defs in self.syntax.functions.items():
+                for fn in defs:
+                    if name not in step and any(self._takes_step(n, step) for n in calls[id(fn)]):
+                        step.add(name)
+                    if name not in epoch and (
+                            any(any(self._takes_step(m, step) for m in body) for body in loops[id(fn)])
+                            or any(self.syntax.local_callee(n) in epoch for n in calls[id(fn)])):
+                        epoch.add(name)
+        return step, epoch
+
+    def _takes_step(self, node: ast.AST, step_fns: set[str]) -> bool:
+        """`loss.backward()`, `optimizer.step()`, `torch.autograd.backward(...)`, or a call of a step function."""
+        if not isinstance(node, ast.Call):
+            return False
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr == "backward":
+            return True
+        if isinstance(f, ast.Attribute) and f.attr == "step" and _OPTIMIZER_NAME.search(dotted(f.value) or ""):
+            return True
+        return self.syntax.local_callee(node) in step_fns
+
+    def takes_step(self, node: ast.AST) -> bool:
+        """`node` is a call that takes a training step: backward, an optimizer step, a step function."""
+        return self._takes_step(node, self._step_fns)
+
+    def trains(self, loop: ast.AST) -> bool:
+        """Whether `loop`'s body takes a training step (backward or an optimizer step), directly or
+        through a function of this file: a training loop or an epoch loop around one."""
+        key = id(loop)
+        if key not in self._trains:
+            self._trains[key] = any(
+                self._takes_step(n, self._step_fns)
+                or (isinstance(n, ast.Call) and self.syntax.local_callee(n) in self._epoch_fns)
+                for n in walk_scope(loop.body))  # type: ignore[attr-defined]
+        return self._trains[key]
+
+    def has_training_loop(self) -> bool:
+        """Some loop of this file takes training steps."""
+        return any(isinstance(n, LOOPS) and self.trains(n) for n in self.syntax.nodes)
+
+    def _steps_directly(self, owner: ast.AST) -> bool:
+        """The body of `owner` (a loop or a function), outside its inner loops, takes a training
+        step: backward, an optimizer step, or a call of a step function that is not an epoch
+        function (one whose own loop takes the steps)."""
+        key = id(owner)
+        if key not in self._direct:
+            found = False
+            stack: list[ast.AST] = list(owner.body)  # type: ignore[attr-defined]
+            while stack and not found:
+                n = stack.pop()
+                found = isinstance(n, ast.Call) and (self._takes_step(n, set())
+                                                     or self.syntax.local_callee(n) in self._batch_step_fns)
+                if not isinstance(n, (*LOOPS, *SCOPES, ast.ClassDef)):
+                    stack.extend(ast.iter_child_nodes(n))
+            self._direct[key] = found
+        return self._direct[key]
+
+    def in_training_step(self, node: ast.AST, depth: int = 0) -> bool | None:
+        """Whether `node` runs inside a training step. True when a loop around it takes the step
+        in its own body (not an epoch loop, whose inner loop takes them), when its function takes
+        one outside its loops (`def train_step(batch): ... loss.backward()`), or when a call of its
+        function does (three levels). False when none does and the source shows every place it
+        runs from: an evaluation loop, an epoch loop's own body, module code around the training
+        loop. None when it cannot tell: a function no code of this file calls, a `forward` the
+        model's call runs, a lambda, calls more than three levels deep."""
+        child, parent = node, self.syntax.parents.get(node)
+        while parent is not None and not isinstance(parent, (*SCOPES, ast.ClassDef)):
+            # the body, and a `for`'s iterator or a `while`'s test (a generator it draws batches
+            # from runs between the steps); not the `else:` after the loop
+            if isinstance(parent, LOOPS) and child not in parent.orelse and self._steps_directly(parent):
+                return True
+            child, parent = parent, self.syntax.parents.get(parent)
+        scope = self.syntax.context(node)[0]
+        if scope is None:
+            return False
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) or scope.name in ("forward", "__call__"):
+            return None
+        if self._steps_directly(scope):
+            return True
+        sites = self.syntax.callers(scope.name)
+        if not sites or depth >= 3:
+            return None
+        seen = [self.in_training_step(c, depth + 1) for c in sites]
+        return True if True in seen else (None if None in seen else False)
+
+    def enclosing_loop(self, node: ast.AST) -> ast.AST | None:
+        """The innermost for/while loop around `node` within its function (its body, not its iterator)."""
+        child = self.syntax.anchors.get(node, node)
+        if child is not node and isinstance(child, ast.Lambda):
+            return None  # inside a lambda: its own scope
+        parent = self.syntax.parents.get(child)
+        while parent is not None and not isinstance(parent, (*SCOPES, ast.ClassDef)):
+            if isinstance(parent, LOOPS) and child in parent.body:
+                return parent
+            child, parent = parent, self.syntax.parents.get(parent)
+        return None
+
+    def periodic(self, node: ast.AST, top: ast.AST | None = None) -> bool:
+        """Behind an `if` (up to `top`, else up to its function) whose test has a `%` and whose body
+        takes no training step: runs every N steps, not every step (`if i % n_critic == 0:` around
+        the generator's step schedules steps: what it holds runs on each of them)."""
+        child = self.syntax.anchors.get(node, node)
+        if child is not node and (isinstance(child, ast.Lambda) or top is not None and not isinstance(top, ast.stmt)):
+            child = node  # inside a lambda, or up to an expression: step by step
+        parent = self.syntax.parents.get(child)
+        while parent is not None and parent is not top and not isinstance(parent, (*SCOPES, ast.ClassDef)):
+            if isinstance(parent, ast.If) and child is not parent.test and any(
+                    isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(parent.test)) and not any(
+                    self.takes_step(m) for m in walk_scope(parent.body)):
+                return True
+            child, parent = parent, self.syntax.parents.get(parent)
+        return False
+
+    def per_step(self, node: ast.AST, depth: int = 0) -> bool:
+        """Whether `node` runs on every training step: in a loop's body that no inner loop takes the
+        steps of (a loop whose inner loop trains is an epoch loop: once per epoch), in a module's
+        `forward`, or in a function of this file called from such a place (three levels). Module
+        level outside loops, an epoch loop's own body and functions no such place calls run once
+        per epoch or once per run; so does what sits behind a periodic guard (`periodic`)."""
+        if self.periodic(node):
+            return False
+        loop = self.enclosing_loop(node)
+        if loop is not None:
+            key = id(loop)
+            if key not in self._epoch_loops:  # once per loop: a long loop body is walked once, not per node
+                self._epoch_loops[key] = any(
+                    (isinstance(n, LOOPS) and self.trains(n))
+                    or (isinstance(n, ast.Call) and self.syntax.local_callee(n) in self._epoch_fns)
+                    for n in walk_scope(loop.body))  # type: ignore[attr-defined]
+            return not self._epoch_loops[key]
+        scope = self.syntax.context(node)[0]
+        if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            return False
+        if scope.name in ("forward", "__call__"):
+            return True
+        if depth >= 3:
+            return False
+        return any(self.per_step(c, depth + 1) for c in self.syntax.callers(scope.name))
