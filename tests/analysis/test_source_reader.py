@@ -13,8 +13,9 @@ import pytest
 
 from perfdoctor.contracts import source
 from perfdoctor.contracts.source import MAX_SOURCE_BYTES, read_source
+from tests.helpers import TESTS
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
+sys.path.insert(0, str(TESTS / "golden"))
 import record  # noqa: E402
 
 
