@@ -404,6 +404,22 @@ def _brief(finding: dict) -> dict:
 # ------------------------------------------------------------------------------------ one script
 
 
+def script_env(script: dict, root: Path, site: list[Path]) -> dict[str, str]:
+    """The environment a corpus script runs in, its copy at `root` (benchmarks/verify_savings.py too)."""
+    env = dict(os.environ)
+    pythonpath = [str(root / p) for p in script.get("pythonpath", [])] + [
+        str(p) for p in site
+    ]
+    pythonpath += [str(REPO)]  # perfdoctor itself, from this checkout
+    if env.get("PYTHONPATH"):
+        pythonpath.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(pythonpath)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update({k: str(v) for k, v in script.get("env", {}).items()})
+    env["MPLBACKEND"] = "Agg"
+    return env
+
+
 def run_script(script: dict, repos: dict, args: argparse.Namespace) -> dict:
     sid = script["id"]
     repo = repos[script["repo"]]
@@ -427,17 +443,7 @@ def run_script(script: dict, repos: dict, args: argparse.Namespace) -> dict:
     script_dir = str(Path(script["path"]).parent)
     files = script.get("files", [script_dir if script_dir != "." else script["path"]])
     cwd = root / script.get("cwd", script_dir)
-    env = dict(os.environ)
-    pythonpath = [str(root / p) for p in script.get("pythonpath", [])] + [
-        str(p) for p in args.site
-    ]
-    pythonpath += [str(REPO)]  # perfdoctor itself, from this checkout
-    if env.get("PYTHONPATH"):
-        pythonpath.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(pythonpath)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.update({k: str(v) for k, v in script.get("env", {}).items()})
-    env["MPLBACKEND"] = "Agg"
+    env = script_env(script, root, args.site)
 
     try:
         materialise(git_dir, repo["commit"], files, root)

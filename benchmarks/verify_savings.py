@@ -1,14 +1,23 @@
 """Do perfdoctor's predicted savings hold? `perfdoctor verify` on every sample that has a fixed twin
-(sample_scripts/X.py and X_fixed.py), and the predicted / measured saving per rule.
+(sample_scripts/X.py and X_fixed.py, tests/data/X.py and X_fixed.py) and on scripts of the labelled
+corpus, and the predicted / measured saving per finding and per rule.
 
-    python benchmarks/verify_savings.py [--steps 20] [--only pd027 ...] [--twin] [--json PATH]
+    python benchmarks/verify_savings.py [--steps 20] [--only pd027 ...] [--corpus dev|test|none]
+                                        [--corpus-only ID ...] [--site DIR ...] [--twin] [--json PATH]
 
-For each sample: `perfdoctor verify SAMPLE --steps N --format json` on a copy of the sample (in a
-temporary folder), one row per finding of the sample's expected rules (its `# expect:` lines) with its
-verification: the verdict, predicted and measured ms per step, the measured saving's 90% interval,
-the runs, and the load average (1 min) before and after. With `--twin`, the hand-written fixed twin is
-measured too, as an independent check of verify's number: the sample and its twin alternated under the
-same capture and the same statistic (perfdoctor.verify.saving_interval), `--twin-pairs` pairs.
+For each script: `perfdoctor verify SCRIPT --steps N --format json` on a copy (samples: in a temporary
+folder; corpus scripts: materialised by benchmarks/corpus.py under --work), one row per finding with its
+verification: the verdict, predicted and measured ms per step, the measured saving's 90% interval, the
+runs, and the load average (1 min) before and after. Samples give rows for their expected rules (their
+`# expect:` lines); corpus scripts for every finding verify changed something for. The frozen test half
+(`--corpus test`) is run, never read: rows give the script id, the rule and the numbers, no code.
+
+With `--twin`, each fix's saving is also measured independently: the original and its fixed twin (the
+sample's hand-written `_fixed` file; for a corpus script, a copy with the finding's own fix applied)
+run bare (`benchmarks/bare_steps.py`: plain Python, no perfdoctor capture, an optimizer step hook notes
+the time), alternated, `--twin-pairs` pairs, each run's value its mean step after the warm-up
+(perfdoctor.stats.warmup_steps); the saving is the original's mean less the twin's. The table gives
+verify's measured saving over it (agreement: within 0.8-1.2) and the prediction over it (0.75-1.25).
 
 Then per rule: the median of predicted / measured over its rows where both are positive, and whether it
 lies inside 0.75..1.33 (a rule outside needs its model fixed).
@@ -25,14 +34,32 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-SAMPLES = REPO / "sample_scripts"
+SAMPLE_DIRS = (REPO / "sample_scripts", REPO / "tests" / "data")
+BARE = Path(__file__).resolve().parent / "bare_steps.py"
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 EXPECT = re.compile(r"#\s*expect:\s*((?:PD\d{3}[,\s]*)+)")
 ENV = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+
+
+@dataclass
+class Target:
+    """One script to verify: its copy, how it runs, and the rows wanted."""
+
+    name: str
+    script: Path
+    cwd: Path
+    env: dict[str, str]
+    args: list[str] = field(default_factory=list)
+    steps: int = 20
+    twin: Path | None = None  # a hand-written fixed twin (samples); corpus twins are made from each fix
+    rules: set[str] | None = None  # the rules to report (None: every finding verify changed something for)
+    timeout: float = 3600
 
 
 def expected(script: Path) -> set[str]:
@@ -44,103 +71,213 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
-def twin_saving(sample: Path, twin: Path, steps: int, pairs: int, work: Path) -> tuple[float, float, float] | None:
-    """The sample less its fixed twin, alternated under perfdoctor's capture: (point, lo, hi) ms/step."""
-    from perfdoctor.capture.runner import run_script
-    from perfdoctor.verify import saving_interval, steady
+# -- the independent measurement: bare runs, alternated ------------------------------------------------------
+def bare_mean_step(script: Path, args: list[str], cwd: Path, env: dict[str, str], steps: int, out: Path,
+                   timeout: float) -> float | None:
+    """One bare run's mean step after the warm-up (ms), None where it failed or made too few steps."""
+    from perfdoctor.stats import warmup_steps
 
-    sides: dict[str, list[list[float]]] = {"a": [], "b": []}
+    p = subprocess.run([sys.executable, str(BARE), str(out), str(steps), str(script), *args], cwd=cwd, env=env,
+                       capture_output=True, timeout=timeout, check=False)
+    try:
+        ends = json.loads(out.read_text())["step_end_s"]
+    except (OSError, ValueError, KeyError):
+        return None
+    gaps = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]
+    gaps = gaps[warmup_steps(len(gaps)):]
+    if p.returncode != 0 or len(gaps) < 3:
+        return None
+    return statistics.fmean(gaps)
+
+
+def bare_saving(t: Target, original: Path, fixed: Path, fixed_cwd: Path, pairs: int, work: Path) -> dict | None:
+    """The original less its twin, run bare and alternated: the mean of each side's run means."""
+    sides: dict[str, list[float]] = {"original": [], "fixed": []}
     for k in range(2 * pairs):
-        side, script = ("a", sample) if k % 2 == 0 else ("b", twin)
-        r = run_script(str(script), out_dir=work / f"twin-{side}-{k}", steps=steps, window=(steps - 1, 0, 1),
-                       cwd=script.parent, quiet=True)
-        if r.exit_code != 0:
+        side = "original" if k % 2 == 0 else "fixed"
+        script, cwd = (original, t.cwd) if side == "original" else (fixed, fixed_cwd)
+        m = bare_mean_step(script, t.args, cwd, t.env, t.steps, work / f"bare-{side}-{k}.json", t.timeout)
+        if m is None:
             return None
-        sides[side].append(steady(r.run_dir))
-    _, point, lo, hi = saving_interval(sides["a"], sides["b"])
-    return point, lo, hi
+        sides[side].append(m)
+    o, f = statistics.fmean(sides["original"]), statistics.fmean(sides["fixed"])
+    per_pair = [a - b for a, b in zip(sides["original"], sides["fixed"])]
+    return {"ms": o - f, "step_ms": o, "pairs_ms": [round(x, 2) for x in per_pair]}
 
 
-def one(sample: Path, steps: int, twin: bool, twin_pairs: int, work: Path) -> list[dict]:
-    script = work / sample.name
-    shutil.copy(sample, script)
-    fixed = work / sample.name.replace(".py", "_fixed.py")
-    shutil.copy(sample.with_name(sample.stem + "_fixed.py"), fixed)
+def twin_of(t: Target, finding: dict, work: Path) -> tuple[Path, Path] | None:
+    """A copy of a corpus script's folder with the finding's own fix applied: (the script, the cwd) in it."""
+    from perfdoctor.model import Fix
+    from perfdoctor.rules.fixes import apply_fix
+
+    fix = finding.get("fix")
+    loc = (finding.get("locations") or [{}])[0]
+    if not fix or fix.get("example") or not loc.get("file"):
+        return None
+    root = Path(os.path.commonpath([t.script.parent, t.cwd, Path(loc["file"]).parent]))
+    dest = work / "twin"
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.copytree(root, dest, symlinks=True)
+    target = dest / Path(loc["file"]).relative_to(root)
+    new = apply_fix(target.read_text(), Fix(fix["before"], fix["after"], fix.get("note", ""), False))
+    if new is None:
+        return None
+    target.write_text(new)
+    return dest / t.script.relative_to(root), dest / t.cwd.relative_to(root)
+
+
+# -- verify -------------------------------------------------------------------------------------------------
+def one(t: Target, twin: bool, twin_pairs: int, work: Path) -> list[dict]:
     l0 = load()
-    p = subprocess.run([sys.executable, "-m", "perfdoctor", "verify", str(script), "--steps", str(steps), "--format",
-                        "json", "--out-dir", str(work / "run")], cwd=work, env=ENV, capture_output=True, text=True,
-                       timeout=3600)
+    p = subprocess.run([sys.executable, "-m", "perfdoctor", "verify", str(t.script), "--steps", str(t.steps),
+                        "--format", "json", "--out-dir", str(work / "run"), "--", *t.args],
+                       cwd=t.cwd, env=t.env, capture_output=True, text=True, timeout=t.timeout * 20)
     l1 = load()
-    if p.returncode != 0 or not p.stdout.strip():
-        return [{"sample": sample.name, "rule": "-", "error": (p.stderr.strip().splitlines() or ["?"])[-1][:160]}]
+    if p.returncode not in (0, 1) or not p.stdout.strip():
+        return [{"script": t.name, "rule": "-", "error": (p.stderr.strip().splitlines() or ["?"])[-1][:160]}]
     doc = json.loads(p.stdout)
-    want = expected(sample)
     rows = []
-    independent = twin_saving(script, fixed, steps, twin_pairs, work) if twin else None
     for f in doc["findings"]:
-        if f["rule"] not in want or not any(Path(l["file"]).name == script.name for l in f["locations"]):
-            continue
         v = f.get("verification") or {}
+        if t.rules is not None:
+            if f["rule"] not in t.rules or not any(Path(loc["file"]).name == t.script.name for loc in f["locations"]):
+                continue
+        elif not v or v.get("runs", 0) == 0:
+            continue
         saving = f.get("estimated_saving") or {}
-        rows.append({"sample": sample.name, "rule": f["rule"], "verdict": v.get("verdict"), "kind": v.get("kind"),
-                     "predicted_ms": saving.get("ms_per_step"), "measured_ms": v.get("measured_ms_per_step"),
-                     "interval_ms": v.get("interval_ms"), "step_ms": v.get("step_ms"), "runs": v.get("runs"),
-                     "why": v.get("why"), "load": [round(l0, 2), round(l1, 2)],
-                     "twin_ms": list(independent) if independent else None})
+        row = {"script": t.name, "rule": f["rule"], "verdict": v.get("verdict"), "kind": v.get("kind"),
+               "predicted_ms": saving.get("ms_per_step"), "measured_ms": v.get("measured_ms_per_step"),
+               "interval_ms": v.get("interval_ms"), "step_ms": v.get("step_ms"), "runs": v.get("runs"),
+               "why": v.get("why"), "load": [round(l0, 2), round(l1, 2)]}
+        if twin and v.get("kind") == "fix" and v.get("verdict") not in ("did-not-hold", "not-verifiable-here"):
+            made = (t.twin, t.cwd) if t.twin is not None else twin_of(t, f, work)
+            if made is not None:
+                lt = load()
+                row["twin"] = bare_saving(t, t.script, made[0], made[1], twin_pairs, work)
+                row["twin_load"] = [round(lt, 2), round(load(), 2)]
+        rows.append(row)
     if not rows:
-        rows.append({"sample": sample.name, "rule": ",".join(sorted(want)), "error": "no expected finding reported"})
+        rows.append({"script": t.name, "rule": ",".join(sorted(t.rules or [])) or "-",
+                     "error": "no finding verified" if t.rules is None else "no expected finding reported"})
     return rows
+
+
+def sample_targets(work: Path, steps: int, only: list[str] | None) -> list[Target]:
+    out = []
+    for d in SAMPLE_DIRS:
+        for s in sorted(d.glob("*.py")):
+            twin = s.with_name(s.stem + "_fixed.py")
+            if s.stem.endswith("_fixed") or not twin.exists() or not expected(s):
+                continue
+            if only and not any(s.name.startswith(o) for o in only):
+                continue
+            dest = work / s.stem
+            dest.mkdir(parents=True)
+            shutil.copy(s, dest / s.name)
+            shutil.copy(twin, dest / twin.name)
+            out.append(Target(s.name, dest / s.name, dest, ENV, steps=steps, twin=dest / twin.name,
+                              rules=expected(s), timeout=600))
+    return out
+
+
+def corpus_target(script: dict, repos: dict, work: Path, site: list[Path], steps: int) -> Target | dict:
+    """A corpus script materialised and prepared by benchmarks/corpus.py, or why it could not be."""
+    import corpus
+
+    ns = argparse.Namespace(mirror=corpus.DEFAULT_MIRROR, work=work, site=site, timeout=None, prepare_only=True)
+    r = corpus.run_script(script, repos, ns)
+    if r["status"] != "prepared":
+        return {"script": script["id"], "rule": "-", "error": f"{r['status']}: {r.get('error', '')}"[:160]}
+    root = work / script["id"] / "repo"
+    script_dir = str(Path(script["path"]).parent)
+    env = {**corpus.script_env(script, root, site), "NO_COLOR": "1"}
+    return Target(script["id"], root / script["path"], root / script.get("cwd", script_dir), env,
+                  [str(a) for a in script.get("args", [])], steps=steps, timeout=script.get("timeout", 300))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--only", action="append", help="a sample name's start, e.g. pd027 (repeatable)")
-    ap.add_argument("--twin", action="store_true", help="also measure the fixed twin (independent check)")
+    ap.add_argument("--no-samples", action="store_true", help="corpus scripts only")
+    ap.add_argument("--corpus", choices=("dev", "test", "none"), default="none",
+                    help="also verify the corpus's development half or its frozen test half (run, never read)")
+    ap.add_argument("--corpus-only", action="append", default=[], metavar="ID", help="these corpus scripts only")
+    ap.add_argument("--site", action="append", type=Path, default=[], help="extra folder on PYTHONPATH (corpus)")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/perfdoctor-verify"), help="corpus scratch folder")
+    ap.add_argument("--twin", action="store_true", help="also measure each fix bare against its twin (independent)")
     ap.add_argument("--twin-pairs", type=int, default=3)
     ap.add_argument("--json", type=Path, help="write the rows here (appended to what is there)")
+    ap.add_argument("--table", action="store_true", help="print the table of --json's rows, run nothing")
     args = ap.parse_args()
-    samples = sorted(p for p in SAMPLES.glob("pd*.py") if not p.stem.endswith("_fixed")
-                     and p.with_name(p.stem + "_fixed.py").exists())
     rows: list[dict] = json.loads(args.json.read_text()) if args.json and args.json.exists() else []
-    for s in samples:
-        if args.only and not any(s.name.startswith(o) for o in args.only):
-            continue
-        with tempfile.TemporaryDirectory(prefix="pd-verify-") as tmp:
-            try:
-                got = one(s, args.steps, args.twin, args.twin_pairs, Path(tmp))
-            except subprocess.TimeoutExpired:
-                got = [{"sample": s.name, "rule": "-", "error": "timed out"}]
-        rows += got
+    if args.table:
+        print(table(rows))
+        return 0
+
+    def record(got: list[dict]) -> None:
+        rows.extend(got)
         for r in got:
             print(json.dumps(r), file=sys.stderr, flush=True)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
+
+    if not args.no_samples:
+        with tempfile.TemporaryDirectory(prefix="pd-verify-") as tmp:
+            for t in sample_targets(Path(tmp), args.steps, args.only):
+                with tempfile.TemporaryDirectory(dir=tmp) as w:
+                    try:
+                        record(one(t, args.twin, args.twin_pairs, Path(w)))
+                    except subprocess.TimeoutExpired:
+                        record([{"script": t.name, "rule": "-", "error": "timed out"}])
+    if args.corpus != "none":
+        import corpus
+
+        repos, scripts = corpus.load_corpus()
+        chosen = [s for s in scripts if s["split"] == args.corpus
+                  and (not args.corpus_only or s["id"] in args.corpus_only)]
+        for s in chosen:
+            t = corpus_target(s, repos, args.work, args.site, args.steps)
+            if isinstance(t, dict):
+                record([t])
+                continue
+            try:
+                record(one(t, args.twin, args.twin_pairs, args.work / s["id"]))
+            except subprocess.TimeoutExpired:
+                record([{"script": t.name, "rule": "-", "error": "timed out"}])
     print(table(rows))
     return 0
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b is not None and a > 0 and b > 0 else None
 
 
 def table(rows: list[dict]) -> str:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
 
-    out = ["| sample | rule | kind | verdict | predicted | measured (90% interval) | twin | runs | load |",
-           "|---|---|---|---|---:|---:|---:|---:|---|"]
+    def r2(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    out = ["| script | rule | kind | verdict | predicted | measured (90% interval) | pred/meas | bare twin | "
+           "meas/bare | pred/bare | runs | load |", "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['sample']} | {r['rule']} | | {r['error']} | | | | | |")
+            out.append(f"| {r['script']} | {r['rule']} | | {r['error']} | | | | | | | | |")
             continue
         iv = r.get("interval_ms")
         meas = ms(r.get("measured_ms")) + (f" ({iv[0]:.1f} .. {iv[1]:.1f})" if iv else "")
-        tw = r.get("twin_ms")
-        out.append(f"| {r['sample']} | {r['rule']} | {r.get('kind') or ''} | {r.get('verdict')} | "
-                   f"{ms(r.get('predicted_ms'))} | {meas} | {ms(tw[0]) if tw else '-'} | {r.get('runs') or ''} | "
-                   f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |")
+        tw = (r.get("twin") or {}).get("ms")
+        out.append(f"| {r['script']} | {r['rule']} | {r.get('kind') or ''} | {r.get('verdict')} | "
+                   f"{ms(r.get('predicted_ms'))} | {meas} | {r2(_ratio(r.get('predicted_ms'), r.get('measured_ms')))} | "
+                   f"{ms(tw)} | {r2(_ratio(r.get('measured_ms'), tw))} | {r2(_ratio(r.get('predicted_ms'), tw))} | "
+                   f"{r.get('runs') or ''} | {r['load'][0]:.1f}-{r['load'][1]:.1f} |")
     by_rule: dict[str, list[float]] = {}
     for r in rows:
-        p, m = r.get("predicted_ms"), r.get("measured_ms")
-        if p and m and p > 0 and m > 0 and r.get("verdict") != "did-not-hold":
-            by_rule.setdefault(r["rule"], []).append(p / m)
+        q = _ratio(r.get("predicted_ms"), r.get("measured_ms"))
+        if q is not None and r.get("verdict") != "did-not-hold":
+            by_rule.setdefault(r["rule"], []).append(q)
     out += ["", "| rule | predicted / measured (median) | rows | inside 0.75-1.33 |", "|---|---:|---:|---|"]
     for rule, ratios in sorted(by_rule.items()):
         med = statistics.median(ratios)

@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -165,39 +169,86 @@ def test_every_format_shows_the_verdict() -> None:
 
 
 # -- end to end ---------------------------------------------------------------------------------------
+# A small copy of PD027's sample (14 steps, a small heap for gc.collect() to walk): a run costs about its
+# start-up, so that the three tests below make about 17 runs between them.
+GC_TRAIN = REPO / "tests" / "data" / "verify" / "gc_train.py"
+
+
 def _hashes(folder: Path) -> dict[str, str]:
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(folder.rglob("*")) if p.is_file() and ".perfdoctor" not in p.parts and "run" not in p.parts}
 
 
-@pytest.mark.e2e
-def test_verify_a_sample_end_to_end(tmp_path: Path) -> None:
-    """verify on PD027's sample (gc.collect() on every step): a verdict per finding in the JSON, the
-    user's files unchanged, a patch git applies; then, on the same run folder, a fix that breaks the
-    training (the learning rate 100x) is reported as did-not-hold from its losses, and one that raises
-    from its exit."""
+def _project(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
     proj = tmp_path / "proj"
     proj.mkdir()
     script = proj / "train.py"
-    shutil.copy(SAMPLES / "pd027_gc_in_loop.py", script)
+    shutil.copy(GC_TRAIN, script)
     (proj / "data.txt").write_text("the user's data\n")
-    before = _hashes(proj)
+    return proj, script, _hashes(proj)
+
+
+@pytest.mark.e2e
+def test_run_verify_end_to_end(tmp_path: Path) -> None:
+    """`run --verify --write-patch`: a verdict with a real saving for PD027's fix in the JSON, the gate's
+    3 runs a side at least, the user's files unchanged (hashed before and after), no copy of the
+    project left behind, and a patch `git apply` takes."""
+    proj, script, before = _project(tmp_path)
     patch = tmp_path / "fixes.diff"
-    p = run_cli("verify", str(script), "--steps", "12", "--repeats", "2", "--max-repeats", "2", "--format", "json",
-                "--out-dir", str(proj / "run"), "--write-patch", str(patch), cwd=proj, timeout=400)
+    p = run_cli("run", str(script), "--verify", "--steps", "12", "--format", "json", "--out-dir", str(proj / "run"),
+                "--write-patch", str(patch), cwd=proj, timeout=400)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "verifying PD027 1/1: run 2 of 4" in p.stderr
+    assert "verifying PD027 1/1: run 2 of 6" in p.stderr
     doc = json.loads(p.stdout)
     (gc,) = [f for f in doc["findings"] if f["rule"] == "PD027"]
     v = gc["verification"]
-    assert v["kind"] == "fix" and v["runs"] == 4 and v["verdict"] in ("verified", "smaller", "larger")
+    assert v["kind"] == "fix" and 6 <= v["runs"] <= 12 and v["verdict"] in ("verified", "smaller", "larger")
     assert v["interval_ms"][0] > 0 and v["measured_ms_per_step"] > 0
     assert _hashes(proj) == before
+    scratch = proj / "run" / "verify"
+    assert (scratch / "01-PD027" / "original-1").is_dir()
+    assert not list(scratch.glob("*/project")) and not (scratch / "original").exists()
     copy = tmp_path / "copy"
     shutil.copytree(proj, copy, ignore=shutil.ignore_patterns("run"))
     subprocess.run(["git", "init", "-q"], cwd=copy, check=True)
     subprocess.run(["git", "apply", str(patch)], cwd=copy, check=True)
     assert "gc.collect()  #" not in (copy / "train.py").read_text()
+
+
+@pytest.mark.e2e
+def test_verify_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
+    """`perfdoctor verify SCRIPT`, Ctrl-C (SIGINT to the whole process group, as a terminal sends it) while
+    the third run of PD027's fix starts: exit 130, the finding judged on the two runs made and said so,
+    the user's files unchanged. Then, on the same run folder, a fix that breaks the training (the
+    learning rate 100x) is reported as did-not-hold from its losses, and one that raises from its exit."""
+    proj, script, before = _project(tmp_path)
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "COLUMNS": "200", "NO_COLOR": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([sys.executable, "-m", "perfdoctor", "verify", str(script), "--steps", "12", "--format",
+                             "json", "--out-dir", str(proj / "run")], cwd=proj, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    err: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            err.append(line)
+            if "verifying PD027 1/1: run 3 of" in line:
+                time.sleep(0.5)
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        out, rest = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stderr = "".join(err) + rest
+    assert proc.returncode == 130, stderr[-3000:]
+    doc = json.loads(out)
+    (gc,) = [f for f in doc["findings"] if f["rule"] == "PD027"]
+    v = gc["verification"]
+    assert v["runs"] == 2 and "interrupted: judged on the runs made" in v["why"], v
+    assert v["measured_ms_per_step"] is not None and v["interval_ms"] is not None
+    assert any("verify was interrupted" in n for n in doc["notes"])
+    assert _hashes(proj) == before
 
     from perfdoctor.analysis import analyse_run
 
@@ -207,11 +258,11 @@ def test_verify_a_sample_end_to_end(tmp_path: Path) -> None:
     step = _loc(script, "optimizer.step()")
     raises = _finding("PD901", step, Fix("        " + step.code, "        raise RuntimeError('broken fix')"))
     report.findings = [lr, raises]
-    out = verify.verify(report, proj / "run", load_rules(), steps=12, pairs=2, max_pairs=2,
-                        progress=verify.Progress(2, write=lambda s: None))
+    out2 = verify.verify(report, proj / "run", load_rules(), steps=12, pairs=2, max_pairs=2,
+                         progress=verify.Progress(2, write=lambda s: None))
     assert lr.verification is not None and lr.verification.verdict == "did-not-hold", lr.verification
     assert "loss at step" in lr.verification.why
     assert raises.verification is not None and raises.verification.verdict == "did-not-hold"
     assert "broken fix" in raises.verification.why
-    assert out.patch == ""
+    assert out2.patch == ""
     assert _hashes(proj) == before
