@@ -8,7 +8,8 @@ replaced by the first batch repeated: an upper bound on the saving, never a fix)
 
 1. the project (the folder holding the script and the working folder; `.perfdoctor`, `.git`, virtual
    environments and run folders left out; files over BIG_FILE linked, not copied) is copied twice
-   into the scratch folder: `original/` and the changed copy. The user's files are only read.
+   into the scratch folder: `original/` and the changed copy, each beside links to what lies beside the
+   project's folder (a script reading `../data` reads the same files). The user's files are only read.
 2. the original copy and the changed one run alternately under perfdoctor's capture (`--steps`, the
    profiled window at the last step, so that every other step is a steady one), `pairs` pairs, and
    more, one pair at a time, while the result is undecided, up to `max_pairs`.
@@ -63,6 +64,7 @@ STEPS = 30  # steps per run unless --steps (or the run verified had a limit)
 LOSS_RTOL = 0.02  # the changed copy's loss on the first steps may differ this much (relative) where the original's do not
 LOSS_ATOL = 1e-6  # two runs of the original give the same losses within this (a seeded script)
 BIG_FILE = 16 * 2**20  # larger files are linked into the copies, not copied (data sets, checkpoints)
+MAX_SIBLINGS = 1000  # entries beside the project's folder linked beside its copies (more: none)
 MAX_COPY_BYTES = 512 * 2**20
 MAX_COPY_FILES = 20_000
 SKIP_DIRS = {".perfdoctor", ".git", ".hg", "__pycache__", ".venv", "venv", "node_modules", ".mypy_cache",
@@ -189,10 +191,14 @@ def project_of(meta: Meta) -> Project:
     return Project(root=root, script=script, module=meta.module, cwd=cwd, args=args)
 
 
-def copy_project(project: Project, dest: Path, scratch: Path) -> None:
-    """The project's files into `dest` (links for files over BIG_FILE); never the scratch folder, run
-    folders, `.perfdoctor`, `.git` or virtual environments. A project too large is one InputError."""
+def copy_project(project: Project, side: Path, scratch: Path) -> Path:
+    """The project's files into `side / ROOT_NAME` (links for files over BIG_FILE); never the scratch
+    folder, run folders, `.perfdoctor`, `.git` or virtual environments. A project too large is one
+    InputError. Beside the copy, links to what lies beside the project's folder (at most MAX_SIBLINGS
+    entries), so that a path leaving it (`../data`, pytorch/examples' layout) reaches the same files as
+    the script's own runs do. Returns the copy's root."""
     count, size = 0, 0
+    dest = side / project.root.name
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         nonlocal count, size
@@ -216,6 +222,14 @@ def copy_project(project: Project, dest: Path, scratch: Path) -> None:
             shutil.copy2(src, dst)
 
     shutil.copytree(project.root, dest, ignore=ignore, copy_function=copy, symlinks=True)
+    try:
+        siblings = [e for e in os.scandir(project.root.parent) if e.name != project.root.name]
+    except OSError:
+        siblings = []
+    if len(siblings) <= MAX_SIBLINGS:
+        for e in siblings:
+            os.symlink(os.path.abspath(e.path), side / e.name)
+    return dest
 
 
 def _mapped(project: Project, copy: Path, path: Path) -> Path:
@@ -347,9 +361,8 @@ def _measure(change: Change, n: int, total: int, project: Project, scratch: Path
     """Run the original and the changed copy alternately and judge; (the verification, interrupted)."""
     rule = change.finding.rule
     name = f"{n:02d}-{rule}"
-    orig_copy, new_copy = scratch / "original", scratch / name / "project"
-    if not new_copy.exists():
-        copy_project(project, new_copy, scratch)
+    orig_copy = scratch / "original" / project.root.name
+    new_copy = copy_project(project, scratch / name / "project", scratch)
     for path, text in change.files.items():
         target = _mapped(project, new_copy, path)
         target.unlink(missing_ok=True)  # a linked file is replaced, never written through

@@ -196,7 +196,7 @@ def test_run_verify_end_to_end(tmp_path: Path) -> None:
     proj, script, before = _project(tmp_path)
     patch = tmp_path / "fixes.diff"
     p = run_cli("run", str(script), "--verify", "--steps", "12", "--format", "json", "--out-dir", str(proj / "run"),
-                "--write-patch", str(patch), cwd=proj, timeout=400)
+                "--write-patch", str(patch), cwd=proj, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "verifying PD027 1/1: run 2 of 6" in p.stderr
     doc = json.loads(p.stdout)
