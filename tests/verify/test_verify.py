@@ -266,3 +266,20 @@ def test_verify_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     assert "broken fix" in raises.verification.why
     assert out2.patch == ""
     assert _hashes(proj) == before
+
+
+def test_the_copy_reaches_what_lies_beside_the_project(tmp_path: Path) -> None:
+    """pytorch/examples' layout: the script in mnist/, its data in ../data. The copy of mnist/ sits
+    beside a link to data/ (the script reads the same files), the script's own folder is copied."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x.bin").write_bytes(b"1")
+    (tmp_path / "mnist").mkdir()
+    script = tmp_path / "mnist" / "main.py"
+    script.write_text("open('../data/x.bin').read()\n")
+    project = verify.Project(root=tmp_path / "mnist", script=script, module=None, cwd=tmp_path / "mnist", args=[])
+    copy = verify.copy_project(project, tmp_path / "scratch" / "original", tmp_path / "scratch")
+    assert copy == tmp_path / "scratch" / "original" / "mnist"
+    assert (copy / "main.py").is_file() and not (copy / "main.py").is_symlink()
+    assert (copy.parent / "data").is_symlink() and (copy / ".." / "data" / "x.bin").read_bytes() == b"1"
+    shutil.rmtree(tmp_path / "scratch")
+    assert (tmp_path / "data" / "x.bin").read_bytes() == b"1"
