@@ -127,10 +127,10 @@ def twin_of(t: Target, finding: dict, work: Path) -> tuple[Path, Path] | None:
 
 
 # -- verify -------------------------------------------------------------------------------------------------
-def one(t: Target, twin: bool, twin_pairs: int, work: Path) -> list[dict]:
+def one(t: Target, twin: bool, twin_pairs: int, work: Path, budget: list[str] | None = None) -> list[dict]:
     l0 = load()
     p = subprocess.run([sys.executable, "-m", "perfdoctor", "verify", str(t.script), "--steps", str(t.steps),
-                        "--format", "json", "--out-dir", str(work / "run"), "--", *t.args],
+                        *(budget or []), "--format", "json", "--out-dir", str(work / "run"), "--", *t.args],
                        cwd=t.cwd, env=t.env, capture_output=True, text=True, timeout=t.timeout * 20)
     l1 = load()
     if p.returncode not in (0, 1) or not p.stdout.strip():
@@ -207,6 +207,8 @@ def main() -> int:
     ap.add_argument("--work", type=Path, default=Path("/tmp/perfdoctor-verify"), help="corpus scratch folder")
     ap.add_argument("--twin", action="store_true", help="also measure each fix bare against its twin (independent)")
     ap.add_argument("--twin-pairs", type=int, default=3)
+    ap.add_argument("--repeats", type=int, help="verify's --repeats (default: verify's own, 3)")
+    ap.add_argument("--max-repeats", type=int, help="verify's --max-repeats (default: verify's own, 6)")
     ap.add_argument("--json", type=Path, help="write the rows here (appended to what is there)")
     ap.add_argument("--table", action="store_true", help="print the table of --json's rows, run nothing")
     args = ap.parse_args()
@@ -214,6 +216,8 @@ def main() -> int:
     if args.table:
         print(table(rows))
         return 0
+    budget = [*(["--repeats", str(args.repeats)] if args.repeats else []),
+              *(["--max-repeats", str(args.max_repeats)] if args.max_repeats else [])]
 
     def record(got: list[dict]) -> None:
         rows.extend(got)
@@ -227,7 +231,7 @@ def main() -> int:
             for t in sample_targets(Path(tmp), args.steps, args.only):
                 with tempfile.TemporaryDirectory(dir=tmp) as w:
                     try:
-                        record(one(t, args.twin, args.twin_pairs, Path(w)))
+                        record(one(t, args.twin, args.twin_pairs, Path(w), budget))
                     except subprocess.TimeoutExpired:
                         record([{"script": t.name, "rule": "-", "error": "timed out"}])
     if args.corpus != "none":
@@ -242,7 +246,7 @@ def main() -> int:
                 record([t])
                 continue
             try:
-                record(one(t, args.twin, args.twin_pairs, args.work / s["id"]))
+                record(one(t, args.twin, args.twin_pairs, args.work / s["id"], budget))
             except subprocess.TimeoutExpired:
                 record([{"script": t.name, "rule": "-", "error": "timed out"}])
     print(table(rows))

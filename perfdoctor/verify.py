@@ -64,7 +64,8 @@ STEPS = 30  # steps per run unless --steps (or the run verified had a limit)
 LOSS_RTOL = 0.02  # the changed copy's loss on the first steps may differ this much (relative) where the original's do not
 LOSS_ATOL = 1e-6  # two runs of the original give the same losses within this (a seeded script)
 BIG_FILE = 16 * 2**20  # larger files are linked into the copies, not copied (data sets, checkpoints)
-MAX_SIBLINGS = 1000  # entries beside the project's folder linked beside its copies (more: none)
+MAX_SIBLINGS = 1000  # entries beside a folder linked beside its copy (more: none at that level)
+LINKED_LEVELS = 3  # the project's folder and 2 above it get what lies beside them linked (`../../data`)
 MAX_COPY_BYTES = 512 * 2**20
 MAX_COPY_FILES = 20_000
 SKIP_DIRS = {".perfdoctor", ".git", ".hg", "__pycache__", ".venv", "venv", "node_modules", ".mypy_cache",
@@ -192,13 +193,14 @@ def project_of(meta: Meta) -> Project:
 
 
 def copy_project(project: Project, side: Path, scratch: Path) -> Path:
-    """The project's files into `side / ROOT_NAME` (links for files over BIG_FILE); never the scratch
-    folder, run folders, `.perfdoctor`, `.git` or virtual environments. A project too large is one
-    InputError. Beside the copy, links to what lies beside the project's folder (at most MAX_SIBLINGS
-    entries), so that a path leaving it (`../data`, pytorch/examples' layout) reaches the same files as
+    """The project's files into `copy_root(project, side)` (links for files over BIG_FILE); never the
+    scratch folder, run folders, `.perfdoctor`, `.git` or virtual environments. A project too large is
+    one InputError. Beside the copy and the folders above it in `side`, links to what lies beside the
+    project's folder and the folders above it (`linked_levels`; at most MAX_SIBLINGS entries a level), so
+    that a path leaving it (`../data`, pytorch/examples' layout; `../../data`) reaches the same files as
     the script's own runs do. Returns the copy's root."""
     count, size = 0, 0
-    dest = side / project.root.name
+    dest = copy_root(project, side)
 
     def ignore(folder: str, names: list[str]) -> set[str]:
         nonlocal count, size
@@ -222,14 +224,34 @@ def copy_project(project: Project, side: Path, scratch: Path) -> Path:
             shutil.copy2(src, dst)
 
     shutil.copytree(project.root, dest, ignore=ignore, copy_function=copy, symlinks=True)
-    try:
-        siblings = [e for e in os.scandir(project.root.parent) if e.name != project.root.name]
-    except OSError:
-        siblings = []
-    if len(siblings) <= MAX_SIBLINGS:
-        for e in siblings:
-            os.symlink(os.path.abspath(e.path), side / e.name)
+    for level, mirror in zip(linked_levels(project.root), dest.parents):
+        try:
+            siblings = [e for e in os.scandir(level.parent) if e.name != level.name]
+        except OSError:
+            continue
+        if len(siblings) <= MAX_SIBLINGS:
+            for e in siblings:
+                os.symlink(os.path.abspath(e.path), mirror / e.name)
     return dest
+
+
+def linked_levels(root: Path) -> list[Path]:
+    """The project's folder and up to LINKED_LEVELS - 1 folders above it, nearest first, whose siblings
+    are linked beside their mirror; never a level whose parent is the filesystem's root or the home."""
+    out: list[Path] = []
+    level = root
+    while len(out) < LINKED_LEVELS and level.parent != level and level.parent not in (Path(level.anchor),
+                                                                                        Path.home()):
+        out.append(level)
+        level = level.parent
+    return out
+
+
+def copy_root(project: Project, side: Path) -> Path:
+    """Where the project's copy goes in `side`: under the names of the folders above it whose siblings
+    are linked (`side/tutorials/02-intermediate/cnn` for a project `.../tutorials/02-intermediate/cnn`)."""
+    above = [level.name for level in linked_levels(project.root)[1:]]
+    return side.joinpath(*reversed(above), project.root.name)
 
 
 def _mapped(project: Project, copy: Path, path: Path) -> Path:
@@ -361,7 +383,7 @@ def _measure(change: Change, n: int, total: int, project: Project, scratch: Path
     """Run the original and the changed copy alternately and judge; (the verification, interrupted)."""
     rule = change.finding.rule
     name = f"{n:02d}-{rule}"
-    orig_copy = scratch / "original" / project.root.name
+    orig_copy = copy_root(project, scratch / "original")
     new_copy = copy_project(project, scratch / name / "project", scratch)
     for path, text in change.files.items():
         target = _mapped(project, new_copy, path)

@@ -269,17 +269,22 @@ def test_verify_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
 
 
 def test_the_copy_reaches_what_lies_beside_the_project(tmp_path: Path) -> None:
-    """pytorch/examples' layout: the script in mnist/, its data in ../data. The copy of mnist/ sits
-    beside a link to data/ (the script reads the same files), the script's own folder is copied."""
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "x.bin").write_bytes(b"1")
-    (tmp_path / "mnist").mkdir()
-    script = tmp_path / "mnist" / "main.py"
+    """pytorch/examples' layout: the script in mnist/, its data in ../data; yunjey's tutorials read
+    ../../data. The copy of mnist/ sits beside a link to data/ and below one to the data two levels up
+    (the script reads the same files); the script's own folder is copied."""
+    top = tmp_path / "repo"
+    for d in (tmp_path / "data", top / "data", top / "mnist"):
+        d.mkdir(parents=True)
+    (tmp_path / "data" / "y.bin").write_bytes(b"2")
+    (top / "data" / "x.bin").write_bytes(b"1")
+    script = top / "mnist" / "main.py"
     script.write_text("open('../data/x.bin').read()\n")
-    project = verify.Project(root=tmp_path / "mnist", script=script, module=None, cwd=tmp_path / "mnist", args=[])
-    copy = verify.copy_project(project, tmp_path / "scratch" / "original", tmp_path / "scratch")
-    assert copy == tmp_path / "scratch" / "original" / "mnist"
+    project = verify.Project(root=top / "mnist", script=script, module=None, cwd=top / "mnist", args=[])
+    side = tmp_path / "scratch" / "original"
+    copy = verify.copy_project(project, side, tmp_path / "scratch")
+    assert copy == verify.copy_root(project, side) and copy.name == "mnist" and copy.parent.name == "repo"
     assert (copy / "main.py").is_file() and not (copy / "main.py").is_symlink()
     assert (copy.parent / "data").is_symlink() and (copy / ".." / "data" / "x.bin").read_bytes() == b"1"
+    assert (copy / ".." / ".." / "data" / "y.bin").read_bytes() == b"2"
     shutil.rmtree(tmp_path / "scratch")
-    assert (tmp_path / "data" / "x.bin").read_bytes() == b"1"
+    assert (top / "data" / "x.bin").read_bytes() == b"1" and (tmp_path / "data" / "y.bin").read_bytes() == b"2"
