@@ -11,11 +11,13 @@ from perfdoctor.contracts.run import Env
 from perfdoctor.facts.model import Facts, Subject, site_subject
 from perfdoctor.facts.run.context import RunContext
 
-# How much faster a GPU runs a training step's forward, backward and optimizer than this machine's
-# CPU cores, for projecting a CPU run of a CUDA script onto a GPU (PD002). Small CNNs, MLPs and
-# transformers train 10-50x faster on a current GPU than on a few CPU cores; the low end is taken,
-# so the projected GPU step is long and a data stall is only projected where it is clear.
+# The GPU projection, the one model of a GPU step from a CPU run (PD002 reads its facts, never the
+# constant): how much faster a GPU runs a training step's forward, backward and optimizer than this
+# machine's CPU cores. Small CNNs, MLPs and transformers train 10-50x faster on a current GPU than on a
+# few CPU cores; the low end is taken, so the projected GPU step is long and a data stall is only
+# projected where it is clear. The facts' details (the finding's evidence) say so in GPU_SPEEDUP_BASIS.
 GPU_SPEEDUP = 10.0
+GPU_SPEEDUP_BASIS = "the low end of a GPU's speed-up over a few CPU cores"
 
 
 def add(ctx: RunContext) -> None:
@@ -67,10 +69,10 @@ def _project_to_gpu(facts: Facts, s: Subject, load: float, step: float, env: Env
     if env.device != "cpu":
         return
     gpu = max(0.0, step - load) / GPU_SPEEDUP
-    facts.add("step.gpu_speedup", GPU_SPEEDUP, "number", detail="the low end of a GPU's speed-up over a few CPU cores (GPU_SPEEDUP)")
+    facts.add("step.gpu_speedup", GPU_SPEEDUP, "number", detail=GPU_SPEEDUP_BASIS)
     facts.add("step.gpu_compute_ms", gpu, "ms",
               detail=f"(median step {step:.1f} ms - data loading {load:.1f} ms) on this CPU / {GPU_SPEEDUP:g}, "
-                     "the low end of a GPU's speed-up over a few CPU cores")
+                     f"{GPU_SPEEDUP_BASIS}")
     if load + gpu > 0:
         s.add("gpu_wait_fraction", load / (load + gpu), "ratio",
               detail=f"load_ms / (load_ms + projected GPU compute {gpu:.1f} ms)")
