@@ -263,7 +263,8 @@ def test_a_straggler_is_named_with_its_cause(tmp_path):
     assert "Rank 1" in pd012["title"] and "data loading" in pd012["message"]
     pd002 = next(f for f in doc["findings"] if f["rule"] == "PD002")
     assert "(ranks 1)" in pd002["message"]  # rank 1's loader only, with its CPU share
-    assert "ranks on this node" in pd002["message"]
+    cpus = next(e for e in pd002["evidence"] if e["fact"] == "cpu.count")
+    assert "ranks on this node" in cpus["detail"]  # the rank's CPU share: in the evidence, not the message
     # the gate on the job folder: its step is the slowest rank's
     rec = record_from_run_dir(job)
     assert rec.median_ms >= max(r["step_ms"] for r in doc["ranks"]) * 0.9
