@@ -238,6 +238,17 @@ def test_rules_say_the_shared_tests_through_the_registry() -> None:
                              r"|script\.targets_cuda.{0,80}device\.type\W{0,12}== 'cpu'", text, re.S), path.name
 
 
+def test_rules_read_short() -> None:
+    """A message is one or two sentences with the numbers (details are the evidence's, the explanation
+    the doc's), and no condition or let nears the evaluator's size limit (PD007's was at half of it)."""
+    from perfdoctor.rules.expr import MAX_SOURCE
+
+    for rule in load_rules():
+        assert len(rule.message) <= 520 and len(rule.title) <= 400, rule.id
+        for expr in (rule.when, rule.saving_ms or "", *rule.lets.values()):
+            assert len(expr) <= MAX_SOURCE // 3, rule.id
+
+
 @pytest.mark.parametrize("when,evidence,says", [
     ("dataloader.overhead_ms > 1", "[]", "'dataloader.overhead_ms'"),
     ("true", '["step.tme_ms"]', "did you mean 'step.time_ms'"),
