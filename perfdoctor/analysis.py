@@ -13,7 +13,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from perfdoctor.contracts.report import from_doc, looks_like_report, read_report
+import msgspec
+from msgspec import UNSET
+
+from perfdoctor.contracts.report import ExitDoc, RankRowDoc, RunInfoDoc, SummaryDoc, looks_like_report, read_report
 from perfdoctor.contracts.run import rank_dirs
 from perfdoctor.errors import InputError, PerfdoctorError
 from perfdoctor.facts.merge import add_missing, drop_subjects_only_from, merge_findings, resolve_trace_files
@@ -23,7 +26,7 @@ from perfdoctor.gate.baseline import (
     repeat_dirs,
 )
 from perfdoctor.gate.compare import Comparison, compare_files
-from perfdoctor.model import Finding, Report, RuleDoc
+from perfdoctor.model import Finding, Report, RuleDoc, from_doc
 from perfdoctor.report import jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
 from perfdoctor.rules.config import Settings, check_settings, describe_changes, load_settings
@@ -58,18 +61,20 @@ def is_job_dir(path: Path) -> bool:
     return path.is_dir() and not (path / "meta.json").exists() and bool(rank_dirs(path))
 
 
-def _run_info(kind: str, what: dict[str, Any], summary: dict[str, Any], *, step_clock: str | None,
+def _run_info(kind: str, what: dict[str, Any], summary: SummaryDoc, *, step_clock: str | None,
               device: str | None, torch: str | None, settings: Settings, changes: dict[str, Any],
-              dropped: dict[str, int], **extra: Any) -> dict[str, Any]:
+              dropped: dict[str, int], **extra: Any) -> RunInfoDoc:
     """`Report.run`, one shape for a run folder and a trace: what was analysed (`what`), the step
     counts of its summary, the step clock, device and torch, anything `extra` (a run's exit), the
     settings file used, `config`, what it changed (only where it changed something), and
     `dropped_events`, the trace events dropped or repaired by reason (only where there are any).
-    Key order is the JSON report's."""
-    return {"kind": kind, **what, "steps_observed": summary.get("steps_observed"),
-            "steps_profiled": summary.get("steps_profiled"), "step_clock": step_clock, "device": device,
-            "torch": torch, **extra, "settings": str(settings.source) if settings.source else None,
-            **({"config": changes} if changes else {}), **({"dropped_events": dropped} if dropped else {})}
+    `what`, `extra` and `changes` are meta.json's and the config's: validated as report.json's
+    RunInfoDoc here."""
+    return msgspec.convert(
+        {"kind": kind, **what, "steps_observed": summary.steps_observed, "steps_profiled": summary.steps_profiled,
+         "step_clock": step_clock, "device": device, "torch": torch, **extra,
+         "settings": str(settings.source) if settings.source else None,
+         **({"config": changes} if changes else {}), **({"dropped_events": dropped} if dropped else {})}, RunInfoDoc)
 
 
 def _input_notes(changes: dict[str, Any], dropped: dict[str, int]) -> list[str]:
@@ -106,7 +111,7 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     notes = list(data.notes)
     user_files = [Path(p) for p in data.user_files if Path(p).is_file()]
     analyse_files(user_files, facts, data.model_classes, data.decided)
-    trace_summary: dict[str, Any] = {}
+    trace_summary: SummaryDoc | None = None
     dropped: dict[str, int] = {}
     if data.trace_path is not None and Path(data.trace_path).is_file():
         from perfdoctor.facts.trace import add_trace_facts
@@ -122,7 +127,7 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
             dropped = trace.dropped
             trace_summary = add_trace_facts(
                 trace, facts, run_step_ms=facts.value("step.time_ms"),
-                modules=(data.summary.get("compute") or {}).get("modules"),
+                modules=data.summary.compute.modules if data.summary.compute else None,
                 steps_label=f"profiled steps {win['first_step']}..{win['first_step'] + win['steps_profiled'] - 1}"
                 if win.get("first_step") is not None and win.get("steps_profiled") else "")
         except InputError as e:
@@ -144,11 +149,11 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
             and not any(f.rule == "PD007" for f in findings) and gpu_only_context(facts) is None):
         notes.append(f"the model trains in fp32 without autocast, not flagged (PD007): {amp.detail}")
     env = data.meta.get("env", {})
-    summary = dict(data.summary)
-    if trace_summary.get("breakdown") and env.get("device") == "cuda":
-        summary["gpu_breakdown"] = trace_summary["breakdown"]
-    if trace_summary.get("compute_modules") and summary.get("compute"):
-        summary["compute"] = {**summary["compute"], "modules": trace_summary["compute_modules"]}
+    summary = msgspec.structs.replace(data.summary)
+    if trace_summary is not None and trace_summary.breakdown and env.get("device") == "cuda":
+        summary.gpu_breakdown = trace_summary.breakdown
+    if trace_summary is not None and trace_summary.compute and summary.compute:  # the trace timed the modules
+        summary.compute = msgspec.structs.replace(summary.compute, modules=trace_summary.compute.modules)
     rank = data.meta.get("rank")
     label = {}
     if rank:
@@ -157,7 +162,7 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     run = _run_info("run", {"script": script, "module": data.meta.get("module"), "argv": data.meta.get("argv", []),
                             "run_dir": str(run_dir), "trace_file": str(data.trace_path) if data.trace_path else None,
                             **label},
-                    summary, step_clock=summary.get("step_clock") or data.meta.get("step_clock"),
+                    summary, step_clock=summary.step_clock or data.meta.get("step_clock"),
                     device=env.get("device_name") or env.get("device"), torch=env.get("torch"), settings=settings,
                     changes=changes, dropped=dropped, exit=data.meta.get("exit", {}))
     report = Report(run=run, summary=summary, findings=findings, hotspots=list(data.hotspots), notes=notes,
@@ -165,9 +170,9 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     return report, facts
 
 
-def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[str, Any], list[Finding]]],
+def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, SummaryDoc, list[Finding]]],
                  rules: list[Rule], settings: Settings, source: str
-                 ) -> tuple[Facts, dict[str, Any], list[Finding], list[dict[str, Any]], int]:
+                 ) -> tuple[Facts, SummaryDoc, list[Finding], list[RankRowDoc], int]:
     """One view of a distributed run from its ranks ((rank, label), and each rank's facts, summary
     and findings): the cross-rank facts and table (facts.ranks), each finding once (the costliest
     rank's, with the ranks it was found on where not all), the cross-rank rules' findings, and the
@@ -180,9 +185,8 @@ def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[
     straggler = facts.value("ranks.straggler")
     slowest = next((i for i, (rank, _) in enumerate(ranks) if rank == straggler), None)
     if slowest is None:
-        slowest = max(range(len(ranks)), key=lambda i: (per_rank[i][1].get("step_time_ms") or {}).get("median") or 0)
-    summary = dict(per_rank[slowest][1])
-    summary["rank"] = ranks[slowest][0]
+        slowest = max(range(len(ranks)), key=lambda i: _median_step(per_rank[i][1]))
+    summary = msgspec.structs.replace(per_rank[slowest][1], rank=ranks[slowest][0])
     add_missing(facts, per_rank[slowest][0])
     # cross-rank rules only (those that read the ranks.* facts): per-rank rules were judged on each
     # rank, with that rank's subjects and facts; the merged facts hold the pace rank's globals alone
@@ -193,10 +197,20 @@ def _merge_ranks(ranks: list[tuple[int, str]], per_rank: list[tuple[Facts, dict[
     return facts, summary, findings, rows, slowest
 
 
+def _median_step(summary: SummaryDoc) -> float:
+    return (summary.step_time_ms.median if summary.step_time_ms is not None else None) or 0.0
+
+
+def _failed_exit(report: Report) -> ExitDoc | None:
+    """How a rank's script ended, where it failed (an exit code)."""
+    ex = report.run.exit
+    return ex if ex and ex.code else None
+
+
 def _failed_first(report: Report) -> tuple[int, float]:
     """The order of a job's ranks in its notes: the failed ones first, by when they ended."""
-    ex = report.run.get("exit") or {}
-    return (0, ex.get("at") or 0.0) if ex.get("code") else (1, 0.0)
+    ex = _failed_exit(report)
+    return (0, ex.at or 0.0) if ex is not None else (1, 0.0)
 
 
 def analyse_job(job_dir: Path, config: Path | None = None, write_rank_reports: bool = False) -> Report:
@@ -211,7 +225,7 @@ def analyse_job(job_dir: Path, config: Path | None = None, write_rank_reports: b
     if not dirs:
         raise InputError(f"{job_dir}: no rank folders (rank-<R>/meta.json) in it")
     reports: list[Report] = []
-    per_rank: list[tuple[Facts, dict[str, Any], list[Finding]]] = []
+    per_rank: list[tuple[Facts, SummaryDoc, list[Finding]]] = []
     for _, d in dirs:
         report, facts = _run_report(d, settings, rules, changes)
         if write_rank_reports:
@@ -227,19 +241,18 @@ def analyse_job(job_dir: Path, config: Path | None = None, write_rank_reports: b
     by_failure = sorted(reports, key=_failed_first)
     for r in by_failure:
         notes += [n for n in r.notes if n not in notes]
-    world = max((int((r.run.get("rank") or {}).get("world_size") or 0) for r in reports), default=0)
+    world = max((int(r.run.rank.world_size or 0) if r.run.rank else 0 for r in reports), default=0)
     if world > len(dirs):
         missing = sorted(set(range(world)) - {rank for rank, _ in dirs})
         notes.append(f"{len(dirs)} of {world} ranks found; missing: rank {', '.join(map(str, missing))} "
                      f"(gather the rank folders of every node into one folder)")
-    failed = next((r.run["exit"] for r in by_failure if (r.run.get("exit") or {}).get("code")), None)
-    run = dict(pace.run)
-    run.update(kind="job", job_dir=str(job_dir), run_dir=str(job_dir), ranks=[rank for rank, _ in ranks],
-               rank_dirs=[str(d) for _, d in dirs], exit=failed or pace.run.get("exit", {}))
-    run["label"] = (f"job of {len(ranks)} ranks; summary, hot spots and step facts from rank {ranks[slowest][0]}, "
-                    f"the {'straggler' if facts.value('ranks.straggler') == ranks[slowest][0] else 'slowest'}")
-    run.pop("rank", None)
-    run.pop("trace_file", None)
+    failed = next((ex for r in by_failure if (ex := _failed_exit(r)) is not None), None)
+    label = (f"job of {len(ranks)} ranks; summary, hot spots and step facts from rank {ranks[slowest][0]}, "
+             f"the {'straggler' if facts.value('ranks.straggler') == ranks[slowest][0] else 'slowest'}")
+    run = msgspec.structs.replace(
+        pace.run, kind="job", job_dir=str(job_dir), run_dir=str(job_dir), ranks=[rank for rank, _ in ranks],
+        rank_dirs=[str(d) for _, d in dirs], exit=failed or pace.run.exit or ExitDoc(), label=label, rank=UNSET,
+        trace_file=UNSET)
     return Report(run=run, summary=summary, findings=findings, hotspots=list(pace.hotspots), notes=notes,
                   ranks=rows, facts=facts.as_mapping(), rules=rule_docs(rules, findings))
 
@@ -345,7 +358,7 @@ def analyse_trace(path: Path, config: Path | None = None, workers: int | None = 
     if len(per_rank) == 1:
         facts, summary = first.facts, first.summary
         findings = per_rank[0][1]
-        ranks: list[dict[str, Any]] = []
+        ranks: list[RankRowDoc] = []
     else:
         facts, summary, findings, ranks, _ = _merge_ranks(
             [(r.rank, r.path.name) for r, _ in per_rank], [(r.facts, r.summary, fs) for r, fs in per_rank],

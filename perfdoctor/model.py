@@ -1,6 +1,8 @@
 """The neutral model every layer shares: where a thing is in the user's code (Location), a measured
 fact (Fact), and the one internal result every renderer draws from (Finding, Fix, Hotspot, Report),
-with the severity order and a finding's identity. Imports nothing of perfdoctor's layers.
+with the severity order and a finding's identity. Imports nothing of perfdoctor's layers (only the
+neutral contracts: the report's run, summary and rank table ARE report.json's Structs,
+perfdoctor/contracts/report.py, built by the analysis and read by the renderers as they are written).
 
 Renderers never measure; the analysis never formats.
 """
@@ -8,10 +10,26 @@ Renderers never measure; the analysis never formats.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+import msgspec
+from msgspec import UnsetType
+
 from perfdoctor import __version__
+from perfdoctor.contracts.report import (
+    SCHEMA,
+    FactDoc,
+    HotLineDoc,
+    LocationDoc,
+    RankRowDoc,
+    ReportDoc,
+    RunInfoDoc,
+    SummaryDoc,
+    VerificationDoc,
+    finding_identity,
+)
+
+__all__ = ["SCHEMA", "finding_identity", "from_doc", "to_doc"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +67,6 @@ class Fact:
 
 
 
-SCHEMA = "perfdoctor/report/v1"
 SEVERITIES = ("high", "medium", "low")  # worst first
 SEVERITY_ORDER = {s: i for i, s in enumerate(SEVERITIES)}
 
@@ -62,24 +79,6 @@ def severity_rank(severity: str | None) -> int:
 def at_or_above(severity: str | None, floor: str) -> bool:
     """Whether a finding of `severity` is at least as severe as `floor` (`--fail-on floor`)."""
     return severity_rank(severity) <= severity_rank(floor)
-
-
-def finding_identity(rule: str, file: str | None, code: str | None, fallback: str = "") -> str:
-    """A finding's identity across checkouts, runs and line moves: its rule, its file's name and its
-    code line's text (whitespace-normalised); not the absolute path (CI workspaces differ between
-    machines) nor the line number (lines move). Without a location, the rule and `fallback` (the
-    subject key). The one definition behind `Finding.fingerprint`, baselines and SARIF."""
-    if file:
-        return f"{rule}:{Path(file).name}:{' '.join(str(code or '').split())}"
-    return f"{rule}:{fallback}"
-
-
-def identity_of(finding: dict[str, Any]) -> str:
-    """`finding_identity` of a finding read back from a report.json or a baseline."""
-    loc = (finding.get("locations") or [{}])[0]
-    if loc.get("file"):
-        return finding_identity(str(finding.get("rule")), loc["file"], loc.get("code"))
-    return finding.get("fingerprint") or finding_identity(str(finding.get("rule")), None, None)
 
 
 @dataclass
@@ -193,13 +192,13 @@ class Hotspot:
     line: int
     ms_per_step: float
     calls_per_step: float
-    lines: list[dict[str, Any]] = field(default_factory=list)  # [{"line": n, "code": s, "share": f}]
+    lines: list[HotLineDoc] = field(default_factory=list)  # its hottest lines
     process: str = "main"  # "main" (cProfile and the line sampler) or "dataloader-workers" (py-spy)
 
     def as_dict(self) -> dict[str, Any]:
         return {"function": self.function, "file": self.file, "line": self.line,
                 "ms_per_step": round(self.ms_per_step, 3), "calls_per_step": round(self.calls_per_step, 2),
-                "lines": self.lines, "process": self.process}
+                "lines": msgspec.to_builtins(self.lines), "process": self.process}
 
 
 # The rank table's columns (Report.ranks, built by facts/ranks.py) after rank and file, in the order
@@ -254,12 +253,12 @@ NOTHING_MEASURED = ("No problems found in the source; the script stopped before 
 
 @dataclass
 class Report:
-    run: dict[str, Any]  # script, argv, steps_observed, steps_profiled, device, torch, ...
-    summary: dict[str, Any]  # step time statistics and breakdown
+    run: RunInfoDoc  # what was analysed: script, argv, steps_observed, steps_profiled, device, torch, ...
+    summary: SummaryDoc  # step time statistics and breakdown
     findings: list[Finding]
     hotspots: list[Hotspot] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # things the user should know (no steps found, ...)
-    ranks: list[dict[str, Any]] = field(default_factory=list)  # per-rank summaries, distributed traces
+    ranks: list[RankRowDoc] = field(default_factory=list)  # the rank table, distributed runs (facts.ranks)
     facts: dict[str, Fact] = field(default_factory=dict)  # the global facts behind the findings
     rules: list[RuleDoc] = field(default_factory=list)  # the rules of the findings, by id
 
@@ -267,19 +266,71 @@ class Report:
     def measured_nothing(self) -> bool:
         """The script failed or was stopped before its first profiled step: only its source was
         judged, and a report without findings says so (NOTHING_MEASURED) instead of NO_FINDINGS."""
-        stopped = (self.run.get("exit") or {}).get("reason") in ("exception", "sys-exit", "killed", "interrupted")
-        return stopped and not self.summary.get("steps_profiled")
+        ex = self.run.exit
+        stopped = not isinstance(ex, UnsetType) and ex.reason in ("exception", "sys-exit", "killed", "interrupted")
+        return stopped and not self.summary.steps_profiled
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,
             "tool": {"name": "perfdoctor", "version": __version__},
-            "run": self.run,
-            "summary": self.summary,
+            "run": msgspec.to_builtins(self.run),  # report.json's Structs, as they are written
+            "summary": msgspec.to_builtins(self.summary),
             "findings": [f.as_dict() for f in self.findings],
             "hotspots": [h.as_dict() for h in self.hotspots],
             "notes": list(self.notes),
-            "ranks": list(self.ranks),
+            "ranks": msgspec.to_builtins(self.ranks),
             "facts": {n: f.as_dict() for n, f in sorted(self.facts.items())},
             "rules": [r.as_dict() for r in self.rules],
         }
+
+def to_doc(report: Report) -> ReportDoc:
+    """The report as report.json's contract (report/jsonfmt.py writes it), every value validated
+    against the Structs' constraints (a step of 0 ms, a negative count: a test failure, not a file)."""
+    return msgspec.convert(report.as_dict(), ReportDoc)
+
+
+def _verification(v: VerificationDoc | UnsetType) -> Verification | None:
+    if isinstance(v, UnsetType):
+        return None
+    iv = v.interval_ms
+    return Verification(v.verdict, v.kind, v.why, v.measured_ms_per_step,
+                        (iv[0], iv[1]) if iv is not None and len(iv) == 2 else None, v.runs, v.step_ms)
+
+
+def from_doc(doc: ReportDoc) -> Report:
+    """A saved report.json as the Report every renderer draws (`perfdoctor report report.json`):
+    everything it shows is in the document (a finding's per-step saving range as written, no per-step
+    facts, which nothing renders)."""
+
+    def fact(name: str, f: FactDoc) -> Fact:
+        return Fact(name or f.fact, f.value, f.unit, f.source, f.detail)
+
+    def location(l: LocationDoc) -> Location:
+        return Location(l.file, l.line, l.code, l.function)
+
+    findings = []
+    for f in doc.findings:
+        saving = f.estimated_saving
+        spread = saving.range_ms if saving is not None and not isinstance(saving.range_ms, UnsetType) else None
+        subject = f.fingerprint[len(f.rule) + 1:] if f.fingerprint.startswith(f.rule + ":") else ""
+        findings.append(Finding(
+            rule=f.rule, name=f.name, severity=f.severity or "", title=f.title, message=f.message, why=f.why,
+            ms_per_step=saving.ms_per_step if saving is not None else None,
+            fraction_of_step=saving.fraction_of_step if saving is not None else None,
+            saving_basis=f.saving_basis, confidence=f.confidence, locations=[location(l) for l in f.locations],
+            evidence=[fact(e.fact, e) for e in f.evidence],
+            fix=Fix(f.fix.before, f.fix.after, f.fix.note, f.fix.example) if f.fix is not None else None,
+            references=list(f.references), subject=subject,
+            saving_range=(spread[0], spread[1]) if spread is not None and len(spread) == 2 else None,
+            verification=_verification(f.verification)))
+    hotspots = [Hotspot(function=h.function, file=h.file, line=h.line, ms_per_step=h.ms_per_step,
+                        calls_per_step=h.calls_per_step, lines=list(h.lines), process=h.process)
+                for h in doc.hotspots]
+    return Report(run=doc.run, summary=doc.summary, findings=findings,
+                  hotspots=hotspots, notes=list(doc.notes), ranks=list(doc.ranks),
+                  facts={n: fact(n, f) for n, f in doc.facts.items()},
+                  rules=[RuleDoc(id=r.id, name=r.name, severity=r.severity, summary=r.summary, what=r.doc.what,
+                                 why=r.doc.why, example=r.doc.example, use_instead=r.doc.use_instead,
+                                 fix_safety=r.doc.fix_safety, references=list(r.doc.references), when=r.when,
+                                 thresholds=dict(r.thresholds), lets=dict(r.let)) for r in doc.rules])

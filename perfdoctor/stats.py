@@ -6,7 +6,8 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any
+
+from perfdoctor.contracts.report import BreakdownDoc, StepSeriesDoc, StepTimeDoc
 
 
 def quantile(xs: Sequence[float], q: float) -> float:
@@ -25,15 +26,14 @@ def median(xs: Sequence[float]) -> float | None:
     return float(statistics.median(xs)) if xs else None
 
 
-def step_time_summary(walls: list[float]) -> dict[str, Any] | None:
+def step_time_summary(walls: list[float]) -> StepTimeDoc | None:
     """The report's step-time statistics of step times in ms: {"median", "p90", "mean", "min",
     "max", "n"}, times rounded to 4 digits (0.1 µs); None for no steps."""
     mid = median(walls)
     if mid is None:
         return None
-    return {"median": round(mid, 4), "p90": round(quantile(walls, 0.9), 4),
-            "mean": round(statistics.fmean(walls), 4), "min": round(min(walls), 4), "max": round(max(walls), 4),
-            "n": len(walls)}
+    return StepTimeDoc(median=round(mid, 4), p90=round(quantile(walls, 0.9), 4), mean=round(statistics.fmean(walls), 4),
+                       min=round(min(walls), 4), max=round(max(walls), 4), n=len(walls))
 
 
 def breakdown(parts: dict[str, float], step: float) -> dict[str, float]:
@@ -52,11 +52,10 @@ def breakdown(parts: dict[str, float], step: float) -> dict[str, float]:
     return split
 
 
-def breakdown_rows(split: dict[str, float], step: float) -> list[dict[str, Any]]:
+def breakdown_rows(split: dict[str, float], step: float) -> list[BreakdownDoc]:
     """The summary's breakdown: one {"category", "ms", "fraction"} row per part of `breakdown`
     (zero parts included), in its order, rounded to 4 digits."""
-    return [{"category": category, "ms": round(ms, 4), "fraction": round(ms / step, 4) if step else 0.0}
-            for category, ms in split.items()]
+    return [BreakdownDoc(category, round(ms, 4), round(ms / step, 4) if step else 0.0) for category, ms in split.items()]
 
 
 def warmup_steps(n_total: int) -> int:
@@ -89,7 +88,7 @@ def steady_steps(steps: list[dict], window: dict | None, min_steps: int = 3) -> 
     return steps
 
 
-def step_series(ms: list[float], steady: list[int], window: list[int] | None) -> dict[str, Any]:
+def step_series(ms: list[float], steady: list[int], window: list[int] | None) -> StepSeriesDoc:
     """The summary's `step_series`: each step's time in order (step i at index i - 1), the steady-state
     steps as [first, last] runs, and the profiler's window (its warm-up and recorded steps) or None."""
     runs: list[list[int]] = []
@@ -98,4 +97,4 @@ def step_series(ms: list[float], steady: list[int], window: list[int] | None) ->
             runs[-1][1] = i
         else:
             runs.append([i, i])
-    return {"ms": [round(v, 3) for v in ms], "steady": runs, "window": window}
+    return StepSeriesDoc(ms=[round(v, 3) for v in ms], steady=runs, window=window)

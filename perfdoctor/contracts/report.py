@@ -21,8 +21,18 @@ from msgspec import UNSET, UnsetType
 from perfdoctor.contracts import files
 from perfdoctor.contracts.files import Count, Ms, StepMs, check_schema, decode, read_bytes, schema_of
 from perfdoctor.contracts.run import Stuck
-from perfdoctor.model import SCHEMA as REPORT_SCHEMA
-from perfdoctor.model import Fact, Finding, Fix, Hotspot, Location, Report, RuleDoc, Verification, identity_of
+
+SCHEMA = "perfdoctor/report/v1"
+
+
+def finding_identity(rule: str, file: str | None, code: str | None, fallback: str = "") -> str:
+    """A finding's identity across checkouts, runs and line moves: its rule, its file's name and its
+    code line's text (whitespace-normalised); not the absolute path (CI workspaces differ between
+    machines) nor the line number (lines move). Without a location, the rule and `fallback` (the
+    subject key). The one definition behind `Finding.fingerprint`, baselines and SARIF."""
+    if file:
+        return f"{rule}:{Path(file).name}:{' '.join(str(code or '').split())}"
+    return f"{rule}:{fallback}"
 
 # Every Struct of report.json forbids fields it does not declare: a key the writer adds without a
 # field here fails the writer's own encode (report/jsonfmt.py goes through ReportDoc) and the reader.
@@ -187,6 +197,21 @@ class ComputeDoc(Doc):
     modules: list[ComputeModuleDoc] = []
 
 
+class ContentionDoc(Doc):
+    """How long the training thread waited for a CPU per steady step, and whether that inflated the
+    step times (facts/run/cpu_wait.py: contention); the keys after `inflated` where measured."""
+
+    wait_ms: float
+    share: float
+    inflated: bool
+    run_ms: float | UnsetType = UNSET
+    tree_ms: float | UnsetType = UNSET
+    host_pressure: float | UnsetType = UNSET
+    steal_ms: float | UnsetType = UNSET
+    loadavg: list[float] | UnsetType = UNSET  # the 1-minute load average at the run's start (and end)
+    sentence: str | UnsetType = UNSET  # where inflated: the note that says so
+
+
 class SummaryDoc(Doc):
     steps_observed: int | None = None
     steps_profiled: int | None = None
@@ -201,9 +226,7 @@ class SummaryDoc(Doc):
     memory: MemoryDoc | UnsetType = UNSET  # a run's memory over its steps
     compute: ComputeDoc | UnsetType = UNSET  # a run's FLOPs counted on one step, by module
     stuck: Stuck | UnsetType = UNSET  # a run where no step ended: where it was (the run folder's stuck.json)
-    # a run: how long the training thread waited for a CPU per steady step, and whether that inflated
-    # the step times (facts/run/cpu_wait.py: contention; `sentence` says so in words)
-    contention: dict[str, float | bool | str | list[float] | None] | UnsetType = UNSET
+    contention: ContentionDoc | UnsetType = UNSET  # a run: its wait for a CPU
 
 
 class LocationDoc(Doc):
@@ -264,7 +287,10 @@ class FindingDoc(Doc):
 
     def identity(self) -> str:
         """`perfdoctor.model.finding_identity` of this finding (the gate's and SARIF's key)."""
-        return identity_of(msgspec.to_builtins(self))
+        loc = self.locations[0] if self.locations else None
+        if loc is not None and loc.file:
+            return finding_identity(self.rule, loc.file, loc.code)
+        return self.fingerprint or finding_identity(self.rule, None, None)
 
 
 class HotLineDoc(Doc):
@@ -306,6 +332,12 @@ class RankRowDoc(Doc):
     gpu_throttled_share: float | UnsetType = UNSET
     gpu_throttle: str | UnsetType = UNSET
     busy_share: float | UnsetType = UNSET
+
+    def value(self, column: str, unset: Any = None) -> Any:
+        """The cell of `column` (a key of perfdoctor.model.RANK_COLUMNS, or rank or file); `unset`
+        where this row has no such cell."""
+        v = getattr(self, column)
+        return unset if v is UNSET else v
 
 
 class RuleTextDoc(Doc):
@@ -364,61 +396,9 @@ def looks_like_report(path: Path) -> bool:
 
 def decode_report(path: Path, raw: bytes) -> ReportDoc:
     """A report.json's bytes, validated (InputError naming the file and the bad field otherwise)."""
-    check_schema(path, schema_of(path, raw), REPORT_SCHEMA, "perfdoctor report.json")
-    return decode(path, raw, ReportDoc, f"perfdoctor report ({REPORT_SCHEMA})")
+    check_schema(path, schema_of(path, raw), SCHEMA, "perfdoctor report.json")
+    return decode(path, raw, ReportDoc, f"perfdoctor report ({SCHEMA})")
 
 
 def read_report(path: Path) -> ReportDoc:
     return decode_report(path, read_bytes(path))
-
-
-def to_doc(report: Report) -> ReportDoc:
-    """The report as report.json's contract (report/jsonfmt.py writes it): InputError-free by
-    construction unless a layer added a key the contract does not declare (a test failure)."""
-    return msgspec.convert(report.as_dict(), ReportDoc)
-
-
-def _verification(v: VerificationDoc | UnsetType) -> Verification | None:
-    if isinstance(v, UnsetType):
-        return None
-    iv = v.interval_ms
-    return Verification(v.verdict, v.kind, v.why, v.measured_ms_per_step,
-                        (iv[0], iv[1]) if iv is not None and len(iv) == 2 else None, v.runs, v.step_ms)
-
-
-def from_doc(doc: ReportDoc) -> Report:
-    """A saved report.json as the Report every renderer draws (`perfdoctor report report.json`):
-    everything it shows is in the document (a finding's per-step saving range as written, no per-step
-    facts, which nothing renders)."""
-
-    def fact(name: str, f: FactDoc) -> Fact:
-        return Fact(name or f.fact, f.value, f.unit, f.source, f.detail)
-
-    def location(l: LocationDoc) -> Location:
-        return Location(l.file, l.line, l.code, l.function)
-
-    findings = []
-    for f in doc.findings:
-        saving = f.estimated_saving
-        spread = saving.range_ms if saving is not None and not isinstance(saving.range_ms, UnsetType) else None
-        subject = f.fingerprint[len(f.rule) + 1:] if f.fingerprint.startswith(f.rule + ":") else ""
-        findings.append(Finding(
-            rule=f.rule, name=f.name, severity=f.severity or "", title=f.title, message=f.message, why=f.why,
-            ms_per_step=saving.ms_per_step if saving is not None else None,
-            fraction_of_step=saving.fraction_of_step if saving is not None else None,
-            saving_basis=f.saving_basis, confidence=f.confidence, locations=[location(l) for l in f.locations],
-            evidence=[fact(e.fact, e) for e in f.evidence],
-            fix=Fix(f.fix.before, f.fix.after, f.fix.note, f.fix.example) if f.fix is not None else None,
-            references=list(f.references), subject=subject,
-            saving_range=(spread[0], spread[1]) if spread is not None and len(spread) == 2 else None,
-            verification=_verification(f.verification)))
-    hotspots = [Hotspot(function=h.function, file=h.file, line=h.line, ms_per_step=h.ms_per_step,
-                        calls_per_step=h.calls_per_step, lines=msgspec.to_builtins(h.lines), process=h.process)
-                for h in doc.hotspots]
-    return Report(run=msgspec.to_builtins(doc.run), summary=msgspec.to_builtins(doc.summary), findings=findings,
-                  hotspots=hotspots, notes=list(doc.notes), ranks=msgspec.to_builtins(doc.ranks),
-                  facts={n: fact(n, f) for n, f in doc.facts.items()},
-                  rules=[RuleDoc(id=r.id, name=r.name, severity=r.severity, summary=r.summary, what=r.doc.what,
-                                 why=r.doc.why, example=r.doc.example, use_instead=r.doc.use_instead,
-                                 fix_safety=r.doc.fix_safety, references=list(r.doc.references), when=r.when,
-                                 thresholds=dict(r.thresholds), lets=dict(r.let)) for r in doc.rules])

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
+from perfdoctor.contracts.report import RankRowDoc, SummaryDoc
 from perfdoctor.facts.model import Facts
 from perfdoctor.stats import median
 
@@ -28,7 +31,7 @@ class RankSummary:
     rank: int
     rank_source: str
     facts: Facts
-    summary: dict[str, Any]
+    summary: SummaryDoc
     step_source: str
     dropped_last_step: bool
     dropped: dict[str, int] = field(default_factory=dict)
@@ -284,8 +287,9 @@ def straggler_test(series: list[tuple[float, ...]], seed: int = 0) -> tuple[int,
 
 
 def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str = "trace"
-               ) -> tuple[Facts, list[dict[str, Any]]]:
-    """The rank table (one row per (rank, label), from that rank's facts), the imbalance across ranks,
+               ) -> tuple[Facts, list[RankRowDoc]]:
+    """The rank table (one row per (rank, label), from that rank's facts, as report.json's rows), the
+    imbalance across ranks,
     and the straggler and its cause where there is one, as facts of `source`.
 
     The work that tells the straggler: a rank's own share of the step where the host's collectives
@@ -342,4 +346,4 @@ def cross_rank(ranks: list[tuple[int, str]], per_rank: list[Facts], source: str 
     idles = [r["idle_fraction"] for r in rows if r["idle_fraction"] is not None]
     if len(idles) >= 2:
         out.add("ranks.idle_spread", round(max(idles) - min(idles), 4), "ratio", source, "max - min idle fraction")
-    return out, rows
+    return out, msgspec.convert(rows, list[RankRowDoc])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from perfdoctor.contracts.report import MemoryDoc, StepSeriesDoc, StepTimeDoc, SummaryDoc
 from perfdoctor.report import escape
 from perfdoctor.report.common import chart_top, ms_text
 from perfdoctor.report.memory import memory_line
@@ -76,13 +77,13 @@ def svg(w: int, h: int, label: str, body: str) -> str:
             f'height="{h}" xmlns="http://www.w3.org/2000/svg"><title>{escape.html_text(label)}</title>{body}</svg>')
 
 
-def step_chart(summary: dict[str, Any]) -> str:
-    series = summary.get("step_series") or {}
-    ms: list[float] = series.get("ms") or []
+def step_chart(summary: SummaryDoc) -> str:
+    series = summary.step_series or StepSeriesDoc()
+    ms: list[float] = series.ms
     if not ms:
         return ""
     n = len(ms)
-    st = summary.get("step_time_ms") or {}
+    st = summary.step_time_ms or StepTimeDoc()
     top = chart_top(ms)
     ticks = axis_ticks(top)
     y_hi = ticks[-1]
@@ -97,10 +98,10 @@ def step_chart(summary: dict[str, Any]) -> str:
         return T + ph - min(v, y_hi) / y_hi * ph
 
     steady: set[int] = set()
-    for lo, hi in series.get("steady") or []:
+    for lo, hi in series.steady:
         steady.update(range(lo, hi + 1))
     out = []
-    window = series.get("window")
+    window = series.window
     first_steady = min(steady) if steady else n + 1
     warm_end = min(first_steady, window[0] if window else n + 1) - 1
     if warm_end >= 1:
@@ -148,11 +149,10 @@ def step_chart(summary: dict[str, Any]) -> str:
         out.append(f'<polygon class="band-series" points="{" ".join(hi_pts + lo_pts[::-1])}">'
                    f'<title>slowest and fastest step of every {per} steps</title></polygon>')
     # the statistics of the steady-state steps
-    for key in ("median", "p90"):
-        stat = st.get(key)
+    for key, stat in (("median", st.median), ("p90", st.p90)):
         if isinstance(stat, (int, float)):
             out.append(f'<line class="{key}" x1="{L}" x2="{L + pw}" y1="{y(stat):.1f}" y2="{y(stat):.1f}"/>')
-    med, p90 = st.get("median"), st.get("p90")
+    med, p90 = st.median, st.p90
     if isinstance(med, (int, float)) and isinstance(p90, (int, float)):
         ym, yp = y(med), y(p90)
         if abs(ym - yp) < 13:  # keep the two labels apart
@@ -297,10 +297,10 @@ def interval(row: Any, t: float, level: float) -> str:
     return svg(W, H, label, "".join(out))
 
 
-def memory_chart(mem: dict[str, Any]) -> str:
+def memory_chart(mem: MemoryDoc) -> str:
     """Memory at each step's end (MiB), the steady steps' fitted growth as a dashed line, and the peak's
     parts as one bar."""
-    pts = [(i + 1, v / 2**20) for i, v in enumerate(mem.get("bytes") or []) if v is not None]
+    pts = [(i + 1, v / 2**20) for i, v in enumerate(mem.bytes) if v is not None]
     if len(pts) < 2:
         return ""
     W, H, L, B, T = CHART_W, 200, 64, 30, 10
@@ -318,16 +318,15 @@ def memory_chart(mem: dict[str, Any]) -> str:
         out.append(f'<text class="tick" x="{L - 6}" y="{y(t) + 4:.1f}" text-anchor="end">{num(t)}</text>')
     out.append('<polyline class="mem" fill="none" stroke="#aa3377" stroke-width="1.5" points="'
                + " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in pts) + '"/>')
-    g = mem.get("growth_bytes_per_step")
+    g = mem.growth_bytes_per_step
     if g is not None:
         last_i, last_v = pts[-1]
         first_i = pts[0][0]
         out.append(f'<line class="fit" x1="{x(first_i):.1f}" y1="{y(last_v - g / 2**20 * (last_i - first_i)):.1f}" '
                    f'x2="{x(last_i):.1f}" y2="{y(last_v):.1f}" stroke="#333" stroke-dasharray="4 3"/>')
     out.append(f'<text class="label" x="{W - 12}" y="{H - 4}" text-anchor="end">step (MiB at its end)</text>')
-    chart = svg(W, H, f"memory at each step's end ({mem.get('source', '')}), in MiB", "".join(out))
-    parts = mem.get("parts") or {}
-    peak = mem.get("peak_bytes")
+    chart = svg(W, H, f"memory at each step's end ({mem.source}), in MiB", "".join(out))
+    parts, peak = mem.parts, mem.peak_bytes
     bar = ""
     if parts and isinstance(peak, (int, float)):
         rows = [(k.replace("_", " "), v / 2**20, f"{v / 2**20:,.1f} MiB") for k, v in parts.items()]

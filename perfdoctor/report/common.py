@@ -5,6 +5,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from msgspec import UNSET
+
+from perfdoctor.contracts.report import RunInfoDoc
+
+
+def target_of(run: RunInfoDoc) -> str:
+    """What a report is of, in its heading: the script, the module or the trace."""
+    return run.script or run.module or run.trace or ""
+
+
+def ended_early(run: RunInfoDoc) -> tuple[str, int | None] | None:
+    """How the script ended where it did not complete (its reason and exit code); None where it
+    completed or reached its steps, or nothing says."""
+    ex = run.exit
+    if not ex or not ex.reason or ex.reason in ("completed", "steps-reached"):
+        return None
+    return ex.reason, None if ex.code is UNSET else ex.code
+
 
 def ms_text(v: Any) -> str:
     """A duration (ms) as the reports write it: whole ms from 100, one decimal from 1, else µs."""

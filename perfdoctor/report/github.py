@@ -46,9 +46,9 @@ def _root(root: Path | str | None) -> Path:
 def render_report(report: Report, root: Path | str | None = None, limit: int = MAX_ANNOTATIONS) -> str:
     base = _root(root)
     lines: list[str] = []
-    contention = report.summary.get("contention") or {}
-    if contention.get("inflated"):
-        lines.append(command("warning", str(contention.get("sentence")), title="perfdoctor: step times inflated"))
+    contention = report.summary.contention
+    if contention and contention.inflated:
+        lines.append(command("warning", contention.sentence or "", title="perfdoctor: step times inflated"))
     for f in report.findings[:limit]:
         msg = f.message or f.title or ""
         if f.ms_per_step is not None:

@@ -18,10 +18,13 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from msgspec import UnsetType
+
 from perfdoctor import __version__
+from perfdoctor.contracts.report import BreakdownDoc, ComputeDoc
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Hotspot, Report, RuleDoc
 from perfdoctor.report import charts, escape
-from perfdoctor.report.common import ms_text, pct
+from perfdoctor.report.common import ended_early, ms_text, pct, target_of
 from perfdoctor.report.explain import explanation_lines
 from perfdoctor.report.memory import compute_line
 
@@ -74,14 +77,14 @@ def _safe_url(url: str) -> str | None:
 # -- stacked bars -------------------------------------------------------------------------------------
 
 
-def _breakdown(rows: list[dict[str, Any]], key: str, label: str) -> str:
+def _breakdown(rows: list[BreakdownDoc], key: str, label: str) -> str:
     parts = []
     for i, b in enumerate(rows):
-        ms = b.get("ms") or 0.0
+        ms = b.ms or 0.0
         if ms > 0:
-            shown = (_data(f"summary.{key}.{i}.ms", b.get("ms"), ms_text(ms))
-                     + f" ({_e(pct(b.get('fraction')))})")
-            parts.append((str(b.get("category", "")), float(ms), shown))
+            shown = (_data(f"summary.{key}.{i}.ms", b.ms, ms_text(ms))
+                     + f" ({_e(pct(b.fraction))})")
+            parts.append((b.category, float(ms), shown))
     return charts.stacked_bar(parts, label)
 
 
@@ -132,7 +135,7 @@ def _ranks(report: Report) -> str:
     if not rows:
         return ""
     straggler = _fact(report, "ranks.straggler")
-    top = max((r.get("step_ms") or 0) for r in rows)
+    top = max((r.step_ms or 0) for r in rows)
     if top <= 0:
         return ""
     ticks = charts.axis_ticks(top, 6)
@@ -142,23 +145,23 @@ def _ranks(report: Report) -> str:
     out = []
     for j, r in enumerate(rows):
         yy = T + j * rh
-        step = r.get("step_ms") or 0.0
-        compute = r.get("compute_ms") or 0.0
-        idle = r.get("idle_ms") or 0.0
+        step = r.step_ms or 0.0
+        compute = r.compute_ms or 0.0
+        idle = r.idle_ms or 0.0
         other = max(0.0, step - compute - idle)
         x0 = float(L)
         for i, (name, v) in enumerate((("GPU compute", compute), ("GPU idle", idle), ("rest of the step", other))):
             w = v / ticks[-1] * pw
             out.append(f'<rect class="seg" x="{x0:.2f}" y="{yy + 3}" width="{w:.2f}" height="{rh - 6}" '
-                       f'fill="{charts.fill(i)}" stroke="#fff"><title>rank {_e(r.get("rank"))}: {name} {_e(ms_text(v))}'
+                       f'fill="{charts.fill(i)}" stroke="#fff"><title>rank {_e(r.rank)}: {name} {_e(ms_text(v))}'
                        f'</title></rect>')
             x0 += w
-        is_str = straggler is not None and r.get("rank") == straggler
+        is_str = straggler is not None and r.rank == straggler
         if is_str:
             out.append(f'<rect class="straggler" x="{L - 2}" y="{yy + 1}" width="{step / ticks[-1] * pw + 4:.2f}" '
                        f'height="{rh - 2}"/>')
         out.append(f'<text class="tick{" strong" if is_str else ""}" x="{L - 6}" y="{yy + rh / 2 + 4}" '
-                   f'text-anchor="end">{"straggler ▸ " if is_str else ""}rank {_e(r.get("rank"))}</text>')
+                   f'text-anchor="end">{"straggler ▸ " if is_str else ""}rank {_e(r.rank)}</text>')
     for t in ticks:
         tx = L + t / ticks[-1] * pw
         out.append(f'<line class="grid" x1="{tx:.1f}" x2="{tx:.1f}" y1="{T}" y2="{T + rh * len(rows)}"/>'
@@ -168,18 +171,18 @@ def _ranks(report: Report) -> str:
     legend = "".join(f"<li>{charts.swatch(i)}{n}</li>" for i, n in enumerate(("GPU compute", "GPU idle",
                                                                          "rest of the step (communication, copies, CPU)")))
     # step, compute, idle and idle share always; the other columns where some rank has a value
-    extra = [c for c in RANK_COLUMNS if c[0] not in _RANK_SHOWN and any(r.get(c[0]) is not None for r in rows)]
+    extra = [c for c in RANK_COLUMNS if c[0] not in _RANK_SHOWN and any(r.value(c[0]) is not None for r in rows)]
     table = ['<table><thead><tr><th>rank</th><th>file</th><th class="n">step</th><th class="n">GPU compute</th>'
              '<th class="n">GPU idle</th><th class="n">idle share</th>'
              + "".join(("<th>" if kind == "str" else '<th class="n">') + f"{_e(label)}</th>" for _, label, kind in extra)
              + '</tr></thead><tbody>']
     for j, r in enumerate(rows):
-        table.append(f'<tr{" class=strong" if r.get("rank") == straggler else ""}><td>{_e(r.get("rank"))}</td>'
-                     f'<td><code>{_e(r.get("file", ""))}</code></td>'
-                     f'<td class="n">{_data(f"ranks.{j}.step_ms", r.get("step_ms"), ms_text(r.get("step_ms")))}</td>'
-                     f'<td class="n">{_e(ms_text(r.get("compute_ms")))}</td><td class="n">{_e(ms_text(r.get("idle_ms")))}</td>'
-                     f'<td class="n">{_e(pct(r.get("idle_fraction")))}</td>'
-                     + "".join(_rank_cell(r.get(key), kind) for key, _, kind in extra) + '</tr>')
+        table.append(f'<tr{" class=strong" if r.rank == straggler else ""}><td>{_e(r.rank)}</td>'
+                     f'<td><code>{_e(r.file)}</code></td>'
+                     f'<td class="n">{_data(f"ranks.{j}.step_ms", r.step_ms, ms_text(r.step_ms))}</td>'
+                     f'<td class="n">{_e(ms_text(r.compute_ms))}</td><td class="n">{_e(ms_text(r.idle_ms))}</td>'
+                     f'<td class="n">{_e(pct(r.idle_fraction))}</td>'
+                     + "".join(_rank_cell(r.value(key), kind) for key, _, kind in extra) + '</tr>')
     table.append("</tbody></table>")
     imb = _fact(report, "ranks.imbalance_ratio")
     p = _fact(report, "ranks.imbalance_p")
@@ -332,7 +335,7 @@ def _findings(report: Report) -> str:
             f'<p class="good">{_e(NO_FINDINGS)}</p>'
         return f'<section id="findings"><h2>Findings</h2>{said}</section>'
     by_id = {r.id: r for r in report.rules}
-    step = (report.summary.get("step_time_ms") or {}).get("median")
+    step = report.summary.step_time_ms.median if report.summary.step_time_ms else None
     body = "".join(_finding(i, f, by_id.get(f.rule), step) for i, f in enumerate(report.findings, 1))
     return (f'<section id="findings"><h2>Findings <span class="dim">({len(report.findings)}, most costly first)'
             f'</span></h2><p><button type="button" id="toggle-explain" hidden>Expand every explanation</button></p>'
@@ -360,7 +363,7 @@ def _findings_table(report: Report) -> str:
 
 def _nav(report: Report, comparison: Comparison | None) -> str:
     """Links to every section, so the hot spots and the notes are a click away, not past every card."""
-    links = [("summary", "at a glance", bool(report.findings)), ("steps", "step time", bool(report.summary.get("step_series"))),
+    links = [("summary", "at a glance", bool(report.findings)), ("steps", "step time", bool(report.summary.step_series)),
              ("ranks", "ranks", bool(report.ranks)), ("findings", "findings", True),
              ("hotspots", "hot spots", bool(report.hotspots)), ("gate", "gate", comparison is not None),
              ("notes", "notes", bool(report.notes)), ("facts", "facts", bool(report.facts))]
@@ -374,8 +377,8 @@ def _hotspot_table(hs: list[tuple[int, Hotspot]], top: float) -> str:
     rows = []
     for k, h in hs:
         w = 0 if top <= 0 else round(h.ms_per_step, 3) / top * 120  # as report.json holds it
-        lines = "".join(f'<li><code>{_e(l.get("line"))}: {_e(l.get("code", ""))}</code> '
-                        f'<span class="dim">({_e(pct(l.get("share", 0)))})</span></li>' for l in h.lines[:3])
+        lines = "".join(f'<li><code>{_e(l.line)}: {_e(l.code)}</code> '
+                        f'<span class="dim">({_e(pct(l.share))})</span></li>' for l in h.lines[:3])
         ms = _data(f"hotspots.{k}.ms_per_step", round(h.ms_per_step, 3), f"{h.ms_per_step:.2f}")
         rows.append(f"<tr><td><code>{_e(h.function)}</code></td><td><code>{_e(_short(h.file))}:{h.line}</code></td>"
                     f'<td class="n">{ms} <svg class="chart inline" role="img" aria-label="ms per step" '
@@ -473,46 +476,45 @@ def _perfetto(files: list[str]) -> str:
 
 def _header(report: Report) -> str:
     run, s = report.run, report.summary
-    target = run.get("script") or run.get("module") or run.get("trace") or ""
-    rows = [("analysed", f"<code>{_e(_short(str(target)))}</code>")]
-    if run.get("label"):
-        rows.append(("ranks", _e(run["label"])))
-    if run.get("device"):
-        rows.append(("device", _e(run["device"])))
-    if run.get("torch"):
-        rows.append(("torch", _e(run["torch"])))
-    if s.get("steps_observed") is not None:
-        clock = run.get("step_clock") or s.get("step_clock") or ""
-        rows.append(("steps", f'{_data("summary.steps_observed", s["steps_observed"], str(s["steps_observed"]))} seen, '
-                              f'{_e(s.get("steps_profiled") or 0)} profiled'
+    rows = [("analysed", f"<code>{_e(_short(str(target_of(run))))}</code>")]
+    if run.label:
+        rows.append(("ranks", _e(run.label)))
+    if run.device:
+        rows.append(("device", _e(run.device)))
+    if run.torch:
+        rows.append(("torch", _e(run.torch)))
+    if s.steps_observed is not None:
+        clock = run.step_clock or s.step_clock or ""
+        rows.append(("steps", f'{_data("summary.steps_observed", s.steps_observed, str(s.steps_observed))} seen, '
+                              f'{_e(s.steps_profiled or 0)} profiled'
                      + (f" (counted by {_e(clock)})" if clock else "")))
-    st = s.get("step_time_ms") or {}
-    if st.get("median") is not None:
-        rows.append(("step time", f'median {_data("summary.step_time_ms.median", st["median"], ms_text(st["median"]))}, '
-                                  f'p90 {_data("summary.step_time_ms.p90", st.get("p90"), ms_text(st.get("p90")))}'
-                     + (f" over {_e(st.get('n'))} steady-state steps" if st.get("n") else "")))
-    exit_info = run.get("exit") or {}
-    if exit_info.get("reason") and exit_info.get("reason") not in ("completed", "steps-reached"):
-        rows.append(("script", f'<span class="bad">{_e(exit_info["reason"])} (exit code {_e(exit_info.get("code"))})'
-                               f"</span>"))
-    if run.get("run_dir"):
-        rows.append(("run folder", f"<code>{_e(_short(run['run_dir']))}</code>"))
-    files = [run["trace_file"]] if run.get("trace_file") else list(run.get("files") or [])
+    st = s.step_time_ms
+    if st is not None and st.median is not None:
+        rows.append(("step time", f'median {_data("summary.step_time_ms.median", st.median, ms_text(st.median))}, '
+                                  f'p90 {_data("summary.step_time_ms.p90", st.p90, ms_text(st.p90))}'
+                     + (f" over {_e(st.n)} steady-state steps" if st.n else "")))
+    ended = ended_early(run)
+    if ended:
+        rows.append(("script", f'<span class="bad">{_e(ended[0])} (exit code {_e(ended[1])})</span>'))
+    if run.run_dir:
+        rows.append(("run folder", f"<code>{_e(_short(run.run_dir))}</code>"))
+    files = [run.trace_file] if run.trace_file else list(run.files or [])
     dl = "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in rows)
     return f'<header><h1>perfdoctor report</h1><dl class="run">{dl}</dl>{_perfetto(files)}</header>'
 
 
-def _modules_table(compute: dict | None) -> str:
+def _modules_table(compute: ComputeDoc | None) -> str:
     """The modules with the most FLOPs (summary.compute.modules): FLOPs, share, and the forward's time and rate."""
-    rows = (compute or {}).get("modules") or []
+    rows = compute.modules if compute is not None else []
     if not rows:
         return ""
     out = ['<table id="compute-modules"><thead><tr><th>module</th><th class="n">FLOPs per step</th>'
            '<th class="n">share</th><th class="n">forward ms</th><th class="n">forward FLOP/s</th></tr></thead><tbody>']
     for r in rows:
-        rate = r.get("achieved_flops")
-        out.append(f'<tr><td>{_e(r["module"])}</td><td class="n">{r["flops"]:,.0f}</td><td class="n">{r["share"]:.1%}</td>'
-                   f'<td class="n">{_e(ms_text(r.get("forward_ms")))}</td>'
+        rate = None if isinstance(r.achieved_flops, UnsetType) else r.achieved_flops
+        ms = None if isinstance(r.forward_ms, UnsetType) else r.forward_ms
+        out.append(f'<tr><td>{_e(r.module)}</td><td class="n">{r.flops:,.0f}</td><td class="n">{r.share:.1%}</td>'
+                   f'<td class="n">{_e(ms_text(ms))}</td>'
                    f'<td class="n">{"" if rate is None else f"{rate:,.4g}"}</td></tr>')
     return "".join(out) + "</tbody></table>"
 
@@ -523,29 +525,28 @@ def _step_section(report: Report) -> str:
     chart = charts.step_chart(s)
     if chart:
         parts.append('<section id="steps"><h2>Step time over the run</h2>' + chart + "</section>")
-    mem = charts.memory_chart(s.get("memory") or {})
+    mem = charts.memory_chart(s.memory) if s.memory else ""
     if mem:
         parts.append('<section id="memory"><h2>Memory over the run</h2>' + mem + "</section>")
-    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None, s.get("compute"))
+    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None, s.compute or None)
     if compute:
         mfu, flops = report.facts.get("compute.mfu"), report.facts.get("compute.flops_per_step")
         parts.append('<section id="compute"><h2>Compute efficiency</h2>'
                      + "<p>" + _data("compute.mfu", None if mfu is None else round(mfu.value, 6), compute) + "</p>"
                      + (f'<p class="formula">{_e(mfu.detail)}</p>' if mfu is not None else "")
                      + (f'<p class="dim">{_e(flops.detail)}</p>' if flops is not None else "")
-                     + _modules_table(s.get("compute")) + "</section>")
+                     + _modules_table(s.compute or None) + "</section>")
     bd = []
-    if s.get("breakdown"):
-        gpu_trace = report.run.get("kind") == "trace" and _fact(report, "step.gpu_kernel_ms") is not None
-        bd.append(_breakdown(s["breakdown"], "breakdown",
+    if s.breakdown:
+        gpu_trace = report.run.kind == "trace" and _fact(report, "step.gpu_kernel_ms") is not None
+        bd.append(_breakdown(s.breakdown, "breakdown",
                              "Where the median step goes, in ms" + (" (GPU timeline)" if gpu_trace else "")))
-    if s.get("gpu_breakdown"):
+    if s.gpu_breakdown:
         bd += ["<h3>GPU timeline per step</h3>",
-               _breakdown(s["gpu_breakdown"], "gpu_breakdown", "Where the median step goes on the GPU, in ms")]
+               _breakdown(s.gpu_breakdown, "gpu_breakdown", "Where the median step goes on the GPU, in ms")]
     bd.append(_gpu_summary(report))
-    contention = s.get("contention") or {}
-    if contention.get("inflated"):
-        bd.insert(0, f'<p class="warn">{_e(contention.get("sentence"))}</p>')
+    if s.contention and s.contention.inflated:
+        bd.insert(0, f'<p class="warn">{_e(s.contention.sentence or "")}</p>')
     if any(bd):
         parts.append('<section id="breakdown"><h2>Where a step goes <span class="dim">(median step)</span></h2>'
                      + "".join(bd) + "</section>")
@@ -588,7 +589,7 @@ def _page(title: str, body: list[str]) -> str:
 def render_report(report: Report, comparison: Comparison | None = None) -> str:
     """The report as one HTML page; with the gate's `comparison`, the verdict and the two sides' step
     times follow the report. The explanations are the report's own (`Report.rules`)."""
-    target = report.run.get("script") or report.run.get("module") or report.run.get("trace") or ""
+    target = target_of(report.run)
     body = [_header(report), _nav(report, comparison), _findings_table(report), _step_section(report), _ranks(report),
             _findings(report), _hotspots(report)]
     if comparison is not None:

@@ -8,9 +8,8 @@ from typing import Any
 import msgspec
 import orjson
 
-from perfdoctor.contracts.report import to_doc
 from perfdoctor.gate.compare import Comparison
-from perfdoctor.model import Report
+from perfdoctor.model import Report, to_doc
 from perfdoctor.report import escape
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.contracts.report import RankRowDoc, StepTimeDoc
 from perfdoctor.gate.compare import Comparison, undecided_sentence
 from perfdoctor.model import NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
@@ -79,35 +80,33 @@ def _diff(before: str, after: str) -> str:
 
 def render_report(report: Report) -> str:
     run, summary = report.run, report.summary
-    st = summary.get("step_time_ms") or {}
-    script = Path(str(run.get("script") or "")).name or "trace"
-    out = [f"## perfdoctor: {md(script)}" + (f" ({md(run['label'])})" if run.get("label") else ""), ""]
-    facts = [f"**Step time** {_ms(st.get('median'))} median"]
-    if st.get("p90") is not None:
-        facts.append(f"p90 {_ms(st.get('p90'))}")
-    if st.get("n") is not None:
-        facts.append(f"{st['n']} steps")
-    for key, label in (("device", "device"), ("torch", "torch")):
-        if run.get(key):
-            facts.append(f"{label} {md(run[key])}")
+    st = summary.step_time_ms or StepTimeDoc()
+    script = Path(str(run.script or "")).name or "trace"
+    out = [f"## perfdoctor: {md(script)}" + (f" ({md(run.label)})" if run.label else ""), ""]
+    facts = [f"**Step time** {_ms(st.median)} median"]
+    if st.p90 is not None:
+        facts.append(f"p90 {_ms(st.p90)}")
+    if st.n is not None:
+        facts.append(f"{st.n} steps")
+    for value, label in ((run.device, "device"), (run.torch, "torch")):
+        if value:
+            facts.append(f"{label} {md(value)}")
     out += [" · ".join(facts), ""]
-    if (summary.get("memory") or {}).get("bytes"):
-        out += [f"**Memory** {md(memory_line(summary['memory']))}", ""]
-    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None, summary.get("compute"))
+    if summary.memory and summary.memory.bytes:
+        out += [f"**Memory** {md(memory_line(summary.memory))}", ""]
+    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None, summary.compute or None)
     if compute:
         out += [f"**Compute** {md(compute)}", ""]
-    mods = modules_line(summary.get("compute"))
+    mods = modules_line(summary.compute or None)
     if mods:
         out += [f"**Modules** {md(mods)}", ""]
-    contention = summary.get("contention") or {}
-    if contention.get("inflated"):
-        out += [f"> ⚠️ **{md(contention.get('sentence'))}**", ""]
-    breakdown = summary.get("breakdown") or []
-    if breakdown:
+    if summary.contention and summary.contention.inflated:
+        out += [f"> ⚠️ **{md(summary.contention.sentence or '')}**", ""]
+    if summary.breakdown:
         out += ["| Phase | ms/step | Share |", "|---|---:|---:|"]
-        for b in breakdown:
-            frac = b.get("fraction")
-            out.append(f"| {cell(b.get('category'))} | {b.get('ms', 0):,.2f} | {'' if frac is None else f'{frac:.0%}'} |")
+        for b in summary.breakdown:
+            frac = b.fraction
+            out.append(f"| {cell(b.category)} | {b.ms or 0:,.2f} | {'' if frac is None else f'{frac:.0%}'} |")
         out.append("")
     out += _ranks(report.ranks)
     findings = [f for f in report.findings if not f.minor]
@@ -163,9 +162,9 @@ def render_report(report: Report) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def _ranks(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+def _ranks(rows: Sequence[RankRowDoc]) -> list[str]:
     """The rank table of a distributed job: the columns some rank has a value for."""
-    cols = [c for c in RANK_COLUMNS if any(row.get(c[0]) is not None for row in rows)]
+    cols = [c for c in RANK_COLUMNS if any(row.value(c[0]) is not None for row in rows)]
     if not rows or not cols:
         return []
     out = ["| Rank | " + " | ".join(rank_header(label, kind) for _, label, kind in cols) + " |",
@@ -173,12 +172,12 @@ def _ranks(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for row in rows:
         cells = []
         for key, _, kind in cols:
-            v = row.get(key)
+            v = row.value(key)
             if v is None or not isinstance(v, (int, float)):
                 cells.append(cell("" if v is None else v))
             else:
                 cells.append(f"{v:.0%}" if kind == "share" else f"{v:,.0f}" if kind == "MHz" else f"{v:,.1f}")
-        out.append(f"| {cell(row.get('rank'))} | " + " | ".join(cells) + " |")
+        out.append(f"| {cell(row.rank)} | " + " | ".join(cells) + " |")
     return out + [""]
 
 

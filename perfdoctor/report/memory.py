@@ -3,26 +3,28 @@ HTML reports. No rich here: the machine formats import it."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+from perfdoctor.contracts.report import ComputeDoc, MemoryDoc
 
 
 def _mib(b: float) -> str:
     return f"{b / 2**20:,.1f} MiB"
 
 
-def memory_line(mem: dict[str, Any]) -> str:
+def memory_line(mem: MemoryDoc) -> str:
     """The summary's memory in one line: its source, first and last value, the growth per step with
     its interval, the peak's parts where known. Shared by the text, Markdown and HTML reports."""
-    series = [v for v in mem.get("bytes") or [] if v is not None]
-    out = f"{mem.get('source', 'memory')} {_mib(series[0])} -> {_mib(series[-1])}" if series else ""
-    g, ci = mem.get("growth_bytes_per_step"), mem.get("growth_interval")
+    series = [v for v in mem.bytes if v is not None]
+    out = f"{mem.source} {_mib(series[0])} -> {_mib(series[-1])}" if series else ""
+    g, ci = mem.growth_bytes_per_step, mem.growth_interval
     if g is not None and ci:
         out += f", {'+' if g >= 0 else ''}{_mib(g)}/step over the steady steps (90% interval {_mib(ci[0])}..{_mib(ci[1])})"
-    parts = mem.get("parts") or {}
-    if parts:
-        out += "; peak: " + ", ".join(f"{k.replace('_', ' ')} {_mib(v)}" for k, v in parts.items())
-        if mem.get("peak_bytes"):
-            out += f" of {_mib(mem['peak_bytes'])}"
+    if mem.parts:
+        out += "; peak: " + ", ".join(f"{k.replace('_', ' ')} {_mib(v)}" for k, v in mem.parts.items())
+        if mem.peak_bytes:
+            out += f" of {_mib(mem.peak_bytes)}"
     return out
 
 
@@ -33,13 +35,13 @@ def _si(v: float, unit: str) -> str:
     return f"{v:,.3g} {unit}"
 
 
-def compute_line(value: Any, compute: dict[str, Any] | None = None) -> str | None:
+def compute_line(value: Callable[[str], Any], compute: ComputeDoc | None = None) -> str | None:
     """The compute facts in one line, the MFU with its formula and denominator: `value(name)` reads a
     fact's value; `compute`, the summary's, says what counted the FLOPs. None where none were counted."""
     flops = value("compute.flops_per_step")
     if not isinstance(flops, (int, float)):
         return None
-    source = (compute or {}).get("source") or "matmul shapes in the trace"
+    source = (compute.source if compute is not None else "") or "matmul shapes in the trace"
     out = f"{_si(flops, 'FLOP')} per step ({source})"
     convs = value("compute.uncounted_convs_per_step")
     if isinstance(convs, (int, float)) and convs:
@@ -53,16 +55,16 @@ def compute_line(value: Any, compute: dict[str, Any] | None = None) -> str | Non
     return out
 
 
-def modules_line(compute: dict[str, Any] | None) -> str | None:
+def modules_line(compute: ComputeDoc | None) -> str | None:
     """The modules with the most FLOPs and, where the trace timed their forward, the lowest achieved
     rate, in one line; None where the run listed none."""
-    rows = (compute or {}).get("modules") or []
+    rows = compute.modules if compute is not None else []
     if not rows:
         return None
-    out = "most FLOPs: " + ", ".join(f"{r['module']} {r['share']:.0%}" for r in rows[:3])
-    rated = [r for r in rows if r.get("achieved_flops")]
+    out = "most FLOPs: " + ", ".join(f"{r.module} {r.share:.0%}" for r in rows[:3])
+    rated = [(rate, r) for r in rows if (rate := r.achieved_flops)]
     if rated:
-        low = min(rated, key=lambda r: r["achieved_flops"])
-        out += (f"; lowest rate: {low['module']} {_si(low['achieved_flops'], 'FLOP/s')} "
-                f"(forward: {_si(low['forward_flops'], 'FLOP')} in {low['forward_ms']:.3g} ms)")
+        rate, low = min(rated, key=lambda x: x[0])
+        out += (f"; lowest rate: {low.module} {_si(rate, 'FLOP/s')} "
+                f"(forward: {_si(low.forward_flops, 'FLOP')} in {low.forward_ms:.3g} ms)")
     return out

@@ -18,8 +18,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import quote
 
+import msgspec
+
 from perfdoctor import __version__
-from perfdoctor.model import identity_of
+from perfdoctor.model import finding_identity
 from perfdoctor.report import escape
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
@@ -29,7 +31,15 @@ INFO_URI = "https://pypi.org/project/perfdoctor/"
 
 
 def _as_dict(obj: Any) -> dict[str, Any]:
-    return obj.as_dict() if hasattr(obj, "as_dict") else dict(obj)
+    return msgspec.to_builtins(obj.as_dict()) if hasattr(obj, "as_dict") else dict(obj)
+
+
+def identity_of(finding: dict[str, Any]) -> str:
+    """`finding_identity` of a finding in report.json's shape."""
+    loc = (finding.get("locations") or [{}])[0]
+    if loc.get("file"):
+        return finding_identity(str(finding.get("rule")), loc["file"], loc.get("code"))
+    return finding.get("fingerprint") or finding_identity(str(finding.get("rule")), None, None)
 
 
 def artifact_uri(file: str, root: Path | None) -> str:

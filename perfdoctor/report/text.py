@@ -18,10 +18,11 @@ from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
+from perfdoctor.contracts.report import BreakdownDoc
 from perfdoctor.gate.compare import Comparison
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
-from perfdoctor.report.common import chart_top, ms_text
+from perfdoctor.report.common import chart_top, ended_early, ms_text, target_of
 from perfdoctor.report.explain import explanation_lines
 from perfdoctor.report.memory import compute_line, memory_line, modules_line
 
@@ -102,24 +103,24 @@ def sparkline(ms: list[float], width: int = SPARK_WIDTH, lo: float = 0.0) -> str
     return "".join(SPARK[max(0, min(len(SPARK) - 1, int((min(v, top) - lo) / (top - lo) * len(SPARK))))] for v in cols)
 
 
-def breakdown_bar(breakdown: list[dict[str, Any]]) -> Text:
+def breakdown_bar(breakdown: list[BreakdownDoc]) -> Text:
     text = Text()
-    breakdown = [b for b in breakdown if (b.get("ms") or 0) > 0]  # parts this run never saw
-    total = sum(max(0.0, b.get("ms") or 0.0) for b in breakdown)
+    breakdown = [b for b in breakdown if (b.ms or 0) > 0]  # parts this run never saw
+    total = sum(max(0.0, b.ms or 0.0) for b in breakdown)
     if total <= 0:
         return text
     used = 0
     for i, b in enumerate(breakdown):
-        share = max(0.0, b.get("ms") or 0.0) / total
+        share = max(0.0, b.ms or 0.0) / total
         width = round(share * BAR_WIDTH) if i < len(breakdown) - 1 else BAR_WIDTH - used
         width = max(0, min(width, BAR_WIDTH - used))
         used += width
         text.append("█" * width, style=BAR_COLORS[i % len(BAR_COLORS)])
     text.append("\n")
     for i, b in enumerate(breakdown):
-        frac = (b.get("ms") or 0.0) / total
+        frac = (b.ms or 0.0) / total
         text.append("■ ", style=BAR_COLORS[i % len(BAR_COLORS)])
-        text.append(f"{escape.text(b['category'])} {ms_text(b.get('ms'))} ({frac:.0%})")
+        text.append(f"{escape.text(b.category)} {ms_text(b.ms)} ({frac:.0%})")
         text.append("   " if i < len(breakdown) - 1 else "")
     return text
 
@@ -129,46 +130,44 @@ def _summary(report: Report) -> Panel:
     rows = Table.grid(padding=(0, 2))
     rows.add_column(style="bold")
     rows.add_column()
-    target = run.get("script") or run.get("module") or run.get("trace") or ""
-    rows.add_row("analysed", _t(_short(str(target)) + (f"  ({run.get('device')})" if run.get("device") else "")))
-    if run.get("label"):
-        rows.add_row("ranks", _t(str(run["label"])))
-    steps = s.get("steps_observed")
+    rows.add_row("analysed", _t(_short(str(target_of(run))) + (f"  ({run.device})" if run.device else "")))
+    if run.label:
+        rows.add_row("ranks", _t(str(run.label)))
+    steps = s.steps_observed
     if steps is not None:
-        clock = run.get("step_clock") or s.get("step_clock") or ""
-        rows.add_row("steps", _t(f"{steps} seen, {s.get('steps_profiled') or 0} profiled"
+        clock = run.step_clock or s.step_clock or ""
+        rows.add_row("steps", _t(f"{steps} seen, {s.steps_profiled or 0} profiled"
                                  + (f"  (counted by {clock})" if clock else "")))
-    st = s.get("step_time_ms") or {}
-    if st.get("median") is not None:
-        rows.add_row("step time", f"median {ms_text(st.get('median'))}, p90 {ms_text(st.get('p90'))}"
-                     + (f" over {st.get('n')} steps" if st.get("n") else ""))
-    series = (s.get("step_series") or {}).get("ms") or []
+    st = s.step_time_ms
+    if st is not None and st.median is not None:
+        rows.add_row("step time", f"median {ms_text(st.median)}, p90 {ms_text(st.p90)}"
+                     + (f" over {st.n} steps" if st.n else ""))
+    series = s.step_series.ms if s.step_series else []
     if len(series) >= 2:
         top = chart_top(series)
         rows.add_row("each step", Text(sparkline(series), style="blue")
                      + Text(f"  steps 1-{len(series)}, █ = {ms_text(top)}" + (" or more" if top < max(series) else ""),
                             style="dim"))
-    mem = s.get("memory") or {}
-    mem_series = [float(v) for v in mem.get("bytes") or [] if v is not None]
-    if len(mem_series) >= 2:
+    mem = s.memory
+    mem_series = [float(v) for v in mem.bytes if v is not None] if mem else []
+    if mem and len(mem_series) >= 2:
         rows.add_row("memory", Text(sparkline(mem_series, lo=min(mem_series)), style="magenta")
                      + Text("  " + memory_line(mem), style="dim"))
-    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None, s.get("compute"))
+    compute = compute_line(lambda n: report.facts[n].value if n in report.facts else None, s.compute or None)
     if compute:
         rows.add_row("compute", Text(compute, style="dim"))
-    mods = modules_line(s.get("compute"))
+    mods = modules_line(s.compute or None)
     if mods:
         rows.add_row("modules", Text(mods, style="dim"))
-    contention = s.get("contention") or {}
-    if contention.get("inflated"):
-        rows.add_row("contention", _t(str(contention.get("sentence") or ""), style="bold yellow"))
-    exit_info = run.get("exit") or {}
-    if exit_info.get("reason") and exit_info.get("reason") not in ("completed", "steps-reached"):
-        rows.add_row("script", _t(f"{exit_info['reason']} (exit code {exit_info.get('code')})", style="bold red"))
+    if s.contention and s.contention.inflated:
+        rows.add_row("contention", _t(str(s.contention.sentence or ""), style="bold yellow"))
+    ended = ended_early(run)
+    if ended:
+        rows.add_row("script", _t(f"{ended[0]} (exit code {ended[1]})", style="bold red"))
     parts: list[Any] = [rows]
-    for key, label in (("breakdown", "where a step goes"), ("gpu_breakdown", "GPU timeline per step")):
-        if s.get(key):
-            parts += [Text(""), Text(label, style="bold"), breakdown_bar(s[key])]
+    for bars, label in ((s.breakdown, "where a step goes"), (s.gpu_breakdown, "GPU timeline per step")):
+        if bars:
+            parts += [Text(""), Text(label, style="bold"), breakdown_bar(bars)]
     return Panel(Group(*parts), title="perfdoctor", title_align="left", border_style="blue")
 
 
@@ -240,12 +239,12 @@ def _report(report: Report) -> Group:
         t = Table(title="ranks", title_justify="left")
         kinds = {"rank": "str"} | {k: kind for k, _, kind in RANK_COLUMNS}
         headers = {"rank": "rank"} | {k: rank_header(label, kind) for k, label, kind in RANK_COLUMNS}
-        keys = [k for k in kinds if any(r.get(k) is not None for r in report.ranks)]
+        keys = [k for k in kinds if any(r.value(k) is not None for r in report.ranks)]
         for k in keys:  # headings of words, which wrap in a narrow terminal (fact keys were cut to "step_…")
             t.add_column(headers[k], justify="right")
         for r in report.ranks:
-            t.add_row(*[(f"{r[k]:.0%}" if kinds[k] == "share" else f"{r[k]:.0f}" if kinds[k] == "MHz" else f"{r[k]:.1f}")
-                        if isinstance(r.get(k), float) else _cell(r.get(k, "")) for k in keys])
+            t.add_row(*[(f"{v:.0%}" if kinds[k] == "share" else f"{v:.0f}" if kinds[k] == "MHz" else f"{v:.1f}")
+                        if isinstance(v := r.value(k), float) else _cell(r.value(k, unset="")) for k in keys])
         parts.append(t)
     if report.findings:
         major = [f for f in report.findings if not f.minor]
@@ -278,16 +277,16 @@ def _report(report: Report) -> Group:
         main = [h for h in report.hotspots if h.process == "main"]
         workers = [h for h in report.hotspots if h.process != "main"]
         for h in main[:8] + workers[:4]:
-            lines = "\n".join(f"{escape.clean(l['line'])}: {escape.clean(l.get('code', ''))[:48]} ({l.get('share', 0):.0%})"
+            lines = "\n".join(f"{escape.clean(l.line)}: {escape.clean(l.code)[:48]} ({l.share:.0%})"
                               for l in h.lines[:3])  # one line each: the line breaks are these
             name = f"{h.function} [DataLoader workers]" if h.process == "dataloader-workers" else h.function
             t.add_row(_cell(name), _cell(f"{_short(h.file)}:{h.line}"), f"{h.ms_per_step:.2f}", _cell(lines, multiline=True))
         parts.append(t)
     for n in report.notes:
         parts.append(_t(f"note: {n}", style="dim"))
-    run_dir = report.run.get("run_dir")
+    run_dir = report.run.run_dir
     if run_dir:
-        hint = " (trace.json.gz opens in https://ui.perfetto.dev)" if report.run.get("trace_file") else ""
+        hint = " (trace.json.gz opens in https://ui.perfetto.dev)" if report.run.trace_file else ""
         parts.append(_t(f"run folder: {_short(str(run_dir))}{hint}", style="dim"))
     return Group(*parts)
 

@@ -102,8 +102,8 @@ def test_straggler_is_the_rank_that_waits_least_and_its_cause_is_its_own_evidenc
     assert g.value("ranks.straggler") == 1 and g.value("ranks.imbalance_ratio") > 5
     assert g.value("ranks.straggler_cause") == "data loading"
     assert g.value("ranks.straggler_excess_ms") == pytest.approx(35.0)
-    assert [r["comm_ms"] for r in rows] == pytest.approx([36, 0.9, 36, 36])
-    assert rows[1]["compute_ms"] == pytest.approx(0.7 + 3.5 + 0.2 - 0.9)
+    assert [r.comm_ms for r in rows] == pytest.approx([36, 0.9, 36, 36])
+    assert rows[1].compute_ms == pytest.approx(0.7 + 3.5 + 0.2 - 0.9)
     # a compute straggler is named so
     heavy = _rank_facts(40, 0.4, 10, 28, 0.2, 2)
     g, _ = cross_rank([(0, "a"), (1, "b")], [fast[0], heavy], "run")
@@ -327,10 +327,10 @@ def test_a_straggler_slowed_by_garbage_collection_is_named_so():
     g, rows = cross_rank([(0, "a"), (1, "b"), (2, "c")], [fast[0], slow, fast[1]], "run")
     assert g.value("ranks.straggler") == 1 and g.value("ranks.straggler_cause") == "garbage collection"
     assert g.value("ranks.straggler_excess_ms") == pytest.approx(30.7)
-    assert rows[1]["gc_ms"] == 31.0 and rows[1]["compute_ms"] == pytest.approx(14.0 + 25.0 + 0.2 - 3.5 - 31.0)
+    assert rows[1].gc_ms == 31.0 and rows[1].compute_ms == pytest.approx(14.0 + 25.0 + 0.2 - 3.5 - 31.0)
     # no gc.ms (a trace, an older run folder): no column, compute as before
     g, rows = cross_rank([(0, "a"), (1, "b")], [_rank_facts(40, 0.4, 1, 38, 0.2, 35) for _ in range(2)])
-    assert "gc_ms" not in rows[0] and rows[0]["compute_ms"] == pytest.approx(1 + 38 + 0.2 - 35)
+    assert rows[0].value("gc_ms") is None and rows[0].compute_ms == pytest.approx(1 + 38 + 0.2 - 35)
 
 
 def test_gc_time_is_counted_on_the_training_steps_and_becomes_gc_ms():
@@ -384,7 +384,7 @@ def test_a_straggler_starved_of_cpu_is_named_so():
     assert g.value("ranks.straggler") == 1 and g.value("ranks.straggler_cause") == "waiting for a CPU"
     assert g.value("ranks.straggler_excess_ms") == pytest.approx(29.0, abs=0.01)
     assert "share of waiting (11%" in g.get("ranks.straggler_cause").detail
-    assert rows[1]["cpu_wait_ms"] == 30.0 and rows[1]["compute_ms"] == pytest.approx(12 + 27 + 0.2 - 3)
+    assert rows[1].cpu_wait_ms == 30.0 and rows[1].compute_ms == pytest.approx(12 + 27 + 0.2 - 3)
     # a compute straggler waits longer for a CPU in proportion to its work on a busy machine: still
     # one for its compute, less only the wait beyond the others' share
     slow = _rank_facts(40, 0.4, 12.0, 27.0, 0.2, 3.0)
@@ -461,16 +461,19 @@ def _render(fmt: str, report) -> str:
 def test_the_rank_table_draws_every_measured_column_and_only_those():
     """The columns a job's ranks measured (GC, waiting for a CPU, host syncs, ...) are drawn in the text,
     markdown and HTML reports; a column no rank has is not drawn."""
+    import msgspec
+
+    from perfdoctor.contracts.report import RankRowDoc, RunInfoDoc, SummaryDoc
     from perfdoctor.model import Report
 
     base = [{"rank": r, "file": f"rank-{r}", "step_ms": 40.0, "data_ms": 0.4, "compute_ms": 3.0, "comm_ms": 36.0,
              "idle_ms": None, "idle_fraction": None} for r in (0, 1)]
-    plain = Report(run={}, summary={}, findings=[], ranks=base)
-    full = Report(run={}, summary={}, findings=[], ranks=[
+    plain = Report(run=RunInfoDoc(), summary=SummaryDoc(), findings=[], ranks=msgspec.convert(base, list[RankRowDoc]))
+    full = Report(run=RunInfoDoc(), summary=SummaryDoc(), findings=[], ranks=msgspec.convert([
         {**row, "sync_ms": 0.25, "gc_ms": 0.3 + 30 * row["rank"], "cpu_wait_ms": 0.5 + 7 * row["rank"],
          "cpu_wait_share": 0.1 + 0.3 * row["rank"], "busy_share": 0.1 + 0.8 * row["rank"],
          "gpu_clock_mhz": 1980.0 - 780 * row["rank"]} | ({"gpu_throttle": "power cap"} if row["rank"] else {})
-        for row in base])
+        for row in base], list[RankRowDoc]))
     text = _render("text", full)
     heads = ("GC (ms)", "CPU wait (ms)", "CPU wait share", "host syncs (ms)", "own work share")  # the labels, as in Markdown
     for head in heads:
@@ -510,13 +513,13 @@ def test_a_straggler_held_back_by_its_cpu_quota_is_named_cpu_throttling():
     assert g.value("ranks.straggler") == 1 and g.value("ranks.straggler_cause") == "CPU throttling"
     assert g.value("ranks.straggler_excess_ms") == pytest.approx(26.0)
     assert "held rank 1 back 26.0 ms per step in 6.5 of the quota's periods" in g.get("ranks.straggler_cause").detail
-    assert [r["cpu_throttled_ms"] for r in rows] == [0.0, 26.0, 0.0]
+    assert [r.cpu_throttled_ms for r in rows] == [0.0, 26.0, 0.0]
     # throttled as much as the others (one cgroup for the node's ranks): its run-queue wait is the cause
     fast = [rank(0.5, 4.0, 0.0, 0) for _ in range(2)]
     g, rows = cross_rank([(0, "a"), (1, "b"), (2, "c")], [fast[0], rank(30.0, 8.0, 0.0, 0, 12.0, 27.0, 3.0),
                                                           fast[1]], "run")
     assert g.value("ranks.straggler_cause") == "waiting for a CPU"
-    assert all("cpu_throttled_ms" not in r and "cpu_throttled_periods" not in r for r in rows)  # no rank throttled
+    assert all(r.value("cpu_throttled_ms") is None and r.value("cpu_throttled_periods") is None for r in rows)  # no rank throttled
 
 
 def _gpu_rank(kernel_ms, comm_ms, mhz, share=0.0, reasons=None):
@@ -540,14 +543,14 @@ def test_a_straggler_whose_gpu_runs_at_a_lower_clock_is_named_gpu_throttling():
     assert g.value("ranks.straggler_excess_ms") == pytest.approx(13.0)
     detail = g.get("ranks.straggler_cause").detail
     assert "1200 MHz" in detail and "1980 MHz on the other ranks" in detail and "power cap, thermal (hardware) (90%" in detail
-    assert rows[2]["gpu_clock_mhz"] == 1200.0 and rows[2]["gpu_throttled_share"] == 0.9
-    assert rows[0]["gpu_clock_mhz"] == 1980.0 and "gpu_throttle" not in rows[0]  # no reason set there
+    assert rows[2].gpu_clock_mhz == 1200.0 and rows[2].gpu_throttled_share == 0.9
+    assert rows[0].gpu_clock_mhz == 1980.0 and rows[0].value("gpu_throttle") is None  # no reason set there
     # the same clock as the others: its compute is the cause
     g, _ = cross_rank([(0, "a"), (1, "b")], [fast[0], _gpu_rank(33.0, 12.0, 1980.0)], "run")
     assert g.value("ranks.straggler_cause") == "compute"
     # no clock readings (no NVML, a trace): compute, and no clock column
     g, rows = cross_rank([(0, "a"), (1, "b")], [_gpu_rank(20.0, 25.0, None), _gpu_rank(33.0, 12.0, None)], "run")
-    assert g.value("ranks.straggler_cause") == "compute" and all("gpu_clock_mhz" not in r for r in rows)
+    assert g.value("ranks.straggler_cause") == "compute" and all(r.value("gpu_clock_mhz") is None for r in rows)
     # as many kernels per step as the others at the same clock: a slower GPU (another model, say)
     ranks = [_gpu_rank(20.0, 25.0, 1980.0), _gpu_rank(33.0, 12.0, 1980.0)]
     for f in ranks:

@@ -25,11 +25,11 @@ def test_resnet50_num_workers_0_is_data_loading_bound():
     r = analyse_path(RESNET)
     assert r.findings[0].rule == "PD002", rules_of(r)
     top = r.findings[0]
-    data = next(b for b in r.summary["breakdown"] if b["category"] == "data loading")
+    data = next(b for b in r.summary.breakdown if b.category == "data loading")
     # the saving is the measured wait: with no CPU count in a trace, 8 workers hide all of it
     wait = next(e for e in top.evidence if e.name == "dataloader.wait_ms")
     assert wait.source == "trace" and top.ms_per_step == pytest.approx(wait.value)
-    assert 0.3 <= data["fraction"] <= 0.45 and 0.3 <= top.fraction_of_step <= 0.45
+    assert 0.3 <= data.fraction <= 0.45 and 0.3 <= top.fraction_of_step <= 0.45
     assert top.locations and top.locations[0].line == 42
     assert "PD001" not in rules_of(r)
 
@@ -58,7 +58,7 @@ def test_v100_fp32_training_gets_amp():
 
 def test_dlrm_8_ranks_shows_the_imbalance():
     r = analyse_path(DLRM)
-    assert len(r.ranks) == 8 and r.summary["rank"] == r.facts["ranks.straggler"].value
+    assert len(r.ranks) == 8 and r.summary.rank == r.facts["ranks.straggler"].value
     f = next(f for f in r.findings if f.rule == "PD012")
     assert f.ms_per_step and f.ms_per_step > 1.0
     assert f"Rank {r.facts['ranks.straggler'].value}" in f.title
@@ -79,7 +79,7 @@ def test_ranks_numbered_by_file_order_across_workers(tmp_path):
     for name in ("a.json.gz", "b.json.gz", "c.json.gz"):
         (tmp_path / name).write_bytes(HTA_DDP.read_bytes())  # each says rank 0 in its distributedInfo
     r = analyse_trace(tmp_path, workers=2)
-    assert [(row["rank"], row["file"]) for row in r.ranks] == [(0, "a.json.gz"), (1, "b.json.gz"), (2, "c.json.gz")]
+    assert [(row.rank, row.file) for row in r.ranks] == [(0, "a.json.gz"), (1, "b.json.gz"), (2, "c.json.gz")]
 
 
 def test_a_bad_rank_file_from_a_worker_is_left_out_with_a_note(tmp_path):

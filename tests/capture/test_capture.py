@@ -150,7 +150,7 @@ def test_steps_argparse_probes_and_holders(tmp_path, capfd):
     hot = {h.function: h for h in data.hotspots}
     body = range(line_of(script, "def __getitem__"), line_of(script, "return torch.full") + 1)
     assert hot["__getitem__"].calls_per_step == 64 and hot["__getitem__"].ms_per_step > 0
-    assert hot["__getitem__"].lines and all(l["line"] in body for l in hot["__getitem__"].lines)
+    assert hot["__getitem__"].lines and all(l.line in body for l in hot["__getitem__"].lines)
     (lh,) = [s for s in data.facts.of_kind("loss_holder") if s.facts["loss_holder.holder"].value == "running"]
     assert lh.key == f"{script}:{line_of(script, 'running += loss')}"
 

@@ -331,7 +331,7 @@ def test_host_bound_idle_is_measured_against_the_run_not_the_profiled_steps(tmp_
     assert idle == pytest.approx(max(0.0, run_ms - busy), abs=0.01)  # the run's step less the GPU's work
     assert f["gpu.idle_host_wait_ms"].value <= idle + 1e-6
     assert "profiled steps" in f["gpu.busy_ms"].detail and "steady steps" in f["step.idle_ms"].detail
-    assert rep.summary["gpu_breakdown"]
+    assert rep.summary.gpu_breakdown
 
 
 def test_dataparallel_idle_is_per_device(tmp_path, fake_cuda):
@@ -346,9 +346,9 @@ def test_dataparallel_idle_is_per_device(tmp_path, fake_cuda):
     rep = analyse_trace(tmp_path / "dp.json.gz")
     assert rep.facts["gpu.utilization"].value == pytest.approx(0.49, abs=0.01)
     assert rep.facts["step.idle_ms"].value == pytest.approx(5.1, abs=0.05)
-    per_dev = rep.summary["gpu"]["devices"]
-    assert [d["device"] for d in per_dev] == [0, 1]
-    assert all(d["utilization"] == pytest.approx(0.49, abs=0.01) for d in per_dev)
+    per_dev = rep.summary.gpu.devices
+    assert [d.device for d in per_dev] == [0, 1]
+    assert all(d.utilization == pytest.approx(0.49, abs=0.01) for d in per_dev)
     assert run_dir.is_dir()
 
 

@@ -109,5 +109,5 @@ def test_closure_time_is_forward_and_backward_not_optimizer(tmp_path):
     # time is forward and backward; the optimizer keeps only its own work (the step counted it all)
     assert fwd_bwd + opt <= wall * 1.01
     assert fwd_bwd > 2 * opt and fwd_bwd > 0.5 * wall
-    parts = {b["category"]: b["fraction"] for b in load_run(r.run_dir).summary["breakdown"]}
+    parts = {b.category: b.fraction for b in load_run(r.run_dir).summary.breakdown}
     assert parts["forward"] + parts["backward"] > 2 * parts["optimizer"]

@@ -78,8 +78,8 @@ def test_worker_hotspots_group_lines_by_function(tmp_path: Path) -> None:
     (h,) = worker_hotspots(workers)
     assert h.process == "dataloader-workers" and h.function == "D.__getitem__" and h.line == 2
     assert h.ms_per_step == pytest.approx(80 * 5.0 / 10)  # 80 samples of 5 ms over 10 steps
-    assert [(l["line"], l["share"]) for l in h.lines] == [(3, 0.75), (4, 0.25)]
-    assert h.lines[0]["code"] == "a = slow(i)"
+    assert [(l.line, l.share) for l in h.lines] == [(3, 0.75), (4, 0.25)]
+    assert h.lines[0].code == "a = slow(i)"
     assert worker_hotspots(None) == [] and worker_hotspots(msgspec.structs.replace(workers, samples=0)) == []
 
 
@@ -95,7 +95,7 @@ def test_comprehension_frames_count_for_the_function_around_them(tmp_path: Path)
                               Workers)
     (h,) = worker_hotspots(workers)
     assert (h.function, h.line) == ("collate", 1) and h.ms_per_step == pytest.approx(50 * 10.0 / 4)
-    assert [(l["line"], l["share"]) for l in h.lines] == [(2, 0.8), (3, 0.2)]
+    assert [(l.line, l.share) for l in h.lines] == [(2, 0.8), (3, 0.2)]
 
 
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")

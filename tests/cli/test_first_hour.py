@@ -8,6 +8,7 @@ import os
 import random
 from pathlib import Path
 
+from perfdoctor.contracts.report import HotLineDoc, RunInfoDoc, SummaryDoc
 from perfdoctor.gate.compare import compare
 from tests.gate.test_gate import ENV, runs
 from tests.helpers import REPO, TESTS, run_cli
@@ -149,8 +150,8 @@ def test_a_syntax_error_is_no_measurement_and_names_its_line(tmp_path: Path) -> 
 
     tb = 'Traceback (most recent call last):\n  File "/x/train.py", line 3\n    def f(:\n    ^\nSyntaxError: invalid syntax\n'
     report = analyse_run(_failed_run(tmp_path / "run", "exception", tb))
-    assert report.summary["steps_observed"] == 0 and not report.summary["step_time_ms"]
-    assert not report.summary["breakdown"] and "step.time_ms" not in report.facts
+    assert report.summary.steps_observed == 0 and not report.summary.step_time_ms
+    assert not report.summary.breakdown and "step.time_ms" not in report.facts
     assert "the script failed before its first step ended: SyntaxError: invalid syntax (train.py:3)" in report.notes
     assert report.measured_nothing and not any("whole run is one span" in n for n in report.notes)
 
@@ -172,7 +173,7 @@ def test_a_run_stuck_before_its_first_step_says_where(tmp_path: Path) -> None:
         "train.py:10 in <module> (waiting for a DataLoader batch); the processes under it (DataLoader workers) "
         "were at train.py:6 in DS.__getitem__ (2 processes) (py-spy dump; stuck.json in the run folder has the "
         "stacks)")
-    assert report.summary["stuck"]["processes"][1]["frames"][0]["line"] == 6
+    assert report.summary.stuck.processes[1].frames[0].line == 6
     assert report.measured_nothing  # not "No problems found by the rules"
 
 
@@ -216,7 +217,7 @@ def test_identical_findings_are_one_with_every_location_in_every_format(tmp_path
     conv2d = by_layer["Conv2d"]
     assert [loc.line for loc in conv2d.locations] == [4, 9, 10]
     assert conv2d.fix is not None and "The same change at each location listed." in conv2d.fix.note
-    report = Report(run={"kind": "trace", "trace": str(path)}, summary={}, findings=found)
+    report = Report(run=RunInfoDoc(kind="trace", trace=str(path)), summary=SummaryDoc(), findings=found)
     doc = json.loads(render("json", report, None))
     assert [len(f["locations"]) for f in doc["findings"] if f["rule"] == "PD028"] in ([3, 1], [1, 3])
     from rich.console import Console
@@ -261,9 +262,9 @@ def test_hot_lines_say_their_share_is_self_time() -> None:
     from perfdoctor.report.text import render_report
 
     h = Hotspot("forward", "/x/model.py", 38, 12.0, 1.0,
-                lines=[{"line": 40, "code": "x = self.tok(idx) + self.pos(pos)", "share": 0.55}])
+                lines=[HotLineDoc(line=40, code="x = self.tok(idx) + self.pos(pos)", share=0.55)])
     console = Console(width=160, record=True, file=open(os.devnull, "w"))
-    console.print(render_report(Report(run={}, summary={}, findings=[], hotspots=[h])))
+    console.print(render_report(Report(run=RunInfoDoc(), summary=SummaryDoc(), findings=[], hotspots=[h])))
     assert "hot lines (self time)" in console.export_text()
 
 
@@ -308,4 +309,4 @@ def test_a_stuck_runs_report_writes_and_reads_back(tmp_path: Path) -> None:
     run = _failed_run(tmp_path / "run", "interrupted", None, stuck)
     write_run_reports(analyse_run(run), run)  # report.json holds summary.stuck, checked against its contract
     again = analyse_path(run / "report.json")
-    assert again.summary["stuck"]["processes"][0]["frames"][0]["line"] == 10
+    assert again.summary.stuck.processes[0].frames[0].line == 10

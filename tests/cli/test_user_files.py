@@ -118,7 +118,7 @@ def test_a_failed_jobs_notes_start_with_the_rank_that_failed_first(tmp_path: Pat
     report = analyse_job(tmp_path / "job")
     failed = [n for n in report.notes if "the script failed" in n]
     assert "ValueError: the real cause" in failed[0] and "gloo" in failed[1]
-    assert report.run["exit"]["traceback"].strip().endswith("ValueError: the real cause")
+    assert report.run.exit.traceback.strip().endswith("ValueError: the real cause")
 
 
 @pytest.mark.parametrize("odd", [b'"dur": NaN', b'"name": "caf\xe9"', b'"name": "a\\udc80b"'],

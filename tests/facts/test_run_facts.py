@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from perfdoctor.contracts.report import HotLineDoc
 from perfdoctor.errors import InputError
 from perfdoctor.facts.run import load_run
 from perfdoctor.facts.run.memory import memory_growth
@@ -45,25 +46,25 @@ def test_summary_uses_steady_steps_and_breakdown_adds_up(tmp_path):
     # steps 2..5 (before the window's skip), the window 6..12 and the step after it (the profiler's
     # stop) are slow; the rest take 10 ms
     r = load_run(make_run(tmp_path, wall=lambda i: 50.0 if i <= 13 else 10.0 + (i % 3)))
-    st = r.summary["step_time_ms"]
-    assert st["n"] == 27 and st["median"] == 11.0 and r.summary["steady_steps"] == [14, 40]
+    st = r.summary.step_time_ms
+    assert st.n == 27 and st.median == 11.0 and r.summary.steady_steps == [14, 40]
     assert r.facts.value("step.time_ms") == 11.0 and 11.0 < r.facts.value("step.time_p90_ms") <= 12.0
-    parts = {b["category"]: b["ms"] for b in r.summary["breakdown"]}
+    parts = {b.category: b.ms for b in r.summary.breakdown}
     # each part's mean share of the steady steps (10, 11 and 12 ms in turn), times the median step
     inv = sum(1 / (10.0 + i % 3) for i in range(14, 41)) / 27
     expect = {"data loading": 2.0, "forward": 3.0, "backward": 4.0, "optimizer": 0.5}
     for cat, ms in expect.items():
         assert parts[cat] == pytest.approx(11.0 * ms * inv, abs=1e-4)
     assert parts["other"] == pytest.approx(11.0 - 11.0 * 9.5 * inv, abs=1e-3)
-    assert math.isclose(sum(parts.values()), st["median"], rel_tol=1e-6)
-    assert math.isclose(sum(b["fraction"] for b in r.summary["breakdown"]), 1.0, abs_tol=1e-3)
+    assert math.isclose(sum(parts.values()), st.median, rel_tol=1e-6)
+    assert math.isclose(sum(b.fraction for b in r.summary.breakdown), 1.0, abs_tol=1e-3)
     assert r.facts.value("run.step_clock") == "optimizer" and r.facts.value("run.steps_observed") == 40
     assert r.trace_path is None and r.user_files == [tmp_path / "train.py"] and r.notes == []
 
 
 def test_breakdown_scaled_when_parts_exceed_the_step(tmp_path):
     r = load_run(make_run(tmp_path, wall=lambda i: 5.0, data=8.0))
-    parts = {b["category"]: b["ms"] for b in r.summary["breakdown"]}
+    parts = {b.category: b.ms for b in r.summary.breakdown}
     assert parts["other"] == 0.0 and math.isclose(sum(parts.values()), 5.0, rel_tol=1e-6)
 
 
@@ -170,7 +171,7 @@ def test_notes(tmp_path):
     assert "the script failed after 4 steps: ValueError: bad batch (train.py:3)" in r.notes
     assert any(n.startswith("profiler window not reached") for n in r.notes)
     r = load_run(make_run(tmp_path / "none", n=1, clock="none"))
-    assert r.facts.value("run.step_clock") == "whole-run" and r.summary["step_time_ms"]["n"] == 1
+    assert r.facts.value("run.step_clock") == "whole-run" and r.summary.step_time_ms.n == 1
     assert any("whole run is one span" in n for n in r.notes)
 
 
@@ -199,8 +200,8 @@ def test_hotspots_with_hot_lines(tmp_path):
     r = load_run(make_run(tmp_path, hotspots=hs))
     (h,) = r.hotspots
     assert (h.function, h.line, h.ms_per_step, h.calls_per_step) == ("__getitem__", 2, 10.0, 64.0)
-    assert h.lines[0] == {"line": 5, "code": "s += k", "share": 0.75, "samples": 30}
-    assert [l["line"] for l in h.lines] == [5, 6]
+    assert h.lines[0] == HotLineDoc(line=5, code="s += k", share=0.75, samples=30)
+    assert [l.line for l in h.lines] == [5, 6]
 
 
 def test_not_a_run_folder(tmp_path):

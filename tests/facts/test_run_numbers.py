@@ -31,8 +31,8 @@ def test_breakdown_adds_up_when_each_part_is_bimodal(tmp_path):
     d = make_run(tmp_path, n=60)
     _steps(d, [(500.0, 0, 0, 0, 0)] + [kinds[i % 3] for i in range(59)])
     r = load_run(d)
-    parts = {b["category"]: b["ms"] for b in r.summary["breakdown"]}
-    assert r.summary["step_time_ms"]["median"] == 20.0
+    parts = {b.category: b.ms for b in r.summary.breakdown}
+    assert r.summary.step_time_ms.median == 20.0
     assert math.isclose(sum(parts.values()), 20.0, rel_tol=1e-6)
     # unmeasured: 0.3 ms of the data steps, 0.8 ms of the others
     assert parts["other"] == pytest.approx(20.0 - (19.7 + 19.2 + 19.2) / 3, abs=0.01)
@@ -46,7 +46,7 @@ def test_a_single_slow_step_moves_the_shares_by_one_step_only(tmp_path):
     rows[40] = (2000.0, 0.0, 3.0, 4.0, 0.5)  # a checkpoint save: 2 s of "other" in one step
     d = make_run(tmp_path, n=60)
     _steps(d, rows)
-    parts = {b["category"]: b["ms"] for b in load_run(d).summary["breakdown"]}
+    parts = {b.category: b.ms for b in load_run(d).summary.breakdown}
     assert parts["data loading"] == pytest.approx(2.0 * (1 - 1 / 48), rel=0.01)  # 48 steady steps
     # 0.5 ms of every step, plus at most the median step / 48 for the slow one (not its 2 s / 48)
     assert parts["other"] == pytest.approx(0.5 + 10.0 / 48 * (1992.5 / 2000), abs=0.03)
@@ -56,7 +56,7 @@ def test_step_facts_carry_their_per_step_series(tmp_path):
     d = make_run(tmp_path, n=40, wall=lambda i: 10.0 + (i % 4))
     r = load_run(d)
     st = r.facts.get("step.time_ms")
-    assert st is not None and len(st.per_step) == r.summary["step_time_ms"]["n"]
+    assert st is not None and len(st.per_step) == r.summary.step_time_ms.n
     assert sorted(st.per_step)[len(st.per_step) // 2] == pytest.approx(st.value, abs=1.0)
     data = r.facts.get("step.data_ms")
     assert data is not None and set(data.per_step) == {2.0}

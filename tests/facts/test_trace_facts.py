@@ -43,8 +43,8 @@ def test_resnet50_dataloader_share_matches_independent_reading():
     assert 0.33 < idle < 0.47
     assert f.value("gpu.idle_host_wait_ms") / f.value("step.idle_ms") > 0.9
     assert not f.of_kind("dataparallel")
-    total = sum(b["ms"] for b in summary["breakdown"])
-    assert abs(total - summary["step_time_ms"]["median"]) < 0.01
+    total = sum(b.ms for b in summary.breakdown)
+    assert abs(total - summary.step_time_ms.median) < 0.01
 
 
 def test_hta_ns_resolution_utilization_and_no_dataparallel():
@@ -70,7 +70,7 @@ def test_rocm_comm_and_bf16():
 
 def test_cpu_trace():
     f, summary = facts_of(CPU)
-    cats = {b["category"] for b in summary["breakdown"]}
+    cats = {b.category for b in summary.breakdown}
     assert {"data loading", "forward", "backward", "optimizer"} <= cats
     assert f.value("device.type") == "cpu" and "gpu.utilization" not in f
     assert f.value("dataloader.num_workers") == 0
@@ -90,7 +90,7 @@ def test_dlrm_rank_imbalance():
     g, rows = cross_rank([(r.rank, r.path.name) for r in per], [r.facts for r in per])
     assert g.value("ranks.count") == 8 and len(rows) == 8
     assert g.value("ranks.idle_spread") > 0.3  # README: per-rank idle 34-76 %
-    steps = [r["step_ms"] for r in rows]
+    steps = [r.step_ms for r in rows]
     assert max(steps) / min(steps) > 1.4
     assert g.value("ranks.imbalance_ratio") > 1.1
     assert all(not r.facts.of_kind("dataparallel") for r in per)

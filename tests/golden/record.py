@@ -97,7 +97,8 @@ def outputs_and_reread(ident: str, kind: str, formats: tuple[str, ...] = FORMATS
     """`outputs_of`, and the same rendered from the report's report.json read back (`perfdoctor report
     report.json`) instead of from the analysis."""
     from perfdoctor.analysis import analyse_path
-    from perfdoctor.contracts.report import decode_report, from_doc
+    from perfdoctor.contracts.report import decode_report
+    from perfdoctor.model import from_doc
     from perfdoctor.report import jsonfmt
 
     run = materialise(ident) if kind == "run" else None

@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from perfdoctor.contracts.baseline import GateFinding
+from perfdoctor.contracts.report import BreakdownDoc, RunInfoDoc, StepTimeDoc, SummaryDoc
 from perfdoctor.gate import RunRecord, compare
 from perfdoctor.model import Fact, Finding, Fix, Location, Report
 from perfdoctor.report import escape, github, markdown, sarif
@@ -42,10 +43,9 @@ def finding(line=12, code="loader = DataLoader(ds, batch_size=64)", rule="PD002"
 
 
 def report(findings=None):
-    return Report(run={"script": "/repo/src/train.py", "argv": ["train.py"], "device": "cpu", "torch": "2.13.0"},
-                  summary={"step_time_ms": {"median": 74.5, "p90": 80.1, "n": 40},
-                           "breakdown": [{"category": "data loading", "ms": 41.0, "fraction": 0.55},
-                                         {"category": "forward", "ms": 20.0, "fraction": 0.27}]},
+    return Report(run=RunInfoDoc(script="/repo/src/train.py", argv=["train.py"], device="cpu", torch="2.13.0"),
+                  summary=SummaryDoc(step_time_ms=StepTimeDoc(median=74.5, p90=80.1, n=40),
+                                     breakdown=[BreakdownDoc("data loading", 41.0, 0.55), BreakdownDoc("forward", 20.0, 0.27)]),
                   findings=[finding()] if findings is None else findings, notes=["profiled steps 5-8"])
 
 

@@ -25,6 +25,7 @@ from typer.testing import CliRunner
 
 from perfdoctor import cli
 from perfdoctor.contracts.baseline import GateFinding
+from perfdoctor.contracts.report import BreakdownDoc, ExitDoc, HotLineDoc, RankRowDoc, RunInfoDoc, StepTimeDoc, SummaryDoc
 from perfdoctor.gate import RunRecord, compare
 from perfdoctor.gate.baseline import save_baseline
 from perfdoctor.gate.compare import Comparison
@@ -55,17 +56,16 @@ def _finding(rule: str = "PD002") -> Finding:
 
 def hostile_report() -> Report:
     return Report(
-        run={"script": f"/repo/{HOSTILE}.py", "argv": [HOSTILE], "device": HOSTILE, "torch": HOSTILE,
-             "step_clock": HOSTILE, "run_dir": f"/runs/{HOSTILE}", "exit": {"reason": HOSTILE, "code": 1}},
-        summary={"step_time_ms": {"median": 50.0, "p90": 60.0, "n": 20}, "steps_observed": 25, "steps_profiled": 5,
-                 "breakdown": [{"category": HOSTILE, "ms": 20.0, "fraction": 0.4},
-                               {"category": "forward", "ms": 30.0, "fraction": 0.6}]},
+        run=RunInfoDoc(script=f"/repo/{HOSTILE}.py", argv=[HOSTILE], device=HOSTILE, torch=HOSTILE,
+                       step_clock=HOSTILE, run_dir=f"/runs/{HOSTILE}", exit=ExitDoc(reason=HOSTILE, code=1)),
+        summary=SummaryDoc(step_time_ms=StepTimeDoc(median=50.0, p90=60.0, n=20), steps_observed=25, steps_profiled=5,
+                           breakdown=[BreakdownDoc(HOSTILE, 20.0, 0.4), BreakdownDoc("forward", 30.0, 0.6)]),
         findings=[_finding()],
         hotspots=[Hotspot(function=HOSTILE, file=FILE, line=3, ms_per_step=5.0, calls_per_step=1.0,
-                          lines=[{"line": 4, "code": HOSTILE, "share": 0.5}]),
+                          lines=[HotLineDoc(line=4, code=HOSTILE, share=0.5)]),
                   Hotspot(function=HOSTILE, file=FILE, line=3, ms_per_step=1.0, calls_per_step=1.0,
                           process="dataloader-workers")],
-        notes=[HOSTILE], ranks=[{"rank": 0, "file": HOSTILE, "step_ms": 50.0, "idle_fraction": 0.1}],
+        notes=[HOSTILE], ranks=[RankRowDoc(rank=0, file=HOSTILE, step_ms=50.0, idle_fraction=0.1)],
         facts={"device.name": Fact("device.name", HOSTILE, "", "trace", HOSTILE)})
 
 
@@ -135,7 +135,7 @@ def test_text_has_no_command_line_markup_or_escape_sequence(what: str) -> None:
 def test_text_title_with_a_newline_stays_on_its_line() -> None:
     f = _finding()
     f.title = "slow loader\nsecond line"
-    out = _console_text(render("text", Report(run={}, summary={}, findings=[f])))
+    out = _console_text(render("text", Report(run=RunInfoDoc(), summary=SummaryDoc(), findings=[f])))
     assert "slow loader second line" in out
 
 
@@ -146,7 +146,7 @@ def test_text_guards_lines_that_word_wrap_starts_with_a_command() -> None:
     for k in range(60):
         f = _finding()
         f.title = "w " * k + "::error title=X::wrapped"  # indented: the runner trims leading spaces
-        report = Report(run={"script": "train.py"}, summary={}, findings=[f], notes=["w " * k + "::error title=X::n"])
+        report = Report(run=RunInfoDoc(script="train.py"), summary=SummaryDoc(), findings=[f], notes=["w " * k + "::error title=X::n"])
         out = _console_text(render("text", report), 80)
         assert_log_safe(out)
         assert all(len(line) <= 80 for line in out.split("\n"))
@@ -183,7 +183,7 @@ def test_markdown_has_no_command_line_html_or_heading(what: str) -> None:
 
 
 def test_markdown_code_spans_hold_a_backtick_file_name() -> None:
-    md = markdown.render_report(Report(run={}, summary={}, findings=[_finding()]))
+    md = markdown.render_report(Report(run=RunInfoDoc(), summary=SummaryDoc(), findings=[_finding()]))
     page = MarkdownIt("commonmark").enable("table").render(md)
     assert "<code>tr`ain ::error file=x::f.py:12</code>" in page  # the whole name in one span
     assert escape.markdown_code("a`b") == "``a`b``" and escape.markdown_code("`x") == "`` `x ``"

@@ -10,9 +10,11 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from perfdoctor.analysis import analyse_path
+from perfdoctor.contracts.report import HotLineDoc, RankRowDoc, StepSeriesDoc
 from perfdoctor.facts.model import Location
 from perfdoctor.model import Hotspot
 from perfdoctor.report import html
@@ -93,7 +95,7 @@ def test_page_numbers_are_report_json_numbers(run_report) -> None:
 
 def test_step_chart_draws_every_step_and_marks_the_off_scale_first_step(run_report) -> None:
     page = html.render_report(run_report)
-    ms = run_report.summary["step_series"]["ms"]
+    ms = run_report.summary.step_series.ms
     assert ms[0] > chart_top(ms)  # the first step (2.3 s of warm-up) is off the scale
     assert page.count('<circle class="pt"') == 11  # steady-state steps 15..25
     assert page.count('<circle class="pt out"') == len(ms) - 11 - 1  # the others but the off-scale one
@@ -121,7 +123,7 @@ def test_rank_folder_page_marks_the_straggler() -> None:
     got = parse(page).data
     straggler = r.facts["ranks.straggler"].value
     assert f"straggler ▸ rank {straggler}<" in page and page.count('class="straggler"') == 1
-    assert [float(got[f"ranks.{j}.step_ms"]) for j in range(len(r.ranks))] == [x["step_ms"] for x in r.ranks]
+    assert [float(got[f"ranks.{j}.step_ms"]) for j in range(len(r.ranks))] == [x.step_ms for x in r.ranks]
     # communication exposed versus overlapped
     assert "communication exposed" in page and float(got["facts.comm.overlap"]) == r.facts["comm.overlap"].value
 
@@ -140,17 +142,17 @@ def test_rank_folder_page_without_a_straggler_says_why() -> None:
 
 def test_no_input_string_reaches_the_page_as_html(run_report) -> None:
     r = dataclasses.replace(run_report)
-    r.run = {**r.run, "device": HOSTILE, "script": f"/tmp/{HOSTILE}/train.py", "run_dir": f"/tmp/{HOSTILE}",
-             "trace_file": f"/tmp/{HOSTILE}/trace.json.gz"}
+    r.run = msgspec.structs.replace(r.run, device=HOSTILE, script=f"/tmp/{HOSTILE}/train.py", run_dir=f"/tmp/{HOSTILE}",
+                                    trace_file=f"/tmp/{HOSTILE}/trace.json.gz")
     f = dataclasses.replace(r.findings[0], title=HOSTILE, message=HOSTILE, why=HOSTILE, saving_basis=HOSTILE,
                             locations=[Location(f"/x/{HOSTILE}.py", 3, HOSTILE, HOSTILE)],
                             fix=dataclasses.replace(r.findings[0].fix, before=HOSTILE, after=HOSTILE, note=HOSTILE),
                             references=[f"javascript:alert(1)//{HOSTILE}"])
     r.findings = [f]
-    r.hotspots = [Hotspot(HOSTILE, f"/x/{HOSTILE}.py", 1, 1.0, 1.0, [{"line": 1, "code": HOSTILE, "share": 1.0}])]
+    r.hotspots = [Hotspot(HOSTILE, f"/x/{HOSTILE}.py", 1, 1.0, 1.0, [HotLineDoc(line=1, code=HOSTILE, share=1.0)])]
     r.notes = [HOSTILE]
-    r.ranks = [{"rank": HOSTILE, "file": HOSTILE, "step_ms": 2.0, "compute_ms": 1.0, "idle_ms": 0.5,
-                "idle_fraction": 0.25}]
+    r.ranks = [RankRowDoc(rank=HOSTILE, file=HOSTILE, step_ms=2.0, compute_ms=1.0, idle_ms=0.5,
+                          idle_fraction=0.25)]
     r.rules = []
     page = html.render_report(r)  # no rule documentation in the report: the finding's own `why` and references are shown
     assert "<img" not in page and "javascript:" not in page.replace("javascript:alert(1)//&lt;img", "")
@@ -192,7 +194,7 @@ def test_comparison_page_lists_new_and_resolved_findings() -> None:
 def test_a_long_run_stays_small(run_report) -> None:
     r = dataclasses.replace(run_report)
     ms = [50.0 + (i % 100 == 0) * 40 for i in range(50_000)]  # a stall every 100 steps
-    r.summary = {**r.summary, "step_series": {"ms": ms, "steady": [[100, 50_000]], "window": [6, 13]}}
+    r.summary = msgspec.structs.replace(r.summary, step_series=StepSeriesDoc(ms=ms, steady=[[100, 50_000]], window=[6, 13]))
     page = html.render_report(r)
     assert len(page.encode()) < 2 * 2**20
     assert '<polygon class="band-series"' in page

@@ -14,6 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from perfdoctor.analysis import analyse_path
@@ -92,7 +93,7 @@ def test_run_report_draws_its_charts_without_errors(browser, tmp_path: Path) -> 
     assert "memory at each step" in labels and page.locator("#memory svg.chart polyline.mem").count() == 1
     assert "FLOP per step" in page.locator("#compute").inner_text()
     # the step chart: one mark per step, the steady-state steps filled
-    n = len(report.summary["step_series"]["ms"])
+    n = len(report.summary.step_series.ms)
     assert page.locator("#steps svg.chart circle.pt, #steps svg.chart path.off").count() == n
     # the rule's explanation is one click away, and the optional toggle opens every one
     explain = page.locator("details.explain").first
@@ -132,7 +133,7 @@ def test_comparison_page_draws_both_sides(browser, tmp_path: Path) -> None:
 
 def test_hostile_input_stays_text(browser, tmp_path: Path) -> None:
     report = analyse_path(record.materialise("pd002_dataloader_workers"))
-    report.run = {**report.run, "device": HOSTILE, "script": f"/tmp/{HOSTILE}.py"}
+    report.run = msgspec.structs.replace(report.run, device=HOSTILE, script=f"/tmp/{HOSTILE}.py")
     report.findings = [dataclasses.replace(report.findings[0], title=HOSTILE, message=HOSTILE)]
     page, errors, dialogs, requests = _open(browser, html.render_report(report), tmp_path)
     assert page.locator("img").count() == 0

@@ -472,10 +472,10 @@ def test_contention_is_measured_said_and_shown_apart_in_the_breakdown(tmp_path):
     assert r.facts.value("cpu.contended") is True and r.facts.value("cpu.tree_ms") == pytest.approx(18.0)
     assert r.facts.value("host.cpu_pressure") == pytest.approx(40.0 / 51.2)
     assert r.facts.value("host.load_avg") == 5.2
-    c = r.summary["contention"]
-    assert c["inflated"] and "waited 34 ms per step for a CPU, 67% of the step" in c["sentence"]
+    c = r.summary.contention
+    assert c and c.inflated and "waited 34 ms per step for a CPU, 67% of the step" in c.sentence
     assert "step times are inflated" in r.notes[0]
-    parts = {b["category"]: b["ms"] for b in r.summary["breakdown"]}
+    parts = {b.category: b.ms for b in r.summary.breakdown}
     assert parts["waiting for a CPU"] == pytest.approx(51.2 * 34.3 / 51.2, abs=1e-3)
     assert sum(parts.values()) == pytest.approx(51.2, abs=1e-3)  # work and wait apart, adding up to the step
 
@@ -484,9 +484,9 @@ def test_a_quiet_host_says_nothing_of_contention(tmp_path):
     n = 40
     probes = {"cpu_wait": {"wait_ms": [0.1] * n, "run_ms": [9.8] * n, "tree_ms": [10.0] * n}}
     r, _ = findings(make_run(tmp_path, wall=lambda i: 10.0, probes=probes))
-    assert r.facts.value("cpu.contended") is False and not r.summary["contention"]["inflated"]
+    assert r.facts.value("cpu.contended") is False and not r.summary.contention.inflated
     assert not any("inflated" in n for n in r.notes)
-    assert "waiting for a CPU" not in {b["category"] for b in r.summary["breakdown"]}
+    assert "waiting for a CPU" not in {b.category for b in r.summary.breakdown}
 
 
 def test_every_format_says_the_step_times_are_inflated(tmp_path):

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from perfdoctor import verify
+from perfdoctor.contracts.report import RunInfoDoc, StepTimeDoc, SummaryDoc
 from perfdoctor.model import Finding, Fix, Location, Report, Verification
 from perfdoctor.report.formats import FORMATS, render
 from perfdoctor.rules.catalog import load_rules
@@ -142,7 +143,8 @@ def test_every_format_shows_the_verdict() -> None:
     f = _finding("PD027", Location("/x/train.py", 3, "gc.collect()"), Fix("gc.collect()", ""), ms=30.0)
     f.verification = Verification("smaller", "fix", "a real saving, smaller than the predicted 30.0 ms", 20.0,
                                   (15.0, 25.0), 6, 100.0)
-    report = Report(run={"script": "/x/train.py"}, summary={"step_time_ms": {"median": 100.0}}, findings=[f])
+    report = Report(run=RunInfoDoc(script="/x/train.py"), summary=SummaryDoc(step_time_ms=StepTimeDoc(median=100.0)),
+                    findings=[f])
     for fmt in FORMATS:
         doc = render(fmt, report)
         if FORMATS[fmt].console:
@@ -156,7 +158,7 @@ def test_every_format_shows_the_verdict() -> None:
     assert out["findings"][0]["verification"]["interval_ms"] == [15.0, 25.0]
     sarif = json.loads(render("sarif", report))
     assert sarif["runs"][0]["results"][0]["properties"]["verification"]["verdict"] == "smaller"
-    from perfdoctor.contracts.report import from_doc, to_doc
+    from perfdoctor.model import from_doc, to_doc
 
     v = f.verification
     assert from_doc(to_doc(report)).findings[0].verification == v  # `report report.json` keeps it

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.contracts.report import SummaryDoc
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.run import (
     anomaly,
@@ -54,7 +55,7 @@ FAMILIES = (steps, machine, memory, dataloader, dataparallel, empty_cache, anoma
 class RunData:
     meta: dict[str, Any]  # meta.json as written (checked against contracts.run.Meta)
     facts: Facts
-    summary: dict[str, Any]
+    summary: SummaryDoc
     hotspots: list[Hotspot] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     user_files: list[Path] = field(default_factory=list)

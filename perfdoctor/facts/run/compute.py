@@ -6,6 +6,7 @@ with the most FLOPs. The trace's module times later add each listed module's ach
 
 from __future__ import annotations
 
+from perfdoctor.contracts.report import ComputeDoc, ComputeModuleDoc
 from perfdoctor.facts.run.context import RunContext
 
 TOP_MODULES = 8  # modules listed in the summary, by FLOPs
@@ -24,7 +25,7 @@ def add(ctx: RunContext) -> None:
                   detail=f"of the FLOPs {source} counted, those of operators on float16 or bfloat16 operands")
     names = list(rec.modules)
     leaves = [n for n in names if not any(o.startswith(n + ".") for o in names)]  # a parent holds its children's
-    rows = [{"module": n, "layer": rec.order.get(n), "flops": rec.modules[n], "share": round(rec.modules[n] / rec.flops, 4),
-             "forward_flops": rec.forward.get(n, 0)}
+    rows = [ComputeModuleDoc(module=n, layer=rec.order.get(n), flops=rec.modules[n], share=round(rec.modules[n] / rec.flops, 4),
+                             forward_flops=rec.forward.get(n, 0))
             for n in sorted(leaves, key=lambda n: -rec.modules[n])[:TOP_MODULES]]
-    ctx.summary["compute"] = {"source": source, "flops_per_step": rec.flops, "modules": rows}
+    ctx.summary.compute = ComputeDoc(source=source, flops_per_step=rec.flops, modules=rows)

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from perfdoctor.contracts.files import TOO_DEEP, check_schema, read_bytes
+from perfdoctor.contracts.report import SummaryDoc
 from perfdoctor.contracts.run import (
     SCHEMA,
     Env,
@@ -53,7 +54,7 @@ class RunContext:
     run_steps: list[Step] = field(default_factory=list)
     hotspot_file: Hotspots = field(default_factory=Hotspots)
     # what the families hand on: the report's summary, notes and hot spots
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: SummaryDoc = field(default_factory=SummaryDoc)
     notes: list[str] = field(default_factory=list)
     hotspots: list[Hotspot] = field(default_factory=list)
     # the process's memory growth per step where it is clear (memory.py), which the loss holders share

@@ -9,8 +9,8 @@ step breakdown that shows the wait apart from the work."""
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
+from perfdoctor.contracts.report import BreakdownDoc, ContentionDoc, SummaryDoc
 from perfdoctor.facts.model import site_subject
 from perfdoctor.facts.run.context import RunContext
 
@@ -52,47 +52,47 @@ def contention(ctx: RunContext) -> None:
     inflated = share >= CONTENTION_SHARE
     facts.add("cpu.contended", inflated, detail=f"waited {share:.0%} of the steady steps' time "
               f"({'at least' if inflated else 'under'} {CONTENTION_SHARE:.0%})")
-    doc: dict[str, Any] = {"wait_ms": round(statistics.fmean(waits), 3), "share": round(share, 4), "inflated": inflated}
+    doc = ContentionDoc(wait_ms=round(statistics.fmean(waits), 3), share=round(share, 4), inflated=inflated)
     if len(w.run_ms) == len(w.wait_ms):
-        doc["run_ms"] = round(statistics.fmean(w.run_ms[k] for k in at), 3)
+        doc.run_ms = round(statistics.fmean(w.run_ms[k] for k in at), 3)
     if len(w.tree_ms) == len(w.wait_ms):
         tree = statistics.fmean(w.tree_ms[k] for k in at)
         facts.add("cpu.tree_ms", tree, "ms", detail=f"this process's threads and its DataLoader workers, mean over {n} "
                   "steady steps")
-        doc["tree_ms"] = round(tree, 3)
+        doc.tree_ms = round(tree, 3)
     if w.pressure and len(w.pressure_ms) == len(w.wait_ms):
         pressure = min(1.0, sum(w.pressure_ms[k] for k in at) / total)
         facts.add("host.cpu_pressure", pressure, "ratio", detail=f"/proc/pressure/cpu 'some' over {n} steady steps")
-        doc["host_pressure"] = round(pressure, 4)
+        doc.host_pressure = round(pressure, 4)
     if len(w.steal_ms) == len(w.wait_ms):
         steal = statistics.fmean(w.steal_ms[k] for k in at)
         facts.add("host.steal_ms", steal, "ms", detail=f"/proc/stat steal, all CPUs, mean over {n} steady steps")
-        doc["steal_ms"] = round(steal, 3)
+        doc.steal_ms = round(steal, 3)
     if w.loadavg:
         facts.add("host.load_avg", w.loadavg[0], "number", detail="1-minute load average at the run's start"
                   + (f"; {w.loadavg_end[0]:g} at its end" if w.loadavg_end else ""))
-        doc["loadavg"] = [w.loadavg[0]] + ([w.loadavg_end[0]] if w.loadavg_end else [])
-    sentence = (f"the training thread waited {doc['wait_ms']:.0f} ms per step for a CPU, {share:.0%} of the step: "
+        doc.loadavg = [w.loadavg[0]] + ([w.loadavg_end[0]] if w.loadavg_end else [])
+    sentence = (f"the training thread waited {doc.wait_ms:.0f} ms per step for a CPU, {share:.0%} of the step: "
                 f"other processes compete for these cores; step times are inflated"
                 + (f" (host load average {w.loadavg[0]:g})" if w.loadavg else ""))
     if inflated:
-        doc["sentence"] = sentence
+        doc.sentence = sentence
         ctx.notes.insert(0, sentence)
         _breakdown_with_wait(ctx.summary, share)
-    ctx.summary["contention"] = doc
+    ctx.summary.contention = doc
 
 
-def _breakdown_with_wait(summary: dict[str, Any], share: float) -> None:
+def _breakdown_with_wait(summary: SummaryDoc, share: float) -> None:
     """The summary's breakdown with the wait for a CPU as a part of its own: every part scaled by
     the share of the step not spent waiting, the wait the rest (it still adds up to the step)."""
-    rows = summary.get("breakdown") or []
-    step = sum(r.get("ms") or 0.0 for r in rows)
+    rows = summary.breakdown
+    step = sum(r.ms or 0.0 for r in rows)
     if not rows or step <= 0:
         return
-    out = [{"category": r["category"], "ms": round((r.get("ms") or 0.0) * (1 - share), 4),
-            "fraction": round((r.get("fraction") or 0.0) * (1 - share), 4)} for r in rows]
-    out.append({"category": WAIT_CATEGORY, "ms": round(step * share, 4), "fraction": round(share, 4)})
-    summary["breakdown"] = out
+    out = [BreakdownDoc(r.category, round((r.ms or 0.0) * (1 - share), 4), round((r.fraction or 0.0) * (1 - share), 4))
+           for r in rows]
+    out.append(BreakdownDoc(WAIT_CATEGORY, round(step * share, 4), round(share, 4)))
+    summary.breakdown = out
 
 
 def worker_contention(ctx: RunContext) -> None:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import ast
 import re
-from typing import Any
 
+from perfdoctor.contracts.report import HotLineDoc
 from perfdoctor.contracts.run import Hotspots, Step, Window, Workers
 from perfdoctor.contracts.source import read_source
 from perfdoctor.facts.model import Facts
@@ -48,12 +48,12 @@ def _enclosing_start(spans: list[tuple[int, int, int]], line: int) -> int | None
     return max((start for start, _, end in spans if start <= line <= end), default=None)
 
 
-def _hot_lines(file: str, rows: list[dict]) -> list[dict[str, Any]]:
+def _hot_lines(file: str, rows: list[dict]) -> list[HotLineDoc]:
     """A function's hottest lines (up to 5, each at least 5% of its samples) with their code."""
     total = sum(x["samples"] for x in rows)
     sf = read_source(file)
-    return [{"line": x["line"], "code": sf.line(x["line"]).strip() if sf is not None else "",
-             "share": round(x["samples"] / total, 3), "samples": x["samples"]}
+    return [HotLineDoc(line=x["line"], code=sf.line(x["line"]).strip() if sf is not None else "",
+                       share=round(x["samples"] / total, 3), samples=x["samples"])
             for x in sorted(rows, key=lambda x: -x["samples"])[:5] if x["samples"] / total >= 0.05]
 
 
@@ -93,8 +93,8 @@ def _worker_hotspot_subject(facts: Facts, workers: Workers, h: Hotspot, steps: l
     rate, top = workers.rate_hz or 100, h.lines[0]
     samples, n_steps = workers.samples, workers.steps
     assert isinstance(samples, int) and n_steps  # worker_hotspots found h: both are known and non-zero
-    s = facts.subject("worker_hotspot", f"{h.file}:{top['line']}")
-    s.locations.append(Location(h.file, top["line"], top.get("code", ""), h.function))
+    s = facts.subject("worker_hotspot", f"{h.file}:{top.line}")
+    s.locations.append(Location(h.file, top.line, top.code, h.function))
     s.add("function", h.function)
     s.add("ms_per_step", h.ms_per_step, "ms", detail="worker CPU time per step in this function, summed over "
           f"the workers (py-spy, {rate} Hz, {n_steps} profiled steps)")

@@ -8,6 +8,7 @@ import math
 
 import msgspec
 
+from perfdoctor.contracts.report import MemoryDoc
 from perfdoctor.facts.run.context import RunContext, span
 
 T90 = 1.645  # the slope's 90 % interval: +-T90 standard errors (normal; the fit uses 8 steps or more)
@@ -186,10 +187,10 @@ def _summary(ctx: RunContext) -> None:
     fit = growth_fit(steady)
     value = ctx.facts.value
     parts = {k: value(f"memory.{k}_bytes") for k in ("params", "grads", "optimizer_state", "activations")}
-    ctx.summary["memory"] = {
-        "source": "cuda allocated" if cuda else "process RSS", "bytes": series,
-        "growth_bytes_per_step": None if fit is None else round(fit[0], 1),
-        "growth_interval": None if fit is None else [round(fit[1], 1), round(fit[2], 1)],
-        "peak_bytes": value("memory.peak_bytes"), "total_bytes": value("memory.total_bytes"),
-        "parts": {k: v for k, v in parts.items() if isinstance(v, (int, float))},
-    }
+    ctx.summary.memory = MemoryDoc(
+        source="cuda allocated" if cuda else "process RSS", bytes=series,
+        growth_bytes_per_step=None if fit is None else round(fit[0], 1),
+        growth_interval=None if fit is None else [round(fit[1], 1), round(fit[2], 1)],
+        peak_bytes=value("memory.peak_bytes"), total_bytes=value("memory.total_bytes"),
+        parts={k: v for k, v in parts.items() if isinstance(v, (int, float))},
+    )

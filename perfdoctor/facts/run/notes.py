@@ -8,8 +8,7 @@ import os
 import re
 from typing import Any
 
-import msgspec
-
+from perfdoctor.contracts.report import SummaryDoc
 from perfdoctor.contracts.run import Stuck, StuckProcess, exception_line
 from perfdoctor.facts.run.context import RunContext
 from perfdoctor.usercode import is_user_file
@@ -46,7 +45,7 @@ def add(ctx: RunContext) -> None:
     elif reason == "interrupted":
         notes.append(f"interrupted {after}")
     if ctx.stuck is not None:
-        ctx.summary["stuck"] = msgspec.to_builtins(ctx.stuck)
+        ctx.summary.stuck = ctx.stuck
         notes.insert(0, stuck_sentence(ctx.stuck))
     if win is not None and clock != "whole-run":
         if win.stopped_by == "time":
@@ -116,14 +115,14 @@ def stuck_sentence(stuck: Stuck) -> str:
 _NO_GPU = re.compile(r"CUDA|NCCL|_cuda_|accelerator device|NVIDIA driver", re.IGNORECASE)
 
 
-def needs_a_gpu(meta: dict[str, Any], summary: dict[str, Any]) -> str | None:
+def needs_a_gpu(meta: dict[str, Any], summary: SummaryDoc) -> str | None:
     """A note where the script failed before its first step on a machine without a GPU because it asks
     for one (its error names CUDA, NCCL or the accelerator): a report of nothing measured must not
     read as a clean bill of health. None otherwise."""
     exit_ = meta.get("exit") or {}
     if exit_.get("reason") != "exception" or (meta.get("env") or {}).get("device") == "cuda":
         return None
-    if summary.get("steps_profiled"):
+    if summary.steps_profiled:
         return None
     if not _NO_GPU.search(exception_line(exit_.get("traceback"))):
         return None

@@ -24,17 +24,16 @@ def add(ctx: RunContext) -> None:
     if n >= 3:  # the probes looked for retained losses on these steps (PD006 trusts them)
         facts.add("run.loss_scan_steps", min(n, LOSS_SCAN_STEPS), "count")
     summary = ctx.summary
-    summary.update({"steps_observed": n, "steps_profiled": ctx.profiled, "step_clock": clock,
-                    "step_time_ms": None, "breakdown": []})
+    summary.steps_observed, summary.steps_profiled, summary.step_clock = n, ctx.profiled, clock
     steady, median = ctx.steady, ctx.median
     walls = [s["wall_ms"] for s in steady]
     if median is not None:
-        summary["step_time_ms"] = step_time_summary(walls)
-        summary["steady_steps"] = [steady[0]["i"], steady[-1]["i"]]
+        summary.step_time_ms = step_time_summary(walls)
+        summary.steady_steps = [steady[0]["i"], steady[-1]["i"]]
         which = f"{len(walls)} steady-state steps ({span([x['i'] for x in steady])}, unprofiled)"
         facts.add("step.time_p90_ms", quantile(walls, 0.9), "ms", detail=f"p90 of {which}")
         split = composition(steady, median)
-        summary["breakdown"] = breakdown_rows(split, median)
+        summary.breakdown = breakdown_rows(split, median)
         facts.add("step.time_ms", median, "ms", detail=f"median of {which}", per_step=tuple(walls))
         for cat, k in CATEGORIES:
             facts.add(f"step.{k}", split[cat], "ms", detail=f"mean share of {which} x the median step",
@@ -43,7 +42,7 @@ def add(ctx: RunContext) -> None:
                   detail=f"step time not in data, forward, backward, optimizer; {which}")
     held = ctx.held
     if ctx.run_steps:  # every step of the run, for the charts: which were steady, which the profiler held
-        summary["step_series"] = step_series([s.wall_ms for s in ctx.run_steps], [s["i"] for s in steady],
+        summary.step_series = step_series([s.wall_ms for s in ctx.run_steps], [s["i"] for s in steady],
                                              [held.start, held.stop - 2] if held else None)
 
 

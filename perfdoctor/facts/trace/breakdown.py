@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any
 
+from perfdoctor.contracts.report import SummaryDoc
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.intervals import merge, per_window, subtract
 from perfdoctor.stats import breakdown, breakdown_rows, median, quantile, step_series, step_time_summary
@@ -24,7 +24,7 @@ _FACT_OF = {"gpu kernel": "step.gpu_kernel_ms", "memcpy": "step.memcpy_ms", "mem
 
 @dataclass
 class Breakdown:
-    summary: dict[str, Any]  # steps_observed, steps_profiled, step_clock, step_time_ms, breakdown
+    summary: SummaryDoc  # steps_observed, steps_profiled, step_clock, step_time_ms, breakdown, step_series
     data_loading: list[tuple[float, float]]  # the DataLoader's spans (µs), for the dataloader facts
     gpu_parts: dict[str, float]  # the GPU's categories, median ms per step (GPU traces)
 
@@ -66,15 +66,15 @@ def add(ctx: TraceContext) -> Breakdown:
         put(_FACT_OF[c], v, "ms", "median per step, each microsecond counted once in priority order",
             per_step=kernel_ms if c == "gpu kernel" else ())
 
-    summary = {
-        "steps_observed": nsteps + (1 if t.dropped_last_step else 0),
-        "steps_profiled": nsteps,
-        "step_clock": clock,
-        "step_time_ms": step_time_summary(step_ms),
-        "breakdown": breakdown_rows(split, step),
+    summary = SummaryDoc(
+        steps_observed=nsteps + (1 if t.dropped_last_step else 0),
+        steps_profiled=nsteps,
+        step_clock=clock,
+        step_time_ms=step_time_summary(step_ms),
+        breakdown=breakdown_rows(split, step),
         # every step of a trace is profiled and every one counts in the statistics
-        "step_series": step_series(step_ms, list(range(1, nsteps + 1)), None),
-    }
+        step_series=step_series(step_ms, list(range(1, nsteps + 1)), None),
+    )
     return Breakdown(summary, cats.get("data loading", []),
                      {c: parts[c] for c in GPU_ORDER[:4] if c in parts} if gpu else {})
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from perfdoctor.contracts.report import ComputeModuleDoc
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.trace.stacks import Stacks
 from perfdoctor.trace.model import GPU_KINDS, Trace
@@ -26,7 +27,7 @@ class TraceContext:
     global facts are the busiest device's (`main_device`)."""
 
     def __init__(self, trace: Trace, facts: Facts, run_step_ms: float | None = None, steps_label: str = "",
-                 modules: list[dict[str, Any]] | None = None):
+                 modules: list[ComputeModuleDoc] | None = None):
         self.trace = trace
         self.modules = modules or []  # the run's modules with the most FLOPs (facts/run/compute.py), to time
         self.facts = facts

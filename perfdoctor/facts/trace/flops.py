@@ -21,8 +21,10 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
-from typing import Any
 
+import msgspec
+
+from perfdoctor.contracts.report import ComputeDoc, ComputeModuleDoc, SummaryDoc
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.trace.model import CPU_OP, PYFUNC
 
@@ -116,10 +118,11 @@ def _count(ctx: TraceContext) -> tuple[float, float] | None:
     return per_step, sixteen / total
 
 
-def add(ctx: TraceContext) -> dict[str, Any] | None:
+def add(ctx: TraceContext, summary: SummaryDoc) -> None:
     """compute.flops_per_step (the run's FlopCounterMode count where there is one, else the trace's
     matmul shapes), compute.achieved_flops and, where a peak is known, compute.mfu; the listed
-    modules' achieved rates (`module_rates`) as the summary's `compute_modules`."""
+    modules' achieved rates (`module_rates`) as the trace summary's `compute.modules` (the run's
+    summary takes them, analysis.py)."""
     counted = ctx.facts.get("compute.flops_per_step")
     if counted is not None and counted.source == "run":
         share = ctx.facts.value("compute.sixteen_bit_share")
@@ -129,7 +132,8 @@ def add(ctx: TraceContext) -> dict[str, Any] | None:
     rows = module_rates(ctx) if ctx.modules else None
     if found is not None:
         _rate(ctx, *found)
-    return {"compute_modules": rows} if rows else None
+    if rows:
+        summary.compute = ComputeDoc(modules=rows)
 
 
 def _rate(ctx: TraceContext, per_step: float, sixteen_share: float) -> None:
@@ -157,14 +161,14 @@ def _rate(ctx: TraceContext, per_step: float, sixteen_share: float) -> None:
 MODULE_PREFIX = "nn.Module: "
 
 
-def module_rates(ctx: TraceContext) -> list[dict[str, Any]]:
+def module_rates(ctx: TraceContext) -> list[ComputeModuleDoc]:
     """The run's listed modules (`ctx.modules`, facts/run/compute.py) with their forward's time per step
     in the trace and its achieved rate (forward FLOPs / forward time). A module's time: on a GPU trace
     the kernels launched inside its forward (torch.profiler's Python tracer's "nn.Module: Class_k" span),
     on a CPU trace the span itself. Modules the trace has no span for keep no time."""
     t = ctx.trace
     strings, name, ts, dur = t.strings, t.name, t.ts, t.dur
-    wanted = {r["layer"]: r for r in ctx.modules if r.get("layer")}
+    wanted = {r.layer: r for r in ctx.modules if r.layer}
     spans: dict[str, list[tuple[float, float]]] = {}
     for i in t.indices(PYFUNC):
         nm = strings[name[i]]
@@ -181,17 +185,17 @@ def module_rates(ctx: TraceContext) -> list[dict[str, Any]]:
     starts = [a for a, _ in launched]
     out = []
     for r in ctx.modules:
-        row = dict(r)
-        sp = spans.get(r.get("layer") or "")
+        row = msgspec.structs.replace(r)
+        sp = spans.get(r.layer or "")
         if sp:
             if ctx.gpu:
                 us = sum(launched[k][1] for a, b in sp for k in range(bisect_left(starts, a), bisect_right(starts, b)))
             else:
                 us = sum(b - a for a, b in sp)
             ms = us / 1000 / ctx.per_step
-            row["forward_ms"] = round(ms, 4)
-            row["time_source"] = "GPU kernels launched in its forward" if ctx.gpu else "its forward's span on the CPU"
-            if ms > 0 and row.get("forward_flops"):
-                row["achieved_flops"] = round(row["forward_flops"] / (ms / 1000), 1)
+            row.forward_ms = round(ms, 4)
+            row.time_source = "GPU kernels launched in its forward" if ctx.gpu else "its forward's span on the CPU"
+            if ms > 0 and row.forward_flops:
+                row.achieved_flops = round(row.forward_flops / (ms / 1000), 1)
         out.append(row)
     return out

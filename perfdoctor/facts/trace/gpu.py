@@ -11,8 +11,8 @@ gaps in the proportions the trace shows."""
 from __future__ import annotations
 
 from bisect import bisect_right
-from typing import Any
 
+from perfdoctor.contracts.report import GpuDeviceDoc, GpuDoc, SummaryDoc
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.stats import breakdown, breakdown_rows, median
 
@@ -76,10 +76,10 @@ def _device(ctx: TraceContext, events: list[int]) -> dict[str, float] | None:
             "host_wait_fraction": sum(host) / tot if tot else 0.0}
 
 
-def add(ctx: TraceContext, gpu_parts: dict[str, float]) -> dict[str, Any]:
-    """gpu.busy_ms, the gpu.* idle facts and step.idle_ms (the busiest device's); returns the
-    summary's "gpu" entry (a row per device where there are several) and, in a run folder, the
-    GPU breakdown of the run's step (empty without steps)."""
+def add(ctx: TraceContext, gpu_parts: dict[str, float], summary: SummaryDoc) -> None:
+    """gpu.busy_ms, the gpu.* idle facts and step.idle_ms (the busiest device's); sets the
+    summary's `gpu` (a row per device where there are several) and, in a run folder, replaces its
+    breakdown with the GPU breakdown of the run's step (nothing without steps)."""
     put, dev = ctx.put, ctx.trace.device
     per: dict[int, dict[str, float]] = {}
     for d in ctx.devices:
@@ -87,7 +87,7 @@ def add(ctx: TraceContext, gpu_parts: dict[str, float]) -> dict[str, Any]:
         if m is not None:
             per[d] = m
     if not per:
-        return {}
+        return
     main = per[ctx.main_device] if ctx.main_device in per else next(iter(per.values()))
     n, run = ctx.nsteps, ctx.run_step_ms
     several = f" on the busiest of {len(per)} GPUs" if len(per) > 1 else ""
@@ -106,14 +106,13 @@ def add(ctx: TraceContext, gpu_parts: dict[str, float]) -> dict[str, Any]:
         put("step.idle_ms", main["idle_ms"], "ms", "GPU idle per step" + several)
         put("gpu.idle_host_wait_ms", main["host_wait_ms"], "ms", "GPU idle while the next work was not launched yet")
         put("gpu.idle_gap_ms", main["gap_ms"], "ms", "GPU idle although the next work was already launched")
-    out: dict[str, Any] = {"gpu": {"utilization": round(main["utilization"], 4), "idle_ms": round(main["idle_ms"], 3),
-                                   "idle_host_wait_fraction": round(main["host_wait_fraction"], 4)}}
+    summary.gpu = GpuDoc(utilization=round(main["utilization"], 4), idle_ms=round(main["idle_ms"], 3),
+                         idle_host_wait_fraction=round(main["host_wait_fraction"], 4))
     if len(per) > 1:
-        out["gpu"]["devices"] = [{"device": d, "utilization": round(m["utilization"], 4),
-                                  "busy_ms": round(m["busy_ms"], 3), "idle_ms": round(m["idle_ms"], 3)}
-                                 for d, m in sorted(per.items())]
+        summary.gpu.devices = [GpuDeviceDoc(device=d, utilization=round(m["utilization"], 4),
+                                            busy_ms=round(m["busy_ms"], 3), idle_ms=round(m["idle_ms"], 3))
+                               for d, m in sorted(per.items())]
     if run:  # the run's step on the GPU: its busy categories from the trace, the rest idle
         parts = {**{c: ms for c, ms in gpu_parts.items() if ms}, "idle: waiting on the host": main["host_wait_ms"],
                  "idle: launched, waiting": main["gap_ms"]}
-        out["breakdown"] = breakdown_rows(breakdown(parts, run), run)
-    return out
+        summary.breakdown = breakdown_rows(breakdown(parts, run), run)
