@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -415,26 +414,24 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
                       host_contention=host and not regressed)
 
 
-def host_contention_sentence(c: Mapping[str, Any]) -> str:
+def host_contention_sentence(c: Comparison) -> str:
     """Why a gate the host's contention explains is neither passed nor failed (its note)."""
-    return next((n for n in c.get("notes") or [] if n.startswith("host contention: not decided")),
-                "host contention: not decided")
+    return next((n for n in c.notes if n.startswith("host contention: not decided")), "host contention: not decided")
 
 
-def undecided_sentence(c: Mapping[str, Any]) -> str:
+def undecided_sentence(c: Comparison) -> str:
     """Why an undecided gate is not a pass, with the step time's interval, and what to do."""
-    rows = c.get("rows") or []
-    timing = next((r for r in rows if r.get("verdict") in UNDECIDED and r.get("kind") != "throughput"),
-                  rows[0] if rows else {})
-    change = timing.get("change_pct")
-    ci = timing.get("ci_pct")
+    timing = next((r for r in c.rows if r.verdict in UNDECIDED and r.kind != "throughput"),
+                  c.rows[0] if c.rows else None)
+    change = timing.change_pct if timing is not None else None
+    ci = timing.ci_pct if timing is not None else None
     what = "The step time could not be judged"
     if change is not None:
         what = f"The step time changed {change:+.1f}%"
         if ci:
-            what += f" ({c.get('ci_level', 0.9):.0%} CI {ci[0]:+.1f}% … {ci[1]:+.1f}%)"
-    return (f"Undecided, not passed: {what} after {c.get('current_runs')} run(s) against {c.get('baseline_runs')} "
-            f"baseline run(s); the noise of this machine does not let a {c['max_regression']:.0%} threshold be "
+            what += f" ({LEVEL:.0%} CI {ci[0]:+.1f}% … {ci[1]:+.1f}%)"
+    return (f"Undecided, not passed: {what} after {c.current_runs} run(s) against {c.baseline_runs} "
+            f"baseline run(s); the noise of this machine does not let a {c.max_regression:.0%} threshold be "
             f"settled either way. To decide: gate on a quieter runner, allow more runs (--max-repeats), record the "
             f"baseline again with more --repeats, or add --strict to fail undecided gates.")
 

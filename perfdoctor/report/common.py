@@ -7,7 +7,9 @@ from typing import Any
 
 from msgspec import UNSET
 
+from perfdoctor.contracts.baseline import GateFinding
 from perfdoctor.contracts.report import RunInfoDoc
+from perfdoctor.gate.compare import Comparison
 
 
 def target_of(run: RunInfoDoc) -> str:
@@ -22,6 +24,21 @@ def ended_early(run: RunInfoDoc) -> tuple[str, int | None] | None:
     if not ex or not ex.reason or ex.reason in ("completed", "steps-reached"):
         return None
     return ex.reason, None if ex.code is UNSET else ex.code
+
+
+def gate_value(v: Any, unit: str) -> str:
+    """A gate row's baseline or current value in the text and HTML reports: MiB for bytes, else 4
+    significant digits and the unit."""
+    if not isinstance(v, (int, float)):
+        return "n/a"
+    if unit == "bytes":
+        return f"{v / 2**20:.1f} MiB"
+    return f"{v:.4g} {unit}".strip()
+
+
+def new_not_failing(c: Comparison) -> list[GateFinding]:
+    """The comparison's new findings that do not fail the gate (those that do are listed apart)."""
+    return [f for f in c.new_findings if f not in c.failing_findings]
 
 
 def ms_text(v: Any) -> str:

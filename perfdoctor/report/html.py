@@ -22,9 +22,10 @@ from msgspec import UnsetType
 
 from perfdoctor import __version__
 from perfdoctor.contracts.report import BreakdownDoc, ComputeDoc
+from perfdoctor.gate.compare import LEVEL
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Hotspot, Report, RuleDoc
 from perfdoctor.report import charts, escape
-from perfdoctor.report.common import ended_early, ms_text, pct, target_of
+from perfdoctor.report.common import ended_early, gate_value, ms_text, new_not_failing, pct, target_of
 from perfdoctor.report.explain import explanation_lines
 from perfdoctor.report.memory import compute_line
 
@@ -405,37 +406,36 @@ def _hotspots(report: Report) -> str:
 
 
 def _gate(c: Comparison) -> str:
-    d = c.as_dict()
-    verdict = d["verdict"]
+    verdict = c.verdict
     out = [f'<section id="gate"><h2>Gate: <span class="verdict {VERDICT_CLASS.get(verdict, "")}">'
            f'{_e(verdict.upper())}</span></h2>',
            f'<p>Threshold {_data("gate.max_regression", c.max_regression, f"{c.max_regression:.0%}")}; '
-           f'{d["baseline_runs"]} baseline run(s) against {d["current_runs"]} current run(s).</p>']
+           f'{c.baseline_runs} baseline run(s) against {c.current_runs} current run(s).</p>']
     timing = next((r for r in c.rows if r.kind == "timing"), None)
     if timing is not None:
         if timing.change_pct is not None:
-            ci = (f", {d['ci_level']:.0%} interval {timing.ci_pct[0]:+.1f}%..{timing.ci_pct[1]:+.1f}%"
+            ci = (f", {LEVEL:.0%} interval {timing.ci_pct[0]:+.1f}%..{timing.ci_pct[1]:+.1f}%"
                   if timing.ci_pct else ", no interval")
             out.append(f'<p>{_e(timing.metric)}: {_e(ms_text(timing.baseline))} → {_e(ms_text(timing.current))}, '
                        f'{_data(f"gate.rows.{c.rows.index(timing)}.change_pct", round(timing.change_pct, 2), f"{timing.change_pct:+.1f}%")}'
                        f'{ci}: <span class="verdict {VERDICT_CLASS.get(timing.verdict, "")}">{_e(timing.verdict)}'
                        f'</span></p>')
-        out.append(charts.interval(timing, c.max_regression, d["ci_level"]))
+        out.append(charts.interval(timing, c.max_regression, LEVEL))
     if c.sides[0] and c.sides[1]:
         out += ["<h3>Step-time distributions</h3>", charts.distributions(c.sides)]
     rows = []
     for r in c.rows:
         ci = f"{r.ci_pct[0]:+.1f}%..{r.ci_pct[1]:+.1f}%" if r.ci_pct else ""
-        rows.append(f"<tr><td>{_e(r.metric)}</td><td class=\"n\">{_e(_gate_num(r.baseline, r.unit))}</td>"
-                    f"<td class=\"n\">{_e(_gate_num(r.current, r.unit))}</td>"
+        rows.append(f"<tr><td>{_e(r.metric)}</td><td class=\"n\">{_e(gate_value(r.baseline, r.unit))}</td>"
+                    f"<td class=\"n\">{_e(gate_value(r.current, r.unit))}</td>"
                     f"<td class=\"n\">{'' if r.change_pct is None else f'{r.change_pct:+.1f}%'}</td>"
                     f"<td class=\"n\">{_e(ci)}</td><td><span class=\"verdict {VERDICT_CLASS.get(r.verdict, '')}\">"
                     f"{_e(r.verdict)}</span></td></tr>")
     out.append(f'<table><thead><tr><th>metric</th><th class="n">baseline</th><th class="n">current</th>'
-               f'<th class="n">change</th><th class="n">{d["ci_level"]:.0%} interval</th><th>verdict</th></tr></thead>'
+               f'<th class="n">change</th><th class="n">{LEVEL:.0%} interval</th><th>verdict</th></tr></thead>'
                f'<tbody>{"".join(rows)}</tbody></table>')
     for title, items, cls in (("New findings that fail the gate", c.failing_findings, "bad"),
-                              ("New findings", [f for f in c.new_findings if f not in c.failing_findings], "warn"),
+                              ("New findings", new_not_failing(c), "warn"),
                               ("Findings resolved since the baseline", c.resolved_findings, "good")):
         if items:
             out.append(f'<h3>{title}</h3><ul class="{cls}">'
@@ -446,14 +446,6 @@ def _gate(c: Comparison) -> str:
     out.append(_notes(c.notes))
     out.append("</section>")
     return "".join(out)
-
-
-def _gate_num(v: Any, unit: str) -> str:
-    if not isinstance(v, (int, float)):
-        return "n/a"
-    if unit == "bytes":
-        return f"{v / 2**20:.1f} MiB"
-    return f"{v:.4g} {unit}".strip()
 
 
 # -- the page -------------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Markdown: a readable summary for a pull request comment or $GITHUB_STEP_SUMMARY.
 
-Pure: takes a Report (or its dict), a gate Comparison (or its dict), or both, and returns text.
+Pure: takes a Report, a gate Comparison, or both, and returns text.
 Every string that came from input goes through `perfdoctor.report.escape` where it enters the
 document: `md` in prose, `cell` in a table, `_code` in a code span, `_fence` in a code block,
 `escape.markdown_html` inside the `<details>` summary.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.contracts.report import RankRowDoc, StepTimeDoc
-from perfdoctor.gate.compare import Comparison, undecided_sentence
+from perfdoctor.gate.compare import LEVEL, Comparison, undecided_sentence
 from perfdoctor.model import NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
 from perfdoctor.report.explain import explanation_lines
@@ -22,10 +22,6 @@ from perfdoctor.report.memory import compute_line, memory_line, modules_line
 
 VERDICT_MARK = {"regression": "❌ regression", "improvement": "✅ improvement", "no-change": "no change",
                 "inconclusive": "❔ inconclusive", "unstable": "〰️ unstable", "not-comparable": "⚠️ not comparable"}
-
-
-def _as_dict(obj: Any) -> dict[str, Any]:
-    return obj.as_dict() if hasattr(obj, "as_dict") else dict(obj)
 
 
 def md(text: Any, multiline: bool = False) -> str:
@@ -191,49 +187,48 @@ def _num(v: Any, unit: str) -> str:
     return f"{v:,.2f} {unit}"
 
 
-def render_comparison(comparison: Any) -> str:
-    c = _as_dict(comparison)
+def render_comparison(c: Comparison) -> str:
     head = {"failed": "❌ perfdoctor gate: failed", "passed": "✅ perfdoctor gate: passed",
             "undecided": "❔ perfdoctor gate: undecided (not passed)",
             "host-contention": "❔ perfdoctor gate: host contention, not decided (not passed)",
-            "not-comparable": "⚠️ perfdoctor gate: baseline not comparable"}[c["verdict"]]
+            "not-comparable": "⚠️ perfdoctor gate: baseline not comparable"}[c.verdict]
     out = [f"## {head}", "",
-           f"Threshold {c['max_regression']:.0%} · baseline {c['baseline_runs']} run(s) · current {c['current_runs']} run(s)"
-           + (f" · fail on new findings at or above {c['fail_on']}" if c.get("fail_on") else "")
-           + (" · strict" if c.get("strict") else ""), ""]
-    if c["verdict"] == "undecided":
+           f"Threshold {c.max_regression:.0%} · baseline {c.baseline_runs} run(s) · current {c.current_runs} run(s)"
+           + (f" · fail on new findings at or above {c.fail_on}" if c.fail_on else "")
+           + (" · strict" if c.strict else ""), ""]
+    if c.verdict == "undecided":
         out += [f"> **{undecided_sentence(c)}**", ""]
-    for n in c.get("notes") or []:
+    for n in c.notes:
         if n.startswith(("NOT COMPARABLE", "host contention: not decided")):
             out += [f"> **{md(n)}**", ""]
-    out += [f"| Metric | Baseline | Current | Change | {c.get('ci_level', 0.95):.0%} CI | Verdict |", "|---|---:|---:|---:|---:|---|"]
-    for r in c.get("rows") or []:
-        change = "–" if r.get("change_pct") is None else f"{r['change_pct']:+.1f}%"
-        ci = "–" if not r.get("ci_pct") else f"{r['ci_pct'][0]:+.1f}% … {r['ci_pct'][1]:+.1f}%"
-        out.append(f"| {cell(r['metric'])} | {_num(r.get('baseline'), r['unit'])} | {_num(r.get('current'), r['unit'])} "
-                   f"| {change} | {ci} | {VERDICT_MARK.get(r['verdict'], r['verdict'])}"
-                   + (" (point estimate)" if r.get("basis") == "point-estimate" and r["verdict"] == "regression" else "") + " |")
+    out += [f"| Metric | Baseline | Current | Change | {LEVEL:.0%} CI | Verdict |", "|---|---:|---:|---:|---:|---|"]
+    for r in c.rows:
+        change = "–" if r.change_pct is None else f"{r.change_pct:+.1f}%"
+        ci = "–" if not r.ci_pct else f"{r.ci_pct[0]:+.1f}% … {r.ci_pct[1]:+.1f}%"
+        out.append(f"| {cell(r.metric)} | {_num(r.baseline, r.unit)} | {_num(r.current, r.unit)} "
+                   f"| {change} | {ci} | {VERDICT_MARK.get(r.verdict, r.verdict)}"
+                   + (" (point estimate)" if r.basis == "point-estimate" and r.verdict == "regression" else "") + " |")
     out.append("")
-    failing = {f["fingerprint"] for f in c.get("failing_findings") or []}
-    if c.get("new_findings"):
+    failing = {f.fingerprint for f in c.failing_findings}
+    if c.new_findings:
         out += ["### New findings", ""]
-        for f in c["new_findings"]:
-            mark = "❌ " if f["fingerprint"] in failing else ""
-            where = f" at {_code(Path(str(f['file'])).name + ':' + str(f.get('line')))}" if f.get("file") else ""
-            out.append(f"- {mark}**{md(f.get('rule'))}** ({md(f.get('severity'))}) {md(f.get('title'))}{where}")
+        for f in c.new_findings:
+            mark = "❌ " if f.fingerprint in failing else ""
+            where = f" at {_code(Path(str(f.file)).name + ':' + str(f.line))}" if f.file else ""
+            out.append(f"- {mark}**{md(f.rule)}** ({md(f.severity)}) {md(f.title)}{where}")
         out.append("")
-    if c.get("resolved_findings"):
-        out += ["### Resolved findings", ""] + [f"- ✅ **{md(f.get('rule'))}** {md(f.get('title'))}" for f in c["resolved_findings"]] + [""]
-    why = explanation_lines(comparison.explanation) if isinstance(comparison, Comparison) else []
+    if c.resolved_findings:
+        out += ["### Resolved findings", ""] + [f"- ✅ **{md(f.rule)}** {md(f.title)}" for f in c.resolved_findings] + [""]
+    why = explanation_lines(c.explanation)
     if why:
         out += ["### Why it changed", ""] + [f"- {md(line)}" for line in why] + [""]
-    rest = [n for n in c.get("notes") or [] if not n.startswith(("NOT COMPARABLE", "host contention: not decided"))]
+    rest = [n for n in c.notes if not n.startswith(("NOT COMPARABLE", "host contention: not decided"))]
     if rest:
         out += [f"> {md(n)}" for n in rest] + [""]
     return "\n".join(out).rstrip() + "\n"
 
 
-def render_both(report: Any, comparison: Any) -> str:
+def render_both(report: Report, comparison: Comparison) -> str:
     """The report, then the gate's verdict."""
     return render_report(report) + "\n" + render_comparison(comparison)
 

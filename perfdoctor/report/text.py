@@ -19,10 +19,10 @@ from rich.table import Table
 from rich.text import Text
 
 from perfdoctor.contracts.report import BreakdownDoc
-from perfdoctor.gate.compare import Comparison
+from perfdoctor.gate.compare import LEVEL, Comparison
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
-from perfdoctor.report.common import chart_top, ended_early, ms_text, target_of
+from perfdoctor.report.common import chart_top, ended_early, gate_value, ms_text, new_not_failing, target_of
 from perfdoctor.report.explain import explanation_lines
 from perfdoctor.report.memory import compute_line, memory_line, modules_line
 
@@ -295,60 +295,50 @@ VERDICT_STYLE = {"regression": "bold red", "host-contention": "yellow", "improve
                  "unstable": "yellow", "not-comparable": "magenta"}
 
 
-def _num(v: Any, unit: str) -> str:
-    if not isinstance(v, (int, float)):
-        return "n/a"
-    if unit == "bytes":
-        return f"{v / 2**20:.1f} MiB"
-    return f"{v:.4g} {unit}".strip()
-
-
 def render_comparison(comparison: Comparison) -> RenderableType:
     """The CI gate's verdict: one row per metric, new findings, and why it failed or passed."""
     return CommandSafe(_comparison(comparison))
 
 
-def _comparison(comparison: Comparison) -> Group:
-    c = comparison.as_dict()
-    verdict = c.get("verdict", "")
+def _comparison(c: Comparison) -> Group:
+    verdict = c.verdict
     style = {"failed": "bold red", "passed": "bold green"}.get(verdict, "bold magenta")
-    t = Table(title=f"gate: {verdict.upper()} (threshold {100 * c.get('max_regression', 0):.0f}%, "
-                    f"{c.get('baseline_runs')} baseline run(s) vs {c.get('current_runs')})",
+    t = Table(title=f"gate: {verdict.upper()} (threshold {100 * c.max_regression:.0f}%, "
+                    f"{c.baseline_runs} baseline run(s) vs {c.current_runs})",
               title_justify="left", title_style=style, show_edge=False)
     # the change is the estimate; beside it, the interval its verdict reads (a bootstrap's percentiles
     # of a low quantile, which need not hold the estimate): each labelled as what it is. Cells wrap
     # (fold), never cut, in an 80-column terminal.
-    level = f"{c.get('ci_level', 0.95):.0%}"
+    level = f"{LEVEL:.0%}"
     columns: list[tuple[str, JustifyMethod]] = [
         ("metric", "left"), ("baseline", "right"), ("current", "right"), ("change (estimate)", "right"),
         (f"{level} interval of the change", "right"), ("verdict", "left")]
     for col, just in columns:
         t.add_column(col, justify=just, overflow="fold")
     outside = []
-    for r in c.get("rows", []):
-        ci, change = r.get("ci_pct"), r.get("change_pct")
-        t.add_row(_cell(r["metric"]), _num(r.get("baseline"), r.get("unit", "")), _num(r.get("current"), r.get("unit", "")),
+    for r in c.rows:
+        ci, change = r.ci_pct, r.change_pct
+        t.add_row(_cell(r.metric), gate_value(r.baseline, r.unit), gate_value(r.current, r.unit),
                   "" if change is None else f"{change:+.1f}%",
                   "" if not ci else f"{ci[0]:+.1f}% to {ci[1]:+.1f}%",
-                  Text(r["verdict"], style=VERDICT_STYLE.get(r["verdict"], "")))
+                  Text(r.verdict, style=VERDICT_STYLE.get(r.verdict, "")))
         if ci and change is not None and not ci[0] <= change <= ci[1]:
-            outside.append(r["metric"])
+            outside.append(r.metric)
     parts: list[RenderableType] = [t]
     if outside:
         parts.append(_t(f"note: {', '.join(dict.fromkeys(outside))}: the estimate (the runs' step-time quantile, "
                         f"current over baseline) lies outside its {level} interval (the bootstrap of that ratio over "
                         f"the steps and the run-to-run noise, which is skewed when the runs scatter); the verdict reads "
                         f"the interval", style="dim"))
-    for f in c.get("failing_findings", []):
-        parts.append(_t(f"new finding fails the gate: {f.get('rule')} {f.get('title', '')}", style="bold red"))
-    for f in c.get("new_findings", []):
-        if f not in c.get("failing_findings", []):
-            parts.append(_t(f"new finding: {f.get('rule')} {f.get('title', '')}", style="yellow"))
-    why = explanation_lines(comparison.explanation)
+    for f in c.failing_findings:
+        parts.append(_t(f"new finding fails the gate: {f.rule} {f.title}", style="bold red"))
+    for f in new_not_failing(c):
+        parts.append(_t(f"new finding: {f.rule} {f.title}", style="yellow"))
+    why = explanation_lines(c.explanation)
     if why:
         parts.append(_t("why it changed:", style="bold"))
         parts += [_t(f"  {line}") for line in why]
-    for n in c.get("notes", []):
+    for n in c.notes:
         parts.append(_t(f"note: {n}", style="dim"))
     return Group(*parts)
 

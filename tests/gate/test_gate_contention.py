@@ -53,9 +53,10 @@ def test_a_slowdown_the_wait_for_a_cpu_explains_is_host_contention():
     strict = compare([run("quiet-same-2")], [run("sustained-same-2")], strict=True)
     assert strict.failed and strict.verdict == "failed"
     doc = c.as_dict()
-    assert "host contention" in markdown.render_comparison(doc)
+    assert doc["verdict"] == "host-contention"
+    assert "host contention" in markdown.render_comparison(c)
     assert "::warning title=perfdoctor gate%3A host contention (not passed)::host contention: not decided" in (
-        github.render_comparison(doc))
+        github.render_comparison(c))
 
 
 def test_more_work_under_load_fails_as_a_regression():

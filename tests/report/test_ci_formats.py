@@ -13,7 +13,7 @@ import pytest
 from perfdoctor.contracts.baseline import GateFinding
 from perfdoctor.contracts.report import BreakdownDoc, RunInfoDoc, StepTimeDoc, SummaryDoc
 from perfdoctor.gate import RunRecord, compare
-from perfdoctor.model import Fact, Finding, Fix, Location, Report
+from perfdoctor.model import Fact, Finding, Fix, Location, Report, RuleDoc
 from perfdoctor.report import escape, github, markdown, sarif
 from tests.helpers import TESTS
 
@@ -21,13 +21,12 @@ SCHEMA = json.loads((TESTS / "data" / "sarif-2.1.0.json").read_text())
 ROOT = Path("/repo")
 
 RULES = [
-    {"id": "PD002", "name": "dataloader-workers", "severity": "high", "summary": "Too few DataLoader workers",
-     "title": "DataLoader with {num_workers} workers",
-     "doc": {"what": "Flags a DataLoader with too few workers while the loop waits for data.",
-             "why": "The GPU idles while one process decodes batches.", "example": "DataLoader(ds)",
-             "use_instead": "DataLoader(ds, num_workers=4)", "references": ["https://pytorch.org/docs/stable/data.html"]}},
-    {"id": "PD005", "name": "empty-cache", "severity": "low", "summary": "empty_cache() in the loop",
-     "doc": {"what": "Flags torch.cuda.empty_cache() inside the loop.", "why": "It syncs and frees the cache."}},
+    RuleDoc(id="PD002", name="dataloader-workers", severity="high", summary="Too few DataLoader workers",
+            what="Flags a DataLoader with too few workers while the loop waits for data.",
+            why="The GPU idles while one process decodes batches.", example="DataLoader(ds)",
+            use_instead="DataLoader(ds, num_workers=4)", references=["https://pytorch.org/docs/stable/data.html"]),
+    RuleDoc(id="PD005", name="empty-cache", severity="low", summary="empty_cache() in the loop",
+            what="Flags torch.cuda.empty_cache() inside the loop.", why="It syncs and frees the cache."),
 ]
 
 
@@ -143,7 +142,7 @@ def test_github_failed_gate_and_markdown_comparison():
     assert "| Metric | Baseline | Current | Change | 90% CI | Verdict |" in md
     assert "❌ regression" in md and "### New findings" in md and "**PD005** (high)" in md
     ok = compare(_records(10.0), _records(10.0, 1, 2))
-    assert "✅ perfdoctor gate: passed" in markdown.render_comparison(ok.as_dict()) and github.render_comparison(ok) == ""
+    assert "✅ perfdoctor gate: passed" in markdown.render_comparison(ok) and github.render_comparison(ok) == ""
 
 
 def test_sarif_of_a_comparison_marks_new_and_unchanged_findings():
