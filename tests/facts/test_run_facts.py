@@ -263,6 +263,7 @@ def test_user_files_include_the_training_code_of_the_users_own_package(tmp_path)
     assert r.user_files == [tmp_path / "projects" / "adder" / "train.py", trainer]
 
 
+@pytest.mark.slow  # a large run folder: run by CI, not in the fast tier
 def test_a_100k_step_run_folder_is_analysed_in_seconds(tmp_path) -> None:
     """Every analysis over the step series is O(n log n) or better: a run folder of 100,000 noisy steps
     with a stall every 50 steps (the sampler saw one line on them) is analysed, PD020 found, in

@@ -42,6 +42,7 @@ def gloo():
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # torch.distributed in this process: run by CI, not in the fast tier
 def test_the_probe_counts_synchronising_passes_and_reads_the_used_map(gloo, monkeypatch):
     import torch
     import torch.nn as nn
