@@ -2,7 +2,10 @@
 
 A step ends at an optimizer step (a global post hook on every optimizer); a script that never
 steps an optimizer is clocked by `torch.autograd.backward` calls, then by DataLoader batches, else
-the whole run is one span. A stronger clock that appears later takes over: the steps counted so
+the whole run is one span. A DataLoader batch ends a step only where a model forward ran since the
+last step ended (a module called outside a batch's fetch): a pass over a loader that feeds no model
+(a dataset's mean and std computed before training) is data loading, not steps, and `--steps N`
+never stops the script inside it. A stronger clock that appears later takes over: the steps counted so
 far merge into its first step. A backward or a batch while an optimizer step runs (between its pre
 and post hooks: the closure of LBFGS, Lightning's automatic optimisation) belongs to that step and
 ends none, also before the first optimizer step has ended: LBFGS's first step (20 closure
@@ -69,6 +72,8 @@ class StepClock:
         self.clock_opt: int | None = None  # id() of the optimizer whose step ends a step
         self.opt_seen: set[int] = set()
         self.dl_calls = 0
+        self.in_batch = 0  # inside a DataLoader batch's fetch (its transforms are no model forward)
+        self.forwards = 0  # model forwards (top-level module calls) since the last step ended
         # the loss of the first LOSS_STEPS outermost backward calls, detached copies read only when the run
         # folder is written (no host-device sync inside the steps)
         self.loss_refs: list[Any] = []
@@ -171,7 +176,8 @@ class StepClock:
             return
         if self.closed:
             self.after_close()
-        elif self.dl_calls and not self.opt_depth and (self.kind == "dataloader" or self.kind is None):
+        elif (self.dl_calls and self.forwards and not self.opt_depth
+              and (self.kind == "dataloader" or self.kind is None)):
             if self.event("dataloader"):
                 self.tick()
         self.dl_calls += 1
@@ -278,6 +284,7 @@ class StepClock:
             self.steps.append((i, now - self.t0, wall * 1e3, self.data * 1e3, self.fwd * 1e3,
                                self.bwd * 1e3, self.opt * 1e3, self.rss(), self.device_mem.read(i)))
             self.data = self.fwd = self.bwd = self.opt = self.own = 0.0
+            self.forwards = 0
             self.on_step(i)  # bookkeeping from here on is not part of any step's time
             if now - self._last_flush > FLUSH_S:
                 self.flush()

@@ -450,3 +450,26 @@ def test_is_user_file_for_this_machine_and_recorded_paths(tmp_path):
                   "/usr/lib/python3.10/threading.py", "/home/me/pytorch/torch/nn/modules/module.py",
                   "torch/nn/modules/module.py", "threading.py", "multiprocessing/queues.py", "<string>", "~", ""):
         assert not is_user_file(other), other
+
+
+def test_a_statistics_pass_over_a_loader_is_not_the_steps(tmp_path):
+    """A dataset's mean taken over a DataLoader before training (no model called on its batches) is
+    data loading: `--steps 3` stops in the training loop, not 3 batches into that pass."""
+    script = write(tmp_path, "stats.py", """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        from common import make
+        ds = TensorDataset(torch.randn(64, 32), torch.randn(64, 4))
+        mean = torch.cat([x for x, _ in DataLoader(ds)]).mean(0)  # 64 batches, no model
+        m = make()
+        opt = torch.optim.SGD(m.parameters(), lr=0.01)
+        for x, y in DataLoader(ds, batch_size=8):
+            loss = (m(x - mean) - y).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        print("trained")
+    """)
+    r = run_script(str(script), out_dir=tmp_path / "run", window=SMALL, steps=3)
+    meta, steps, _ = files(r.run_dir)
+    assert meta["step_clock"] == "optimizer" and len(steps) == 3 and r.reason == "steps-reached"

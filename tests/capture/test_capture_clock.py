@@ -207,3 +207,23 @@ def test_lbfgs_steps_are_optimizer_steps_under_perfdoctor_run(tmp_path, capfd):
     assert meta["window"]["trace"] and meta["window"]["first_step"] == 1
     out = capfd.readouterr().out
     assert "step 0 closure evaluations 5" in out and "step 1 closure evaluations 10" not in out
+
+
+def test_batches_of_a_loader_that_feeds_no_model_end_no_step():
+    """A pass over a loader with no model forward (a dataset's mean and std computed before
+    training: sam's `torch.cat([d[0] for d in DataLoader(train_set)])`) is data loading: `--steps 2`
+    must not stop the script inside it; batches with a forward between them are steps."""
+    run = Run()
+    run.clock.steps_limit = 2
+    for _ in range(50):  # the statistics pass: batches only
+        run.clock.before_batch()
+    assert run.ticks == [] and not run.clock.stopping
+    run.clock.forwards += 1  # the model's forward (ForwardProbe counts it) on the training loader's batch
+    run.clock.before_batch()
+    assert run.ticks == [1] and run.clock.kind == "dataloader"
+    run.clock.before_batch()  # a batch with no forward since the last step: still the same step
+    assert run.ticks == [1]
+    run.clock.forwards += 1
+    with pytest.raises(StepsReached):
+        run.clock.before_batch()
+    assert run.ticks == [1, 2]

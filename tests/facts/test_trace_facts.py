@@ -78,6 +78,24 @@ def test_cpu_trace():
     assert f.value("ops.calls_per_step") > 10
 
 
+def test_cpu_matmul_time_counts_nested_ops_once():
+    """aten::linear calls aten::addmm (conv2d calls convolution): the CPU trace's matmul time is the
+    outermost ops' time, read here by brute force over the trace's own events, not their sum."""
+    from perfdoctor.facts.trace.matmul import _CPU_MM
+    ev = [e for e in json.load(gzip.open(CPU))["traceEvents"] if e.get("cat") == "cpu_op" and e.get("name") in _CPU_MM]
+    nested = [e for e in ev if e["name"] == "aten::addmm"]
+    assert nested, "the trace's Linear layers record aten::linear around aten::addmm"
+
+    def inside(e, o):
+        return o is not e and o["tid"] == e["tid"] and o["ts"] <= e["ts"] and e["ts"] + e["dur"] <= o["ts"] + o["dur"]
+
+    outer = sum(e["dur"] for e in ev if not any(inside(e, o) for o in ev))
+    f, _ = facts_of(CPU)
+    steps = 4  # the trace's 5 ProfilerStep spans less the last, partial one: what per_step divides by
+    assert f.value("matmul.ms") == pytest.approx(outer / 1000 / steps, rel=1e-3)
+    assert f.value("matmul.ms") < sum(e["dur"] for e in ev) / 1000 / steps * 0.9
+
+
 def test_never_overwrites_existing_facts():
     f = Facts()
     f.add("step.time_ms", 1.0, "ms", "run")

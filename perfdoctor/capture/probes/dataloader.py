@@ -94,9 +94,11 @@ class DataLoaderProbe:
             except TypeError:  # a subclass that is not hashable
                 lrec = None
             t = clock.pc()
+            clock.in_batch += 1
             try:
                 batch = orig_next(it)
             finally:
+                clock.in_batch -= 1
                 dt = clock.pc() - t
                 clock.data += dt
                 if lrec is not None:

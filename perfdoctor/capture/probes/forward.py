@@ -71,8 +71,9 @@ class ForwardProbe:
         def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
             # compiling() (`patches.tracing`) first: to dynamo it is True, and nothing below is traced;
             # nothing is measured of a forward that jit.trace, torch.fx or torch.export runs
-            if compiling() or get_ident() != main or clock.bwd_depth:
-                # (activation checkpointing re-runs forward inside backward: not a forward call)
+            if compiling() or get_ident() != main or clock.bwd_depth or clock.in_batch:
+                # (activation checkpointing re-runs forward inside backward: not a forward call; a
+                # torchvision transform run by a DataLoader's fetch is data loading)
                 return orig(self, *args, **kwargs)
             probe.poll()
             if probe.busy:  # a submodule's call inside a followed forward
@@ -100,6 +101,7 @@ class ForwardProbe:
                     probe.watching = None
                 if followed:
                     clock.fwd += dt
+                    clock.forwards += 1
                 if eg is not None:
                     eg.done(dt, saved, len(clock.steps) + 1 if clock.kind is not None else 0)
 

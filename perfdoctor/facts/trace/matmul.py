@@ -1,5 +1,7 @@
 """GEMM/convolution time per step and its fp32 share (no tensor cores): from kernel names on a GPU
-trace, from the ops' recorded input types on a CPU trace."""
+trace, from the ops' recorded input types on a CPU trace. On a CPU trace the matmul ops nest
+(`aten::linear` calls `aten::addmm`, `aten::conv2d` calls `aten::convolution`, which calls
+`aten::_convolution`): only the outermost of each nest is counted, so its time is counted once."""
 
 from __future__ import annotations
 
@@ -34,13 +36,18 @@ def add(ctx: TraceContext) -> None:
                 mm += dur[i]
                 if c[1]:
                     fp32 += dur[i]
-    else:  # CPU trace: the ops' recorded input types
-        for i in t.shapes:
-            if strings[name[i]] in _CPU_MM and t.kind[i] == CPU_OP:
-                types = t.shape(i)[0]
-                mm += dur[i]
-                if types and types[0] == "float":
-                    fp32 += dur[i]
+    else:  # CPU trace: the ops' recorded input types, each outermost op once
+        ops = sorted((t.track[i], t.ts[i], -dur[i], i) for i in t.shapes
+                     if strings[name[i]] in _CPU_MM and t.kind[i] == CPU_OP)
+        track, end = None, -1.0
+        for tr, ts, _, i in ops:
+            if tr == track and ts < end:
+                continue  # inside an op counted already (aten::linear calls aten::addmm, conv2d convolution)
+            track, end = tr, ts + dur[i]
+            types = t.shape(i)[0]
+            mm += dur[i]
+            if types and types[0] == "float":
+                fp32 += dur[i]
     if mm > 0:
         ctx.put("matmul.ms", mm / 1000 / ctx.per_step, "ms", "GEMM/conv time per step")
         ctx.put("matmul.fp32_share", fp32 / mm, "ratio", "fp32 (no tensor core) share of GEMM/conv time")
