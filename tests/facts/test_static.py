@@ -169,6 +169,22 @@ def test_cpu_to_device_negatives(tmp_path):
     assert by_line(facts, "cpu_to_device") == {}
 
 
+def test_cpu_to_device_tensor_of_host_data_is_the_data_s_copy(tmp_path):
+    """`torch.tensor(reward).to(device)` (cleanRL's PPO, an environment's numpy output) copies what the
+    host computed: no device-side factory can make it. A literal's copy is avoidable."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        for step in range(10):
+            obs, reward = env.step(action)
+            r = torch.tensor(reward).to(device)
+            o = torch.as_tensor(obs).to(device)
+            z = torch.tensor(0.).to(device)
+            w = torch.tensor([1.0, -2.0]).to(device)
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [6, 7] and got[6]["factory"] == "tensor"
+
+
 def test_cpu_to_device_in_function_called_from_loop(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -3,6 +3,9 @@ factory call, with the factory's name, the move's target as written and `in_loop
 training step: `Loops.per_step`; a tensor made once per epoch or once per run costs nothing
 per step).
 
+`torch.tensor(x)` and `torch.as_tensor(x)` count only for a literal `x`: other data is the host's (an
+environment's observation, a numpy array) and must cross to the device however the tensor is made.
+
 Three shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`), keyed on the call;
 two statements (`x = torch.randn(...)` then, a few statements later in the same block,
 `x = x.to(device)`), keyed on the factory line with the move line as the second location; and host
@@ -28,6 +31,10 @@ FACTORIES = frozenset({
     "randn", "rand", "randint", "randperm", "zeros", "ones", "full", "empty", "empty_strided",
     "arange", "linspace", "logspace", "eye", "tensor", "as_tensor",
 })
+# the factories that copy data given to them: `torch.tensor(reward).to(device)` moves what the host
+# computed (an environment step, numpy), which no device-side factory can make; only a literal's copy
+# is avoidable (made on the device, or once outside the loop)
+DATA_FACTORIES = frozenset({"tensor", "as_tensor"})
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
@@ -46,7 +53,20 @@ def _factory(index: SourceIndex, node: ast.AST) -> str | None:
         return None
     if any(kwarg(node, k) is not None for k in ("device", "generator")) or has_star_kwargs(node):
         return None  # a CPU generator cannot make a tensor on another device
+    if q[6:] in DATA_FACTORIES and not (node.args and _constant(node.args[0])):
+        return None  # the host's data (an environment's reward, a numpy batch): the copy carries it
     return q[6:]
+
+
+def _constant(node: ast.expr) -> bool:
+    """A literal: a number, a list or tuple of numbers (`torch.tensor(0.)`, `torch.tensor([1, 2])`)."""
+    if isinstance(node, ast.Constant):
+        return True
+    if isinstance(node, ast.UnaryOp):
+        return _constant(node.operand)
+    if isinstance(node, (ast.List, ast.Tuple)):
+        return all(_constant(e) for e in node.elts)
+    return False
 
 
 def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
