@@ -31,7 +31,7 @@ class Clock:
     def __init__(self):
         self.pc = time.perf_counter
         self.fwd = self.data = self.own = 0.0
-        self.bwd_depth = 0
+        self.bwd_depth = self.in_batch = self.forwards = 0
         self.kind = None
         self.steps: list = []
 
