@@ -98,6 +98,7 @@ def test_the_probe_counts_synchronising_passes_and_reads_the_used_map(gloo, monk
     assert rec.built_by is None  # the user's code built it
 
 
+@pytest.mark.slow  # torch.distributed in this process: run by CI, not in the fast tier
 def test_the_probe_names_the_framework_that_built_the_ddp(gloo, monkeypatch):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
