@@ -27,7 +27,9 @@
   the pools at random without reuse inside a gate: with pools smaller than the gates need, gates
   share runs and are not independent (the output says how many runs each pool held). Prints false
   failures, detections, undecided and host-contention verdicts per cell, with the load averages.
-  `--keep DIR` keeps the run folders (traces removed); `--pools DIR` judges kept ones again.
+  `--keep DIR` keeps the run folders (traces removed); `--pools DIR[,DIR...]` judges kept ones again
+  (pools merged over the folders); `--cells` judges some cells only (each cell draws with its own seed,
+  so cells judged apart, in parallel, give what one process gives).
 `--load bursty` runs the benchmark beside a co-tenant: random bursts of 0-2 busy processes
 (CPU loops and memory copies, 0.3-4 s each), as other jobs on a shared CI machine would be;
 `--load sustained`: one busy process per core for the whole benchmark.
@@ -241,13 +243,13 @@ def record_pools(a, root: Path) -> None:
 def mode_contention(a) -> None:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as d:
-        root = Path(a.pools or a.keep or d)
+        roots = [Path(p) for p in a.pools.split(",")] if a.pools else [Path(a.keep or d)]
         if not a.pools:
-            root.mkdir(parents=True, exist_ok=True)
-            record_pools(a, root)
+            roots[0].mkdir(parents=True, exist_ok=True)
+            record_pools(a, roots[0])
         pools: dict[tuple[str, str], list[RunRecord]] = {}
         loads: dict[str, list[float]] = {}
-        for run in sorted(root.iterdir()):
+        for run in sorted(r for root in roots for r in root.iterdir()):
             load, change, _ = run.name.rsplit("-", 2)
             try:
                 r = record_from_run_dir(run)
@@ -264,11 +266,15 @@ def mode_contention(a) -> None:
             if xs:
                 print(f"[contention] {load}: 1-min load average over its runs {min(xs):.2f}..{max(xs):.2f} "
                       f"(median {statistics.median(xs):.2f})")
-        rng = random.Random(0)
+        cells = set(a.cells.split(",")) if a.cells else None
         for load in ("quiet", "sustained", "bursty"):
             for base_load in (("quiet",) if load == "quiet" else ("quiet", load)):
                 base_pool = pools.get((base_load, "same"), [])
                 for change in CHANGES:
+                    cell = f"{load}/{base_load}/{change}"
+                    if cells is not None and cell not in cells:
+                        continue
+                    rng = random.Random(cell)  # each cell's draws are its own: cells can be judged apart
                     cur_pool = pools.get((load, change), [])
                     verdicts: list[str] = []
                     runs_used: list[int] = []
@@ -368,7 +374,10 @@ def main() -> None:
     p.add_argument("--pool-runs", type=int, default=12, help="contention: rounds of runs (one per pool each)")
     p.add_argument("--minutes", type=float, default=60, help="contention: stop recording rounds after this long")
     p.add_argument("--keep", help="contention: keep the run folders here")
-    p.add_argument("--pools", help="contention: judge the run folders kept here (by --keep) instead of recording")
+    p.add_argument("--pools", help="contention: judge the run folders kept here (by --keep; several: comma-separated) "
+                   "instead of recording")
+    p.add_argument("--cells", help="contention: judge only these cells, comma-separated LOAD/BASELINE-LOAD/CHANGE "
+                   "(quiet/quiet/work, sustained/sustained/same, ...)")
     p.add_argument("--n-boot", type=int, default=0,
                    help="bootstrap replicates per interval (default: the gate's own, gate.stats.N_BOOT); fewer judge faster")
     p.add_argument("--steps", type=int, default=100)

@@ -57,10 +57,11 @@ class RunDoc(msgspec.Struct):
     warmup_dropped: Count = 0
     step_ms: list[StepMs] = []
     # per steady step, aligned with step_ms (absent from baselines recorded before they were kept): the
-    # training thread's wait for a CPU, the process tree's CPU time; the host's 1-min load average at
-    # the run's start and end
+    # training thread's wait for a CPU, the script's CPU time (the training thread's plus its DataLoader
+    # workers'); the host's 1-min load average at the run's start and end. (`cpu_ms`, the process tree's
+    # CPU time with perfdoctor's own threads in it, was kept before script_cpu_ms: no longer read.)
     wait_ms: list[Ms] = []
-    cpu_ms: list[Ms] = []
+    script_cpu_ms: list[Ms] = []
     loadavg: list[Annotated[float, msgspec.Meta(ge=0, le=1e6)]] = []
 
 

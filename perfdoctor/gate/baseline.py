@@ -62,7 +62,9 @@ class RunRecord:
     notes: list[str] = field(default_factory=list)
     warmup_dropped: int = 0
     # per steady step, aligned with step_ms (empty where the run could not measure them): the training
-    # thread's wait for a CPU within the step (schedstat), and the process tree's CPU time
+    # thread's wait for a CPU within the step (schedstat), and the script's CPU time: the training
+    # thread's time on a CPU plus its DataLoader workers' (not the process's other threads: they hold
+    # perfdoctor's own line sampler, whose CPU time is not the script's and varies from run to run)
     wait_ms: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)
     loadavg: list[float] = field(default_factory=list)  # the host's 1-min load average at the run's start and end
@@ -76,8 +78,9 @@ class RunRecord:
         return [max(w - x, 0.001 * w) for w, x in zip(self.step_ms, self.wait_ms)]
 
     @property
-    def tree_cpu_ms(self) -> list[float]:
-        """The process tree's CPU time per steady step (empty where it is unknown)."""
+    def script_cpu_ms(self) -> list[float]:
+        """The script's CPU time per steady step: the training thread's and its DataLoader workers'
+        (empty where it is unknown)."""
         return list(self.cpu_ms) if len(self.cpu_ms) == len(self.step_ms) and all(v > 0 for v in self.cpu_ms) else []
 
     @property
@@ -110,16 +113,19 @@ class RunRecord:
                       peak_memory_bytes=self.peak_memory_bytes, counters=self.counters, findings=self.findings,
                       notes=self.notes, warmup_dropped=self.warmup_dropped,
                       step_ms=[round(v, 4) for v in self.step_ms], wait_ms=[round(v, 4) for v in self.wait_ms],
-                      cpu_ms=[round(v, 4) for v in self.cpu_ms], loadavg=list(self.loadavg))
+                      script_cpu_ms=[round(v, 4) for v in self.cpu_ms], loadavg=list(self.loadavg))
 
     @classmethod
     def from_doc(cls, d: RunDoc) -> RunRecord:
         return cls(source=d.source, env=dict(d.env), step_ms=list(d.step_ms), median_ms=d.median_ms,
                    batch_size=d.batch_size, peak_memory_bytes=d.peak_memory_bytes, counters=dict(d.counters),
                    findings=list(d.findings), notes=list(d.notes), warmup_dropped=d.warmup_dropped,
-                   # a baseline recorded before they were kept has none: its runs are judged on wall time
+                   # a baseline recorded before they were kept has none: its runs are judged on wall time (and
+                   # one that kept the process tree's CPU time, `cpu_ms`, before the script's: on the step less
+                   # its wait alone)
                    wait_ms=list(d.wait_ms) if len(d.wait_ms) == len(d.step_ms) else [],
-                   cpu_ms=list(d.cpu_ms) if len(d.cpu_ms) == len(d.step_ms) else [], loadavg=list(d.loadavg))
+                   cpu_ms=list(d.script_cpu_ms) if len(d.script_cpu_ms) == len(d.step_ms) else [],
+                   loadavg=list(d.loadavg))
 
 
 def _r(v: float | None, nd: int = 4) -> float | None:
@@ -233,7 +239,8 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
 
 def _contention(run_dir: Path, steps: list[int]) -> dict[str, Any]:
     """RunRecord's contention fields on each of `steps` (probes.json's cpu_wait): the training
-    thread's wait for a CPU and the process tree's CPU time, and the host's 1-min load average at
+    thread's wait for a CPU, the script's CPU time (the training thread's time on a CPU plus its
+    DataLoader workers'), and the host's 1-min load average at
     the run's start and end; none where the run did not measure them (no schedstat, a job folder of
     ranks, an older run)."""
     probes = read_run_file(run_dir / "probes.json", Probes) if (run_dir / "meta.json").exists() else None
@@ -244,7 +251,9 @@ def _contention(run_dir: Path, steps: list[int]) -> dict[str, Any]:
     def at(xs: list[Any]) -> list[Any]:
         return [xs[i - 1] for i in steps] if len(xs) == len(w.wait_ms) else []
 
-    return {"wait_ms": at(w.wait_ms), "cpu_ms": at(w.tree_ms),
+    run, workers = at(w.run_ms), at(w.workers_run_ms)
+    cpu = [a + b for a, b in zip(run, workers)] if run and len(workers) == len(run) else []
+    return {"wait_ms": at(w.wait_ms), "cpu_ms": cpu,
             "loadavg": [w.loadavg[0], w.loadavg_end[0]] if w.loadavg and w.loadavg_end else []}
 
 

@@ -8,7 +8,8 @@ different environment: the numbers are shown, never judged).
 Where either side's training thread waited for a CPU materially (`contended`: other processes
 competed for its cores, MATERIAL_WAIT), the wall time is shown but the verdict rests on
 contention-corrected evidence, each with its own interval: the step's wall time less the
-training thread's wait for a CPU in it, and the process tree's CPU time per step. A wall-time
+training thread's wait for a CPU in it, and the script's CPU time per step (the training thread's
+time on a CPU plus its DataLoader workers': perfdoctor's own threads are not the script's). A wall-time
 regression that the extra wait explains (the corrected evidence shows no regression) is
 `host-contention`: not decided, not passed, exit 0 (`strict` fails it); a regression of the
 corrected evidence (more work, or more sleeping and I/O in the script) fails as a regression.
@@ -63,7 +64,7 @@ POINT_FAIL_FACTOR = 2.0  # undecided, a point estimate beyond this many threshol
 # verdict by itself, so the verdict rests on the contention-corrected evidence instead.
 MATERIAL_WAIT = 0.25
 WORK_METRIC = "step time less CPU wait"
-CPU_METRIC = "process CPU time per step"
+CPU_METRIC = "script CPU time per step"
 
 
 @dataclass
@@ -244,8 +245,8 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
                      notes: list[str]) -> tuple[Row, list[Row], bool] | None:
     """Where either side's training thread waited for a CPU materially (MATERIAL_WAIT), the wall
     time's row (shown, not judged), the contention-corrected rows the verdict rests on (the step
-    time less the training thread's wait for a CPU; the process tree's CPU time per step, where
-    every run measured it) and whether the extra wait explains a wall-time regression (the wall
+    time less the training thread's wait for a CPU; the script's CPU time per step, the training
+    thread's plus its DataLoader workers', where every run measured it) and whether the extra wait explains a wall-time regression (the wall
     time grew beyond the threshold, and no corrected row regressed or stays undecided). None where
     the wait is unknown on a run, or immaterial on all: the wall time decides."""
     runs = base + cur
@@ -260,12 +261,13 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
     wall = _interval_row(timing_metric(), bw, cw, t, _sigma_b2(bw, cw, seed), seed, [], kind="wall")
     bk, ck = [r.work_ms for r in base], [r.work_ms for r in cur]
     deciding = [_interval_row(WORK_METRIC + q, bk, ck, t, _sigma_b2(bk, ck, seed), seed, notes)]
-    if all(r.tree_cpu_ms for r in runs):
-        bc, cc = [r.tree_cpu_ms for r in base], [r.tree_cpu_ms for r in cur]
+    if all(r.script_cpu_ms for r in runs):
+        bc, cc = [r.script_cpu_ms for r in base], [r.script_cpu_ms for r in cur]
         deciding.append(_interval_row(CPU_METRIC + q, bc, cc, t, _sigma_b2(bc, cc, seed), seed, notes, kind="cpu"))
     else:
-        notes.append("the process tree's CPU time per step was not measured on every run: the verdict rests on "
-                     "the step time less the training thread's wait for a CPU alone")
+        notes.append("the script's CPU time per step was not measured on every run (a baseline recorded before "
+                     "it was kept): the verdict rests on the step time less the training thread's wait for a CPU "
+                     "alone")
 
     def side(rs: list[RunRecord]) -> str:
         wait = statistics.fmean(statistics.median(r.wait_ms) for r in rs)
@@ -276,7 +278,7 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
 
     notes.insert(0, f"contention: the training thread waited for a CPU {side(base)} on the baseline and {side(cur)} "
                     f"on the current side: other processes competed for these cores, so wall times are inflated; the "
-                    f"verdict rests on the step time less that wait and on the process's CPU time per step, each with "
+                    f"verdict rests on the step time less that wait and on the script's CPU time per step, each with "
                     f"its own interval")
     host = (wall.change_pct is not None and wall.change_pct > t * 100
             and all(r.verdict in ("no-change", "improvement") for r in deciding))
@@ -287,7 +289,7 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
         notes.insert(1, f"host contention: not decided. The step's wall time changed {wall.change_pct:+.1f}%{ci}, "
                         f"but the extra wait for a CPU explains it: less that wait the step changed "
                         f"{w.change_pct or 0.0:+.1f}%"
-                        + (f", and the process's CPU time per step {deciding[1].change_pct or 0.0:+.1f}%"
+                        + (f", and the script's CPU time per step {deciding[1].change_pct or 0.0:+.1f}%"
                            if len(deciding) > 1 else "")
                         + ". Neither passed nor failed: gate on a quieter runner (or --strict to fail)")
     if wall.verdict == "regression" and not any(r.verdict == "regression" for r in deciding):

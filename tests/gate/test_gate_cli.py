@@ -114,7 +114,7 @@ def test_an_undecided_gate_adds_runs_never_passes_and_report_finds_its_repeats(b
     # run-to-run spread (x0.2 .. x5) far beyond a 100% threshold: undecided whatever the machine's load does
     for run, scale in zip(data["runs"], (0.2, 1.0, 5.0)):
         run["step_ms"] = [round(v * scale, 4) for v in first]
-        run["wait_ms"], run["cpu_ms"] = [], []  # the steps were made up: their wait for a CPU is not known
+        run["wait_ms"], run["script_cpu_ms"] = [], []  # the steps were made up: their wait for a CPU is not known
     noisy = tmp_path / "noisy-base.json"
     noisy.write_text(json.dumps(data))
     summary = tmp_path / "summary.md"

@@ -2,8 +2,9 @@
 
 tests/data/contention_gate.json holds real runs of benchmarks/steady_train.py beside other jobs
 (tests/data/README.md). Where the training thread waited for a CPU materially, the gate judges the
-step time less that wait and the process tree's CPU time per step, each with its own interval; a
-wall-time regression that the wait explains is `host-contention` (exit 0, --strict fails)."""
+step time less that wait and the script's CPU time per step (the training thread's plus its DataLoader
+workers', not perfdoctor's own threads), each with its own interval; a wall-time regression that the
+wait explains is `host-contention` (exit 0, --strict fails)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 
 import pytest
 
-from perfdoctor.gate.baseline import RunRecord, load_baseline, save_baseline
+from perfdoctor.gate.baseline import RunRecord, load_baseline, record_from_run_dir, save_baseline
 from perfdoctor.gate.compare import compare
 from perfdoctor.report import github, markdown
 from tests.helpers import TESTS
@@ -63,7 +64,7 @@ def test_more_work_under_load_fails_as_a_regression():
     c = compare([run("bursty-same-1")], [run("bursty-work-1")])
     r = rows(c)
     assert c.failed and c.verdict == "failed" and not c.host_contention
-    # the process tree's CPU time grew 17 % (its interval clear of 10 %): more work, whatever the load
+    # the script's CPU time grew 17 % (its interval clear of 10 %): more work, whatever the load
     assert r["cpu"].verdict == "regression" and r["timing"].change_pct > 10
 
 
@@ -89,8 +90,41 @@ def test_a_baseline_keeps_the_contention_series_and_old_ones_still_read(tmp_path
     assert back.loadavg == base[0].loadavg and back.cpu_ms == pytest.approx(base[0].cpu_ms)
     # a baseline written before issue 20 has no wait: the wall time decides, as it did
     doc = json.loads((tmp_path / "b.json").read_text())
-    for k in ("wait_ms", "cpu_ms", "loadavg"):
+    assert doc["runs"][0]["script_cpu_ms"] == pytest.approx(base[0].cpu_ms, abs=1e-3)
+    for k in ("wait_ms", "script_cpu_ms", "loadavg"):
         del doc["runs"][0][k]
     (tmp_path / "old.json").write_text(json.dumps(doc))
     old = load_baseline(tmp_path / "old.json")
     assert old.records[0].wait_ms == [] and not compare(old, [run("sustained-same-2")]).contended
+
+
+def test_a_baseline_that_kept_the_process_trees_cpu_time_is_judged_on_the_step_less_its_wait(tmp_path):
+    # before the script's CPU time, a baseline kept the process tree's (`cpu_ms`: perfdoctor's own line
+    # sampler in it, ~2 ms a step more); read as the script's it would hide a regression of about that
+    # much, so it is not read: the step less its wait decides alone, and the note says why
+    save_baseline([run("bursty-same-1")], tmp_path / "b.json")
+    doc = json.loads((tmp_path / "b.json").read_text())
+    doc["runs"][0]["cpu_ms"] = [v + 2.0 for v in doc["runs"][0].pop("script_cpu_ms")]
+    (tmp_path / "tree.json").write_text(json.dumps(doc))
+    tree = load_baseline(tmp_path / "tree.json")
+    assert tree.records[0].cpu_ms == []
+    c = compare(tree, [run("bursty-work-1")])
+    assert c.contended and "cpu" not in rows(c) and rows(c)["timing"].metric.startswith("step time less CPU wait")
+    assert any("script's CPU time per step was not measured on every run" in n for n in c.notes)
+
+
+def test_the_scripts_cpu_time_is_the_training_thread_and_its_workers_not_perfdoctors_threads(tmp_path):
+    # a run folder's probes: the process's CPU time (tree_ms) holds perfdoctor's own line sampler
+    # besides the training thread (run_ms) and the DataLoader workers (workers_run_ms)
+    n = 40
+    (tmp_path / "meta.json").write_text(json.dumps({"schema": "perfdoctor/run/v1", "env": ENV, "argv": ["t.py"],
+                                                    "script": "t.py"}))
+    (tmp_path / "steps.json").write_text(json.dumps({"steps": [{"i": i, "wall_ms": 100.0 + i % 3}
+                                                               for i in range(1, n + 1)]}))
+    (tmp_path / "probes.json").write_text(json.dumps({"cpu_wait": {
+        "wait_ms": [60.0] * n, "run_ms": [17.0 + i % 2 for i in range(n)], "workers_run_ms": [3.0] * n,
+        "tree_ms": [23.0 + 3 * (i % 5) for i in range(n)], "loadavg": [12.0, 11.0, 9.0], "loadavg_end": [14.0, 12.0, 9.0]}}))
+    r = record_from_run_dir(tmp_path)
+    k = r.warmup_dropped
+    assert r.cpu_ms == [20.0 + i % 2 for i in range(k, n)] and r.script_cpu_ms == r.cpu_ms
+    assert r.wait_ms == [60.0] * (n - k) and r.loadavg == [12.0, 14.0]
