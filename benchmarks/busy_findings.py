@@ -46,7 +46,8 @@ def one_run(script: Path, steps: int, out: Path, load: str, seed: int) -> dict:
         (out / big).unlink(missing_ok=True)
     findings = report.get("findings", [])
     contention = (report.get("summary") or {}).get("contention") or {}
-    return {"exit": p.returncode, "load": (before, os.getloadavg()[0]), "wait_share": contention.get("share"),
+    return {"exit": p.returncode, "error": (p.stderr.strip().splitlines() or [""])[-1] if p.returncode else "",
+            "load": (before, os.getloadavg()[0]), "wait_share": contention.get("share"),
             "rules": [f["rule"] for f in findings],
             "pd020_lines": [loc.get("line") for f in findings if f["rule"] == "PD020"
                             for loc in f.get("locations", []) if Path(str(loc.get("file", ""))).name == CHECKPOINT.name]}
@@ -77,6 +78,8 @@ def main() -> None:
                     ckpt_hits += found
                     verdict = f"PD020 at line {line}: {'found' if found else 'MISSED'} (PD020 lines {r['pd020_lines']})"
                 share = "?" if r["wait_share"] is None else f"{r['wait_share']:.0%}"
+                if r["exit"]:
+                    verdict += f"; perfdoctor said: {r['error']}"
                 print(f"[findings] {a.load} {name} run {n}: exit {r['exit']}, rules {r['rules']}, CPU wait {share} "
                       f"of the step, load average {r['load'][0]:.1f}->{r['load'][1]:.1f}: {verdict}", flush=True)
     print(f"[findings] {a.load}: steady script with a load-only finding in {steady_hits}/{a.runs} runs; "
