@@ -7,7 +7,11 @@ import re
 from pathlib import Path
 
 import pytest
-from _pytest.mark.expression import Expression
+
+try:  # pytest's own -m parser (private); without it every module is imported, as pytest does by default
+    from _pytest.mark.expression import Expression
+except ImportError:  # pragma: no cover
+    Expression = None
 
 
 @pytest.fixture
@@ -28,15 +32,18 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     hypothesis or Playwright for tests it deselects). Exact: a test's own marks only add to its
     module's, so the module is left out only if the expression is false for any marks added."""
     expr = config.getoption("markexpr")
-    if not expr or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+    if Expression is None or not expr or collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
         return None
     found = _MODULE_MARK.search(collection_path.read_text(encoding="utf-8", errors="replace"))
     if found is None:
         return None
-    compiled = Expression.compile(expr)
     others = [m for m in ("e2e", "slow") if m != found.group(1)]
-    for added in itertools.product((False, True), repeat=len(others)):
-        marks = {found.group(1), *(m for m, on in zip(others, added) if on)}
-        if compiled.evaluate(lambda name, /, marks=marks, **_: name in marks):
-            return None
+    try:
+        compiled = Expression.compile(expr)
+        for added in itertools.product((False, True), repeat=len(others)):
+            marks = {found.group(1), *(m for m, on in zip(others, added) if on)}
+            if compiled.evaluate(lambda name, /, marks=marks, **_: name in marks):
+                return None
+    except Exception:  # noqa: BLE001  (another pytest's private parser: import the module, as pytest does)
+        return None
     return True
