@@ -105,8 +105,9 @@ def bare_saving(t: Target, original: Path, fixed: Path, fixed_cwd: Path, pairs: 
     return {"ms": o - f, "step_ms": o, "pairs_ms": [round(x, 2) for x in per_pair]}
 
 
-def twin_of(t: Target, finding: dict, work: Path) -> tuple[Path, Path] | None:
-    """A copy of a corpus script's folder with the finding's own fix applied: (the script, the cwd) in it."""
+def twin_of(t: Target, finding: dict) -> tuple[Path, Path] | None:
+    """A copy of a corpus script's folder with the finding's own fix applied: (the script, the cwd) in it.
+    The copy is a sibling of the folder (`NAME-twin`), so that paths leaving it (`../../data`) still hold."""
     from perfdoctor.model import Fix
     from perfdoctor.rules.fixes import apply_fix
 
@@ -115,7 +116,7 @@ def twin_of(t: Target, finding: dict, work: Path) -> tuple[Path, Path] | None:
     if not fix or fix.get("example") or not loc.get("file"):
         return None
     root = Path(os.path.commonpath([t.script.parent, t.cwd, Path(loc["file"]).parent]))
-    dest = work / "twin"
+    dest = root.with_name(root.name + "-twin")
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(root, dest, symlinks=True)
     target = dest / Path(loc["file"]).relative_to(root)
@@ -150,7 +151,7 @@ def one(t: Target, twin: bool, twin_pairs: int, work: Path, budget: list[str] | 
                "interval_ms": v.get("interval_ms"), "step_ms": v.get("step_ms"), "runs": v.get("runs"),
                "why": v.get("why"), "load": [round(l0, 2), round(l1, 2)]}
         if twin and v.get("kind") == "fix" and v.get("verdict") not in ("did-not-hold", "not-verifiable-here"):
-            made = (t.twin, t.cwd) if t.twin is not None else twin_of(t, f, work)
+            made = (t.twin, t.cwd) if t.twin is not None else twin_of(t, f)
             if made is not None:
                 lt = load()
                 row["twin"] = bare_saving(t, t.script, made[0], made[1], twin_pairs, work)
