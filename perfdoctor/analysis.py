@@ -127,7 +127,7 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
             dropped = trace.dropped
             trace_summary = add_trace_facts(
                 trace, facts, run_step_ms=facts.value("step.time_ms"),
-                modules=data.summary.compute.modules if data.summary.compute else None,
+                modules=data.summary.compute.modules if data.summary.compute else None, user_files=user_files,
                 steps_label=f"profiled steps {win['first_step']}..{win['first_step'] + win['steps_profiled'] - 1}"
                 if win.get("first_step") is not None and win.get("steps_profiled") else "")
         except InputError as e:

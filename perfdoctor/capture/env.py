@@ -39,6 +39,20 @@ def _meminfo(key: str) -> int | None:
     return None
 
 
+def cgroup_memory_limit() -> int | None:
+    """The memory limit of this process's cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`), None where
+    there is none or it cannot be read. A container's limit is what runs out first, not the machine's RAM."""
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < (1 << 60):  # "max", or v1's "no limit" (a huge number)
+            return int(text)
+    return None
+
+
 def base_env() -> Env:
     """What is known without touching CUDA (the script may still set CUDA_VISIBLE_DEVICES)."""
     model, amx = _cpuinfo()
@@ -50,6 +64,9 @@ def base_env() -> Env:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = None
+    limit = cgroup_memory_limit()
+    if limit is not None and (total is None or limit < total):
+        total = limit  # the container's limit: where the process runs out of memory
     return Env(python=platform.python_version(), platform=platform.platform(), cpu_count=cpus, cpu_amx=amx,
                cpu_model=model, total_memory_bytes=total, cuda_available=False, device="cpu", device_name=model,
                device_count=0, device_capability=None, device_memory_bytes=None)

@@ -333,7 +333,7 @@ class Window:
         acts = [tp.ProfilerActivity.CPU]
         if self.torch.cuda.is_available() and self.torch.cuda.is_initialized():
             acts.append(tp.ProfilerActivity.CUDA)
-        self.prof = tp.profile(activities=acts, record_shapes=True, with_stack=not self.user_hook,
+        self.prof = tp.profile(activities=acts, record_shapes=True, with_stack=not self.user_hook, profile_memory=True,
                                schedule=tp.schedule(wait=0, warmup=self.warmup, active=self.active, repeat=1),
                                on_trace_ready=self._save_trace)
         self.rss0 = self.rss()

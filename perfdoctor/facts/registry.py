@@ -128,6 +128,11 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("compute.flops_per_step", "number", "run/trace", "FLOPs per step, forward and backward: a run's counted by "
      "FlopCounterMode on one step (matmuls, convolutions, attention), else a trace's recorded matmuls (mm, addmm, "
      "bmm, baddbmm: 2*M*K*N; convolutions not counted)"),
+    ("memory.loss_holders", "count", "run", "containers keeping losses with their graphs (PD006's): a known holder of growth"),
+    ("memory.kept_bytes_per_step", "bytes", "trace", "allocator blocks a recorded step allocated and the trace's end "
+     "still holds, per step (profile_memory)"),
+    ("memory.step_transient_bytes", "bytes", "trace", "the allocator's highest total within a step less its total at "
+     "the step's start (median over the recorded steps): activations kept for backward and temporaries"),
     ("compute.sixteen_bit_share", "ratio", "run", "the share of the counted FLOPs run on float16 or bfloat16 operands"),
     ("compute.achieved_flops", "number", "trace", "FLOPs per step / step time: FLOP/s achieved"),
     ("compute.peak_flops", "number", "machine/trace", "the peak the MFU is judged against: a CPU run's measured fp32 "
@@ -301,6 +306,11 @@ SUBJECT_FACTS.update({
         ("pattern", "str", "run/static", "where they meet: run (the run saw the conv's output go into the norm), "
                                          "sequential (nn.Sequential) or forward (bn(conv(x)))"),
         ("count", "count", "run", "convolutions built at this line whose output the run saw go into the norm"),
+    ]),
+    "kept_alloc": _declare("kept_alloc", [
+        ("bytes_per_step", "bytes", "trace", "bytes allocated at this line per recorded step and never freed by the trace's end"),
+        ("count_per_step", "count", "trace", "such blocks per step"),
+        ("block_bytes", "bytes", "trace", "the median block's size"),
     ]),
     "misaligned": _declare("misaligned", [
         ("layer", "str", "run", "the layer class (Linear, Conv2d...) built at this line"),

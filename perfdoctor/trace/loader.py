@@ -88,6 +88,10 @@ class Args(msgspec.Struct, gc=False):
     out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
     dtype: str | None = None
     collective: str | None = msgspec.field(default=None, name="Collective name")
+    # a "[memory]" event's (profile_memory): the block's address, the allocator's total after it, its device type
+    addr: int | None = msgspec.field(default=-1, name="Addr")
+    total: int | None = msgspec.field(default=-1, name="Total Allocated")
+    dev_type: int | None = msgspec.field(default=-1, name="Device Type")
 
 
 class Ev(msgspec.Struct, gc=False):
@@ -245,10 +249,14 @@ class _Builder:
         if PYFUNC in kcol:
             for j in [j for j, k in enumerate(kcol) if k == PYFUNC]:
                 ext[j], corr[j] = args[j].py_id, args[j].py_parent
+        stream = [a.stream for a in args]
+        if MEMORY in kcol:  # memory events: the block's address, the allocator's total, the device type
+            for j in [j for j, k in enumerate(kcol) if k == MEMORY]:
+                ext[j], corr[j], stream[j] = args[j].addr, args[j].total, args[j].dev_type
         odd = _extend(t.ext, ext)
         odd += _extend(t.corr, corr)
         del ext, corr
-        odd += _extend(t.stream, [a.stream for a in args])
+        odd += _extend(t.stream, stream)
         odd += _extend(t.device, [a.device for a in args])
         odd += _extend(t.nbytes, [b if type(b := a.bytes) is int else _as_int(b) if b is not None else  # "bytes",
                                   m if type(m := a.mem_bytes) is int else 0 if m is None else _as_int(m)  # else "Bytes"

@@ -77,9 +77,10 @@ class Trace:
     ts: array = field(default_factory=lambda: array("d"))  # microseconds
     dur: array = field(default_factory=lambda: array("d"))  # microseconds
     track: array = field(default_factory=lambda: array("i"))  # index into `strings`: "pid/tid"
-    ext: array = field(default_factory=lambda: array("q"))  # External id; Python id for PYFUNC; -1
-    corr: array = field(default_factory=lambda: array("q"))  # correlation; Python parent id for PYFUNC; -1
-    stream: array = field(default_factory=lambda: array("i"))  # GPU stream, -1 for CPU events
+    ext: array = field(default_factory=lambda: array("q"))  # External id; Python id for PYFUNC; Addr for MEMORY; -1
+    # correlation; Python parent id for PYFUNC; the allocator's "Total Allocated" for MEMORY; -1
+    corr: array = field(default_factory=lambda: array("q"))
+    stream: array = field(default_factory=lambda: array("i"))  # GPU stream; "Device Type" for MEMORY (0 CPU, 1 CUDA); -1
     device: array = field(default_factory=lambda: array("i"))  # GPU device, -1 for CPU events
     nbytes: array = field(default_factory=lambda: array("q"))  # memcpy/memset bytes, memory event bytes
 

@@ -43,6 +43,11 @@ def test_params_grads_and_adam_state_are_exact_and_a_leak_grows_by_what_it_keeps
     assert abs(mem["growth_bytes_per_step"] - kept) < 0.1 * kept
     assert mem["growth_interval"][0] <= mem["growth_bytes_per_step"] <= mem["growth_interval"][1]
     assert mem["parts"] == {"params": params, "grads": params, "optimizer_state": 2 * params}
+    # the leak rule: what the profiler saw allocated and never freed, at the line that creates it
+    assert facts["memory.kept_bytes_per_step"] == kept  # the allocator's blocks: exactly what the script keeps
+    (leak,) = [f for f in doc["findings"] if f["rule"] == "PD035"]
+    assert leak["locations"][0]["code"] == "kept.append(torch.ones(524_288))"
+    assert "PD006" not in {f["rule"] for f in doc["findings"]}  # no loss kept with its graph
     page = (tmp_path / "run" / "report.html").read_text()
     assert 'id="memory"' in page and "by what holds it" in page
     md = run_cli("report", str(tmp_path / "run"), "-f", "markdown", "--history", "off", cwd=tmp_path).stdout
@@ -89,3 +94,5 @@ def test_flops_of_matmuls_of_known_shapes_and_the_mfu_against_the_cpus_measured_
     assert 0 < achieved and peak > 1e8 and "measured" in facts["compute.peak_flops"]["detail"]
     assert abs(facts["compute.mfu"]["value"] - achieved / peak) < 1e-3
     assert "MFU = FLOPs per step / step time / peak" in facts["compute.mfu"]["detail"]
+    assert "PD035" not in {f["rule"] for f in doc["findings"]}  # nothing kept: no leak
+    assert facts["memory.kept_bytes_per_step"]["value"] < 4096

@@ -10,6 +10,8 @@ from perfdoctor.facts.run.context import RunContext
 
 def add(ctx: RunContext) -> None:
     holders, growth = ctx.probes.loss_holders, ctx.growth
+    ctx.facts.add("memory.loss_holders", len(holders), "count",
+                  detail="containers the loss-holder scan found keeping losses with their graphs (PD006)")
     for h in holders:
         s = site_subject(ctx.facts, "loss_holder", h.site)
         if s is None:

@@ -17,6 +17,7 @@ from perfdoctor.contracts.report import ComputeModuleDoc, SummaryDoc
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.ranks import RankSummary
 from perfdoctor.facts.trace import (
+    allocations,
     breakdown,
     comm,
     copies,
@@ -40,21 +41,24 @@ __all__ = ["add_trace_facts", "summarise_trace"]
 
 
 def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = None,
-                    steps_label: str = "", modules: list[ComputeModuleDoc] | None = None) -> SummaryDoc:
+                    steps_label: str = "", modules: list[ComputeModuleDoc] | None = None,
+                    user_files: list[Path] | None = None) -> SummaryDoc:
     """Measure the trace, add facts (source "trace", never overwriting), return its summary.
     Where the trace comes from a run folder: `run_step_ms`, the run's median unprofiled step (the
     GPU's idle time is then the run's step less the GPU's busy time, `context.TraceContext`), and
     `steps_label`, the run's steps the trace recorded, added to every global fact's detail, and
-    `modules`, the run's modules with the most FLOPs, whose forward the trace times (`flops.module_rates`)."""
+    `modules`, the run's modules with the most FLOPs, whose forward the trace times (`flops.module_rates`), and `user_files`, the run's
+    files, where the trace's frames (named by file name only) are read (`allocations`)."""
     with gc_paused():
-        ctx = TraceContext(trace, facts, run_step_ms, steps_label, modules)
+        ctx = TraceContext(trace, facts, run_step_ms, steps_label, modules, user_files)
         steps = breakdown.add(ctx)  # the step windows every other family measures in: not contained
         summary = steps.summary
         families: list[tuple[Any, tuple[Any, ...]]] = [(device.add, ())]
         if ctx.gpu:
             families += [(gpu.add, (steps.gpu_parts, summary)), (sync.add, ()), (copies.add, ()), (empty_cache.add, ()),
                          (layout.add, ())]
-        families += [(matmul.add, ()), (flops.add, (summary,)), (comm.add, ()), (dataparallel.add, ()), (ddp_sync.add, ()),
+        families += [(matmul.add, ()), (flops.add, (summary,)), (allocations.add, ()), (comm.add, ()),
+                     (dataparallel.add, ()), (ddp_sync.add, ()),
                      (dataloader.add, (steps.data_loading,)), (counters.add, ())]
         for add, args in families:  # each one family of facts (`Facts.family`)
             with facts.family(f"the trace's {add.__module__.rsplit('.', 1)[-1]} facts"):

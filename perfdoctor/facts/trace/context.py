@@ -4,6 +4,7 @@ events, the python stacks, and `put` to record a global fact. Built once per tra
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 from perfdoctor.contracts.report import ComputeModuleDoc
@@ -27,8 +28,9 @@ class TraceContext:
     global facts are the busiest device's (`main_device`)."""
 
     def __init__(self, trace: Trace, facts: Facts, run_step_ms: float | None = None, steps_label: str = "",
-                 modules: list[ComputeModuleDoc] | None = None):
+                 modules: list[ComputeModuleDoc] | None = None, user_files: list[Path] | None = None):
         self.trace = trace
+        self.user_files = user_files or []  # a run folder's user files: the trace names them by file name only
         self.modules = modules or []  # the run's modules with the most FLOPs (facts/run/compute.py), to time
         self.facts = facts
         # the steps' spans, µs: each step's CPU span extended to the GPU work it launched

@@ -75,6 +75,29 @@ class Stacks:
             self._named[si] = user_frame(self.t.strings[si])
         return self._named[si]
 
+    def chain(self, i: int) -> list[int]:
+        """The python events around event i, innermost first (empty where the trace has no Python stack there)."""
+        t = self.t
+        lst = self.by_track.get(t.track[i])
+        if not lst:
+            return []
+        ts = t.ts[i]
+        j = bisect_right(self.starts[t.track[i]], ts) - 1
+        for _ in range(5000):
+            if j < 0:
+                return []
+            if t.ts[lst[j]] + t.dur[lst[j]] >= ts:
+                break
+            j -= 1
+        else:
+            return []
+        out: list[int] = []
+        p: int | None = lst[j]
+        while p is not None and p not in out and len(out) < 500:
+            out.append(p)
+            p = self.by_id.get(t.corr[p])
+        return out
+
     def frame(self, i: int) -> tuple[Frame, int] | None:
         """(file, line, function) of the innermost user frame around event i, and an id of that
         frame's invocation (python event index, or -1 for legacy call stacks)."""

@@ -1,0 +1,167 @@
+"""The allocator's events in a trace recorded with `profile_memory` (perfdoctor's window records them)
+-> the tensors the steps create and keep, by the user's line that creates them, and the within-step
+peak of the allocator above each step's start.
+
+Kept: a block allocated during a recorded step other than the last and never freed by the trace's end
+(a step's activations, temporaries and outputs are freed by the next step; what lives on past that is
+held by something: a list, a dict, an attribute). Grouped by the innermost user frame around the
+allocation (the Python stack the profiler recorded), per step: one `kept_alloc` subject per line
+(`kept_alloc.bytes_per_step`, `count_per_step`, `block_bytes`), and `memory.kept_bytes_per_step` in
+all. The allocator judged is the device's the trace ran on (CUDA on a GPU trace, else the CPU's).
+
+`memory.step_transient_bytes`: the median over the recorded steps of the allocator's highest total
+within the step less its total at the step's start: the activations kept for backward and the
+temporaries, on any device (on a CPU run the RSS cannot tell them apart)."""
+
+from __future__ import annotations
+
+import ast
+import re
+import statistics
+from pathlib import Path
+from typing import Any
+
+from perfdoctor.facts.trace.context import TraceContext
+from perfdoctor.facts.trace.stacks import Frame, location
+from perfdoctor.model import Location
+from perfdoctor.trace.model import MEMORY
+
+MAX_LINES = 20  # kept_alloc subjects, by bytes kept
+MAX_SOURCE = 2_000_000  # bytes of a user file read to place a call
+_BUILTIN = re.compile(r"^<built-in (?:method|function) (\w+)")
+_OWN = re.compile(r"^(?:.*/)?perfdoctor/capture/")
+_PYFRAME = re.compile(r"^.*\(\d+\): (\w+)$")
+
+
+def add(ctx: TraceContext) -> None:
+    t = ctx.trace
+    want = 1 if ctx.gpu else 0  # "Device Type": 0 CPU, 1 CUDA
+    ts, nbytes, addr, dtype = t.ts, t.nbytes, t.ext, t.stream
+    evs = sorted((i for i in t.indices(MEMORY) if dtype[i] == want), key=ts.__getitem__)
+    windows = ctx.cpu_windows
+    if not evs or len(windows) < 2:
+        return
+    _transient(ctx, evs, windows)
+    live: dict[int, int] = {}  # address -> the event that allocated the block living there
+    for i in evs:
+        if nbytes[i] > 0:
+            live[addr[i]] = i
+        elif nbytes[i] < 0:
+            live.pop(addr[i], None)
+    start, last = windows[0][0], windows[-1][0]
+    sources: dict[str, tuple[ast.Module, list[str]] | None] = {}
+    steps = len(windows) - 1  # the steps whose allocations had a whole step to be freed in
+    by_line: dict[str, tuple[Any, list[int]]] = {}
+    total_kept = 0
+    for i in live.values():
+        if not start <= ts[i] < last:
+            continue
+        total_kept += nbytes[i]
+        site = _site(ctx, i, sources)
+        if site is None:
+            continue
+        by_line.setdefault(site[0], (site[1], []))[1].append(i)
+    ctx.put("memory.kept_bytes_per_step", total_kept / steps, "bytes",
+            f"allocator blocks ({'CUDA' if want else 'CPU'}) allocated in the first {steps} recorded step(s) and "
+            "never freed by the trace's end, per step")
+    ranked = sorted(by_line.items(), key=lambda kv: -sum(nbytes[i] for i in kv[1][1]))[:MAX_LINES]
+    for key, (loc, idx) in ranked:
+        s = ctx.facts.subject("kept_alloc", key)
+        if loc not in s.locations:
+            s.locations.append(loc)
+        kept = sum(nbytes[i] for i in idx)
+        sizes = sorted(nbytes[i] for i in idx)
+        s.add("bytes_per_step", kept / steps, "bytes", "trace",
+              f"{len(idx)} block(s), {kept:,} bytes, allocated at this line in {steps} recorded step(s) and never freed")
+        s.add("count_per_step", len(idx) / steps, "count", "trace")
+        s.add("block_bytes", sizes[len(sizes) // 2], "bytes", "trace", "the median block's size")
+    return
+
+
+def _site(ctx: TraceContext, i: int, sources: dict[str, tuple[ast.Module, list[str]] | None]) -> tuple[str, Location] | None:
+    """The user's line that made the call allocating memory event i. The profiler names a Python frame
+    by its function's first line (a script's top level: by the line it was at when the profiler
+    started), never by the line running: the line is the one call in that function's source to what
+    the frame called next on the way to the allocation (`torch.ones`, `torch.cat`, a helper); where
+    the source does not say (no such call, a module call), the frame's own line."""
+    chain = ctx.stacks.chain(i)
+    names, strings = ctx.trace.name, ctx.trace.strings
+    for k, p in enumerate(chain):
+        u = ctx.stacks.named_frame(names[p])
+        if u is None:
+            continue
+        # what it called: perfdoctor's own wrappers (a probe around torch.ones) are not the script's calls
+        inner = [strings[names[q]] for q in chain[:k] if not _OWN.match(strings[names[q]])]
+        callee = _callee(inner[-1]) if inner else None
+        file = _resolve(u[0], ctx.user_files)
+        line = _call_line((file, u[1], u[2]), callee, sources) if callee else None
+        key, loc = location((file, line or u[1], u[2]))
+        text = sources.get(file)
+        if line and text is not None and 0 < line <= len(text[1]):
+            loc = Location(loc.file, loc.line, text[1][line - 1].strip(), loc.function)
+        return key, loc
+    return None
+
+
+def _resolve(file: str, user_files: list[Path]) -> str:
+    """A frame's file as the run knows it: the one user file whose path ends with the trace's name for it."""
+    if Path(file).is_absolute():
+        return file
+    match = [p for p in user_files if str(p).endswith("/" + file.lstrip("./"))]
+    return str(match[0]) if len(match) == 1 else file
+
+
+def _callee(name: str) -> str | None:
+    """The function a profiler frame name calls: `<built-in method ones of ...>` -> ones, `f.py(3): helper` -> helper."""
+    m = _BUILTIN.match(name) or _PYFRAME.match(name)
+    return m.group(1) if m else None
+
+
+def _call_line(u: Frame, callee: str, sources: dict[str, tuple[ast.Module, list[str]] | None]) -> int | None:
+    """The first line calling `callee` (as `callee(...)` or `x.callee(...)`) in the function of user frame
+    `u` (file, first line, name), or in the file's top level for `<module>`; None where there is none."""
+    file, first, func = u
+    if file not in sources:
+        try:
+            path = Path(file)
+            data = path.read_bytes() if path.is_file() and path.stat().st_size <= MAX_SOURCE else None
+            sources[file] = None if data is None else (ast.parse(data), data.decode("utf-8", "replace").splitlines())
+        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+            sources[file] = None
+    got = sources[file]
+    if got is None:
+        return None
+    tree = got[0]
+    if func == "<module>":
+        body: list[Any] = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    else:
+        body = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == func
+                and (n.lineno == first or any(d.lineno == first for d in n.decorator_list))][:1]
+    lines = sorted(n.lineno for b in body for n in ast.walk(b) if isinstance(n, ast.Call)
+                   and ((isinstance(n.func, ast.Attribute) and n.func.attr == callee)
+                        or (isinstance(n.func, ast.Name) and n.func.id == callee)))
+    return lines[0] if lines else None
+
+
+def _transient(ctx: TraceContext, evs: list[int], windows: list[tuple[float, float]]) -> None:
+    t = ctx.trace
+    ts, nbytes, total = t.ts, t.nbytes, t.corr
+    peaks: list[float] = []
+    k = 0
+    for a, b in windows:
+        while k < len(evs) and ts[evs[k]] < a:
+            k += 1
+        first = k
+        top = None
+        while k < len(evs) and ts[evs[k]] <= b:
+            if total[evs[k]] >= 0:
+                top = total[evs[k]] if top is None else max(top, total[evs[k]])
+            k += 1
+        if top is None or first >= len(evs) or total[evs[first]] < 0:
+            continue
+        base = total[evs[first]] - nbytes[evs[first]]  # the allocator's total before the step's first event
+        peaks.append(top - base)
+    if peaks:
+        ctx.put("memory.step_transient_bytes", statistics.median(peaks), "bytes",
+                f"median over {len(peaks)} recorded step(s) of the allocator's highest total within the step less "
+                "its total at the step's start: the activations kept for backward and the temporaries")
