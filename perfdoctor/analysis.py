@@ -103,6 +103,7 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
                 ) -> tuple[Report, Facts]:
     """A run folder's report, and the facts it was judged on."""
     from perfdoctor.facts.run import load_run
+    from perfdoctor.facts.run.memory import cpu_estimates
     from perfdoctor.facts.run.notes import needs_a_gpu
     from perfdoctor.facts.static import analyse_files
 
@@ -152,6 +153,7 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     summary = msgspec.structs.replace(data.summary)
     if trace_summary is not None and trace_summary.breakdown and env.get("device") == "cuda":
         summary.gpu_breakdown = trace_summary.breakdown
+    cpu_estimates(facts, summary)  # a CPU run's activations and batch-that-fits, from the trace's allocator
     if trace_summary is not None and trace_summary.compute and summary.compute:  # the trace timed the modules
         summary.compute = msgspec.structs.replace(summary.compute, modules=trace_summary.compute.modules)
     rank = data.meta.get("rank")

@@ -203,20 +203,21 @@ class Hotspot:
 
 # The rank table's columns (Report.ranks, built by facts/ranks.py) after rank and file, in the order
 # the reports draw them: (key, label, kind), kind "ms" (per step), "share" (0..1), "count" (per step),
-# "MHz" or "str". A report draws a column where some rank has a value.
+# "MHz", "MiB" or "str". A report draws a column where some rank has a value.
 RANK_COLUMNS = (("step_ms", "step", "ms"), ("data_ms", "data wait", "ms"), ("compute_ms", "compute", "ms"),
                 ("comm_ms", "communication", "ms"), ("idle_ms", "GPU idle", "ms"),
                 ("idle_fraction", "idle share", "share"), ("sync_ms", "host syncs", "ms"), ("gc_ms", "GC", "ms"),
                 ("cpu_wait_ms", "CPU wait", "ms"), ("cpu_wait_share", "CPU wait share", "share"),
                 ("busy_share", "own work share", "share"), ("cpu_throttled_ms", "CPU throttled", "ms"),
                 ("cpu_throttled_periods", "throttled periods", "count"), ("gpu_clock_mhz", "SM clock", "MHz"),
-                ("gpu_throttled_share", "GPU throttled share", "share"), ("gpu_throttle", "GPU throttle reasons", "str"))
+                ("gpu_throttled_share", "GPU throttled share", "share"), ("gpu_throttle", "GPU throttle reasons", "str"),
+                ("memory_peak_mib", "memory peak", "MiB"), ("headroom_mib", "memory headroom", "MiB"))
 
 
 def rank_header(label: str, kind: str) -> str:
     """A rank table column's heading in text and Markdown: its label, with the unit where the cells
     are bare numbers (ms, MHz)."""
-    return label + (f" ({kind})" if kind in ("ms", "MHz") else "")
+    return label + (f" ({kind})" if kind in ("ms", "MHz", "MiB") else "")
 
 
 @dataclass

@@ -173,6 +173,9 @@ class MemoryDoc(Doc):
     peak_bytes: int | float | None = None
     total_bytes: int | float | None = None
     parts: dict[str, int | float] = {}  # params, grads, optimizer_state, activations
+    # CUDA: each device the process allocated on: {"device", "peak_bytes", "total_bytes", "headroom_bytes"}
+    devices: list[dict[str, int | None]] | UnsetType = UNSET
+    batch: int | None | UnsetType = UNSET  # the batch size of the loader that fed the steps (the what-if's)
 
 
 class ComputeModuleDoc(Doc):
@@ -332,6 +335,8 @@ class RankRowDoc(Doc):
     gpu_throttled_share: float | UnsetType = UNSET
     gpu_throttle: str | UnsetType = UNSET
     busy_share: float | UnsetType = UNSET
+    memory_peak_mib: float | UnsetType = UNSET  # the rank's memory peak (its device's, else its RSS)
+    headroom_mib: float | UnsetType = UNSET  # its device's (else the machine's) memory less that peak
 
     def value(self, column: str, unset: Any = None) -> Any:
         """The cell of `column` (a key of perfdoctor.model.RANK_COLUMNS, or rank or file); `unset`

@@ -92,6 +92,10 @@ def _row(rank: int, label: str, f: Facts) -> dict[str, Any]:
                       ("gpu_throttle", "gpu.throttle_reasons")):
         if f.value(name) is not None:
             row[key] = f.value(name)
+    for key, name in (("memory_peak_mib", "memory.peak_bytes"), ("headroom_mib", "memory.headroom_bytes")):
+        v = f.value(name)
+        if isinstance(v, (int, float)):
+            row[key] = round(v / 2**20, 1)  # per rank: its own device's (CUDA), else its process's RSS and the machine's
     if share is not None:
         # a synchronous step lasts as long on every rank: the ranks that wait for the straggler wait
         # inside the collectives, so the rest of the step is each rank's own work (its share, measured

@@ -122,8 +122,9 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
      "type the memory facts are about)"),
     ("memory.grads_bytes", "bytes", "run", "their gradients"),
     ("memory.optimizer_state_bytes", "bytes", "run", "the optimizers' state (moments, momentum buffers)"),
-    ("memory.activations_bytes", "bytes", "run", "CUDA: the peak within a step less parameters, gradients and "
-     "optimizer state (activations kept for backward, temporaries)"),
+    ("memory.activations_bytes", "bytes", "run/trace", "the activations kept for backward and the temporaries: on "
+     "CUDA the peak within a step less parameters, gradients and optimizer state; on a CPU run the allocator's "
+     "within-step peak above the step's start (the trace's profile_memory)"),
     ("memory.headroom_bytes", "bytes", "run", "the device's (CPU: the machine's) memory less the peak"),
     ("compute.flops_per_step", "number", "run/trace", "FLOPs per step, forward and backward: a run's counted by "
      "FlopCounterMode on one step (matmuls, convolutions, attention), else a trace's recorded matmuls (mm, addmm, "
@@ -140,8 +141,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("compute.uncounted_convs_per_step", "count", "trace", "convolutions per step whose FLOPs are not counted: "
      "no FLOP/s or MFU is given where there are any"),
     ("compute.mfu", "ratio", "trace", "model FLOPs utilisation: achieved FLOP/s / peak FLOP/s"),
-    ("memory.batch_that_fits", "count", "run", "CUDA: an estimate of the largest batch that fits, from the "
-     "activations per sample"),
+    ("memory.batch_that_fits", "count", "run/trace", "an estimate of the largest batch that fits, from the "
+     "activations per sample (CUDA: the device's memory; CPU: the RAM or cgroup limit less the peak RSS)"),
     # the source
     ("script.targets_cuda", "bool", "static", "the user's files name a CUDA device"),
     ("script.uses_amp", "bool", "static",

@@ -127,7 +127,8 @@ _RANK_SHOWN = ("step_ms", "compute_ms", "idle_ms", "idle_fraction")  # the colum
 def _rank_cell(v: Any, kind: str) -> str:
     if kind == "str" or not isinstance(v, (int, float)):
         return f"<td>{_e('' if v is None else v)}</td>"
-    shown = pct(v) if kind == "share" else ms_text(v) if kind == "ms" else f"{v:.0f} MHz" if kind == "MHz" else f"{v:.1f}"
+    shown = pct(v) if kind == "share" else ms_text(v) if kind == "ms" else f"{v:.0f} MHz" if kind == "MHz" \
+        else f"{v:,.0f} MiB" if kind == "MiB" else f"{v:.1f}"
     return f'<td class="n">{_e(shown)}</td>'
 
 

@@ -42,7 +42,9 @@ def test_params_grads_and_adam_state_are_exact_and_a_leak_grows_by_what_it_keeps
     mem = doc["summary"]["memory"]
     assert abs(mem["growth_bytes_per_step"] - kept) < 0.1 * kept
     assert mem["growth_interval"][0] <= mem["growth_bytes_per_step"] <= mem["growth_interval"][1]
-    assert mem["parts"] == {"params": params, "grads": params, "optimizer_state": 2 * params}
+    parts = dict(mem["parts"])
+    assert parts.pop("activations") > 0  # a CPU run: the allocator's within-step peak above the step's start
+    assert parts == {"params": params, "grads": params, "optimizer_state": 2 * params}
     # the leak rule: what the profiler saw allocated and never freed, at the line that creates it
     assert facts["memory.kept_bytes_per_step"] == kept  # the allocator's blocks: exactly what the script keeps
     (leak,) = [f for f in doc["findings"] if f["rule"] == "PD035"]
@@ -96,3 +98,20 @@ def test_flops_of_matmuls_of_known_shapes_and_the_mfu_against_the_cpus_measured_
     assert "MFU = FLOPs per step / step time / peak" in facts["compute.mfu"]["detail"]
     assert "PD035" not in {f["rule"] for f in doc["findings"]}  # nothing kept: no leak
     assert facts["memory.kept_bytes_per_step"]["value"] < 4096
+
+
+def test_a_cpu_run_gets_activations_from_the_allocator_and_a_batch_that_fits_as_an_estimate():
+    from perfdoctor.facts.model import Facts
+    from perfdoctor.facts.run.memory import cpu_estimates
+
+    facts = Facts()
+    facts.add("memory.step_transient_bytes", 64 * 2**20, "bytes", "trace")
+    facts.add("memory.headroom_bytes", 1024 * 2**20, "bytes")
+    summary = {"memory": {"source": "process RSS", "batch": 32, "parts": {"params": 1}}}
+    cpu_estimates(facts, summary)
+    assert summary["memory"]["parts"] == {"params": 1, "activations": 64 * 2**20}
+    assert facts.value("memory.batch_that_fits") == 32 + 32 * 1024 // 64  # 2 MiB per sample in 1 GiB more
+    assert "an estimate" in facts.get("memory.batch_that_fits").detail
+    cuda = {"memory": {"source": "cuda allocated", "batch": 32, "parts": {}}}
+    cpu_estimates(Facts(), cuda)  # CUDA's activations come from its allocator's peak, not from here
+    assert cuda["memory"]["parts"] == {}

@@ -184,9 +184,20 @@ def test_the_mfu_panel_shows_the_ratio_with_its_formula(browser, tmp_path: Path)
     report.facts["compute.peak_flops"] = Fact("compute.peak_flops", 4e10, "number", "machine", "measured")
     report.facts["compute.mfu"] = Fact("compute.mfu", 0.25, "ratio", "trace",
                                        "MFU = FLOPs per step / step time / peak = 1e+08 / 0.01 s / 4e+10 FLOP/s")
+    report.summary["compute"] = {"source": "torch.utils.flop_counter.FlopCounterMode on step 2", "flops_per_step": 1e8,
+                                 "modules": [{"module": "Net.fc1", "layer": "Linear_0", "flops": 6e7, "share": 0.6,
+                                              "forward_flops": 2e7, "forward_ms": 1.0, "achieved_flops": 2e10}]}
+    mem = report.summary["memory"]
+    mem["parts"] = {"params": 2**20, "grads": 2**20, "optimizer_state": 2**21, "activations": 2**23}
     page, errors, dialogs, requests = _open(browser, html.render_report(report), tmp_path)
     panel = page.locator("#compute").inner_text()
     assert "MFU 25.0% = FLOPs per step / step time / peak 40 GFLOP/s" in panel
+    assert "(torch.utils.flop_counter.FlopCounterMode on step 2)" in panel  # what counted the FLOPs
+    assert "Net.fc1" in page.locator("#compute-modules").inner_text()  # the modules by FLOPs, their rate
+    # the peak broken down as one bar: parameters, gradients, optimizer state, activations, the rest
+    bar = page.locator("#memory svg.chart").nth(1)
+    assert "by what holds it" in bar.get_attribute("aria-label") and bar.bounding_box()["width"] > 0
+    assert "activations 8.0 MiB" in page.locator("#memory").inner_text()
     assert "1e+08 / 0.01 s / 4e+10 FLOP/s" in page.locator("#compute p.formula").inner_text()
     assert page.locator('#compute data[data-key="compute.mfu"]').get_attribute("value") == "0.25"
     assert errors == [] and dialogs == [] and requests == []

@@ -8,7 +8,8 @@ import math
 
 import msgspec
 
-from perfdoctor.contracts.report import MemoryDoc
+from perfdoctor.contracts.report import MemoryDoc, SummaryDoc
+from perfdoctor.facts.model import Facts
 from perfdoctor.facts.run.context import RunContext, span
 
 T90 = 1.645  # the slope's 90 % interval: +-T90 standard errors (normal; the fit uses 8 steps or more)
@@ -158,9 +159,8 @@ def _objects(ctx: RunContext) -> None:
     ctx.facts.add("memory.activations_bytes", act, "bytes",
                   detail="the peak within a step less parameters, gradients and optimizer state: the "
                          "activations kept for backward and the temporaries")
-    fed = [d for d in ctx.probes.dataloaders if d.batches]
-    batch = fed[0].kwargs.batch_size if fed else None
-    if isinstance(batch, (int, float)) and batch > 0 and isinstance(total_mem, (int, float)):
+    batch = _batch(ctx)
+    if batch and isinstance(total_mem, (int, float)):
         per_sample = act / batch
         fits = int((total_mem - static) / per_sample) if per_sample > 0 else None
         if fits:
@@ -168,6 +168,36 @@ def _objects(ctx: RunContext) -> None:
                           detail=f"an estimate: (device memory - parameters, gradients and optimizer state) / "
                                  f"{per_sample / 2**20:.1f} MiB of activations per sample at batch {int(batch)}; "
                                  f"the allocator's fragmentation makes the true limit lower")
+
+
+def _batch(ctx: RunContext) -> int | None:
+    """The batch size of the first loader that fed the steps, None where unknown."""
+    fed = [d for d in ctx.probes.dataloaders if d.batches]
+    batch = fed[0].kwargs.batch_size if fed else None
+    return int(batch) if isinstance(batch, (int, float)) and batch > 0 else None
+
+
+def cpu_estimates(facts: Facts, summary: SummaryDoc) -> None:
+    """A CPU run whose trace recorded the allocator (profile_memory), after the trace's facts: the
+    activations and temporaries are the allocator's within-step peak above the step's start
+    (`memory.step_transient_bytes`: the RSS cannot tell them apart), a part of the peak like the others,
+    and the batch that would fit in the headroom left (the machine's RAM, or the cgroup's limit, less
+    the peak RSS) at that much per sample: an estimate."""
+    mem = summary.memory
+    act = facts.value("memory.step_transient_bytes")
+    if not isinstance(mem, MemoryDoc) or mem.source != "process RSS" or not isinstance(act, (int, float)) or act <= 0:
+        return
+    facts.add("memory.activations_bytes", int(act), "bytes", "trace",
+              "the allocator's highest total within a step above its total at the step's start (median over the "
+              "recorded steps): activations kept for backward and temporaries")
+    summary.memory = msgspec.structs.replace(mem, parts={**mem.parts, "activations": int(act)})
+    batch, headroom = mem.batch, facts.value("memory.headroom_bytes")
+    if isinstance(batch, int) and batch > 0 and isinstance(headroom, (int, float)):
+        per_sample = act / batch
+        facts.add("memory.batch_that_fits", int(batch + headroom / per_sample), "count", "trace",
+                  f"an estimate: batch {batch} + (the machine's memory (or cgroup limit) less the peak RSS) / "
+                  f"{per_sample / 2**20:.2f} MiB of activations and temporaries per sample; the C heap's "
+                  "fragmentation and the loader's prefetched batches make the true limit lower")
 
 
 def _summary(ctx: RunContext) -> None:
@@ -187,10 +217,23 @@ def _summary(ctx: RunContext) -> None:
     fit = growth_fit(steady)
     value = ctx.facts.value
     parts = {k: value(f"memory.{k}_bytes") for k in ("params", "grads", "optimizer_state", "activations")}
+    devices: list[dict[str, int | None]] = []
+    if cuda:
+        info = {d.index: d for d in ctx.env.devices or []}
+        peaks: dict[int, int] = {}
+        for st in ctx.run_steps:
+            for c in st.cuda_mem or []:
+                peaks[c.device] = max(peaks.get(c.device, 0), c.peak)
+        for d, pk in sorted(peaks.items()):
+            tot = info[d].total_memory_bytes if d in info else None
+            devices.append({"device": d, "peak_bytes": pk, "total_bytes": tot,
+                            "headroom_bytes": None if tot is None else max(0, tot - pk)})
     ctx.summary.memory = MemoryDoc(
-        source="cuda allocated" if cuda else "process RSS", bytes=series,
+        source="cuda allocated" if cuda else "process RSS", bytes=series, batch=_batch(ctx),
         growth_bytes_per_step=None if fit is None else round(fit[0], 1),
         growth_interval=None if fit is None else [round(fit[1], 1), round(fit[2], 1)],
         peak_bytes=value("memory.peak_bytes"), total_bytes=value("memory.total_bytes"),
         parts={k: v for k, v in parts.items() if isinstance(v, (int, float))},
     )
+    if devices:
+        ctx.summary.memory.devices = devices
