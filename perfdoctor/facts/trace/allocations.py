@@ -21,13 +21,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.contracts.source import read_source
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.stacks import Frame, location
 from perfdoctor.model import Location
 from perfdoctor.trace.model import MEMORY
 
 MAX_LINES = 20  # kept_alloc subjects, by bytes kept
-MAX_SOURCE = 2_000_000  # bytes of a user file read to place a call
 _BUILTIN = re.compile(r"^<built-in (?:method|function) (\w+)")
 _OWN = re.compile(r"^(?:.*/)?perfdoctor/capture/")
 _PYFRAME = re.compile(r"^.*\(\d+\): (\w+)$")
@@ -122,12 +122,9 @@ def _call_line(u: Frame, callee: str, sources: dict[str, tuple[ast.Module, list[
     `u` (file, first line, name), or in the file's top level for `<module>`; None where there is none."""
     file, first, func = u
     if file not in sources:
-        try:
-            path = Path(file)
-            data = path.read_bytes() if path.is_file() and path.stat().st_size <= MAX_SOURCE else None
-            sources[file] = None if data is None else (ast.parse(data), data.decode("utf-8", "replace").splitlines())
-        except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
-            sources[file] = None
+        src = read_source(file)
+        tree = src.parse(file) if src is not None else None
+        sources[file] = None if src is None or tree is None else (tree, src.lines)
     got = sources[file]
     if got is None:
         return None
