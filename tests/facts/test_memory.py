@@ -101,17 +101,18 @@ def test_flops_of_matmuls_of_known_shapes_and_the_mfu_against_the_cpus_measured_
 
 
 def test_a_cpu_run_gets_activations_from_the_allocator_and_a_batch_that_fits_as_an_estimate():
+    from perfdoctor.contracts.report import MemoryDoc, SummaryDoc
     from perfdoctor.facts.model import Facts
     from perfdoctor.facts.run.memory import cpu_estimates
 
     facts = Facts()
     facts.add("memory.step_transient_bytes", 64 * 2**20, "bytes", "trace")
     facts.add("memory.headroom_bytes", 1024 * 2**20, "bytes")
-    summary = {"memory": {"source": "process RSS", "batch": 32, "parts": {"params": 1}}}
+    summary = SummaryDoc(memory=MemoryDoc(source="process RSS", batch=32, parts={"params": 1}))
     cpu_estimates(facts, summary)
-    assert summary["memory"]["parts"] == {"params": 1, "activations": 64 * 2**20}
+    assert summary.memory.parts == {"params": 1, "activations": 64 * 2**20}
     assert facts.value("memory.batch_that_fits") == 32 + 32 * 1024 // 64  # 2 MiB per sample in 1 GiB more
     assert "an estimate" in facts.get("memory.batch_that_fits").detail
-    cuda = {"memory": {"source": "cuda allocated", "batch": 32, "parts": {}}}
+    cuda = SummaryDoc(memory=MemoryDoc(source="cuda allocated", batch=32, parts={}))
     cpu_estimates(Facts(), cuda)  # CUDA's activations come from its allocator's peak, not from here
-    assert cuda["memory"]["parts"] == {}
+    assert cuda.memory.parts == {}

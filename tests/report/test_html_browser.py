@@ -184,11 +184,12 @@ def test_the_mfu_panel_shows_the_ratio_with_its_formula(browser, tmp_path: Path)
     report.facts["compute.peak_flops"] = Fact("compute.peak_flops", 4e10, "number", "machine", "measured")
     report.facts["compute.mfu"] = Fact("compute.mfu", 0.25, "ratio", "trace",
                                        "MFU = FLOPs per step / step time / peak = 1e+08 / 0.01 s / 4e+10 FLOP/s")
-    report.summary["compute"] = {"source": "torch.utils.flop_counter.FlopCounterMode on step 2", "flops_per_step": 1e8,
-                                 "modules": [{"module": "Net.fc1", "layer": "Linear_0", "flops": 6e7, "share": 0.6,
-                                              "forward_flops": 2e7, "forward_ms": 1.0, "achieved_flops": 2e10}]}
-    mem = report.summary["memory"]
-    mem["parts"] = {"params": 2**20, "grads": 2**20, "optimizer_state": 2**21, "activations": 2**23}
+    from perfdoctor.contracts.report import ComputeDoc, ComputeModuleDoc
+
+    report.summary.compute = ComputeDoc(source="torch.utils.flop_counter.FlopCounterMode on step 2", flops_per_step=1e8,
+                                        modules=[ComputeModuleDoc(module="Net.fc1", layer="Linear_0", flops=6e7, share=0.6,
+                                                                  forward_flops=2e7, forward_ms=1.0, achieved_flops=2e10)])
+    report.summary.memory.parts = {"params": 2**20, "grads": 2**20, "optimizer_state": 2**21, "activations": 2**23}
     page, errors, dialogs, requests = _open(browser, html.render_report(report), tmp_path)
     panel = page.locator("#compute").inner_text()
     assert "MFU 25.0% = FLOPs per step / step time / peak 40 GFLOP/s" in panel
