@@ -50,7 +50,8 @@ CASES: list[tuple[str, list[str], bool]] = [
     ("needs_args.py", ["--epochs", "1", "--batches-per-epoch", "5"], False),
     ("pkg_entry", [], True),
 ]
-OWN = ["pickling.py", "compiled.py", "signals_and_files.py", "lbfgs_long.py", "own_profiler.py", "traced.py"]
+OWN = ["pickling.py", "compiled.py", "signals_and_files.py", "lbfgs_long.py", "own_profiler.py", "traced.py",
+       "grad_penalty.py"]
 
 
 def _env() -> dict:

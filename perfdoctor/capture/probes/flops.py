@@ -6,8 +6,9 @@ optimizer alike (the mode is thread-local state that autograd carries to its bac
 step is added and nothing is computed again: the mode runs each operator as it would run and adds up
 the FLOPs of the ones in torch's FLOP registry (matmuls, convolutions, attention), by the module
 each ran in (`torch.utils.module_tracker.ModuleTracker`: global module forward hooks and, on the
-tensors that need gradients, multi-grad hooks that say which module's backward runs; all removed at
-the mode's exit). What it costs: every operator of that step goes through Python, so the step is
+tensors an operator made that need gradients, multi-grad hooks that say which module's backward runs
+(never on a leaf: there the hook would make the script's `autograd.grad(..., inputs=leaf)` raise); all
+removed at the mode's exit). What it costs: every operator of that step goes through Python, so the step is
 slower; it is a warm-up step (`stats.warmup_steps` drops at least the first two), never a steady one.
 
 Not counted (no record): a step that torch.compile's code runs (the compiled kernels are not the
@@ -83,24 +84,47 @@ class FlopProbe:
                 return res
 
         try:
+            from torch.autograd.graph import register_multi_grad_hook
+            from torch.utils._pytree import tree_flatten
+
             c = Counter(display=False)
             tracker: Any = c.mod_tracker
-            pre = tracker._fw_pre_hook
             classes: dict[str, int] = {}
 
-            def _fw_pre_hook(mod: Any, inputs: Any) -> Any:  # the profiler's "nn.Module: Class_k" order
-                res = pre(mod, inputs)
-                try:
+            def _grad_hook(values: Any, fn: Any) -> None:
+                # ModuleTracker's own hooks put a multi-grad hook on every tensor needing a gradient that
+                # goes into or out of a module; on a leaf (`x.requires_grad_()` fed to a critic) that hook
+                # raises inside `autograd.grad(outputs, inputs=x)` (WGAN-GP's gradient penalty): the
+                # script's own call would fail. Only tensors an operator made (grad_fn) get one here; a
+                # module whose input is a leaf stays among the backward's parents until the backward's
+                # end (its backward is attributed a little more than it ran), the program is untouched.
+                tensors = [a for a in tree_flatten(values)[0]
+                           if isinstance(a, probe.torch.Tensor) and a.requires_grad and a.grad_fn is not None]
+                if tensors:
+                    tracker._hooks.append(register_multi_grad_hook(tensors, fn))
+
+            def _fw_pre_hook(mod: Any, inputs: Any) -> Any:  # ModuleTracker's, and the profiler's "Class_k" order
+                try:  # in the script's forward: nothing may reach it
                     name = tracker._get_mod_name(mod)
+                    tracker._get_append_fn(name, False)()
+                    _grad_hook(inputs, tracker._get_pop_fn(name, True))
                     if name not in probe.order and len(probe.order) < MAX_MODULES * 16:
                         cls = type(mod).__name__
                         probe.order[name] = f"{cls}_{classes.get(cls, 0)}"
                         classes[cls] = classes.get(cls, 0) + 1
                 except Exception as e:  # noqa: BLE001
                     probe.err("flops", e)
-                return res
 
-            tracker._fw_pre_hook = _fw_pre_hook  # an instance attribute, read by its __enter__
+            def _fw_post_hook(mod: Any, inputs: Any, output: Any) -> Any:
+                try:
+                    name = tracker._get_mod_name(mod)
+                    tracker._get_pop_fn(name, False)()
+                    _grad_hook(output, tracker._get_append_fn(name, True))
+                except Exception as e:  # noqa: BLE001
+                    probe.err("flops", e)
+
+            tracker._fw_pre_hook = _fw_pre_hook  # instance attributes, read by its __enter__
+            tracker._fw_post_hook = _fw_post_hook
             c.__enter__()
             self.counter = c
         except Exception as e:  # noqa: BLE001
