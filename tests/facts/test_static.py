@@ -141,6 +141,42 @@ def test_cpu_to_device_positive(tmp_path):
     assert s.locations[0].code == "x = th.empty(3)"
 
 
+def test_cpu_to_device_in_a_model_the_run_never_called(tmp_path):
+    """A model file of the project (a vendored library's) whose classes the run's models did not
+    hold: its factories never ran in a step. Classes that are no nn.Module (a trainer) and the
+    models the run called are read as before."""
+    source = """\
+        import torch
+        import torch.nn as nn
+
+        class Block(nn.Module):
+            def forward(self, x):
+                pos = torch.arange(x.shape[1]).to(x.device)
+                return x + pos
+
+        class Unused(Block):
+            def extra(self, x):
+                return torch.randn(x.shape).cuda()
+
+        class Used(nn.Module):
+            def forward(self, x):
+                return x * torch.ones(3).to(x.device)
+
+        class Trainer:
+            def step(self, x):
+                noise = torch.randn(x.shape).to("cuda")
+                return noise
+        """
+    path = tmp_path / "vit.py"
+    path.write_text(textwrap.dedent(source))
+    everything = Facts()
+    analyse_files([path], everything)
+    assert sorted(by_line(everything, "cpu_to_device")) == [6, 11, 15, 19]
+    facts = Facts()
+    analyse_files([path], facts, model_classes={f"{path.resolve()}:Used", "/elsewhere/train.py:Net"})
+    assert sorted(by_line(facts, "cpu_to_device")) == [15, 19]
+
+
 def test_cpu_to_device_negatives(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch
@@ -534,11 +570,47 @@ def test_host_reads_in_the_training_step(tmp_path):
             sample = model.decode(z).cpu()
         """)
     got = by_line(facts, "host_read")
-    assert got == {10: {"kind": "item", "in_loop": True}, 11: {"kind": "cpu, numpy", "in_loop": True},
+    assert got == {10: {"kind": "item", "in_loop": True}, 11: {"kind": "cpu", "in_loop": True},
                    12: {"kind": "print", "in_loop": True}, 15: {"kind": "float", "in_loop": True},
                    26: {"kind": "item", "in_loop": True},
                    14: {"kind": "item, print", "in_loop": False},  # every 100 steps: the run's count is not trusted
                    33: {"kind": "cpu", "in_loop": False}}  # the epoch loop's own body: once per epoch
+
+
+def test_host_reads_of_values_already_on_the_host_are_no_sync(tmp_path):
+    """The sync is the `.cpu()`, counted once at its line: a later read of what it returned (or of a
+    `.numpy()` array, of a number from `.item()`) is no device read, whatever the CPU run counts."""
+    facts, _ = analyse(tmp_path, """\
+        import numpy as np
+
+        def train(model, loader, opt, device):
+            total = 0
+            for x, y in loader:
+                x, y = x.to(device), y.to(device)
+                out = model(x)
+                loss = out.sum()
+                loss.backward()
+                opt.step()
+                total += loss.item()
+                preds = out.argmax(1).cpu()
+                hits = (preds == y.cpu()).sum().item()
+                right = (preds == 3).sum().item()
+                arr = out.detach().cpu().numpy()
+                top = arr.tolist()
+                v = loss.detach().cpu().item()
+                lv = float(total)
+                w = (out * 2).sum().item()
+        """)
+    got = by_line(facts, "host_read")
+    assert got[11] == {"kind": "item", "in_loop": True}
+    assert got[12] == {"kind": "cpu", "in_loop": True}  # the transfer: the one sync
+    assert got[13] == {"kind": "cpu", "in_loop": True}  # y.cpu() is a sync, the .item() of the host result not
+    assert got[14] == {"kind": "item", "in_loop": False}  # preds is on the host
+    assert got[15] == {"kind": "cpu", "in_loop": True}  # .numpy() of the .cpu() result: one read
+    assert got[16] == {"kind": "tolist", "in_loop": False}  # a numpy array's list
+    assert got[17] == {"kind": "cpu", "in_loop": True}
+    assert got[18] == {"kind": "float", "in_loop": False}  # a Python number
+    assert got[19] == {"kind": "item", "in_loop": True}  # a device tensor times a number stays on the device
 
 
 def test_uses_amp_counts_autocast_on_any_path(tmp_path):

@@ -13,6 +13,10 @@ data given to a legacy CUDA tensor type (`Tensor(np.random.normal(...))` with
 `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`: numpy fills the array on the host,
 the constructor copies it to the GPU), keyed on the call. A legacy type given sizes
 (`Tensor(n, 1).fill_(1.0)`) allocates on the GPU and is left alone.
+
+Not in an `nn.Module` class that none of the models the run called holds (`SourceIndex.module_ran`:
+a vendored library's model file, a model the script defines but never builds): code the run never
+executed is no cost of its steps.
 """
 
 from __future__ import annotations
@@ -39,8 +43,9 @@ DATA_FACTORIES = frozenset({"tensor", "as_tensor"})
 
 def detect(index: SourceIndex, facts: Facts) -> None:
     for call in index.calls:
-        _chained(index, facts, call)
-        _host_data(index, facts, call)
+        if index.module_ran(call):
+            _chained(index, facts, call)
+            _host_data(index, facts, call)
     _two_statements(index, facts)
 
 
@@ -117,7 +122,7 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                     and isinstance(stmt.targets[0], ast.Name)):
                 continue
             fac = _factory(index, stmt.value)
-            if fac is None:
+            if fac is None or not index.module_ran(stmt):
                 continue
             name = stmt.targets[0].id
             between: set[str] = set()  # names assigned between the two statements

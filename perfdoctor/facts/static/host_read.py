@@ -18,6 +18,12 @@ for a short run, may count one per step), so the rule trusts the source there:
   anything on every step (the meters a periodic display prints);
 - `.numpy()` / `.tolist()` / `.cpu()` of a batch tensor from a DataLoader that the step never moves to the
   device (labels turned one-hot on the host): a host tensor on a GPU run too;
+- a read of a value already on the host (`_Host`): the result of `.cpu()`, `.numpy()`, `.tolist()`,
+  `.item()` or a numpy function, what a method chain, arithmetic, a comparison or indexing makes of
+  one, and a name the function binds only to such values (`preds = out.argmax(1).cpu()` then
+  `(preds == y_cpu).sum().item()`; `arr = t.detach().cpu().numpy()` then `arr.tolist()`). The sync
+  was the `.cpu()`, counted once at its line (`t.detach().cpu().item()` is one read of kind "cpu");
+  the probe, on a CPU run where every tensor is on the host, counts the later read too;
 - in a loop that no training step runs, in a file whose loops show where the steps are
   (`Loops.in_training_step` False): an evaluation loop and a function it calls (the probe
   counts an evaluation between epochs as reads per training step too), an epoch loop's own body
@@ -50,15 +56,17 @@ def detect(index: SourceIndex, facts: Facts) -> None:
                     and _runs_backward(fn.body, loops=False)}
     reads: dict[int, tuple[ast.expr, list[str]]] = {}  # line -> (first read node, kinds)
     host: set[int] = set()  # lines reading a batch tensor the step never moves to the device
+    on_host: dict[int, tuple[ast.expr, list[str]]] = {}  # line -> reads of values already on the host
+    hosts = _Host(index)
     training_loops: list[ast.AST] = [loop for loop in index.nodes if isinstance(loop, LOOPS)
                                      and _is_training(index, loop, training_fns)]
     for loop in training_loops:
-        _reads(index, loop.body, loop, reads)  # type: ignore[attr-defined]
+        _reads(index, loop.body, loop, reads, hosts, on_host)  # type: ignore[attr-defined]
         host |= _host_batch_reads(index, loop)
     for fn in index.nodes:  # a step function with its own backward, called from a loop
         if (isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in training_fns
                 and fn.name in index.loops.called_in_loop):
-            _reads(index, fn.body, fn, reads)
+            _reads(index, fn.body, fn, reads, hosts, on_host)
     # reads in a loop that no training step runs, where the file shows where its steps are: an
     # evaluation loop (the run's probe counts its reads too, per training step, when it runs
     # between epochs)
@@ -71,7 +79,8 @@ def detect(index: SourceIndex, facts: Facts) -> None:
         put(s, "kind", ", ".join(sorted(kinds, key=_ORDER.index)))
         put(s, "in_loop", line not in not_per_step)
     rare: dict[int, tuple[ast.expr, list[str]]] = {}
-    for read, kind in [*_less_than_every_step(index, training_loops), *outside]:
+    host_only = [(n, k) for n, kinds in on_host.values() for k in kinds]  # no device tensor read on the line
+    for read, kind in [*_less_than_every_step(index, training_loops), *outside, *host_only]:
         if read.lineno not in reads:
             kinds = rare.setdefault(read.lineno, (read, []))[1]
             if kind not in kinds:
@@ -206,27 +215,119 @@ def _tensor_names(body: list[ast.stmt]) -> set[str]:
     return out
 
 
-def _reads(index: SourceIndex, body: list[ast.stmt], top: ast.AST,
-           reads: dict[int, tuple[ast.expr, list[str]]]) -> None:
+def _reads(index: SourceIndex, body: list[ast.stmt], top: ast.AST, reads: dict[int, tuple[ast.expr, list[str]]],
+           hosts: _Host, on_host: dict[int, tuple[ast.expr, list[str]]]) -> None:
+    """The reads of `body` on every step into `reads`; those of a value already on the host into
+    `on_host` (no sync of their own)."""
     tensors = _tensor_names(body)
     for n in walk_scope(body):
         if not isinstance(n, ast.Call):
             continue
         kind = None
         f = n.func
+        shown: list[ast.expr] = []  # what the call reads
         if isinstance(f, ast.Attribute) and f.attr in _METHODS and not n.args and not n.keywords:
-            kind = f.attr
+            kind, shown = f.attr, [f.value]
         elif isinstance(f, ast.Name) and f.id in _CASTS and len(n.args) == 1 and not n.keywords:
-            arg = n.args[0]
-            if isinstance(arg, ast.Name) and arg.id in tensors:
-                kind = f.id
+            kind, shown = f.id, [n.args[0]]
         elif isinstance(f, ast.Name) and f.id == "print":
-            shown = [*n.args, *(v.value for a in n.args if isinstance(a, ast.JoinedStr)
-                                for v in a.values if isinstance(v, ast.FormattedValue))]
-            if any(isinstance(a, ast.Name) and a.id in tensors for a in shown):
-                kind = "print"
-        if kind is None or index.loops.periodic(n, top):
+            kind = "print"
+            shown = [a for a in [*n.args, *(v.value for a in n.args if isinstance(a, ast.JoinedStr)
+                                            for v in a.values if isinstance(v, ast.FormattedValue))]
+                     if isinstance(a, ast.Name) and a.id in tensors]
+        if kind is None or not shown or index.loops.periodic(n, top):
             continue
-        first, kinds = reads.setdefault(n.lineno, (n, []))
+        if all(hosts.on_host(a) for a in shown):
+            into = on_host
+        elif kind in _CASTS and not (isinstance(shown[0], ast.Name) and shown[0].id in tensors):
+            continue  # `float(args.lr)`: no tensor the step makes
+        else:
+            into = reads
+        first, kinds = into.setdefault(n.lineno, (n, []))
         if kind not in kinds:
             kinds.append(kind)
+    for line in set(on_host) & set(reads):  # the line reads a device tensor too: that is its one sync
+        del on_host[line]
+
+
+class _Host:
+    """Which expressions are values already on the host: an array (the result of `.cpu()` or
+    `.numpy()`, of a numpy function) or a Python number (`.item()`, `.tolist()`, a literal); what a
+    method chain (not `.to()` / `.cuda()`), indexing, or arithmetic and comparisons with a host array
+    make of one (a CUDA operand beside a host array fails on the GPU) or of numbers only; and a name
+    its function (or the module) binds only to such values."""
+
+    _ARRAY = frozenset({"cpu", "numpy"})
+    _NUMBER = frozenset({"item", "tolist"})
+    _TO_DEVICE = frozenset({"to", "cuda", "type_as"})
+
+    def __init__(self, index: SourceIndex):
+        self.index = index
+        self.names: dict[ast.AST | None, dict[str, str]] = {}  # scope -> its names bound only to host values
+
+    def on_host(self, expr: ast.expr) -> bool:
+        scope, _ = self.index.context(expr)
+        names = self.names.get(scope)
+        if names is None:
+            names = self.names[scope] = self._host_names(scope)
+        return self._kind(expr, names) is not None
+
+    def _kind(self, n: ast.expr, names: dict[str, str]) -> str | None:
+        """"array" or "number" for a host value, None for a device tensor or one not known."""
+        while True:
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
+                q = self.index.qual(n.func)
+                if q is not None:  # a module's function: numpy's work on the host, torch's a new tensor
+                    return "array" if q.startswith("numpy.") else None
+                if n.func.attr in self._ARRAY and not n.keywords:
+                    return "array"
+                if n.func.attr in self._NUMBER and not n.args and not n.keywords:
+                    return "number"
+                if n.func.attr in self._TO_DEVICE:
+                    return None
+                n = n.func.value
+            elif isinstance(n, (ast.Attribute, ast.Subscript)):
+                n = n.value
+            elif isinstance(n, ast.UnaryOp):
+                n = n.operand
+            elif isinstance(n, (ast.BinOp, ast.Compare)):
+                parts = [n.left, n.right] if isinstance(n, ast.BinOp) else [n.left, *n.comparators]
+                kinds = [self._kind(x, names) for x in parts]
+                return "array" if "array" in kinds else "number" if all(k == "number" for k in kinds) else None
+            elif isinstance(n, ast.Name):
+                return names.get(n.id)
+            else:
+                return "number" if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) else None
+
+    def _host_names(self, scope: ast.AST | None) -> dict[str, str]:
+        """The names `scope` binds only with `name = <host value>` (or `name += <host value>`), each
+        "array" or "number"."""
+        body = scope.body if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else (
+            [] if scope is not None else self.index.tree.body)
+        values: dict[str, list[ast.expr]] = {}
+        other: set[str] = set()  # bound otherwise: a parameter, a loop target, a tuple, `with ... as`
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            a = scope.args
+            other |= {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x is not None}
+        for n in walk_scope(body):
+            if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value is not None:
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        values.setdefault(t.id, []).append(n.value)
+                    else:
+                        other |= {m.id for m in ast.walk(t) if isinstance(m, ast.Name) and isinstance(m.ctx, ast.Store)}
+            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and not isinstance(
+                    self.index.parents.get(n), (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                other.add(n.id)
+        names: dict[str, str] = {}
+        for _ in range(4):  # names bound to other host names
+            grown: dict[str, str] = {}
+            for k, vs in values.items():
+                kinds = [self._kind(v, names) for v in vs]
+                if k not in other and None not in kinds:
+                    grown[k] = "array" if "array" in kinds else "number"
+            if grown == names:
+                break
+            names = grown
+        return names

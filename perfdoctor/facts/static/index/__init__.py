@@ -28,7 +28,7 @@ from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.facts.static.index.devices import Devices
 from perfdoctor.facts.static.index.frameworks import Frameworks
 from perfdoctor.facts.static.index.loops import Loops
-from perfdoctor.facts.static.index.syntax import Located, Syntax
+from perfdoctor.facts.static.index.syntax import Located, Syntax, dotted
 from perfdoctor.model import Location
 
 _DETAIL = "static read of the source"
@@ -98,6 +98,25 @@ class SourceIndex(Syntax):
             elif isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 names += ["<locals>", p.name]
         return ".".join(reversed(names)) in self.ran_classes
+
+    def module_ran(self, node: ast.AST) -> bool:
+        """`model_ran`, judged only inside an `nn.Module` class (one with a `forward`, or a base from
+        torch.nn, named `...Module`, or such a class of this file): the run's module trees say
+        nothing of other classes (a trainer, a sampler)."""
+        cls = next((p for p in self.ancestors(node) if isinstance(p, ast.ClassDef)), None)
+        return cls is None or not self._module_class(cls, 0) or self.model_ran(node)
+
+    def _module_class(self, cls: ast.ClassDef, depth: int) -> bool:
+        if any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == "forward" for n in cls.body):
+            return True
+        for b in cls.bases:
+            name = self.qual(b) or dotted(b) or ""
+            if name.startswith("torch.nn.") or name.endswith("Module"):
+                return True
+            local = next((c for c in self.nodes_of(ast.ClassDef) if isinstance(c, ast.ClassDef) and c.name == name), None)
+            if local is not None and local is not cls and depth < 8 and self._module_class(local, depth + 1):
+                return True
+        return False
 
     def subject(self, facts: Facts, kind: str, node: Located) -> Subject:
         """The subject of `kind` keyed on `node`'s line (merged with the run's and the trace's
