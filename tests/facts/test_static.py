@@ -600,8 +600,13 @@ def test_host_reads_of_values_already_on_the_host_are_no_sync(tmp_path):
                 v = loss.detach().cpu().item()
                 lv = float(total)
                 w = (out * 2).sum().item()
+
+        def top1(out, labels):
+            preds = out.argmax(1).cpu()
+            return (preds == labels).float().mean().item()
         """)
     got = by_line(facts, "host_read")
+    assert got[23] == {"kind": "item", "in_loop": False}  # a metric helper's read of a host tensor
     assert got[11] == {"kind": "item", "in_loop": True}
     assert got[12] == {"kind": "cpu", "in_loop": True}  # the transfer: the one sync
     assert got[13] == {"kind": "cpu", "in_loop": True}  # y.cpu() is a sync, the .item() of the host result not

@@ -67,6 +67,23 @@ def detect(index: SourceIndex, facts: Facts) -> None:
         if (isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in training_fns
                 and fn.name in index.loops.called_in_loop):
             _reads(index, fn.body, fn, reads, hosts, on_host)
+    # elsewhere (a metric helper the step calls): the probe counts these lines too; a line that also
+    # reads a value not known to be on the host is left to the run
+    elsewhere: dict[int, tuple[ast.expr, list[str]]] = {}
+    device_lines: set[int] = set()
+    for n in index.calls:
+        f = n.func
+        if isinstance(f, ast.Attribute) and f.attr in _METHODS and not n.args and not n.keywords:
+            what, read = f.attr, f.value
+        elif isinstance(f, ast.Name) and f.id in _CASTS and len(n.args) == 1 and not n.keywords:
+            what, read = f.id, n.args[0]
+        else:
+            continue
+        if not hosts.on_host(read):
+            device_lines.add(n.lineno)
+        elif n.lineno not in reads and n.lineno not in on_host:
+            elsewhere.setdefault(n.lineno, (n, []))[1].append(what)
+    on_host.update((line, v) for line, v in elsewhere.items() if line not in device_lines)
     # reads in a loop that no training step runs, where the file shows where its steps are: an
     # evaluation loop (the run's probe counts its reads too, per training step, when it runs
     # between epochs)
