@@ -11,13 +11,15 @@ tensors an operator made that need gradients, multi-grad hooks that say which mo
 removed at the mode's exit). What it costs: every operator of that step goes through Python, so the step is
 slower; it is a warm-up step (`stats.warmup_steps` drops at least the first two), never a steady one.
 
-Not counted (no record): a step that torch.compile's code runs (the compiled kernels are not the
-operators the mode counts, and entering a mode could make dynamo recompile), a step the profiled
+Not counted (no record): a step that torch.compile's code runs, or any step once dynamo has seen a
+frame (`_dynamo_ran`: the compiled kernels are not the operators the mode counts, and a mode or global
+module hooks in the way make dynamo warn and compile again), a step the profiled
 window holds, a step the main thread does not end, or a torch without `FlopCounterMode`.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
@@ -27,6 +29,21 @@ from perfdoctor.contracts.run import FlopRecord
 COUNT_STEP = 2  # the step counted (1 is the first)
 MAX_MODULES = 64  # modules kept, by their FLOPs
 _SIXTEEN = ("torch.float16", "torch.bfloat16")
+
+
+def _dynamo_ran() -> bool:
+    """Whether dynamo (torch.compile, torch.export) has done anything in this process: its counters
+    (`torch._dynamo.utils.counters`, the ones a script may print) count every frame it saw. A dispatch
+    mode and global module hooks in the way of compiled code make dynamo warn and compile again (a
+    graph count the script prints changes): where dynamo ran, no step is counted. Read only if the
+    script loaded dynamo; the probe never imports it."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return False
+    try:
+        return any(sum(c.values()) for c in utils.counters.values())
+    except Exception:  # noqa: BLE001  (another torch's counters: count nothing)
+        return True
 
 
 class FlopProbe:
@@ -62,6 +79,8 @@ class FlopProbe:
             self._enter()
 
     def _enter(self) -> None:
+        if _dynamo_ran():
+            return
         try:
             from torch.utils.flop_counter import FlopCounterMode
         except ImportError:
