@@ -319,6 +319,7 @@ SUBJECT_FACTS.update({
         ("count", "count", "run", "such layers built at this line in the tree the run called"),
         ("direct", "bool", "run", "the line itself constructs the layer (not a library's model builder)"),
         ("flops_share", "ratio", "run", "their share of the step's FLOPs (FlopCounterMode on one step)"),
+        ("weight_share", "ratio", "run", "Linear layers where no step was counted: their share of the model's parameters"),
         ("param_dtype", "str", "run", "the parameters' dtype of the model holding them"),
         ("autocast", "bool", "run", "autocast was on in at least half of that model's forward calls"),
     ]),

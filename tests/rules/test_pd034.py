@@ -13,15 +13,16 @@ from perfdoctor.rules.engine import judge
 PD034 = [r for r in load_rules() if r.id == "PD034"]
 
 
-def _ctx(*, autocast=True, dtype="float32", head_flops=700, device="cpu", targets_cuda=True, uses_amp=True):
+def _ctx(*, autocast=True, dtype="float32", head_flops=700, device="cpu", targets_cuda=True, uses_amp=True,
+         counted=True, params=None):
     group = LayerGroup(site=Site(file="/p/model.py", line=18, code="self.head = nn.Linear(dim, vocab)", function="__init__"),
                        direct=True, layer="Linear", count=1, params=5003 * 129, dims=["out_features 5003"],
                        names=["TinyLM.head"])
     fwd = ForwardRecord(site=Site(file="/p/train.py", line=30, code="model(idx)", function="main"), module="TinyLM",
-                        calls=25, autocast=autocast, param_dtype=dtype,
+                        calls=25, autocast=autocast, param_dtype=dtype, params=params,
                         tree=ModuleTree(modules=6, layers={"Linear": 3}, misaligned=[group]))
     flops = FlopRecord(step=2, flops=1000, modules={"TinyLM": 1000, "TinyLM.head": head_flops, "TinyLM.mlp.0": 150})
-    ctx = RunContext(probes=Probes(forward=[fwd], flops=flops))
+    ctx = RunContext(probes=Probes(forward=[fwd], flops=flops if counted else None))
     modules.add(ctx)
     ctx.facts.add("device.type", device, source="machine")
     ctx.facts.add("script.targets_cuda", targets_cuda, "bool", source="static")
@@ -48,3 +49,14 @@ def test_never_on_fp32_or_cpu_only_scripts_nor_for_a_small_share_of_the_flops():
     assert not judge(_ctx(autocast=False, uses_amp=False).facts, PD034)  # fp32 throughout
     assert not judge(_ctx(targets_cuda=False).facts, PD034)  # CPU bf16 autocast: no tensor cores
     assert not judge(_ctx(head_flops=10).facts, PD034)  # 1 % of the step's FLOPs
+
+
+def test_without_a_counted_step_a_linear_is_judged_by_its_share_of_the_weights():
+    """No step counted (compiled code, an early window): a Linear's FLOPs per token are twice its weights,
+    so its share of the model's parameters stands in; a 10-way classifier head of a wide MLP is not flagged."""
+    ctx = _ctx(counted=False, params=5003 * 129 * 4)
+    (s,) = ctx.facts.subjects["misaligned"]
+    assert "misaligned.flops_share" not in s.facts and s.facts["misaligned.weight_share"].value == 0.25
+    assert judge(ctx.facts, PD034)
+    assert not judge(_ctx(counted=False, params=5003 * 129 * 100).facts, PD034)  # 1 % of the weights
+    assert judge(_ctx(counted=False).facts, PD034)  # the model's size unknown: flagged as before

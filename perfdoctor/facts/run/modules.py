@@ -88,7 +88,8 @@ def _conv_bias(ctx: RunContext, g: ConvGroup) -> None:
 def _misaligned(ctx: RunContext, f: ForwardRecord, g: LayerGroup) -> None:
     """A `misaligned` subject (PD034) per user line that built Linear or convolution layers with
     dimensions not multiples of 8: the dimensions, the layers' share of the step's FLOPs where the FLOP
-    probe counted a step (its modules by name), and the model's dtype and autocast state."""
+    probe counted a step (its modules by name), else for Linear layers their share of the model's weights,
+    and the model's dtype and autocast state."""
     s = site_subject(ctx.facts, "misaligned", g.site)
     if s is None:
         return
@@ -101,6 +102,11 @@ def _misaligned(ctx: RunContext, f: ForwardRecord, g: LayerGroup) -> None:
         mine = sum(rec.modules.get(n, 0) for n in g.names)
         s.add("flops_share", round(mine / rec.flops, 4), "ratio",
               detail=f"{mine:,} of the {rec.flops:,} FLOPs FlopCounterMode counted on step {rec.step}")
+    elif g.layer == "Linear" and f.params and g.params:
+        # no step counted (compiled code, an early profiler window): a Linear's FLOPs per token are twice
+        # its weights, so its share of the model's weights stands for its share of the matmul FLOPs
+        s.add("weight_share", round(g.params / f.params, 4), "ratio",
+              detail=f"{g.params:,} of {f.module}'s {f.params:,} parameters (no step's FLOPs counted)")
     if f.param_dtype:
         s.add("param_dtype", f.param_dtype, detail=f"{f.module}'s parameters")
     s.add("autocast", f.autocast, "bool", detail=f"autocast was on in at least half of {f.module}'s forward calls")
