@@ -27,10 +27,11 @@ Count = Annotated[int, msgspec.Meta(ge=0)]
 MAX_FILE_BYTES = 256 << 20  # a run file, report.json or baseline bigger than this is refused
 
 
-def _open_regular(path: Path | str) -> tuple[int, int] | None:
-    """(fd, size) of `path` opened for reading when it is a regular file, else None. Opened
+def open_regular(path: Path | str) -> tuple[int, os.stat_result] | None:
+    """(fd, its stat) of `path` opened for reading when it is a regular file, else None. Opened
     non-blocking and checked on the open descriptor, so that a FIFO, a device (/dev/zero) or a
-    socket named by an input is never read and never blocks."""
+    socket named by an input is never read and never blocks. The one way perfdoctor opens a file
+    someone else wrote (run files, reports, baselines, the user's source: contracts/source.py)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except (OSError, ValueError):  # ValueError: a NUL byte in the name
@@ -43,7 +44,7 @@ def _open_regular(path: Path | str) -> tuple[int, int] | None:
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         return None
-    return fd, st.st_size
+    return fd, st
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -76,7 +77,7 @@ def _escaped(m: re.Match[str]) -> str:
 def read_head(path: Path | str, size: int) -> bytes:
     """The first `size` bytes of a regular file (a look at what it is), b"" for anything else: a
     FIFO is never waited on."""
-    opened = _open_regular(path)
+    opened = open_regular(path)
     if opened is None:
         return b""
     with os.fdopen(opened[0], "rb") as f:
@@ -91,7 +92,7 @@ def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
     bytes; InputError otherwise."""
     if not path.exists():
         raise InputError(f"{path}: no such file")
-    opened = _open_regular(path)
+    opened = open_regular(path)
     if opened is None:
         if path.is_dir():
             raise InputError(f"{path} is a folder, not a file")
@@ -100,7 +101,7 @@ def read_bytes(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
         except OSError as e:
             raise InputError(f"{path}: cannot read it ({e.strerror or e})") from None
         raise InputError(f"{path}: not a regular file")
-    fd, size = opened
+    fd, size = opened[0], opened[1].st_size
     with os.fdopen(fd, "rb") as f:
         if size > limit:
             raise InputError(f"{path}: {size} bytes, over the {limit >> 20} MB perfdoctor reads in such a file")

@@ -21,10 +21,11 @@ from __future__ import annotations
 import ast
 import io
 import os
-import stat
 import tokenize
 from collections import OrderedDict
 from pathlib import Path
+
+from perfdoctor.contracts.files import open_regular
 
 MAX_SOURCE_BYTES = 4 << 20  # a source file bigger than this is not read (the user's own code is far smaller)
 # what the cache keeps: the most recently read files, at most this many and this many bytes in all
@@ -81,18 +82,13 @@ def read_source(path: Path | str | None, limit: int = MAX_SOURCE_BYTES) -> Sourc
     global _cached_bytes, reads
     if path is None:
         return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except (OSError, ValueError):  # ValueError: a NUL byte in the name
+    opened = open_regular(path)
+    if opened is None:
         return None
-    try:
-        st = os.fstat(fd)
-    except OSError:
-        os.close(fd)
-        return None
+    fd, st = opened
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    hit = _cache.get(key) if stat.S_ISREG(st.st_mode) and st.st_size <= limit else None
-    if hit is not None or not stat.S_ISREG(st.st_mode) or st.st_size > limit:  # checked on the open descriptor
+    hit = _cache.get(key) if st.st_size <= limit else None
+    if hit is not None or st.st_size > limit:  # checked on the open descriptor
         os.close(fd)
         if hit is not None:
             _cache.move_to_end(key)
