@@ -87,9 +87,11 @@ def test_slowed_script_fails_the_gate(baseline: Path, tmp_path: Path) -> None:
     doc = json.loads(c.stdout)
     judged = next(r for r in doc["rows"] if r["kind"] == "timing")  # the wall time, or less the wait where contended
     assert doc["verdict"] == "failed" and judged["verdict"] == "regression"
-    # the delay makes each step 4x as long (+300%); beside load, 3x its inflated wall time is slept:
-    # the step less its wait then grows by more
-    assert 200 < judged["change_pct"] < (10_000 if doc["contended"] else 500)
+    # the delay sleeps 3x each step's own work: at least +300% less noise. The work itself runs slower
+    # after a sleep (caches and clock gone cold: the p10 of the slowed runs' work was 30 ms against the
+    # baseline's 20 ms at load 0.6, on this round's code and on 8bbc5f3's alike, +505-611%); beside load
+    # 3x the inflated wall time is slept and the step less its wait grows by more still
+    assert 200 < judged["change_pct"] < (10_000 if doc["contended"] else 1_000)
     s = run_cli("compare", str(baseline), str(tmp_path / "slow.json"), "--max-regression", "40%",
                 "--format", "sarif", "--output", str(tmp_path / "gate.sarif"), cwd=tmp_path)
     assert s.returncode == 1 and s.stderr.strip() == "", s.stderr
