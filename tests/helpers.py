@@ -11,6 +11,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 TESTS = REPO / "tests"
+# the recorded traces the trace tests read
+TRACES = TESTS / "data" / "traces"
+HTA = TRACES / "hta__ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
+KINETO = TRACES / "kineto__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
+MI300 = TRACES / "tracelens__mi300__resnet_act_checkpoint.json.gz"
+DLRM = TRACES / "param__dlrm_kineto_8ranks"
+CPU = TRACES / "torch213_cpu_mlp_dataloader.pt.trace.json.gz"
 SAMPLES = REPO / "sample_scripts"
 EXPECT = re.compile(r"#\s*expect:\s*((?:PD\d{3}[,\s]*)+)")
 

@@ -10,14 +10,9 @@ from perfdoctor.facts.model import Facts
 from perfdoctor.facts.ranks import cross_rank
 from perfdoctor.facts.trace import add_trace_facts, summarise_trace
 from perfdoctor.trace import load_trace, load_traces
-from tests.helpers import TESTS
+from tests.helpers import CPU, DLRM, HTA, KINETO, MI300, TRACES
 
-DATA = TESTS / "data" / "traces"
-HTA = DATA / "hta__ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz"
-KINETO = DATA / "kineto__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"
-MI300 = DATA / "tracelens__mi300__resnet_act_checkpoint.json.gz"
-DLRM = DATA / "param__dlrm_kineto_8ranks"
-CPU = DATA / "torch213_cpu_mlp_dataloader.pt.trace.json.gz"
+DATA = TRACES
 
 
 def facts_of(path):
