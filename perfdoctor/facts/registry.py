@@ -95,6 +95,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("autocast.enabled", "bool", "run", "autocast state at the forward of the largest top-level module"),
     ("model.param_dtype", "str", "run", "parameter dtype of the largest top-level module"),
     ("autograd.anomaly_enabled", "bool", "run", "set_detect_anomaly(True) / detect_anomaly() seen"),
+    ("autograd.nan_check_fraction", "ratio", "trace", "share of the profiled step in anomaly mode's NaN checks of "
+                                                      "the backward's gradients (facts/trace/anomaly.py)"),
     ("matmul.ms", "ms", "trace", "GEMM and convolution time per step"),
     ("matmul.fp32_share", "ratio", "trace", "share of the GEMM/convolution time in fp32 (no tensor cores)"),
     # syncs, copies, counters

@@ -139,3 +139,27 @@ def test_interval_helpers_match_a_brute_force_reading():
         assert per_window(ma, windows) == [len({x for x in cells(ma) if s <= x < e}) for s, e in windows]
 
     check()
+
+
+def test_anomaly_nan_checks_share_of_the_step(tmp_path):
+    """autograd.nan_check_fraction: the NaN-check ops (isnan, _is_any_true) inside the autograd engine's
+    node evaluations, as a share of each profiled step; a user's own isnan outside backward is not one."""
+    def x(cat, name, ts, dur):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+
+    ev = []
+    for k in range(4):  # 4 steps of 1000 µs: a user isnan (50 µs), then a node evaluation with 2 checks (30 + 20 µs)
+        s = 10_000 * k
+        ev += [x("user_annotation", f"ProfilerStep#{k}", s, 1000), x("cpu_op", "aten::isnan", s + 10, 50),
+               x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", s + 500, 300),
+               x("cpu_op", "aten::isnan", s + 600, 30), x("cpu_op", "aten::ne", s + 605, 20),
+               x("cpu_op", "aten::_is_any_true", s + 640, 20), x("cpu_op", "aten::any", s + 641, 18)]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev}))
+    f = Facts()
+    add_trace_facts(load_trace(p), f)
+    assert f.value("autograd.nan_check_fraction") == pytest.approx(50 / 1000)
+    p.write_text(json.dumps({"traceEvents": [e for e in ev if not e["name"].startswith("autograd::")]}))
+    f = Facts()
+    add_trace_facts(load_trace(p), f)
+    assert "autograd.nan_check_fraction" not in f

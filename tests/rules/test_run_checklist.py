@@ -511,8 +511,8 @@ def test_every_format_says_the_step_times_are_inflated(tmp_path):
 # -- PD013 ---------------------------------------------------------------------------------------
 
 def test_anomaly_mode_gets_the_time_of_its_stack_captures(tmp_path):
-    """PD013's number: anomaly mode's Python stack captures per steady step (probes.json anomaly_stack_ms),
-    a lower bound on what turning it off saves; without them, no number."""
+    """PD013's number: anomaly mode's Python stack captures per steady step (probes.json anomaly_stack_ms)
+    plus the backward's NaN checks' share of the step (from the trace); without the captures, no number."""
     rule = [r for r in load_rules() if r.id == "PD013"]
     probes = {"anomaly": [{"site": site(16, "torch.autograd.set_detect_anomaly(True)"), "enabled": True}],
               "anomaly_stack_ms": [[i, 6.0] for i in range(1, 41)]}
@@ -520,7 +520,11 @@ def test_anomaly_mode_gets_the_time_of_its_stack_captures(tmp_path):
     (s,) = r.facts.of_kind("anomaly")
     assert s.facts["anomaly.stack_ms"].value == pytest.approx(6.0)
     (f,) = judge(r.facts, rule, user_files=r.user_files)
-    assert f.ms_per_step == pytest.approx(6.0) and "lower bound" in f.saving_basis
+    assert f.ms_per_step == pytest.approx(6.0) and "stack capture" in f.saving_basis
+    # the backward's NaN checks, where a profiled step recorded them: their share of the step on top
+    r.facts.add("autograd.nan_check_fraction", 0.25, "ratio", "trace")
+    (f,) = judge(r.facts, rule, user_files=r.user_files)
+    assert f.ms_per_step == pytest.approx(6.0 + 0.25 * 20.0)
     del probes["anomaly_stack_ms"]
     r = load_run(make_run(tmp_path / "b", wall=lambda i: 20.0, probes=probes))
     (f,) = judge(r.facts, rule, user_files=r.user_files)

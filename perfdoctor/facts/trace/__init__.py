@@ -18,6 +18,7 @@ from perfdoctor.facts.model import Facts
 from perfdoctor.facts.ranks import RankSummary
 from perfdoctor.facts.trace import (
     allocations,
+    anomaly,
     breakdown,
     comm,
     copies,
@@ -59,7 +60,7 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
                          (layout.add, ())]
         families += [(matmul.add, ()), (flops.add, (summary,)), (allocations.add, ()), (comm.add, ()),
                      (dataparallel.add, ()), (ddp_sync.add, ()),
-                     (dataloader.add, (steps.data_loading,)), (counters.add, ())]
+                     (dataloader.add, (steps.data_loading,)), (counters.add, ()), (anomaly.add, ())]
         for add, args in families:  # each one family of facts (`Facts.family`)
             with facts.family(f"the trace's {add.__module__.rsplit('.', 1)[-1]} facts"):
                 add(ctx, *args)
