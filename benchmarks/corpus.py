@@ -345,11 +345,11 @@ def _loc_matches(loc: dict, file: str, lines: list[int] | None, slack: int) -> b
 def _hits(finding: dict, entry: dict, default_file: str, slack: int) -> bool:
     if finding.get("rule") != entry["rule"]:
         return False
-    file = entry.get("file", default_file)
     lines = None if "line" not in entry else [entry["line"], *entry.get("also", [])]
     locations = finding.get("locations") or []
-    if lines is None and not locations:
-        return True
+    if lines is None and (not locations or "file" not in entry):
+        return True  # a label on the whole script ("the model trains in fp32"): wherever it is said
+    file = entry.get("file", default_file)
     return any(_loc_matches(loc, file, lines, slack) for loc in locations)
 
 

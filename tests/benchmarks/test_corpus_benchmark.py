@@ -70,3 +70,15 @@ def test_totals_count_cpu_visible_labels_per_rule():
               "missed": [{"rule": "PD008", "gpu_only": True}]}
     row = corpus.totals([result], {"s": script})["per_rule"]["PD008"]
     assert (row["labels"], row["cpu_labels"], row["found"], row["cpu_found"], row["recall_cpu"]) == (2, 1, 1, 1, 1.0)
+
+
+def test_a_label_on_the_whole_script_matches_its_rule_in_any_file():
+    """isic-unet's "a 34M-parameter U-Net in fp32 on CUDA" has no line and no file: PD007 said at
+    solver.py (where the model runs; the script is main.py) is that label, not a false finding."""
+    finding = {"rule": "PD007", "locations": [{"file": "/x/repo/solver.py", "line": 147}]}
+    script = {"path": "main.py", "label": [{"rule": "PD007"}]}
+    m = corpus.score([finding], script, 0)
+    assert len(m.tp) == 1 and not m.fp and not m.missed
+    pinned = {"path": "main.py", "label": [{"rule": "PD007", "file": "main.py"}]}  # a file named: that file
+    m = corpus.score([finding], pinned, 0)
+    assert not m.tp and len(m.fp) == 1
