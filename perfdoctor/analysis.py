@@ -143,12 +143,15 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     needs_gpu = needs_a_gpu(data.meta, data.summary)
     if needs_gpu:
         notes.append(needs_gpu)
-    # why PD007 is quiet on an fp32 model: this machine has no fast low-precision math. Not where PD007
-    # spoke, nor where it judged the GPU the script targets (`gpu_only_context`) rather than this machine
+    # why PD007 is quiet on an fp32 model: this GPU has no fast low-precision math, or the script never
+    # leaves the CPU. Not where PD007 spoke, nor where it judged the GPU the script targets
+    # (`gpu_only_context`) rather than this machine
     amp = facts.get("device.amp_available")
-    if (amp is not None and amp.value is False and facts.value("autocast.enabled") is False
+    why = ("the script runs on the CPU only (PD007 judges GPUs)" if facts.value("device.type") == "cpu"
+           else amp.detail if amp is not None and amp.value is False else None)
+    if (why and facts.value("autocast.enabled") is False
             and not any(f.rule == "PD007" for f in findings) and gpu_only_context(facts) is None):
-        notes.append(f"the model trains in fp32 without autocast, not flagged (PD007): {amp.detail}")
+        notes.append(f"the model trains in fp32 without autocast, not flagged (PD007): {why}")
     env = data.meta.get("env", {})
     summary = msgspec.structs.replace(data.summary)
     if trace_summary is not None and trace_summary.breakdown and env.get("device") == "cuda":

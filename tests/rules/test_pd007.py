@@ -51,23 +51,17 @@ def test_pd007_judges_the_hardware(amp, autocast, fires):
         assert found[0].ms_per_step == pytest.approx(40.0 * 0.9 * 0.5)
 
 
-@pytest.mark.parametrize("flops,fires", [(212_480.0, False), (30e9, True)])
-def test_pd007_on_a_cpu_judges_the_matmuls_arithmetic_not_their_op_time(flops, fires):
-    """A CPU-only script on an AMX CPU: minimalRL's PPO (64-wide MLPs) spends 5.9 ms of a 24.5 ms step
-    in matmul ops that do 212,480 FLOPs, 7 us at this CPU's measured rate: the rest is dispatch, which
-    bf16 does not shorten. A model whose matmuls are arithmetic (30 GFLOP at 60 GFLOP/s) is flagged,
-    its saving from that arithmetic."""
-    f = cpu_run(step_ms=24.5)
+@pytest.mark.parametrize("flops", [212_480.0, 30e9])
+def test_pd007_is_quiet_on_a_cpu_only_script_even_with_amx(flops):
+    """A script that never leaves the CPU, on an AMX CPU: like every GPU-only rule, PD007 does not judge
+    it, however much of its step is matmul arithmetic (30 GFLOP at 60 GFLOP/s was flagged before: the
+    corpus's CPU-only tutorials, nlp-tutorial's Transformer and BERT, are labelled not a problem)."""
+    f = cpu_run(step_ms=1500.0)
     f.add("device.amp_available", True, "", "machine", "CPU with AMX (bf16 autocast)")
     f.add("autocast.enabled", False, "", "run")
     f.add("model.param_dtype", "float32", "", "run")
     f.add("matmul.fp32_share", 1.0, "ratio", "trace")
-    f.add("matmul.ms", 5.9 if not fires else 600.0, "ms", "trace")
+    f.add("matmul.ms", 600.0, "ms", "trace")
     f.add("compute.flops_per_step", flops, "number", "trace")
     f.add("compute.peak_flops", 60e9, "number", "run")
-    if fires:
-        f.add("step.time_ms", 1500.0, "ms", "run")
-    found = [x for x in judge(f, RULES) if x.rule == "PD007"]
-    assert bool(found) == fires
-    if fires:
-        assert found[0].ms_per_step == pytest.approx(500.0 * 0.5)  # 30e9 / 60e9 s, halved
+    assert [x for x in judge(f, RULES) if x.rule == "PD007"] == []
