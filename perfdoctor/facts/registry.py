@@ -252,6 +252,7 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
     "host_read": _declare("host_read", [
         ("kind", "str", "run/static", "how the value is read to the host: item, cpu, numpy, tolist, float, int, print"),
         ("count_per_step", "count", "run", "reads at this line per training step"),
+        ("step_share", "ratio", "run", "the share of the steady steps that read at this line at all"),
         ("in_loop", "bool", "static", "in the training loop (a loop that runs backward), not behind a periodic guard; "
                                       "False in a loop no training step runs (an evaluation loop)"),
     ]),

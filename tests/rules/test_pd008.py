@@ -34,6 +34,29 @@ def test_pd008_host_reads_of_a_cuda_script_on_a_cpu_run():
     assert run(device="cuda") == []  # on a GPU the trace's measured syncs decide
 
 
+def test_pd008_leaves_reads_on_few_steps_to_the_periodic_work():
+    """unet-carvana (Pytorch-UNet): every n_train/5 steps a histogram of every parameter reads 64
+    values with `if not (torch.isinf(v) | torch.isnan(v)).any()`, on 1 of 11 steady steps: 5.8 reads
+    "per step" on average, but no training step syncs there; the evaluation step is PD020's."""
+    from perfdoctor.contracts.run import HostReadRecord, Site
+    from perfdoctor.facts.run import host_reads
+
+    def facts(series):
+        f = cpu_run()
+        f.add("script.targets_cuda", True, "", "static")
+        rec = HostReadRecord(site=Site(file="/p/train.py", line=137, function="train", code="if not x.any():"),
+                             kind="bool", counts_per_step=series)
+        ctx = type("Ctx", (), {"steady_idx": list(range(1, len(series))), "facts": f,
+                               "probes": type("P", (), {"host_reads": [rec]})()})()
+        host_reads.add(ctx)
+        return f
+    periodic = facts([0] * 9 + [64, 0, 0])
+    assert periodic.of_kind("host_read")[0].facts["host_read.step_share"].value == pytest.approx(1 / 11)
+    assert [x for x in judge(periodic, RULES) if x.rule == "PD008"] == []
+    every = facts([0] + [2] * 11)  # two reads on every step: the training step's syncs
+    assert [x.rule for x in judge(every, RULES)] == ["PD008"]
+
+
 def test_pd008_trusts_the_source_over_a_short_logging_interval():
     f = cpu_run()
     f.add("script.targets_cuda", True, "", "static")

@@ -14,18 +14,23 @@ def add(ctx: RunContext) -> None:
     """Each line's reads per step (the mean over the steady steps) and how. Several kinds on one
     line (`loss.cpu().numpy()`) are one value read once: the line counts its most frequent kind."""
     steady_idx = ctx.steady_idx
-    per_line: dict[tuple[str, int], list[tuple[float, str, Site]]] = {}
+    per_line: dict[tuple[str, int], list[tuple[float, int, str, Site]]] = {}
     for r in ctx.probes.host_reads:
         if r.site is None or not r.kind or not steady_idx:
             continue
-        counts = r.counts_per_step
-        mean = sum(counts[i] for i in steady_idx if 0 <= i < len(counts)) / len(steady_idx)
+        counts = [r.counts_per_step[i] for i in steady_idx if 0 <= i < len(r.counts_per_step)]
+        mean = sum(counts) / len(steady_idx)
         if mean > 0:
-            per_line.setdefault((r.site.file, r.site.line), []).append((mean, r.kind, r.site))
+            steps = sum(1 for c in counts if c > 0)
+            per_line.setdefault((r.site.file, r.site.line), []).append((mean, steps, r.kind, r.site))
     for rows in per_line.values():
-        mean, kind, site = max(rows, key=lambda x: (x[0], -HOST_READ_ORDER.index(x[1])
-                                                      if x[1] in HOST_READ_ORDER else -99))
+        mean, steps, kind, site = max(rows, key=lambda x: (x[0], -HOST_READ_ORDER.index(x[2])
+                                                             if x[2] in HOST_READ_ORDER else -99))
         s = site_subject(ctx.facts, "host_read", site)
         if s is not None:
             s.add("kind", kind)
             s.add("count_per_step", mean, "count", detail=f"mean over {len(steady_idx)} steady steps")
+            # an evaluation or a histogram dump every N steps reads many values on one step and none
+            # on the others: periodic work (PD020's), not a sync of every training step
+            s.add("step_share", steps / len(steady_idx), "ratio",
+                  detail=f"read on {steps} of {len(steady_idx)} steady steps")
