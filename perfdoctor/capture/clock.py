@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from perfdoctor.capture import sites
 from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.capture.writer import RunWriter
 
@@ -65,6 +66,9 @@ class StepClock:
         # the running optimizer steps, outermost first: id() of torch's step wrapper frame, which
         # calls the pre and post hooks (a wrapping optimizer steps an inner one: two)
         self.opt_frames: list[int] = []
+        # the code of the user's function that calls the first optimizer step (the training loop's):
+        # a probe names the line there that led into a helper (host reads in a metrics function)
+        self.step_code: Any = None
         self.opt_t0 = 0.0
         self.opt_inner0 = 0.0  # data + forward + backward so far when the optimizer step began
         self.opt_own0 = 0.0  # perfdoctor's own time so far when the optimizer step began
@@ -201,6 +205,9 @@ class StepClock:
                 f = f.f_back
             while self.opt_frames and self.opt_frames[-1] not in running:
                 self.opt_frames.pop()
+        if self.step_code is None:
+            caller = sites.user_frame(frame.f_back)
+            self.step_code = caller.f_code if caller is not None else False
         if not self.opt_frames:
             self.opt_t0 = self.pc()
             self.opt_inner0 = self.data + self.fwd + self.bwd

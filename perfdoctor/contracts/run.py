@@ -357,6 +357,9 @@ class HostReadRecord(Struct, kw_only=True):
     kind: str | None = None  # item | cpu | numpy | tolist | float | int | bool | print
     device: str | None = None  # the device of the first tensor read there
     counts_per_step: list[int] = []  # reads per step, step i at index i - 1
+    # where the training loop called into the function that reads (a metrics helper in another
+    # file): the line in the function that calls the optimizer step, None where it is that function
+    caller: Site | None = None
 
 
 class GcCallRecord(Struct, kw_only=True):

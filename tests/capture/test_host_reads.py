@@ -28,6 +28,9 @@ class Noisy(torch.utils.data.Dataset):
         k = torch.randint(0, 3, (1,)).item()  # dataset code: CPU work, not a host read of the step
         return torch.randn(16) * k, torch.tensor(float(i % 2))
 
+def accuracy(out, y):
+    return float(((out.squeeze(1) > 0.5) == (y > 0.5)).sum()) / len(y)  # a metrics helper reads
+
 model = nn.Linear(16, 1).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 loader = torch.utils.data.DataLoader(Noisy(), batch_size=64)
@@ -39,6 +42,7 @@ for step, (x, y) in enumerate(loader):
     loss.backward()
     opt.step()
     total += loss.item()
+    acc = accuracy(model(x), y)
     seen.append(model.weight.detach().cpu().numpy().sum())
     if bool(loss > 100):
         break
@@ -74,6 +78,10 @@ def _line(p: Path, text: str) -> int:
     return next(i for i, l in enumerate(p.read_text().splitlines(), 1) if text in l)
 
 
+def item_locations(data, line):
+    return [loc.line for s in data.facts.of_kind("host_read") if s.locations[0].line == line for loc in s.locations]
+
+
 def test_host_reads_counted_per_step_at_the_users_line(tmp_path):
     script = _write(tmp_path, READS)
     r = run_script(str(script), out_dir=tmp_path / "run", window=SMALL)
@@ -91,6 +99,10 @@ def test_host_reads_counted_per_step_at_the_users_line(tmp_path):
     assert item["host_read.kind"].value == "item" and item["host_read.count_per_step"].value == pytest.approx(1.0)
     both = subj[_line(script, "seen.append")]  # .cpu().numpy(): one value read once per step
     assert both["host_read.count_per_step"].value == pytest.approx(1.0)
+    # the helper's read, and the training loop's line that called it (where a fix would go)
+    helper = next(s for s in data.facts.of_kind("host_read") if s.locations[0].line == _line(script, "return float("))
+    assert [loc.line for loc in helper.locations] == [_line(script, "return float("), _line(script, "acc = accuracy(")]
+    assert item_locations(data, _line(script, "total += loss.item()")) == [_line(script, "total += loss.item()")]
     printed = subj[_line(script, 'print(f"step')]
     assert printed["host_read.kind"].value == "print" and printed["host_read.count_per_step"].value < 0.2
 

@@ -36,20 +36,23 @@ METHODS = {"item": "item", "cpu": "cpu", "numpy": "numpy", "tolist": "tolist", "
            "__int__": "int", "__bool__": "bool", "__repr__": "print", "__format__": "print"}
 _LOADER_FILES = ("torch/utils/data/", "torch\\utils\\data\\")
 _MAX_DEPTH = 60  # frames walked to see whether a line runs inside the DataLoader's fetch
+_MAX_CALLERS = 30  # frames walked for the training loop's line that called a reading helper
 
 
 class _Line:
     """One (line, kind) of the user's code that reads tensors on the host."""
 
-    __slots__ = ("site", "kind", "counts", "cur", "device")
+    __slots__ = ("site", "kind", "counts", "cur", "device", "callers")
 
-    def __init__(self, site: Site, kind: str, steps_so_far: int, device: str):
-        self.site, self.kind, self.device = site, kind, device
+    def __init__(self, site: Site, kind: str, steps_so_far: int, device: str, callers: list[tuple[Any, Site]]):
+        self.site, self.kind, self.device, self.callers = site, kind, device, callers
         self.counts: list[int] = [0] * steps_so_far  # reads per step, step i at index i - 1
         self.cur = 0
 
-    def record(self) -> HostReadRecord:
-        return HostReadRecord(site=self.site, kind=self.kind, device=self.device, counts_per_step=list(self.counts))
+    def record(self, step_code: Any) -> HostReadRecord:
+        caller = next((site for code, site in self.callers if code is step_code), None) if step_code else None
+        return HostReadRecord(site=self.site, kind=self.kind, device=self.device,
+                              counts_per_step=list(self.counts), caller=caller)
 
 
 class HostReadProbe:
@@ -111,7 +114,7 @@ class HostReadProbe:
             site = sites.site_of(frame)
             if site is not None:
                 dev = getattr(getattr(t, "device", None), "type", None) or "cpu"
-                line = _Line(site, key[2], len(self.clock.steps), dev)
+                line = _Line(site, key[2], len(self.clock.steps), dev, _callers(frame))
                 self.order.append(line)
         self.lines[key] = line
         self.clock.exclude(t0)
@@ -135,7 +138,22 @@ class HostReadProbe:
             line.counts = [sum(line.counts) + line.cur]
 
     def records(self) -> list[HostReadRecord]:
-        return [line.record() for line in self.order if any(line.counts)]
+        return [line.record(self.clock.step_code) for line in self.order if any(line.counts)]
+
+
+def _callers(frame: Any) -> list[tuple[Any, Site]]:
+    """The user's frames that called the reading one, innermost first, each with its current line:
+    read once per line, at its first read, so that the one in the training loop's function can be
+    named when the run has seen that function (`StepClock.step_code`, set at the first optimizer step)."""
+    out: list[tuple[Any, Site]] = []
+    f, depth = frame.f_back, 0
+    while f is not None and depth < _MAX_CALLERS:
+        if f.f_code is not frame.f_code and is_user_file(f.f_code.co_filename):
+            site = sites.site_of(f)
+            if site is not None:
+                out.append((f.f_code, site))
+        f, depth = f.f_back, depth + 1
+    return out
 
 
 def _in_loader(frame: Any) -> bool:

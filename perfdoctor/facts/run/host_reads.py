@@ -6,6 +6,7 @@ from __future__ import annotations
 from perfdoctor.contracts.run import Site
 from perfdoctor.facts.model import site_subject
 from perfdoctor.facts.run.context import RunContext
+from perfdoctor.model import Location
 
 HOST_READ_ORDER = ("item", "cpu", "tolist", "numpy", "float", "int", "bool", "print")
 
@@ -28,6 +29,11 @@ def add(ctx: RunContext) -> None:
                                                              if x[2] in HOST_READ_ORDER else -99))
         s = site_subject(ctx.facts, "host_read", site)
         if s is not None:
+            caller = next((r.caller for r in ctx.probes.host_reads if r.site == site and r.caller), None)
+            if caller is not None:  # the training loop's line that called the reading helper
+                loc = Location(caller.file, caller.line, caller.code, caller.function)
+                if loc not in s.locations:
+                    s.locations.append(loc)
             s.add("kind", kind)
             s.add("count_per_step", mean, "count", detail=f"mean over {len(steady_idx)} steady steps")
             # an evaluation or a histogram dump every N steps reads many values on one step and none
