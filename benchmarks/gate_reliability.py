@@ -22,8 +22,9 @@
   work per step, +`--slowdown` sleep per step), in rounds that visit every pool in turn (the host's
   drift falls on all alike) until `--pool-runs` rounds or `--minutes` are spent. Then, per cell
   (load x change x a baseline recorded quiet or under the same load), `--trials` gates as
-  `perfdoctor run --baseline` makes them (gate.adaptive: `--repeats`, then runs added while
-  undecided, up to `--max-repeats`), each drawing its baseline's and its current side's runs from
+  `perfdoctor run --save-baseline` and `--baseline` make them (the baseline: `--baseline-repeats` runs,
+  more while they disagree, up to `--baseline-max-repeats`; the current side: `--repeats`, then runs
+  added while undecided, up to `--max-repeats`: gate.adaptive), each drawing its baseline's and its current side's runs from
   the pools at random without reuse inside a gate: with pools smaller than the gates need, gates
   share runs and are not independent (the output says how many runs each pool held). Prints false
   failures, detections, undecided and host-contention verdicts per cell, with the load averages.
@@ -56,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from perfdoctor.gate import RunRecord, compare, warmup_steps  # noqa: E402
 from perfdoctor.gate import stats as gate_stats  # noqa: E402
-from perfdoctor.gate.adaptive import gate_runs  # noqa: E402
+from perfdoctor.gate.adaptive import baseline_resolves, gate_runs  # noqa: E402
 from perfdoctor.gate.baseline import record_from_run_dir  # noqa: E402
 
 SCRIPT = ROOT / "benchmarks" / "steady_train.py"
@@ -237,7 +238,7 @@ def record_pools(a, root: Path) -> None:
                 for big in ("trace.json.gz", "profile.pstats"):
                     (out / big).unlink(missing_ok=True)
                 print(f"[contention] round {n} {load}/{change}: exit {p.returncode}, load average "
-                      f"{os.getloadavg()[0]:.2f}", flush=True)
+                      f"{os.getloadavg()[0]:.2f}" + (f": {p.stderr.strip()[-300:]}" if p.returncode else ""), flush=True)
 
 
 def mode_contention(a) -> None:
@@ -278,9 +279,16 @@ def mode_contention(a) -> None:
                     cur_pool = pools.get((load, change), [])
                     verdicts: list[str] = []
                     runs_used: list[int] = []
+                    base_used: list[int] = []
                     for trial in range(a.trials):
                         order = rng.sample(range(len(base_pool)), len(base_pool))
                         base = [base_pool[i] for i in order[:a.baseline_repeats]]
+                        # as `--save-baseline` records it: runs added while they disagree too much for a gate
+                        # to decide (gate.adaptive.baseline_resolves), while the pools leave a current side
+                        while (len(base) < min(a.baseline_max_repeats, len(order))
+                               and sum(all(r is not b for b in base) for r in cur_pool) > a.repeats
+                               and not baseline_resolves(base, a.threshold, a.max_repeats)):
+                            base.append(base_pool[order[len(base)]])
                         left = [r for r in cur_pool if all(r is not b for b in base)]
                         if len(base) < a.baseline_repeats or len(left) < a.repeats:
                             break
@@ -291,8 +299,10 @@ def mode_contention(a) -> None:
                         c = g.comparison
                         verdicts.append("?" if c is None else "FAIL" if c.failed else c.verdict)
                         runs_used.append(len(g.records))
+                        base_used.append(len(base))
                     count = {k: verdicts.count(k) for k in sorted(set(verdicts))}
-                    used = f", {statistics.fmean(runs_used):.1f} current runs per gate" if runs_used else ""
+                    used = (f", {statistics.fmean(base_used):.1f} baseline and {statistics.fmean(runs_used):.1f} "
+                            f"current runs per gate" if runs_used else "")
                     print(f"[contention] load {load:9s} baseline {base_load:9s} {change:5s}: {len(verdicts)} gates "
                           f"(pools {len(base_pool)}/{len(cur_pool)} runs{used}): {count}", flush=True)
     print(f"[contention] time {time.time() - t0:.0f} s")
@@ -382,6 +392,9 @@ def main() -> None:
                    help="bootstrap replicates per interval (default: the gate's own, gate.stats.N_BOOT); fewer judge faster")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--baseline-repeats", type=int, default=3)
+    p.add_argument("--baseline-max-repeats", type=int, default=8,
+                   help="contention: add baseline runs while they disagree (as --save-baseline does) up to this many; "
+                        "3 draws fixed baselines of 3 runs, as before")
     p.add_argument("--repeats", type=int, default=3, help="runs per comparison on the current side")
     p.add_argument("--trials", type=int, default=10)
     p.add_argument("--sim-trials", type=int, default=100)

@@ -153,7 +153,9 @@ def run(
     max_repeats: int | None = typer.Option(
         None, "--max-repeats", min=1, max=50,
         help="With --baseline: while the step time is undecided (unstable or inconclusive), add runs of the "
-             "current script up to this many in all (default: 8)."),
+             "current script up to this many in all (default: 8). With --save-baseline: while the baseline's "
+             "runs disagree too much for a gate to decide a change of 1.5x --max-regression, add runs up to "
+             "this many."),
     strict: bool = typer.Option(False, "--strict", help="With --baseline: fail when the gate stays undecided."),
     fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),

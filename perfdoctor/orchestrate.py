@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from perfdoctor.analysis import analyse_job, analyse_run, is_job_dir, is_run_dir, rules_for, write_run_reports
 from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
 from perfdoctor.errors import EXIT_SCRIPT_FAILED, InputError, PerfdoctorError
-from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, gate_runs
+from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, RESOLVE_FACTOR, baseline_resolves, gate_runs
 from perfdoctor.gate.baseline import RunRecord, load_baseline, record_from_run_dir, repeat_dir, slow_outlier_runs
 from perfdoctor.gate.baseline import save_baseline as write_baseline
 from perfdoctor.gate.compare import Comparison
@@ -189,7 +189,8 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
     or to compare with, else once; a failed or interrupted run is not repeated), analyse each run and
     write its report.json, then, unless the script failed, compare the runs with `baseline` (adding
     runs while the step time is undecided, up to `max_repeats`: gate.adaptive) and/or save them as a
-    baseline. With more than one run possible, the n-th run's folder is `out_dir/repeat-n`. With
+    baseline (adding runs, up to `max_repeats`, while they disagree too much for a gate against them to
+    decide: gate.adaptive.baseline_resolves). With more than one run possible, the n-th run's folder is `out_dir/repeat-n`. With
     `launcher_args` (torch.distributed.run's options: --nproc-per-node N...) each run is a distributed
     job (capture.runner.run_job): a job folder of rank run folders, each with its own report, and the
     merged report (analyse_job) in the job folder. Every run is kept in the `history` store (None: off);
@@ -200,7 +201,10 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
     gating = baseline is not None or history_baseline is not None
     if repeats is None:
         repeats = GATE_REPEATS if (save_baseline is not None or gating) else 1
-    most = max(repeats, DEFAULT_MAX_REPEATS if max_repeats is None else max_repeats) if gating else repeats
+    # a gate adds runs of the current side while undecided; a baseline to save, runs while its runs disagree
+    # too much for a gate against it to decide (gate.adaptive.baseline_resolves); one run disagrees with none
+    adds = gating or (save_baseline is not None and repeats >= 2)
+    most = max(repeats, DEFAULT_MAX_REPEATS if max_repeats is None else max_repeats) if adds else repeats
     warm_up()
     rules_for(config)  # a bad config fails now, before minutes of running
     check_store(history)  # a damaged store fails now, not after minutes of running
@@ -247,11 +251,18 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
                           fail_on=fail_on, strict=strict)
         records, comparison = gated.records, gated.comparison
     else:
-        for n in range(1, repeats + 1):
+        n = 0
+        while n < repeats or (save_baseline is not None and n < most
+                              and not baseline_resolves(records, max_regression, DEFAULT_MAX_REPEATS)):
+            n += 1
             record = next_run(n)
             if record is None:
                 break
             records.append(record)
+        if save_baseline is not None and len(records) > repeats:
+            messages.append(f"the baseline's first {repeats} runs disagreed more than a gate against them could "
+                            f"tell a {RESOLVE_FACTOR * max_regression:.0%} change from {max_regression:.0%}: "
+                            f"{len(records) - repeats} run(s) added ({len(records)} in all, --max-repeats {most})")
     outcome = RunOutcome(report=reports[-1], results=results, comparison=comparison, fail_on=fail_on,
                          messages=messages)
     if len(records) < len(results):  # the last run failed or was interrupted: nothing saved or judged

@@ -11,6 +11,14 @@ Every look judges all runs so far; a slowdown that stays undecided after the las
 when its point estimate lies beyond twice the threshold (compare.POINT_FAIL_FACTOR), and fails
 whatever its size with `strict`.
 
+The baseline's side is fixed once written, so it is made wide enough when it is recorded
+(`baseline_resolves`): `perfdoctor run --save-baseline` records `repeats` runs and, where they
+disagree (on a busy machine the same work runs at a different speed from one run to the next),
+adds runs up to `max_repeats` until a gate against it could tell a change of RESOLVE_FACTOR
+thresholds from the threshold. The interval of a ratio of two sides' centres is at least about
+t x sd x sqrt(1/n_baseline + 1/n_current) wide: a baseline of 3 runs caps it however many current
+runs the gate adds.
+
 Looking again after each added run is optional stopping, which raises a fixed-level test's false
 positive rate; here a run is only added while the interval straddles the threshold, and the
 interval at each look is a one-sided 95% bound against a threshold that identical code sits well
@@ -19,13 +27,61 @@ inside, so the few extra looks cost little (benchmarks/gate_reliability.py measu
 
 from __future__ import annotations
 
+import math
+import random
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from perfdoctor.gate.baseline import Baseline, RunRecord
-from perfdoctor.gate.compare import LEVEL, UNDECIDED, Comparison, compare
+from perfdoctor.gate import stats
+from perfdoctor.gate.baseline import MIN_STEPS, Baseline, RunRecord
+from perfdoctor.gate.compare import LEVEL, UNDECIDED, Comparison, compare, deciding_series
 
 DEFAULT_MAX_REPEATS = 8  # runs of the current side at most, initial ones included
+# A baseline is wide enough when a gate against it, with DEFAULT_MAX_REPEATS current runs that vary
+# as its own runs do, would find a change of this many thresholds (+15 % at the default 10 %) a
+# regression: the lower bound of that gate's interval clears the threshold.
+RESOLVE_FACTOR = 1.5
+
+
+def baseline_resolves(records: list[RunRecord], max_regression: float = 0.10,
+                      current_runs: int = DEFAULT_MAX_REPEATS, seed: int = 0) -> bool:
+    """Whether a gate against these baseline runs could tell a change of RESOLVE_FACTOR thresholds
+    from the threshold on a series that may decide it (compare.deciding_series; either one
+    regressing fails a gate, and more work shows in both): the lower bound of the gate's interval,
+    for a current side of `current_runs` runs that vary as the baseline's do, clears the threshold.
+    (Beside sustained load the step less its wait for a CPU is too noisy within each run for any
+    number of runs to settle 1.5 thresholds, and the script's CPU time is not; a change in sleeping
+    alone shows only in the former, which then must be larger to be decided.) The interval is the gate's model in closed form (each run's
+    value varies by the between-run variance plus its own within-run variance, stats; a t quantile
+    for the degrees of freedom both sides would give), not its bootstrap: a few hundred resamples
+    per run, not thousands. True with fewer than two runs (nothing disagrees) or where a run is too
+    short to judge by its steps."""
+    if len(records) < 2 or not all(len(r.step_ms) >= MIN_STEPS for r in records):
+        return True
+    t = max_regression
+    rng = random.Random(seed)
+    n = len(records)
+    tq = t_quantile(1 - (1 - LEVEL) / 2, n - 1 + current_runs - 1)
+    for _, runs in deciding_series(records, t):
+        within = [stats.within_run_log_var(r, rng, 500) for r in runs]
+        between = stats.between_run_log_var([stats.quantile(r, stats.GATE_QUANTILE) for r in runs], within)
+        known = [v for v in within if v is not None]
+        if between is None or not known:
+            return True
+        halfwidth = tq * math.sqrt((between + statistics.fmean(known)) * (1 / n + 1 / current_runs))
+        if math.log(1 + RESOLVE_FACTOR * t) - halfwidth > math.log(1 + t):
+            return True
+    return False
+
+
+def t_quantile(p: float, df: int) -> float:
+    """Student's t quantile (p > 0.5) for `df` degrees of freedom: the normal quantile's Cornish-Fisher
+    expansion (within 0.01 of the exact value from 3 degrees of freedom up)."""
+    z = statistics.NormalDist().inv_cdf(p)
+    v = max(1, df)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3))
 
 
 @dataclass

@@ -241,6 +241,28 @@ def _interval_row(metric: str, base: list[list[float]], cur: list[list[float]], 
                None if verdict in UNDECIDED else "interval")
 
 
+def contended(runs: list[RunRecord], t: float) -> bool:
+    """Whether a run's training thread waited for a CPU materially (MATERIAL_WAIT of the threshold
+    `t`, of its steady steps' wall time), every run's wait known and every run judged by its steps:
+    then the contention-corrected series decide, not the wall time."""
+    shares = [r.wait_share for r in runs]
+    if not all(len(r.step_ms) >= MIN_STEPS for r in runs) or any(x is None for x in shares):
+        return False
+    return max(x for x in shares if x is not None) >= MATERIAL_WAIT * t
+
+
+def deciding_series(runs: list[RunRecord], t: float) -> list[tuple[str, list[list[float]]]]:
+    """The per-step series whose intervals decide a gate over `runs` (both sides' runs), by metric,
+    each a list of the runs' series: the wall time; under contention (`contended`) the step time less
+    the training thread's wait for a CPU, and the script's CPU time where every run measured it."""
+    if not contended(runs, t):
+        return [(timing_metric(), [r.step_ms for r in runs])]
+    out = [(WORK_METRIC, [r.work_ms for r in runs])]
+    if all(r.script_cpu_ms for r in runs):
+        out.append((CPU_METRIC, [r.script_cpu_ms for r in runs]))
+    return out
+
+
 def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed: int,
                      notes: list[str]) -> tuple[Row, list[Row], bool] | None:
     """Where either side's training thread waited for a CPU materially (MATERIAL_WAIT), the wall
@@ -250,21 +272,18 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
     time grew beyond the threshold, and no corrected row regressed or stays undecided). None where
     the wait is unknown on a run, or immaterial on all: the wall time decides."""
     runs = base + cur
-    shares = [r.wait_share for r in runs]
-    if not all(len(r.step_ms) >= MIN_STEPS for r in runs) or any(x is None for x in shares):
-        return None
-    if max(x for x in shares if x is not None) < MATERIAL_WAIT * t:
+    if not contended(runs, t):
         return None
     q = f" (p{round(stats.GATE_QUANTILE * 100)})"
     bw, cw = [r.step_ms for r in base], [r.step_ms for r in cur]
     # the wall time's row keeps its name (step time (p10)): shown first, as on a quiet host, not judged
     wall = _interval_row(timing_metric(), bw, cw, t, _sigma_b2(bw, cw, seed), seed, [], kind="wall")
-    bk, ck = [r.work_ms for r in base], [r.work_ms for r in cur]
-    deciding = [_interval_row(WORK_METRIC + q, bk, ck, t, _sigma_b2(bk, ck, seed), seed, notes)]
-    if all(r.script_cpu_ms for r in runs):
-        bc, cc = [r.script_cpu_ms for r in base], [r.script_cpu_ms for r in cur]
-        deciding.append(_interval_row(CPU_METRIC + q, bc, cc, t, _sigma_b2(bc, cc, seed), seed, notes, kind="cpu"))
-    else:
+    deciding = []
+    for metric, series in deciding_series(runs, t):
+        b, c = series[:len(base)], series[len(base):]
+        deciding.append(_interval_row(metric + q, b, c, t, _sigma_b2(b, c, seed), seed, notes,
+                                      kind="cpu" if metric == CPU_METRIC else "timing"))
+    if len(deciding) < 2:
         notes.append("the script's CPU time per step was not measured on every run (a baseline recorded before "
                      "it was kept): the verdict rests on the step time less the training thread's wait for a CPU "
                      "alone")

@@ -30,7 +30,8 @@ def _env(delay: float) -> dict:
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("gate")
-    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--save-baseline", str(d / "base.json"),
+    # the gates below judge 40 %: a baseline adds runs while its own disagree too much to decide 1.5x that
+    p = run_cli("run", str(SCRIPT), "--steps", STEPS, "--save-baseline", str(d / "base.json"), "--max-regression", "40%",
                 "--out-dir", str(d / "base-runs"), "--format", "json", "--output", str(d / "report.json"),
                 env=_env(0), cwd=d, timeout=400)
     assert p.returncode == 0, p.stderr
