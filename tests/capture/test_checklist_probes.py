@@ -197,3 +197,38 @@ def test_compile_probe_reads_dynamo_records_step_by_step(monkeypatch):
     utils.graph_break_reasons.append(brk(30))
     probe.end_step(5)
     assert sorted(x.site.line for x in probe.records(6).graph_breaks) == [22, 30]
+
+
+def test_anomaly_stack_time_is_the_threads_cpu_time_not_the_wall_clock(monkeypatch):
+    """PD013's stack captures are timed in the training thread's CPU time: a capture that waits (here a
+    sleep, on a shared machine a preemption) adds nothing; one that computes adds its work."""
+    import time
+    from types import SimpleNamespace
+
+    import torch
+    import torch.fx.traceback as fxtb
+
+    from perfdoctor.capture.patches import ErrorLog
+    from perfdoctor.capture.probes.anomaly import AnomalyProbe
+
+    def waits(*a, **k):
+        time.sleep(0.05)
+        return []
+
+    def works(*a, **k):
+        t = time.thread_time()
+        while time.thread_time() - t < 0.02:
+            pass
+        return []
+
+    clock = SimpleNamespace(kind="optimizer", steps=[], pc=time.perf_counter)
+    for fn, lo, hi in ((waits, 0.0, 5.0), (works, 19.0, 40.0)):
+        monkeypatch.setattr(fxtb, "format_stack", fn)
+        probe = AnomalyProbe(torch, clock, ErrorLog())
+        probe.install()
+        try:
+            with torch.autograd.set_detect_anomaly(True):
+                fxtb.format_stack()
+        finally:
+            probe.uninstall()
+        assert lo <= probe.stack_ms[1] <= hi, (fn.__name__, probe.stack_ms)
