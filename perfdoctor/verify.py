@@ -297,7 +297,10 @@ def plan(finding: Finding, rule: Rule | None, gpu_only_here: bool) -> Change | V
                             "script: its cost exists only on a GPU; verify it on one")
     loc = finding.locations[0] if finding.locations else None
     statistic = "mean" if rule is not None and rule.spread_over_steps else "median"
-    if finding.fix is not None and not finding.fix.example and loc is not None:
+    # a fix in words (before = after = "": "num_workers comes from `workers`: give it 2 where that value is
+    # set") changes nothing perfdoctor can apply: not a fix that did not hold
+    words = finding.fix is not None and not finding.fix.before and not finding.fix.after
+    if finding.fix is not None and not finding.fix.example and not words and loc is not None:
         source = _read(Path(loc.file))
         fixed = apply_fix(source, finding.fix) if source is not None else None
         if fixed is None:
@@ -305,7 +308,8 @@ def plan(finding: Finding, rule: Rule | None, gpu_only_here: bool) -> Change | V
         return Change(finding, "fix", "the fix applied", {Path(loc.file): fixed}, statistic=statistic)
     ablation = rule.ablation if rule is not None else None
     if ablation is None:
-        return Verification("not-verifiable-here", "fix", "no mechanical fix and no safe ablation for this rule")
+        return Verification("not-verifiable-here", "fix", "the fix is words, not an edit perfdoctor can apply, and "
+                            "the rule has no safe ablation" if words else "no mechanical fix and no safe ablation for this rule")
     kind, what = ablation["kind"], ablation["what"]
     if kind == "data":
         return Change(finding, "ablation", what, ablate="data", statistic=statistic)

@@ -117,6 +117,10 @@ def test_plans(tmp_path: Path) -> None:
     compile(skipped.files[stall], str(stall), "exec")
     nothing = verify.plan(_finding("PD012", aloc, None), rules["PD012"], False)
     assert isinstance(nothing, Verification) and nothing.verdict == "not-verifiable-here"
+    # a fix in words (the value comes from a variable set elsewhere): nothing to apply, not a fix that broke
+    words = verify.plan(_finding("PD018", loc, Fix("", "", "num_workers comes from `workers`: give it 2")),
+                        rules["PD018"], False)
+    assert isinstance(words, Verification) and words.verdict == "not-verifiable-here" and "words" in words.why
 
 
 def test_the_patch_applies_with_git(tmp_path: Path) -> None:
