@@ -247,6 +247,14 @@ class DataLoaderRecord(Struct, kw_only=True):
     first_batch_ms: list[float] = []  # per epoch (iterator): from iter(loader) to its first batch
     first_batch_step: list[int] = []  # per epoch: the step its first batch arrived in
     length: int | None = None  # len(loader), batches per epoch (None for an IterableDataset without len)
+    # built by a library from a loader of the user's (same dataset, same workers; opacus, accelerate):
+    # where that one was built, the line whose settings this loader has
+    origin: Site | None = None
+
+    @property
+    def judged_site(self) -> Site | None:
+        """The line a finding about this loader names first: its settings' (the origin, else its own)."""
+        return self.origin or self.site
 
 
 class DataParallelRecord(Struct, kw_only=True):

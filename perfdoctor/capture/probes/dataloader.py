@@ -24,6 +24,7 @@ from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
 from perfdoctor.contracts.run import DataLoaderKwargs, DataLoaderRecord, Site
 
 MAX_EPOCHS = 1000  # first-batch times kept per loader
+_MAX_ORIGIN_DEPTH = 8  # frames above a DataLoader's construction searched for the loader it wraps
 
 
 class LoaderState:
@@ -31,10 +32,11 @@ class LoaderState:
 
     __slots__ = ("id", "site", "kwargs", "style", "dataset", "batches", "waits", "cur", "to_cuda",
                  "non_blocking", "constructed", "cuda_seen", "sampler", "sharded", "first_batch_ms",
-                 "first_batch_step", "length")
+                 "first_batch_step", "length", "origin")
 
     def __init__(self, i: int, site: Site | None):
         self.id, self.site = i, site
+        self.origin: Site | None = None  # the site of the loader this one was built from
         self.kwargs = DataLoaderKwargs()
         self.style = "literal"
         self.dataset = ""
@@ -58,7 +60,8 @@ class LoaderState:
                                 non_blocking=self.non_blocking, sampler=self.sampler or UNSET,
                                 sharded=UNSET if self.sharded is None else self.sharded,
                                 first_batch_ms=[round(x, 4) for x in self.first_batch_ms],
-                                first_batch_step=self.first_batch_step, length=self.length)
+                                first_batch_step=self.first_batch_step, length=self.length,
+                                origin=self.origin)
 
 
 class DataLoaderProbe:
@@ -173,7 +176,28 @@ class DataLoaderProbe:
         except TypeError:  # an IterableDataset without __len__
             lrec.length = None
         lrec.constructed += 1
+        lrec.origin = lrec.origin or self._origin(loader, frame)
         self.of_loader[loader] = lrec
+
+    def _origin(self, loader: Any, frame: Any) -> Site | None:
+        """Where the loader this one was built from was built: a library that wraps the user's loader
+        in its own (opacus's `DPDataLoader.from_data_loader`, a framework's `prepare`) is handed that
+        loader as an argument and builds a new one over the same dataset with its settings. The user's
+        settings (num_workers, pin_memory) are written at the original's line, where a fix goes."""
+        base = self.torch.utils.data.DataLoader
+        f, depth = frame, 0
+        while f is not None and depth < _MAX_ORIGIN_DEPTH:
+            code = f.f_code
+            nargs = code.co_argcount + code.co_kwonlyargcount
+            local = f.f_locals
+            for name in code.co_varnames[:nargs]:
+                other = local.get(name)
+                if (other is not loader and isinstance(other, base) and other in self.of_loader
+                        and getattr(other, "dataset", None) is loader.dataset
+                        and getattr(other, "num_workers", None) == loader.num_workers):
+                    return self.of_loader[other].site
+            f, depth = f.f_back, depth + 1
+        return None
 
     def _sampler(self, loader: Any) -> tuple[str, bool | None]:
         """The loader's sampler (its batch sampler's where the user gave one), and whether it gives each

@@ -135,7 +135,7 @@ def worker_contention(ctx: RunContext) -> None:
     cost = tuple(max(0.0, w.wait_ms[k] - usual) * (n - room) / n if n > room else 0.0 for k, n in zip(at, runnable))
     crowded = sum(n > room for n in runnable)
     for dl in loaders:
-        s = site_subject(facts, "dataloader", dl.site)
+        s = site_subject(facts, "dataloader", dl.judged_site)
         if s is None:
             continue
         s.add("workers_runnable", statistics.fmean(runnable), "count",

@@ -10,6 +10,7 @@ import statistics
 from perfdoctor.contracts.run import Env
 from perfdoctor.facts.model import Facts, Subject, site_subject
 from perfdoctor.facts.run.context import RunContext
+from perfdoctor.model import Location
 
 # The GPU projection, the one model of a GPU step from a CPU run (PD002 reads its facts, never the
 # constant): how much faster a GPU runs a training step's forward, backward and optimizer than this
@@ -24,9 +25,15 @@ def add(ctx: RunContext) -> None:
     facts, env, steady, median = ctx.facts, ctx.env, ctx.steady, ctx.median
     steady_idx = ctx.steady_idx
     for dl in ctx.probes.dataloaders:
-        s = site_subject(facts, "dataloader", dl.site)
+        # a loader a library built from the user's is judged at the user's line, its settings' (the
+        # library's construction and the moves follow as locations)
+        s = site_subject(facts, "dataloader", dl.judged_site)
         if s is None:
             continue
+        if dl.origin is not None and dl.site is not None:
+            built = Location(dl.site.file, dl.site.line, dl.site.code, dl.site.function)
+            if built not in s.locations:
+                s.locations.append(built)
         kw = dl.kwargs
         s.add("num_workers", kw.num_workers, "count")
         s.add("pin_memory", kw.pin_memory)
@@ -89,7 +96,7 @@ def worker_startup(ctx: RunContext) -> None:
     wait stands in (the wait alone)."""
     walls = {x["i"]: x["wall_ms"] for x in ctx.steady}
     for dl in ctx.probes.dataloaders:
-        s = site_subject(ctx.facts, "dataloader", dl.site)
+        s = site_subject(ctx.facts, "dataloader", dl.judged_site)
         if s is None:
             continue
         s.add("constructed", dl.constructed, "count")

@@ -1,0 +1,36 @@
+"""The DataLoader probe names the user's loader a library rebuilt (opacus, accelerate), in process."""
+
+from __future__ import annotations
+
+import torch
+
+from perfdoctor.capture.patches import ErrorLog
+from perfdoctor.capture.probes.dataloader import DataLoaderProbe
+from tests.capture.test_checklist_probes import Clock
+
+
+def _wrap(data_loader):
+    """A library's wrapper, as opacus's DPDataLoader.from_data_loader: handed the user's loader, it
+    builds its own over the same dataset with the user's settings."""
+    return torch.utils.data.DataLoader(data_loader.dataset, batch_size=data_loader.batch_size,
+                                       num_workers=data_loader.num_workers)
+
+
+def test_a_loader_built_from_the_users_is_judged_at_the_users_line(monkeypatch):
+    monkeypatch.setattr("perfdoctor.capture.sites.is_user_file", lambda f: f == __file__)
+    ds = torch.utils.data.TensorDataset(torch.randn(32, 4))
+    probe = DataLoaderProbe(torch, Clock(), None, ErrorLog())  # type: ignore[arg-type]
+    probe.install()
+    try:
+        user = torch.utils.data.DataLoader(ds, batch_size=8)  # the user's line
+        wrapped = _wrap(user)
+        evaluation = torch.utils.data.DataLoader(ds, batch_size=16)  # the same dataset, built beside it
+    finally:
+        probe.uninstall()
+    from_wrap = next(r for r in probe.records() if r.site.function == "_wrap")
+    assert from_wrap.origin is not None and "user = torch.utils.data.DataLoader" in from_wrap.origin.code
+    assert from_wrap.judged_site == from_wrap.origin
+    # a loader over the same dataset that is not handed in (train and evaluation loaders of one
+    # dataset, built side by side) is its own
+    assert [r.origin for r in probe.records() if r.site.function != "_wrap"] == [None, None]
+    assert wrapped is not user and evaluation is not user
