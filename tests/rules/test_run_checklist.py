@@ -531,6 +531,16 @@ def test_anomaly_mode_gets_the_time_of_its_stack_captures(tmp_path):
     assert f.ms_per_step is None
 
 
+def test_anomaly_stack_time_leaves_out_the_profilers_window(tmp_path):
+    """A short run's steady steps include the profiler's window (6..13 here), where the profiler and
+    cProfile make a stack capture dearer: PD013's number comes from the steady steps outside it."""
+    probes = {"anomaly": [{"site": site(16, "torch.autograd.set_detect_anomaly(True)"), "enabled": True}],
+              "anomaly_stack_ms": [[i, 2.0 if 6 <= i <= 13 else 0.7] for i in range(1, 16)]}
+    r = load_run(make_run(tmp_path, n=15, wall=lambda i: 20.0, probes=probes))
+    (s,) = r.facts.of_kind("anomaly")
+    assert s.facts["anomaly.stack_ms"].value == pytest.approx(0.7)
+
+
 def test_eval_forward_outside_the_steps_is_quiet(tmp_path):
     # TensorBoard's add_graph (jit.trace) runs an eval-mode forward with grad on once before the
     # first step: "0 call(s) per step", nothing of the training step to save
