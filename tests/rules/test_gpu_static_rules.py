@@ -210,6 +210,8 @@ def test_pd023_static_conv_net_under_autocast(tmp_path):
     CONV_NET,  # no autocast: fp32 convolutions do not use the NHWC tensor-core kernels
     CONV_NET + AUTOCAST + "model = model.to(memory_format=torch.channels_last)\n",
     "model = nn.Conv1d(3, 8, 3).to(device)\n" + AUTOCAST,  # channels_last is for 4-D tensors
+    # one convolution: its input and output are converted either way, nothing stays NHWC between two
+    "model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.Flatten(), nn.LazyLinear(10)).to(device)\n" + AUTOCAST,
 ])
 def test_pd023_quiet(tmp_path, body):
     facts, _ = analyse(tmp_path, body, machine(Facts()))
