@@ -221,6 +221,28 @@ def test_cpu_to_device_tensor_of_host_data_is_the_data_s_copy(tmp_path):
     assert sorted(got) == [6, 7] and got[6]["factory"] == "tensor"
 
 
+def test_cpu_to_device_legacy_types_and_chains_through_views(tmp_path):
+    """`torch.LongTensor(range(L)).expand_as(w).to(device)` in every attention call (a fresh-set
+    seq2seq transformer), a legacy type given a literal or sizes, a factory cast before its move: made on
+    the host and moved. A legacy type given the host's data (a numpy batch) copies it, as torch.tensor."""
+    facts, _ = analyse(tmp_path, """\
+        import torch, torch.nn as nn
+        class Attn(nn.Module):
+            def forward(self, w):
+                pos = torch.LongTensor(range(w.size(1))).expand_as(w).to(w.device)
+                return w + pos
+        for step in range(10):
+            a = torch.FloatTensor([1.0, 2.0]).to(device)
+            b = torch.FloatTensor(4, 3).cuda()
+            c = torch.randint(0, 9, (4,)).float().to(device)
+            d = torch.FloatTensor(batch_np).to(device)
+            e = torch.LongTensor(range(8)).cpu()
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [4, 7, 8, 9]
+    assert got[4]["factory"] == "LongTensor" and got[4]["in_loop"] and got[9]["factory"] == "randint"
+
+
 def test_cpu_to_device_in_function_called_from_loop(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -6,7 +6,8 @@ per step).
 `torch.tensor(x)` and `torch.as_tensor(x)` count only for a literal `x`: other data is the host's (an
 environment's observation, a numpy array) and must cross to the device however the tensor is made.
 
-Three shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`), keyed on the call;
+Three shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`, through views and
+dtype casts: `torch.LongTensor(range(L)).expand_as(w).to(device)`), keyed on the call;
 two statements (`x = torch.randn(...)` then, a few statements later in the same block,
 `x = x.to(device)`), keyed on the factory line with the move line as the second location; and host
 data given to a legacy CUDA tensor type (`Tensor(np.random.normal(...))` with
@@ -39,6 +40,16 @@ FACTORIES = frozenset({
 # computed (an environment step, numpy), which no device-side factory can make; only a literal's copy
 # is avoidable (made on the device, or once outside the loop)
 DATA_FACTORIES = frozenset({"tensor", "as_tensor"})
+# the legacy CPU tensor types, a factory where what they are given is made, not copied: a literal,
+# `range(n)` (`torch.LongTensor(range(L))` in every attention call: `torch.arange(L, device=...)`)
+# or sizes. Given the host's data (a numpy batch) they copy it, as `torch.tensor` does
+LEGACY = frozenset({"FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "ByteTensor", "CharTensor",
+                    "ShortTensor", "IntTensor", "LongTensor", "BoolTensor", "Tensor"})
+# tensor methods that keep a tensor where it is (a view, a dtype): `torch.LongTensor(...).expand_as(w)
+# .to(device)` and `torch.randn(...).float().cuda()` still move a tensor made on the host
+SAME_PLACE = frozenset({"expand", "expand_as", "view", "view_as", "reshape", "unsqueeze", "squeeze", "repeat",
+                        "t", "transpose", "permute", "contiguous", "flatten", "float", "double", "half",
+                        "bfloat16", "long", "int", "bool", "byte"})
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
@@ -54,6 +65,11 @@ def _factory(index: SourceIndex, node: ast.AST) -> str | None:
     if not isinstance(node, ast.Call):
         return None
     q = index.qual(node.func)
+    if q and q.startswith("torch.") and q[6:] in LEGACY:
+        made = (node.args and not node.keywords
+                and (all(isinstance(a, ast.Constant) and type(a.value) is int for a in node.args)
+                     or (len(node.args) == 1 and (_constant(node.args[0]) or _range(index, node.args[0])))))
+        return q[6:] if made else None
     if not q or not q.startswith("torch.") or q[6:] not in FACTORIES:
         return None
     if any(kwarg(node, k) is not None for k in ("device", "generator")) or has_star_kwargs(node):
@@ -61,6 +77,11 @@ def _factory(index: SourceIndex, node: ast.AST) -> str | None:
     if q[6:] in DATA_FACTORIES and not (node.args and _constant(node.args[0])):
         return None  # the host's data (an environment's reward, a numpy batch): the copy carries it
     return q[6:]
+
+
+def _range(index: SourceIndex, node: ast.expr) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
+            and "range" not in index.aliases)  # the builtin, not an import of that name
 
 
 def _constant(node: ast.expr) -> bool:
@@ -78,7 +99,11 @@ def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     """`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`."""
     if not isinstance(call.func, ast.Attribute):
         return
-    fac = _factory(index, call.func.value)
+    made = call.func.value
+    while (isinstance(made, ast.Call) and isinstance(made.func, ast.Attribute)
+           and made.func.attr in SAME_PLACE):
+        made = made.func.value
+    fac = _factory(index, made)
     target = index.devices.move_target(call) if fac else None
     if target is None:
         return
