@@ -71,6 +71,9 @@ class Rule:
     # the saving is paid on some steps only (an epoch start, every Nth step) and spread over all of
     # them: the median step does not hold it, so its share is of the median step plus the saving
     spread_over_steps: bool = False
+    # one finding per run however many subjects show it: the fix is one setting for the process
+    # (PD016's cudnn.benchmark), so the other subjects' locations follow the first's
+    once: bool = False
     # the severity of a finding this run could not put a number on (the rule's `unmeasured` case);
     # None: the rule's severity
     severity_unmeasured: str | None = None
@@ -294,6 +297,9 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     spread = data.get("spread_over_steps", False)
     if not isinstance(spread, bool):
         raise RuleError(f"{where}: spread_over_steps must be true or false")
+    once = data.get("once", False)
+    if not isinstance(once, bool):
+        raise RuleError(f"{where}: once must be true or false")
     ablation = data.get("ablation")
     if ablation is not None and not (isinstance(ablation, dict) and ablation.get("kind") in ABLATIONS
                                      and isinstance(ablation.get("what"), str)
@@ -304,7 +310,8 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     return Rule(
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
         title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
-        subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread, severity_unmeasured=severity_unmeasured,
+        subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread, once=once,
+        severity_unmeasured=severity_unmeasured,
         subject_optional=bool(data.get("subject_optional", False)), ablation=ablation,
         saving_ms=data.get("saving_ms"), unmeasured=str(data.get("unmeasured", "")),
         saving_note=str(data.get("saving_note", "")),

@@ -331,11 +331,15 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
         subjects: list[Subject | None] = [s for kind in rule.subjects for s in facts.of_kind(kind)]
         if not rule.subjects or (not subjects and rule.subject_optional):
             subjects = [None]  # e.g. a trace with no source locations: judge once, globally
+        first: Finding | None = None
         for subject in subjects:
             f = judge_one(rule, facts, subject, thresholds, files)
-            if f is not None and f.fingerprint() not in seen:
+            if f is not None and rule.once and first is not None:
+                first.locations += [loc for loc in f.locations if loc not in first.locations]
+            elif f is not None and f.fingerprint() not in seen:
                 seen.add(f.fingerprint())
                 findings.append(f)
+                first = f
     findings = group_identical(findings)
     findings.sort(key=lambda f: (f.minor, *f.sort_key()))
     return findings

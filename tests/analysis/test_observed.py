@@ -38,10 +38,11 @@ def test_conv_nets_found_from_the_modules_the_run_called(tmp_path):
     builder = next(i for i, t in enumerate(train, 1) if "tinyvision.tiny_resnet()" in t)
     append = next(i for i, t in enumerate(models, 1) if "layers.append(nn.Conv2d" in t)
     found = _findings(tmp_path, project / "train.py", 8)
-    pd016 = _at(found, "PD016")
-    assert set(pd016) == {("train.py", builder), ("models.py", append)}
-    assert "(8 convolution layers)" in pd016["models.py", append]["title"]
-    assert "(4 convolution layers)" in pd016["train.py", builder]["title"]
+    # one setting for the process: one PD016 naming both models, each model's count where it is first
+    (pd016,) = [f for f in found if f["rule"] == "PD016"]
+    at = [(Path(loc["file"]).name, loc["line"]) for loc in pd016["locations"]]
+    assert sorted(at) == sorted([("train.py", builder), ("models.py", append)])
+    assert f"({8 if at[0][0] == 'models.py' else 4} convolution layers)" in pd016["title"]
     pd023 = {(Path(loc["file"]).name, loc["line"]) for f in found if f["rule"] == "PD023" for loc in f["locations"]}
     assert pd023 == {("train.py", builder), ("models.py", append)}  # (one finding may list both)
     (pd028,) = _at(found, "PD028").values()

@@ -97,6 +97,20 @@ def test_pd016_static_on_a_cpu_run_with_the_fix(tmp_path):
     assert f.fix.after.startswith("torch.backends.cudnn.benchmark = True\nmodel = nn.Sequential(")
 
 
+def test_pd016_is_one_finding_for_the_process(tmp_path):
+    """srgan: a generator, a discriminator and a VGG perceptual loss were three PD016 findings for the
+    one `cudnn.benchmark = True` that fixes all three: one finding, every model's line listed."""
+    facts, _ = analyse(tmp_path, CONV_NET, machine(Facts()))
+    for line, convs in ((40, 10), (45, 13)):  # the run's module trees: two more models, in another file
+        s = facts.subject("conv_net", f"{tmp_path / 'model.py'}:{line}")
+        s.add("layer", "Conv2d", "", "run")
+        s.add("dims", 2, "count", "run")
+        s.add("convs", convs, "count", "run")
+        s.locations.append(Location(str(tmp_path / "model.py"), line, "nn.Conv2d(...)"))
+    [f] = findings(facts, tmp_path, "PD016")
+    assert [loc.line for loc in f.locations] == [6, 40, 45] and "(2 convolution layers)" in f.title
+
+
 @pytest.mark.parametrize("extra", [
     "torch.backends.cudnn.benchmark = True\n",
     "torch.backends.cudnn.benchmark = False\n",  # the user's choice
