@@ -1027,6 +1027,29 @@ def test_host_reads_outside_the_training_step_are_not_per_step(tmp_path):
     assert got.get(at["norms.append"], {}).get("in_loop") is not False
 
 
+def test_an_action_read_for_the_environment_is_no_per_step_sync(tmp_path):
+    """cleanRL's DQN reads its action every environment step for `envs.step`: the environment runs on
+    the host, the action must cross (the corpus labels cleanRL's PPO so). The loss read beside it is a
+    step's sync."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        for global_step in range(1000):
+            q_values = q_network(torch.Tensor(obs).to(device))
+            actions = torch.argmax(q_values, dim=1).cpu().numpy()
+            next_obs, rewards, terminations, truncations, infos = envs.step(actions)
+            obs2, r2, d2, t2, i2 = env2.step(policy(o).item())
+            data = rb.sample(128)
+            loss = F.mse_loss(q_network(data.obs), data.target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total = loss.item()
+        """)
+    got = by_line(facts, "host_read")
+    assert got[4]["in_loop"] is False and got[6]["in_loop"] is False
+    assert got[12] == {"kind": "item", "in_loop": True}
+
+
 def test_a_run_count_in_an_evaluation_loop_is_no_per_step_finding(tmp_path):
     """The probe counts an evaluation between epochs as reads per training step; the static read
     of the same line (one subject, keyed on file:line) says no training step runs it."""

@@ -24,6 +24,9 @@ for a short run, may count one per step), so the rule trusts the source there:
   `(preds == y_cpu).sum().item()`; `arr = t.detach().cpu().numpy()` then `arr.tolist()`). The sync
   was the `.cpu()`, counted once at its line (`t.detach().cpu().item()` is one read of kind "cpu");
   the probe, on a CPU run where every tensor is on the host, counts the later read too;
+- an action read for an environment (`actions = q.argmax(1).cpu().numpy()` then
+  `obs, reward, term, trunc, info = envs.step(actions)`): the environment runs on the host, the action
+  must cross whatever the script does (`_env_actions`);
 - in a loop that no training step runs, in a file whose loops show where the steps are
   (`Loops.in_training_step` False): an evaluation loop and a function it calls (the probe
   counts an evaluation between epochs as reads per training step too), an epoch loop's own body
@@ -90,14 +93,17 @@ def detect(index: SourceIndex, facts: Facts) -> None:
     outside: list[tuple[ast.expr, str]] = [
         (n, kind) for n in index.nodes if isinstance(n, ast.expr) and (kind := _any_read(n)) is not None
         and index.loops.in_loop(n) and index.loops.in_training_step(n) is False] if index.loops.has_training_loop() else []
-    not_per_step = host | {n.lineno for n, _ in outside}
+    to_env = _env_actions(index)
+    not_per_step = host | {n.lineno for n, _ in outside} | to_env
     for line, (read, kinds) in reads.items():
         s = index.subject(facts, "host_read", read)
         put(s, "kind", ", ".join(sorted(kinds, key=_ORDER.index)))
         put(s, "in_loop", line not in not_per_step)
     rare: dict[int, tuple[ast.expr, list[str]]] = {}
     host_only = [(n, k) for n, kinds in on_host.values() for k in kinds]  # no device tensor read on the line
-    for read, kind in [*_less_than_every_step(index, training_loops), *outside, *host_only]:
+    env_reads = [(n, k) for n in index.nodes
+                 if isinstance(n, ast.expr) and n.lineno in to_env and (k := _any_read(n)) is not None]
+    for read, kind in [*_less_than_every_step(index, training_loops), *outside, *host_only, *env_reads]:
         if read.lineno not in reads:
             kinds = rare.setdefault(read.lineno, (read, []))[1]
             if kind not in kinds:
@@ -106,6 +112,29 @@ def detect(index: SourceIndex, facts: Facts) -> None:
         s = index.subject(facts, "host_read", read)
         put(s, "kind", ", ".join(sorted(kinds, key=_ORDER.index)))
         put(s, "in_loop", False)
+
+
+def _env_actions(index: SourceIndex) -> set[int]:
+    """Lines that read an action for an environment: the read is given to, or bound to a name the same
+    function gives to, a `step(...)` whose result is unpacked into four or more names (the gym API:
+    `obs, reward, terminated, truncated, info = envs.step(actions)`; an optimizer's step returns at most
+    a loss). The environment runs on the host: the action must cross whatever the script does."""
+    steps = [n.value for n in index.nodes if isinstance(n, ast.Assign) and len(n.targets) == 1
+             and isinstance(n.targets[0], ast.Tuple) and len(n.targets[0].elts) >= 4
+             and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
+             and n.value.func.attr == "step"]
+    lines: set[int] = set()
+    for call in steps:
+        given = [a for a in (*call.args, *(k.value for k in call.keywords))]
+        names = {x.id for a in given for x in ast.walk(a) if isinstance(x, ast.Name)}
+        lines |= {x.lineno for a in given for x in ast.walk(a) if isinstance(x, ast.expr) and _any_read(x) is not None}
+        fn = index.function_name(call)
+        for n in index.nodes:
+            if (isinstance(n, ast.Assign) and index.function_name(n) == fn
+                    and any(isinstance(t, ast.Name) and t.id in names for t in n.targets)
+                    and any(_any_read(x) is not None for x in ast.walk(n.value))):
+                lines.add(n.lineno)
+    return lines
 
 
 def _less_than_every_step(index: SourceIndex, training_loops: list[ast.AST]) -> list[tuple[ast.expr, str]]:
