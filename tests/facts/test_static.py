@@ -6,6 +6,8 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static import analyse_files
 
@@ -652,6 +654,25 @@ def test_uses_amp_counts_autocast_on_any_path(tmp_path):
     assert facts.value("script.uses_amp") is False
     facts, _ = analyse(tmp_path, "import lightning as L\ntrainer = L.Trainer(precision='bf16-mixed')\n")
     assert facts.value("script.uses_amp") is True
+
+
+@pytest.mark.parametrize("enabled,uses", [
+    ("amp", False),  # Pytorch-UNet: `--amp`, off by default; the run shows whether it was on
+    ("args.amp", False),
+    ("not args.fp32", False),
+    ("device.type == 'cuda'", True),  # a device test: on for the GPU the script targets
+    ("use_amp", True),  # bound below to a device test
+    ("torch.cuda.is_available()", True),
+])
+def test_uses_amp_switched_by_a_setting(tmp_path, enabled, uses):
+    facts, _ = analyse(tmp_path, f"""\
+        import torch
+        use_amp = args.amp and torch.cuda.is_available()
+        with torch.autocast(device.type, enabled={enabled}):
+            out = model(x)
+        scaler = torch.cuda.amp.GradScaler(enabled={enabled})
+        """)
+    assert facts.value("script.uses_amp") is uses
 
 
 def test_eval_forward_without_no_grad(tmp_path):
