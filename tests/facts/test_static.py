@@ -314,6 +314,32 @@ def test_dataloader_dict_and_mixed_kwargs_leave_unknowns_absent(tmp_path):
                       "pin_memory_on_cuda": False}
 
 
+def test_dataloader_batches_through_a_progress_bar_bound_to_a_name(tmp_path):
+    """SRGAN: `train_bar = tqdm(train_loader)`, `for data, target in train_bar:`, then
+    `real_img = target` and `real_img.float().cuda()`: the loader's batches go to the GPU. A count
+    of the loader (`n = len(loader)`) is no batch."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader
+        from tqdm import tqdm
+
+        train_loader = DataLoader(ds, batch_size=64)
+        other = DataLoader(ds2)
+        for epoch in range(3):
+            train_bar = tqdm(enumerate(train_loader))
+            for i, (data, target) in train_bar:
+                real_img = target
+                if torch.cuda.is_available():
+                    real_img = real_img.float().cuda()
+            n = len(other)
+            for k in range(n):
+                z = torch.randn(4).cuda()
+        """)
+    got = by_line(facts, "dataloader")
+    assert got[5]["feeds_cuda"] is True and got[5]["non_blocking"] is False
+    assert "feeds_cuda" not in got[6]
+
+
 def test_dataloader_no_feeds_cuda_without_a_device_move(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -229,7 +229,34 @@ def loader_names(index: SourceIndex, dl_call: ast.Call) -> list[LoaderName]:
             for param, fn, _ in _passed_to(index, bound, where):
                 names.append((param, fn, False))
                 names += [(attr, None, True) for attr in _kept_as(fn, param)]
-    return names
+    return names + _wrapped(index, names)
+
+
+# iterables that yield the loader's batches (a progress bar, a counter), when bound to a name of their
+# own: `train_bar = tqdm(train_loader)` then `for data, target in train_bar:` (SRGAN)
+_WRAPPERS = frozenset({"tqdm", "tqdm.tqdm", "tqdm.auto.tqdm", "tqdm.notebook.tqdm", "tqdm.rich.tqdm",
+                       "enumerate", "itertools.islice", "itertools.cycle"})
+
+
+def _wrapped(index: SourceIndex, names: list[LoaderName]) -> list[LoaderName]:
+    """The names bound to a wrapper of one of the loader's names (`bar = tqdm(enumerate(loader))`)."""
+    def callee(node: ast.AST) -> str | None:
+        if not isinstance(node, ast.Call) or not node.args:
+            return None
+        return index.qual(node.func) or (node.func.id if isinstance(node.func, ast.Name) else None)
+
+    out: list[LoaderName] = []
+    for n in index.nodes_of(ast.Assign):
+        if not (isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+                and callee(n.value) in _WRAPPERS):
+            continue
+        inner = n.value.args[0]  # type: ignore[attr-defined]
+        while callee(inner) in _WRAPPERS:
+            inner = inner.args[0]  # type: ignore[attr-defined]
+        scope = index.context(n)[0]
+        if any(dotted(inner) == name and (anywhere or scope is sc) for name, sc, anywhere in names):
+            out.append((n.targets[0].id, scope, False))
+    return out
 
 
 def _bound_by_callers(index: SourceIndex, dl_call: ast.Call, bound: str | None, scope: ast.AST | None
