@@ -252,7 +252,7 @@ def _wrapped(index: SourceIndex, names: list[LoaderName]) -> list[LoaderName]:
             continue
         inner = n.value.args[0]  # type: ignore[attr-defined]
         while callee(inner) in _WRAPPERS:
-            inner = inner.args[0]  # type: ignore[attr-defined]
+            inner = inner.args[0]
         scope = index.context(n)[0]
         if any(dotted(inner) == name and (anywhere or scope is sc) for name, sc, anywhere in names):
             out.append((n.targets[0].id, scope, False))
