@@ -245,6 +245,31 @@ def test_cpu_to_device_legacy_types_and_chains_through_views(tmp_path):
     assert got[4]["factory"] == "LongTensor" and got[4]["in_loop"] and got[9]["factory"] == "randint"
 
 
+def test_cpu_to_device_in_a_sampling_loop_after_the_epoch_is_not_per_step(tmp_path):
+    """A conditional diffusion model samples images after each epoch, `torch.randn(...).to(device)` at
+    each of its 400 denoising steps: no training step runs that loop (the timestep draw of the training
+    step is every step)."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        def sample(model, n):
+            x = torch.randn(n, 1, 28, 28).to(device)
+            for i in range(400, 0, -1):
+                z = torch.randn(n, 1, 28, 28).to(device)
+                x = model(x, i) + z
+            return x
+        for epoch in range(10):
+            for x, c in loader:
+                t = torch.randint(1, 400, (x.shape[0],)).to(device)
+                loss = model.loss(x.to(device), t)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            images = sample(model, 16)
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert got[5]["in_loop"] is False and got[10]["in_loop"] is True
+
+
 def test_cpu_to_device_in_function_called_from_loop(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

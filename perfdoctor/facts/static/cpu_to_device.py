@@ -60,6 +60,13 @@ def detect(index: SourceIndex, facts: Facts) -> None:
     _two_statements(index, facts)
 
 
+def _per_step(index: SourceIndex, node: ast.AST) -> bool:
+    """Made on every training step: `Loops.per_step`, and not in a loop that no training step runs
+    where the file shows where its steps are (a diffusion model's sampling loop after each epoch)."""
+    return index.loops.per_step(node) and not (
+        index.loops.has_training_loop() and index.loops.in_training_step(node) is False)
+
+
 def _factory(index: SourceIndex, node: ast.AST) -> str | None:
     """The factory name when `node` is a CPU factory call (no `device=`, no `**kwargs`)."""
     if not isinstance(node, ast.Call):
@@ -110,7 +117,7 @@ def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     s = index.subject(facts, "cpu_to_device", call)
     put(s, "factory", fac)
     put(s, "target", target)
-    put(s, "in_loop", index.loops.per_step(call))
+    put(s, "in_loop", _per_step(index, call))
 
 
 def _host_data(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
@@ -123,7 +130,7 @@ def _host_data(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     s = index.subject(facts, "cpu_to_device", call)
     put(s, "factory", f"cuda.{kind}")
     put(s, "target", "cuda")
-    put(s, "in_loop", index.loops.per_step(call))
+    put(s, "in_loop", _per_step(index, call))
 
 
 def _host_array(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
@@ -161,7 +168,7 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                         index.locate(s, later)
                         put(s, "factory", fac)
                         put(s, "target", target)
-                        put(s, "in_loop", index.loops.per_step(stmt))
+                        put(s, "in_loop", _per_step(index, stmt))
                     break
                 if isinstance(later, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.Return,
                                       ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or any(
