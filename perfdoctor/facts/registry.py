@@ -279,6 +279,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("extra_ms", "ms", "run", "mean extra time of such a step over the other steps' median (ms per stall)"),
         ("ms_per_step", "ms", "run", "the stalls' extra time spread over every steady step"),
         ("share", "ratio", "run", "share of the pattern's slow steps watched while they ran long that this line was seen running on"),
+        ("rollout", "bool", "static", "the line steps an environment (a loop with a gym-style env.step, or a call "
+                                      "of a function with one): reinforcement learning's rollout, the algorithm's work"),
     ]),
 }
 # The GPU-side settings whose cost a CPU run cannot show (PD016, PD017, PD021-PD026, PD028): read from

@@ -1122,6 +1122,47 @@ def test_an_action_read_for_the_environment_is_no_per_step_sync(tmp_path):
     assert got[12] == {"kind": "item", "in_loop": True}
 
 
+def test_a_stall_in_an_environment_rollout_is_the_algorithm_s_work(tmp_path):
+    """minimalRL's PPO: the optimizer steps come in bursts after each rollout of T_horizon env steps, and
+    the run names the policy's forward inside the rollout loop as a stall every third step. The
+    rollout is the algorithm's own work: `periodic_stall.rollout`, and no PD020. A checkpoint in the
+    same script is a stall."""
+    from perfdoctor.contracts.run import Site
+    from perfdoctor.facts.model import site_subject
+    from perfdoctor.rules.catalog import load_rules
+    from perfdoctor.rules.engine import judge
+
+    src = """\
+        import torch
+        def collect(env, model, s):
+            for t in range(20):
+                prob = model.pi(torch.from_numpy(s).float())
+                s, r, done, truncated, info = env.step(prob.argmax().item())
+            return s
+        for n_epi in range(1000):
+            while not done:
+                for t in range(20):
+                    prob = model.pi(torch.from_numpy(s).float())
+                    s_prime, r, done, truncated, info = env.step(prob.argmax().item())
+                model.train_net()
+            s = collect(env, model, s)
+            torch.save(model.state_dict(), "ckpt.pt")
+        """
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(src))
+    facts = Facts()
+    facts.add("step.time_ms", 3.0, "ms", "run")
+    for line in (10, 13, 14):  # the policy's forward in the loop, the call of a stepping helper, the save
+        s = site_subject(facts, "periodic_stall", Site(file=str(path), line=line, code=""))
+        assert s is not None
+        for name, value in (("period", 3), ("stalls", 5), ("extra_ms", 3.0), ("ms_per_step", 0.9), ("share", 0.75)):
+            s.add(name, value, "", "run")
+    analyse_files([path], facts)
+    got = by_line(facts, "periodic_stall")
+    assert got[10].get("rollout") is True and got[13].get("rollout") is True and "rollout" not in got[14]
+    assert [f.locations[0].line for f in judge(facts, load_rules()) if f.rule == "PD020"] == [14]
+
+
 def test_a_run_count_in_an_evaluation_loop_is_no_per_step_finding(tmp_path):
     """The probe counts an evaluation between epochs as reads per training step; the static read
     of the same line (one subject, keyed on file:line) says no training step runs it."""

@@ -30,6 +30,7 @@ from perfdoctor.facts.static import (
     loader_model,
     loss_holder,
     optimizer,
+    rollout,
     targets_cuda,
     tf32,
     uses_amp,
@@ -56,6 +57,7 @@ DETECTORS = (
     zero_grad.detect,
     batch_copy.detect,
     worker_io.detect,
+    rollout.detect,
     loader_model.detect,
     eval_grad.detect,
 )

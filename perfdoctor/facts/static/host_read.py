@@ -116,15 +116,10 @@ def detect(index: SourceIndex, facts: Facts) -> None:
 
 def _env_actions(index: SourceIndex) -> set[int]:
     """Lines that read an action for an environment: the read is given to, or bound to a name the same
-    function gives to, a `step(...)` whose result is unpacked into four or more names (the gym API:
-    `obs, reward, terminated, truncated, info = envs.step(actions)`; an optimizer's step returns at most
-    a loss). The environment runs on the host: the action must cross whatever the script does."""
-    steps = [n.value for n in index.nodes if isinstance(n, ast.Assign) and len(n.targets) == 1
-             and isinstance(n.targets[0], ast.Tuple) and len(n.targets[0].elts) >= 4
-             and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
-             and n.value.func.attr == "step"]
+    function gives to, an environment's step (`Loops.env_steps`, the gym API). The environment runs on
+    the host: the action must cross whatever the script does."""
     lines: set[int] = set()
-    for call in steps:
+    for call in index.loops.env_steps:
         given = [a for a in (*call.args, *(k.value for k in call.keywords))]
         names = {x.id for a in given for x in ast.walk(a) if isinstance(x, ast.Name)}
         lines |= {x.lineno for a in given for x in ast.walk(a) if isinstance(x, ast.expr) and _any_read(x) is not None}

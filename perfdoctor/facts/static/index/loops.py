@@ -31,6 +31,38 @@ class Loops:
         self._trains: dict[int, bool] = {}
         self._direct: dict[int, bool] = {}  # `_steps_directly` by the loop or function's id
         self._epoch_loops: dict[int, bool] = {}  # `per_step`: a loop whose inner loop or callee trains
+        self._env_steps: list[ast.Call] | None = None
+
+    @property
+    def env_steps(self) -> list[ast.Call]:
+        """The calls that step an environment, by the gym API's shape: a `.step(...)` whose result is
+        unpacked into four or more names (`obs, reward, terminated, truncated, info = envs.step(a)`; an
+        optimizer's or a scheduler's step returns at most a loss). Reinforcement learning's rollout:
+        the algorithm's own work, run on the host."""
+        if self._env_steps is None:
+            self._env_steps = [
+                n.value for n in self.syntax.nodes if isinstance(n, ast.Assign) and len(n.targets) == 1
+                and isinstance(n.targets[0], ast.Tuple) and len(n.targets[0].elts) >= 4
+                and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
+                and n.value.func.attr == "step"]
+        return self._env_steps
+
+    def in_rollout(self, node: ast.AST) -> bool:
+        """In the loop that steps an environment (`env_steps`: the innermost loop around the step, not an
+        outer loop that also updates and saves), a statement holding such a step, or a call of a
+        function of this file that steps one (`collect_rollout()`)."""
+        steps = self.env_steps
+        if not steps:
+            return False
+        inner = next((p for p in (node, *self.syntax.ancestors(node)) if isinstance(p, LOOPS)), None)
+        for step in steps:
+            up = list(self.syntax.ancestors(step))
+            if any(a is node for a in up):
+                return True  # a statement holding the step (the rollout loop's own line)
+            if inner is not None and next((a for a in up if isinstance(a, LOOPS)), None) is inner:
+                return True  # in the loop that steps: not an outer loop around rollout and update
+        stepping = {name for s in steps if (name := self.syntax.function_name(s)) and name != "<module>"}
+        return any(isinstance(c, ast.Call) and self.syntax.local_callee(c) in stepping for c in ast.walk(node))
 
     def in_loop(self, node: ast.AST) -> bool:
         """In a loop body, or in a function of this file that a loop body calls (one level)."""
