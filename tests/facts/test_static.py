@@ -268,6 +268,27 @@ def test_cpu_to_device_in_a_sampling_loop_after_the_epoch_is_not_per_step(tmp_pa
         """)
     got = by_line(facts, "cpu_to_device")
     assert got[5]["in_loop"] is False and got[10]["in_loop"] is True
+    # the same as a method of the model, called on it (`ddpm.sample(...)`, Conditional_Diffusion_MNIST)
+    facts, _ = analyse(tmp_path, """\
+        import torch, torch.nn as nn
+        class DDPM(nn.Module):
+            def sample(self, n):
+                x = torch.randn(n, 1, 28, 28).to(device)
+                for i in range(400, 0, -1):
+                    z = torch.randn(n, 1, 28, 28).to(device)
+                    x = self.nn_model(x, i) + z
+                return x
+        for epoch in range(10):
+            for x, c in loader:
+                loss = ddpm(x.to(device), c.to(device))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+            with torch.no_grad():
+                images = ddpm.sample(16)
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert got[6]["in_loop"] is False
 
 
 def test_cpu_to_device_in_function_called_from_loop(tmp_path):

@@ -171,6 +171,10 @@ class Loops:
         if self._steps_directly(scope):
             return True
         sites = self.syntax.callers(scope.name)
+        if not sites and isinstance(self.syntax.parents.get(scope), ast.ClassDef):
+            # a method called on an object (`ddpm.sample(...)` after each epoch): every call of that
+            # name in the file, another class's method of the same name included (any True wins)
+            sites = self.syntax.calls_named(scope.name)
         if not sites or depth >= 3:
             return None
         seen = [self.in_training_step(c, depth + 1) for c in sites]
