@@ -161,7 +161,12 @@ def site_subject(facts: Facts, kind: str, site: Site | None) -> Subject | None:
     if site is None or not site.file:
         return None
     s = facts.subject(kind, f"{site.file}:{site.line}")
+    also_at(s, site)
+    return s
+
+
+def also_at(s: Subject, site: Site) -> None:
+    """Record a probe's site among the subject's locations, once (after those it has)."""
     loc = Location(site.file, site.line, site.code, site.function)
     if loc not in s.locations:
         s.locations.append(loc)
-    return s

@@ -8,9 +8,8 @@ from __future__ import annotations
 import statistics
 
 from perfdoctor.contracts.run import Env
-from perfdoctor.facts.model import Facts, Subject, site_subject
+from perfdoctor.facts.model import Facts, Subject, also_at, site_subject
 from perfdoctor.facts.run.context import RunContext
-from perfdoctor.model import Location
 
 # The GPU projection, the one model of a GPU step from a CPU run (PD002 reads its facts, never the
 # constant): how much faster a GPU runs a training step's forward, backward and optimizer than this
@@ -31,9 +30,7 @@ def add(ctx: RunContext) -> None:
         if s is None:
             continue
         if dl.origin is not None and dl.site is not None:
-            built = Location(dl.site.file, dl.site.line, dl.site.code, dl.site.function)
-            if built not in s.locations:
-                s.locations.append(built)
+            also_at(s, dl.site)
         kw = dl.kwargs
         s.add("num_workers", kw.num_workers, "count")
         s.add("pin_memory", kw.pin_memory)

@@ -13,9 +13,8 @@ tensors to a device, whatever function or file each line is in:
 from __future__ import annotations
 
 from perfdoctor.contracts.run import HostTensorRecord
-from perfdoctor.facts.model import Subject, site_subject
+from perfdoctor.facts.model import Subject, also_at, site_subject
 from perfdoctor.facts.run.context import RunContext
-from perfdoctor.model import Location
 
 MIN_WATCHED = 4  # watched steps before the run says whether a loader's batches reach every step
 
@@ -62,9 +61,7 @@ def _factory(ctx: RunContext, r: HostTensorRecord) -> None:
 
 def _also_at(s: Subject, r: HostTensorRecord) -> None:
     assert r.moved is not None
-    move = Location(r.moved.file, r.moved.line, r.moved.code, r.moved.function)
-    if move not in s.locations:
-        s.locations.append(move)
+    also_at(s, r.moved)
 
 
 def _where(r: HostTensorRecord) -> str:

@@ -120,12 +120,12 @@ def _env_actions(index: SourceIndex) -> set[int]:
     the host: the action must cross whatever the script does."""
     lines: set[int] = set()
     for call in index.loops.env_steps:
-        given = [a for a in (*call.args, *(k.value for k in call.keywords))]
+        given = [*call.args, *(k.value for k in call.keywords)]
         names = {x.id for a in given for x in ast.walk(a) if isinstance(x, ast.Name)}
         lines |= {x.lineno for a in given for x in ast.walk(a) if isinstance(x, ast.expr) and _any_read(x) is not None}
         fn = index.function_name(call)
-        for n in index.nodes:
-            if (isinstance(n, ast.Assign) and index.function_name(n) == fn
+        for n in index.nodes_of(ast.Assign):
+            if (index.function_name(n) == fn
                     and any(isinstance(t, ast.Name) and t.id in names for t in n.targets)
                     and any(_any_read(x) is not None for x in ast.walk(n.value))):
                 lines.add(n.lineno)
