@@ -30,7 +30,7 @@ def add(ctx: RunContext) -> None:
         dl = loaders.get(r.loader)
         if dl is None:
             continue
-        s = site_subject(ctx.facts, "dataloader", dl.site)
+        s = site_subject(ctx.facts, "dataloader", dl.judged_site)
         if s is not None:
             _also_at(s, r)
             s.add("moved", True, detail=f"{_where(r)}: .{r.how}() on {r.steps} of {r.watched} watched steps")
