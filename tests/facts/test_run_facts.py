@@ -288,3 +288,24 @@ def test_a_100k_step_run_folder_is_analysed_in_seconds(tmp_path) -> None:
     took = time.perf_counter() - t
     assert "PD020" in {f.rule for f in report.findings}
     assert took < 90, f"{took:.1f} s"  # about 4 s on an idle 2-core box; a quadratic step would take hours
+
+
+def test_a_rebuilt_loaders_moves_land_on_the_users_loader(tmp_path):
+    """A loader a library rebuilt from the user's (origin) is one subject at the user's line: where
+    its batches were moved (host tensors) lands there too, not on a second subject at the library's."""
+    user = {"file": "/x/train.py", "line": 12, "code": "loader = DataLoader(ds, batch_size=64)", "function": "main"}
+    lib = {"file": "/lib/dp.py", "line": 80, "code": "return DataLoader(dataset, ...)", "function": "wrap"}
+    move = {"file": "/x/train.py", "line": 30, "code": "x = x.to(device)", "function": "main"}
+    kwargs = {"batch_size": 64, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
+              "prefetch_factor": None, "multiprocessing_context": None}
+    probes = {
+        "dataloaders": [{"id": 3, "site": lib, "origin": user, "kwargs": kwargs, "batches": 40,
+                         "wait_ms_per_step": [1.0] * 40, "to_cuda": False, "non_blocking": None}],
+        "host_tensors": [{"loader": 3, "moved": move, "how": "to", "non_blocking": False, "moves": 8,
+                          "steps": 8, "watched": 8}],
+    }
+    r = load_run(make_run(tmp_path, probes=probes))
+    (dl,) = r.facts.of_kind("dataloader")
+    assert dl.key == "/x/train.py:12"
+    assert dl.facts["dataloader.moved"].value is True and dl.facts["dataloader.trains"].value is True
+    assert any(loc.line == 30 for loc in dl.locations)
