@@ -148,7 +148,7 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     # the source
     ("script.targets_cuda", "bool", "static", "the user's files name a CUDA device"),
     ("script.uses_amp", "bool", "static",
-     "the user's files use low precision on some path: autocast, GradScaler, .half()/.bfloat16(), a 16-bit precision setting"),
+     "the user's files use low precision on some path not switched off by a user's setting: autocast (not enabled=False), .half()/.bfloat16(), a 16-bit precision setting"),
     # communication and ranks
     ("comm.share", "ratio", "trace", "communication / GPU busy time"),
     ("comm.overlap", "ratio", "trace", "share of communication time overlapped by compute on other streams"),

@@ -747,6 +747,26 @@ def test_uses_amp_switched_by_a_setting(tmp_path, enabled, uses):
     assert facts.value("script.uses_amp") is uses
 
 
+@pytest.mark.parametrize("src,uses", [
+    # timm's train.py: autocast built only under `--amp` (off by default), handed on through partial
+    ("amp_autocast = suppress\nif args.amp:\n    amp_autocast = partial(torch.autocast, device_type=device.type)\n", False),
+    ("amp_autocast = partial(torch.autocast, device_type='cuda')\n", True),  # built on every path
+    ("amp_autocast = partial(torch.autocast, device_type='cuda', enabled=args.amp)\n", False),
+    ("if use_amp == 'native':\n    ctx = torch.autocast('cuda')\n", False),  # use_amp bound to constants below
+    ("if device.type == 'cuda':\n    ctx = torch.autocast('cuda')\n", True),  # a device test: on for its GPU
+    ("if args.fp16:\n    ctx = torch.autocast('cuda')\n", True),  # --fp16 defaults to on (below)
+    # an fp32 island inside low-precision code (timm's fast_norm), and a scaler class nobody builds
+    ("with torch.amp.autocast(device_type=x.device.type, enabled=False):\n    y = f(x)\n"
+     "class NativeScaler:\n    def __init__(self):\n        self.s = torch.amp.GradScaler()\n", False),
+])
+def test_uses_amp_only_where_on_by_default(tmp_path, src, uses):
+    head = ("import torch\nfrom functools import partial\nfrom contextlib import suppress\nimport argparse\n"
+            "p = argparse.ArgumentParser()\np.add_argument('--amp', action='store_true')\n"
+            "p.add_argument('--fp16', default=True)\nuse_amp = None\nuse_amp = 'native'\n")
+    facts, _ = analyse(tmp_path, head + src)
+    assert facts.value("script.uses_amp") is uses
+
+
 def test_eval_forward_without_no_grad(tmp_path):
     facts, _ = analyse(tmp_path, """
 import torch

@@ -7,8 +7,14 @@ files, as for `script.targets_cuda`.
 
 An autocast or GradScaler switched by a setting of the user's (`enabled=args.amp`, Pytorch-UNet's
 `--amp`, off by default) is not low precision on every path: it is on where the user turns it on, and
-the run's forward shows whether this run did (`autocast.enabled`). A device test (`enabled=device.type
-== "cuda"`) is not such a setting: on the GPU the script targets it is on."""
+the run's forward shows whether this run did (`autocast.enabled`). So is one built only under such a
+setting (`if args.amp: amp_autocast = partial(torch.autocast, ...)`, timm's train.py). A device test
+(`enabled=device.type == "cuda"`, `if device == "cuda":`) is not such a setting: on the GPU the script
+targets it is on; nor is a flag whose argparse default in the same file turns it on. An autocast with
+`enabled=False` is an fp32 island inside low-precision code, not low precision; a GradScaler alone
+scales fp16 gradients that an autocast or `.half()` elsewhere makes, so it is not evidence by itself
+(a library's scaler class in the user's tree, never built by the run, made timm's fp32 default count
+as AMP)."""
 
 from __future__ import annotations
 
@@ -20,8 +26,7 @@ from perfdoctor.facts.static.index import SourceIndex, add_union
 from perfdoctor.facts.static.index.syntax import kwarg
 
 _FACT = "script.uses_amp"
-_AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast",
-                       "torch.amp.GradScaler", "torch.cuda.amp.GradScaler", "torch.GradScaler"})
+_AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.autocast", "torch.cpu.amp.autocast"})
 _LOW_METHODS = frozenset({"half", "bfloat16"})
 _LOW_DTYPES = frozenset({"torch.float16", "torch.half", "torch.bfloat16"})
 _PRECISION = re.compile(r"^(bf)?16(-mixed|-true)?$|^(fp16|bf16)$")
@@ -31,13 +36,15 @@ _DEVICE_WORDS = re.compile(r"cuda|device|gpu|is_available", re.I)
 
 
 def _a_setting(index: SourceIndex, node: ast.expr | None, depth: int = 0) -> bool:
-    """`enabled=args.amp`, `enabled=amp`, `enabled=not cfg.fp32`: a switch the user sets, not a test of
-    the device (`enabled=device.type == "cuda"`, `use_amp = args.amp and torch.cuda.is_available()`),
-    which would be on for the GPU the script targets."""
+    """`enabled=args.amp`, `enabled=amp`, `enabled=not cfg.fp32`, `use_amp == "native"`: a switch the
+    user sets, off unless turned on, not a test of the device (`enabled=device.type == "cuda"`, `use_amp =
+    args.amp and torch.cuda.is_available()`), which would be on for the GPU the script targets."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         return _a_setting(index, node.operand, depth)
+    if isinstance(node, ast.Compare) and all(isinstance(c, ast.Constant) for c in node.comparators):
+        return _a_setting(index, node.left, depth)
     if isinstance(node, ast.Attribute):
-        return not _DEVICE_WORDS.search(ast.unparse(node))
+        return not _DEVICE_WORDS.search(ast.unparse(node)) and not _on_by_default(index, node.attr)
     if isinstance(node, ast.Name) and not _DEVICE_WORDS.search(node.id):
         values = index.assigned.get(node.id, [])
         return depth < 3 and all(not _DEVICE_WORDS.search(ast.unparse(v)) and (
@@ -46,13 +53,53 @@ def _a_setting(index: SourceIndex, node: ast.expr | None, depth: int = 0) -> boo
     return False
 
 
+def _on_by_default(index: SourceIndex, dest: str) -> bool:
+    """An argparse option of this file stored in `dest` whose default turns it on (`default=True`,
+    `action="store_false"`): then `args.<dest>` is on unless the user turns it off."""
+    for call in index.calls:
+        f = call.func
+        if not (isinstance(f, ast.Attribute) and f.attr == "add_argument") or not call.args:
+            continue
+        flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        d = kwarg(call, "dest")
+        name = d.value if isinstance(d, ast.Constant) else next(
+            (x.lstrip("-").replace("-", "_") for x in flags if x.startswith("--")), None)
+        if name != dest:
+            continue
+        action, default = kwarg(call, "action"), kwarg(call, "default")
+        if isinstance(action, ast.Constant) and action.value == "store_false":
+            return True
+        return isinstance(default, ast.Constant) and bool(default.value)
+    return False
+
+
+def _switched(index: SourceIndex, node: ast.AST, call: ast.Call | None) -> bool:
+    """Whether the low precision at `node` is on only where a user's setting turns it on: its own
+    `enabled=` (False, or a setting), or an `if` / conditional expression on a setting around it."""
+    if call is not None:
+        enabled = kwarg(call, "enabled")
+        if isinstance(enabled, ast.Constant) and not enabled.value:
+            return True  # an fp32 island
+        if _a_setting(index, enabled):
+            return True
+    for p in index.ancestors(node):
+        if isinstance(p, (ast.If, ast.IfExp)) and _a_setting(index, p.test):
+            return True
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return False
+    return False
+
+
 def _uses_amp(index: SourceIndex) -> bool:
     for call in index.calls:
         q = index.qual(call.func)
-        if q in _AUTOCAST or (q or "").endswith((".autocast", ".GradScaler")):
-            if _a_setting(index, kwarg(call, "enabled")):
-                continue  # on where the user turns it on: the run shows whether this run did (PD007)
-            return True
+        if q in _AUTOCAST or (q or "").endswith(".autocast"):
+            if not _switched(index, call, call):
+                return True
+            continue  # on where the user turns it on: the run shows whether this run did (PD007)
+        for a in call.args:  # handed on, not called here: partial(torch.autocast, device_type=...)
+            if index.qual(a) in _AUTOCAST and not _switched(index, a, call if index.qual(call.func) == "functools.partial" else None):
+                return True
         f = call.func
         if isinstance(f, ast.Attribute) and f.attr in _LOW_METHODS and not call.args:
             return True
