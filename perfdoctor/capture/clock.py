@@ -66,9 +66,11 @@ class StepClock:
         # the running optimizer steps, outermost first: id() of torch's step wrapper frame, which
         # calls the pre and post hooks (a wrapping optimizer steps an inner one: two)
         self.opt_frames: list[int] = []
-        # the code of the user's function that calls the first optimizer step (the training loop's):
-        # a probe names the line there that led into a helper (host reads in a metrics function)
-        self.step_code: Any = None
+        # the code of the user's functions on the stack of the first optimizer step, innermost first
+        # (the training loop's, and the optimizer wrapper's where the user steps one, as SAM's
+        # `second_step`): a probe names the line in the innermost of them that led into a helper
+        # (host reads in a metrics function called from the loop)
+        self.step_codes: tuple[Any, ...] | None = None
         self.opt_t0 = 0.0
         self.opt_inner0 = 0.0  # data + forward + backward so far when the optimizer step began
         self.opt_own0 = 0.0  # perfdoctor's own time so far when the optimizer step began
@@ -205,9 +207,12 @@ class StepClock:
                 f = f.f_back
             while self.opt_frames and self.opt_frames[-1] not in running:
                 self.opt_frames.pop()
-        if self.step_code is None:
-            caller = sites.user_frame(frame.f_back)
-            self.step_code = caller.f_code if caller is not None else False
+        if self.step_codes is None:
+            codes, f = [], sites.user_frame(frame.f_back)
+            while f is not None:
+                codes.append(f.f_code)
+                f = sites.user_frame(f.f_back)
+            self.step_codes = tuple(codes)
         if not self.opt_frames:
             self.opt_t0 = self.pc()
             self.opt_inner0 = self.data + self.fwd + self.bwd

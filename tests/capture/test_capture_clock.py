@@ -227,3 +227,39 @@ def test_batches_of_a_loader_that_feeds_no_model_end_no_step():
     with pytest.raises(StepsReached):
         run.clock.before_batch()
     assert run.ticks == [1, 2]
+
+
+class _Sam:
+    """A user's optimizer wrapper (SAM's `second_step`): its method steps the base optimizer."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def second_step(self) -> None:
+        self.run.step()
+
+
+def _log(t: Any) -> float:
+    return t.sum().item()  # a metrics helper's read
+
+
+def test_a_helpers_read_names_the_loop_line_through_a_users_optimizer_wrapper(monkeypatch):
+    import torch
+
+    from perfdoctor.capture.probes.host_reads import HostReadProbe
+    monkeypatch.setattr("perfdoctor.capture.sites.is_user_file", lambda f: f == __file__)
+    monkeypatch.setattr("perfdoctor.capture.probes.host_reads.is_user_file", lambda f: f == __file__)
+    run = Run()
+    probe = HostReadProbe(torch, run.clock, ErrorLog())  # type: ignore[arg-type]
+    probe.install()
+    try:
+        sam, x = _Sam(run), torch.ones(3)
+        for _ in range(3):
+            sam.second_step()
+            _log(x)  # the training loop's line that leads into the reading helper
+            probe.end_step()
+    finally:
+        probe.uninstall()
+    (rec,) = probe.records()
+    assert rec.site is not None and rec.site.function == "_log"
+    assert rec.caller is not None and rec.caller.code == "_log(x)  # the training loop's line that leads into the reading helper"

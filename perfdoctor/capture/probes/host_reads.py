@@ -49,8 +49,11 @@ class _Line:
         self.counts: list[int] = [0] * steps_so_far  # reads per step, step i at index i - 1
         self.cur = 0
 
-    def record(self, step_code: Any) -> HostReadRecord:
-        caller = next((site for code, site in self.callers if code is step_code), None) if step_code else None
+    def record(self, step_codes: tuple[Any, ...] | None) -> HostReadRecord:
+        """The read's counts, and the innermost function it shares with the first optimizer step's stack
+        (the training loop's) named at the line that led into the reading helper."""
+        caller = next((site for code, site in self.callers if any(code is c for c in step_codes)), None) \
+            if step_codes else None
         return HostReadRecord(site=self.site, kind=self.kind, device=self.device,
                               counts_per_step=list(self.counts), caller=caller)
 
@@ -138,13 +141,13 @@ class HostReadProbe:
             line.counts = [sum(line.counts) + line.cur]
 
     def records(self) -> list[HostReadRecord]:
-        return [line.record(self.clock.step_code) for line in self.order if any(line.counts)]
+        return [line.record(self.clock.step_codes) for line in self.order if any(line.counts)]
 
 
 def _callers(frame: Any) -> list[tuple[Any, Site]]:
     """The user's frames that called the reading one, innermost first, each with its current line:
     read once per line, at its first read, so that the one in the training loop's function can be
-    named when the run has seen that function (`StepClock.step_code`, set at the first optimizer step)."""
+    named when the run has seen that function (`StepClock.step_codes`, set at the first optimizer step)."""
     out: list[tuple[Any, Site]] = []
     f, depth = frame.f_back, 0
     while f is not None and depth < _MAX_CALLERS:
