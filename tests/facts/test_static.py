@@ -731,7 +731,8 @@ def test_uses_amp_counts_autocast_on_any_path(tmp_path):
 @pytest.mark.parametrize("enabled,uses", [
     ("amp", False),  # Pytorch-UNet: `--amp`, off by default; the run shows whether it was on
     ("args.amp", False),
-    ("not args.fp32", False),
+    ("not args.fp32", True),  # on unless --fp32 is given
+    ("not args.noamp", True),  # a ViT trainer's `use_amp = not args.noamp`: on by default
     ("device.type == 'cuda'", True),  # a device test: on for the GPU the script targets
     ("use_amp", True),  # bound below to a device test
     ("torch.cuda.is_available()", True),
@@ -755,6 +756,10 @@ def test_uses_amp_switched_by_a_setting(tmp_path, enabled, uses):
     ("if use_amp == 'native':\n    ctx = torch.autocast('cuda')\n", False),  # use_amp bound to constants below
     ("if device.type == 'cuda':\n    ctx = torch.autocast('cuda')\n", True),  # a device test: on for its GPU
     ("if args.fp16:\n    ctx = torch.autocast('cuda')\n", True),  # --fp16 defaults to on (below)
+    ("if args.amp:\n    ctx = nullcontext()\nelse:\n    ctx = torch.autocast('cuda')\n", True),  # the default branch
+    ("if not args.amp:\n    ctx = nullcontext()\nelse:\n    ctx = torch.autocast('cuda')\n", False),
+    ("amp = False\nif amp:\n    ctx = torch.autocast('cuda')\n", False),  # a constant setting, off
+    ("amp = True\nif amp:\n    ctx = torch.autocast('cuda')\n", True),
     # an fp32 island inside low-precision code (timm's fast_norm), and a scaler class nobody builds
     ("with torch.amp.autocast(device_type=x.device.type, enabled=False):\n    y = f(x)\n"
      "class NativeScaler:\n    def __init__(self):\n        self.s = torch.amp.GradScaler()\n", False),

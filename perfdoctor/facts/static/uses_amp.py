@@ -35,22 +35,43 @@ _PRECISION = re.compile(r"^(bf)?16(-mixed|-true)?$|^(fp16|bf16)$")
 _DEVICE_WORDS = re.compile(r"cuda|device|gpu|is_available", re.I)
 
 
-def _a_setting(index: SourceIndex, node: ast.expr | None, depth: int = 0) -> bool:
-    """`enabled=args.amp`, `enabled=amp`, `enabled=not cfg.fp32`, `use_amp == "native"`: a switch the
-    user sets, off unless turned on, not a test of the device (`enabled=device.type == "cuda"`, `use_amp =
-    args.amp and torch.cuda.is_available()`), which would be on for the GPU the script targets."""
+def _setting(index: SourceIndex, node: ast.expr | None, depth: int = 0) -> bool | None:
+    """What a user's setting is by default: False where it is off unless the user turns it on
+    (`args.amp` with `action="store_true"`, `amp`, `use_amp == "native"` with `use_amp = None` first),
+    True where it is on unless turned off (`not args.noamp`, an argparse `default=True`, `amp = True`),
+    None where `node` is no setting: a test of the device (`device.type == "cuda"`, `args.amp and
+    torch.cuda.is_available()`), which is on for the GPU the script targets."""
+    if node is None or depth > 3:
+        return None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        return _a_setting(index, node.operand, depth)
+        v = _setting(index, node.operand, depth)
+        return None if v is None else not v
     if isinstance(node, ast.Compare) and all(isinstance(c, ast.Constant) for c in node.comparators):
-        return _a_setting(index, node.left, depth)
+        left = node.left
+        first = _first_value(index, left) if isinstance(left, ast.Name) else None
+        if isinstance(first, ast.Constant) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+            same = first.value == node.comparators[0].value  # type: ignore[attr-defined]
+            return same if isinstance(node.ops[0], ast.Eq) else not same
+        return None if _setting(index, left, depth) is None else False
     if isinstance(node, ast.Attribute):
-        return not _DEVICE_WORDS.search(ast.unparse(node)) and not _on_by_default(index, node.attr)
+        return None if _DEVICE_WORDS.search(ast.unparse(node)) else _on_by_default(index, node.attr)
     if isinstance(node, ast.Name) and not _DEVICE_WORDS.search(node.id):
         values = index.assigned.get(node.id, [])
-        return depth < 3 and all(not _DEVICE_WORDS.search(ast.unparse(v)) and (
-            not isinstance(v, (ast.Name, ast.Attribute, ast.UnaryOp)) or _a_setting(index, v, depth + 1))
-            for v in values)
-    return False
+        if any(_DEVICE_WORDS.search(ast.unparse(v)) for v in values):
+            return None
+        first = _first_value(index, node)  # the default: later bindings override it where a setting says
+        if isinstance(first, ast.Constant):
+            return bool(first.value)
+        if isinstance(first, (ast.Name, ast.Attribute, ast.UnaryOp, ast.Compare)):
+            return _setting(index, first, depth + 1)
+        return False  # a parameter (`amp: bool = False`) or a value read from a config
+    return None
+
+
+def _first_value(index: SourceIndex, name: ast.Name) -> ast.expr | None:
+    """The value `name` is bound to first in the file's source order (`assigned` is in walk order)."""
+    values = index.assigned.get(name.id, [])
+    return min(values, key=lambda v: (v.lineno, v.col_offset)) if values else None
 
 
 def _on_by_default(index: SourceIndex, dest: str) -> bool:
@@ -74,19 +95,25 @@ def _on_by_default(index: SourceIndex, dest: str) -> bool:
 
 
 def _switched(index: SourceIndex, node: ast.AST, call: ast.Call | None) -> bool:
-    """Whether the low precision at `node` is on only where a user's setting turns it on: its own
-    `enabled=` (False, or a setting), or an `if` / conditional expression on a setting around it."""
+    """Whether the low precision at `node` is off unless a user's setting turns it on: its own
+    `enabled=` (False, or a setting off by default), or an `if` / conditional expression on a setting
+    around it, in the branch that runs only where the user changes the setting."""
     if call is not None:
         enabled = kwarg(call, "enabled")
         if isinstance(enabled, ast.Constant) and not enabled.value:
             return True  # an fp32 island
-        if _a_setting(index, enabled):
+        if _setting(index, enabled) is False:
             return True
+    child: ast.AST = node
     for p in index.ancestors(node):
-        if isinstance(p, (ast.If, ast.IfExp)) and _a_setting(index, p.test):
-            return True
+        if isinstance(p, (ast.If, ast.IfExp)) and child is not p.test:
+            on = _setting(index, p.test)
+            in_body = any(child is b for b in p.body) if isinstance(p, ast.If) else child is p.body
+            if on is not None and on != in_body:
+                return True
         if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return False
+        child = p
     return False
 
 
