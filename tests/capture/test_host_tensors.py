@@ -128,6 +128,19 @@ def test_run_facts_key_the_factory_line_with_the_move_beside():
     assert subjects["/p/train.py:20"].facts["cpu_to_device.in_loop"].value is False  # 2 of 20 steps: not per step
 
 
+def test_normal_with_a_size_draws_on_the_host(probe):
+    """TD3's target-policy noise: `torch.normal(mean=0, std=s, size=...).to(device)` every update."""
+    def update(a, device):
+        return torch.normal(mean=0, std=0.2, size=a.size()).to(device)  # drawn on the host
+    a = torch.zeros(4, 1)
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        update(a, torch.device("cpu"))
+        probe.end_step(i)
+    (r,) = probe.records()
+    assert (r.factory, r.how, r.steps) == ("normal", "to", WATCH_STEPS)
+
+
 def test_device_and_generator_arguments_are_not_host_tensors_to_fix(probe):
     probe.end_step(1)
     g = torch.Generator().manual_seed(0)

@@ -291,6 +291,20 @@ def test_cpu_to_device_in_a_sampling_loop_after_the_epoch_is_not_per_step(tmp_pa
     assert got[6]["in_loop"] is False
 
 
+def test_cpu_to_device_normal_with_a_size_is_a_factory(tmp_path):
+    """`torch.normal(mean=0, std=s, size=...)` draws on the host (TD3's target-policy noise, every
+    update); `torch.normal(mu, std)` of tensors draws where they are."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        for step in range(10):
+            eps = torch.normal(mean=0, std=0.2, size=a.size()).to(device)
+            b = torch.normal(mu, sigma).to(device)
+            c = torch.normal(0.0, 1.0, (4, 2)).cuda()
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [3, 5] and got[3] == {"factory": "normal", "target": "device", "in_loop": True}
+
+
 def test_cpu_to_device_in_function_called_from_loop(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -33,7 +33,7 @@ from perfdoctor.usercode import is_user_file
 # tensor and as_tensor: they copy data the host computed, an environment's reward or a numpy array,
 # which must cross to the device however the tensor is made; the static read flags a literal's)
 FACTORIES = ("randn", "rand", "randint", "randperm", "zeros", "ones", "full", "empty", "arange", "linspace",
-             "logspace", "eye")
+             "logspace", "eye", "normal")
 # Steps watched after the first. Few: while the Tensor methods are wrapped, the training steps run slower
 # than bare (measured: a DDP rank making 30,000 Python objects per step went from 20 to 41 ms per step;
 # the cause is not found yet); the first steps are the warm-up the statistics drop.

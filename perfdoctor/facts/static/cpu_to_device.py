@@ -34,7 +34,7 @@ from perfdoctor.facts.static.index.syntax import has_star_kwargs, kwarg
 # factories (they take the device of their input, which may already be the GPU).
 FACTORIES = frozenset({
     "randn", "rand", "randint", "randperm", "zeros", "ones", "full", "empty", "empty_strided",
-    "arange", "linspace", "logspace", "eye", "tensor", "as_tensor",
+    "arange", "linspace", "logspace", "eye", "tensor", "as_tensor", "normal",
 })
 # the factories that copy data given to them: `torch.tensor(reward).to(device)` moves what the host
 # computed (an environment step, numpy), which no device-side factory can make; only a literal's copy
@@ -83,6 +83,8 @@ def _factory(index: SourceIndex, node: ast.AST) -> str | None:
         return None  # a CPU generator cannot make a tensor on another device
     if q[6:] in DATA_FACTORIES and not (node.args and _constant(node.args[0])):
         return None  # the host's data (an environment's reward, a numpy batch): the copy carries it
+    if q[6:] == "normal" and kwarg(node, "size") is None and len(node.args) < 3:
+        return None  # torch.normal(mean_tensor, std): the device of its mean; a size makes it a factory
     return q[6:]
 
 
