@@ -229,6 +229,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("moves_per_step", "count", "run", "its tensors moved to a device per watched step (the move's line is the "
                                            "second location)"),
         ("ms", "ms", "trace", "its host-to-device copy time per step"),
+        ("host_data", "bool", "static", "the tensor copies host data (a batch drawn from a store kept in host "
+                                        "memory: a replay buffer, a numpy rollout) inside the training step"),
     ]),
     "loss_holder": _declare("loss_holder", [
         ("kind", "str", "run/static", "list, running-sum or attribute"),

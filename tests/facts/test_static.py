@@ -291,6 +291,51 @@ def test_cpu_to_device_in_a_sampling_loop_after_the_epoch_is_not_per_step(tmp_pa
     assert got[6]["in_loop"] is False
 
 
+def test_cpu_to_device_host_batch_copied_every_training_step(tmp_path):
+    """A batch drawn from a store kept in host memory and copied inside the training step on every
+    update (a numpy replay buffer, a numpy rollout sliced into minibatches, one-row host tensors
+    concatenated): `host_data`. The observation moved to act (the rollout), a rollout copied once per
+    update before its epochs, and the per-epoch permutation are the data's own copy."""
+    facts, _ = analyse(tmp_path, """\
+        import numpy as np
+        import torch
+        class Agent:
+            def act(self, obs):
+                with torch.no_grad():
+                    return self.q(torch.FloatTensor(obs).to(self.device)).argmax().item()
+            def learn(self, samples):
+                s = torch.cat(samples.state).float().to(self.device)
+                r = torch.tensor(self.rew[self.idx]).to(self.device)
+                loss = self.loss(s, r)
+                self.optim.zero_grad()
+                loss.backward()
+                self.optim.step()
+            def update(self):
+                states = torch.from_numpy(self.states).to(self.device)
+                for _ in range(self.epochs):
+                    perm = torch.LongTensor(np.random.permutation(64)).to(self.device)
+                    for idx in perm.split(16):
+                        batch = torch.tensor(self.obs[idx.cpu().numpy()], dtype=torch.float)
+                        batch = batch.to(self.device)
+                        loss = self.loss(batch)
+                        self.optimizer.zero_grad()
+                        loss.backward()
+                        self.optimizer.step()
+        for episode in range(10):
+            obs = env.reset()
+            for t in range(200):
+                nxt, reward, done, info = env.step(agent.act(obs))
+                o = torch.Tensor(nxt).to(device)
+                agent.learn(buffer.sample(64))
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [8, 9, 19]
+    assert got[8] == {"factory": "cat", "target": "self.device", "in_loop": True, "host_data": True}
+    assert got[9]["factory"] == "tensor" and got[19]["host_data"] is True
+    s = next(s for s in facts.of_kind("cpu_to_device") if s.key.endswith(":19"))
+    assert [loc.line for loc in s.locations] == [19, 20]  # the copy, then its move
+
+
 def test_cpu_to_device_normal_with_a_size_is_a_factory(tmp_path):
     """`torch.normal(mean=0, std=s, size=...)` draws on the host (TD3's target-policy noise, every
     update); `torch.normal(mu, std)` of tensors draws where they are."""

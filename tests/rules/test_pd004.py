@@ -32,3 +32,16 @@ def test_pd004_only_for_tensors_made_every_step():
     assert "on every step" in finding.message and "Pass device=" in finding.message
     (finding,) = run(in_loop=True, factory="cuda.FloatTensor")
     assert finding.title.startswith("torch.cuda.FloatTensor(...)") and "torch.randn(..., device=" in finding.message
+
+
+def test_pd004_host_batch_says_where_the_store_should_live():
+    f = cpu_run()
+    f.add("script.targets_cuda", True, "", "static")
+    s = f.subject("cpu_to_device", "buffers.py:30")
+    s.add("factory", "Tensor", "", "static")
+    s.add("in_loop", True, "", "static")
+    s.add("host_data", True, "", "static")
+    s.locations.append(Location("buffers.py", 30, "obs1=torch.Tensor(self.obs1_buf[idxs]).to(self.device),"))
+    (finding,) = judge(f, RULES)
+    assert finding.title.startswith("A batch drawn from a store in host memory") and "torch.Tensor(...)" in finding.title
+    assert "Keep the store on the device" in finding.message and "Pass device=" not in finding.message

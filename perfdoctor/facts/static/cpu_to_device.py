@@ -15,6 +15,16 @@ data given to a legacy CUDA tensor type (`Tensor(np.random.normal(...))` with
 the constructor copies it to the GPU), keyed on the call. A legacy type given sizes
 (`Tensor(n, 1).fill_(1.0)`) allocates on the GPU and is left alone.
 
+Host data copied inside the training step on every step (`host_data`): `torch.tensor(x)`,
+`torch.as_tensor(x)`, `torch.from_numpy(x)`, a legacy type given data (`torch.FloatTensor(batch)`) or
+`torch.cat`/`torch.stack` of host tensors, moved to a device by a line that runs once per training
+step inside the step (`Loops.in_training_step`; a function that takes one step per call, or the loop
+that takes the steps), not in an environment's rollout (`Loops.in_rollout`: an observation must cross
+to act). That is a batch drawn from a store kept in host memory (a replay buffer, a numpy rollout
+sliced into minibatches), copied again on every update; a store on the device would not be. An
+observation moved to act, a rollout copied once per update before its epochs, and data moved in a
+loop that takes no training step stay the data's own copy.
+
 Not in an `nn.Module` class that none of the models the run called holds (`SourceIndex.module_ran`:
 a vendored library's model file, a model the script defines but never builds): code the run never
 executed is no cost of its steps.
@@ -47,6 +57,9 @@ LEGACY = frozenset({"FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor
                     "ShortTensor", "IntTensor", "LongTensor", "BoolTensor", "Tensor"})
 # tensor methods that keep a tensor where it is (a view, a dtype): `torch.LongTensor(...).expand_as(w)
 # .to(device)` and `torch.randn(...).float().cuda()` still move a tensor made on the host
+# the calls that copy host data into a new CPU tensor (when `_factory` does not make it from a literal
+# or sizes): what a training step builds its batch with from a store kept in host memory
+HOST_COPIES = frozenset({"tensor", "as_tensor", "from_numpy", "cat", "stack"}) | LEGACY
 SAME_PLACE = frozenset({"expand", "expand_as", "view", "view_as", "reshape", "unsqueeze", "squeeze", "repeat",
                         "t", "transpose", "permute", "contiguous", "flatten", "float", "double", "half",
                         "bfloat16", "long", "int", "bool", "byte"})
@@ -88,6 +101,32 @@ def _factory(index: SourceIndex, node: ast.AST) -> str | None:
     return q[6:]
 
 
+def _host_copy(index: SourceIndex, node: ast.AST) -> str | None:
+    """The call's name when `node` copies host data into a new CPU tensor (`HOST_COPIES`, no
+    `device=`): `torch.tensor(batch)`, `torch.from_numpy(a)`, `torch.FloatTensor(arr[idx])`,
+    `torch.cat(samples)`; not a factory's tensor (a literal, sizes, `range()`: `_factory`)."""
+    if not isinstance(node, ast.Call) or not node.args or _factory(index, node) is not None:
+        return None
+    q = index.qual(node.func)
+    if not q or not q.startswith("torch.") or q[6:] not in HOST_COPIES:
+        return None
+    if kwarg(node, "device") is not None or has_star_kwargs(node):
+        return None
+    if q[6:] in LEGACY and (len(node.args) != 1 or node.keywords or _constant(node.args[0])):
+        return None  # sizes (`FloatTensor(n, 3)`): made, not copied
+    return q[6:]
+
+
+def _copied_every_step(index: SourceIndex, node: ast.AST) -> bool:
+    """Host data copied once per training step inside the step: the step's own function (one step per
+    call) or the loop that takes the steps runs it, not behind a periodic guard, not an environment's
+    rollout (the observation must cross to act), not once per epoch."""
+    loops = index.loops
+    if loops.in_training_step(node) is not True or loops.periodic(node) or loops.in_rollout(node):
+        return False
+    return loops.enclosing_loop(node) is None or _per_step(index, node)
+
+
 def _range(index: SourceIndex, node: ast.expr) -> bool:
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
             and "range" not in index.aliases)  # the builtin, not an import of that name
@@ -113,13 +152,16 @@ def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
            and made.func.attr in SAME_PLACE):
         made = made.func.value
     fac = _factory(index, made)
-    target = index.devices.move_target(call) if fac else None
-    if target is None:
+    host = None if fac else _host_copy(index, made)
+    target = index.devices.move_target(call) if fac or host else None
+    if target is None or (host and not _copied_every_step(index, call)):
         return
     s = index.subject(facts, "cpu_to_device", call)
-    put(s, "factory", fac)
+    put(s, "factory", fac or host)
     put(s, "target", target)
-    put(s, "in_loop", _per_step(index, call))
+    put(s, "in_loop", _per_step(index, call) if fac else True)
+    if host:
+        put(s, "host_data", True)
 
 
 def _host_data(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
@@ -156,7 +198,8 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                     and isinstance(stmt.targets[0], ast.Name)):
                 continue
             fac = _factory(index, stmt.value)
-            if fac is None or not index.module_ran(stmt):
+            host = None if fac else _host_copy(index, stmt.value)
+            if not (fac or host) or not index.module_ran(stmt) or (host and not _copied_every_step(index, stmt)):
                 continue
             name = stmt.targets[0].id
             between: set[str] = set()  # names assigned between the two statements
@@ -168,9 +211,11 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                     if target is not None and not dev_names & between:
                         s = index.subject(facts, "cpu_to_device", stmt)
                         index.locate(s, later)
-                        put(s, "factory", fac)
+                        put(s, "factory", fac or host)
                         put(s, "target", target)
-                        put(s, "in_loop", _per_step(index, stmt))
+                        put(s, "in_loop", _per_step(index, stmt) if fac else True)
+                        if host:
+                            put(s, "host_data", True)
                     break
                 if isinstance(later, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.Return,
                                       ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or any(
