@@ -12,7 +12,9 @@ library. Two kinds of paths are judged:
   --target DIR` on PYTHONPATH: its distribution's metadata lies in that folder);
 - paths recorded elsewhere (a torch.profiler trace from another machine): excluded by their shape,
   since the other machine's folders are unknown: `site-packages` / `dist-packages`, a
-  `/lib/python` or `/usr/lib` folder, a `/torch/` folder, and the short names torch.profiler
+  `/lib/python` or `/usr/lib` folder, a `/torch/` folder (not for a file of this machine outside
+  torch's own folder: a project may keep its code in a folder named `torch`, `PPO/torch/main.py`),
+  and the short names torch.profiler
   gives to frames it knows the module of (`torch/nn/modules/module.py`, `threading.py`,
   `multiprocessing/queues.py`: their first part is torch, perfdoctor or a standard-library module).
 """
@@ -39,18 +41,45 @@ def _excluded_prefixes() -> tuple[str, ...]:
         if p:
             dirs.add(os.path.join(p, ""))
             dirs.add(os.path.join(os.path.realpath(p), ""))
-    torch_mod = sys.modules.get("torch")  # never imported here: only where the caller has it
-    torch_file = getattr(torch_mod, "__file__", None) if torch_mod is not None else None
-    if torch_file:
-        dirs.add(os.path.dirname(os.path.abspath(torch_file)) + os.sep)
+    torch_dir = _torch_dir()
+    if torch_dir:
+        dirs.add(torch_dir)
     return tuple(dirs)
+
+
+def _torch_dir() -> str | None:
+    """The folder torch is installed in (with a trailing separator), from the imported module, else
+    found without importing it (never imported here: only where the caller has it); None when none."""
+    torch_mod = sys.modules.get("torch")
+    torch_file = getattr(torch_mod, "__file__", None) if torch_mod is not None else None
+    if not torch_file:
+        try:
+            from importlib.util import find_spec
+
+            spec = find_spec("torch")
+        except (ImportError, ValueError):
+            spec = None
+        torch_file = spec.origin if spec is not None else None
+    return os.path.dirname(os.path.abspath(torch_file)) + os.sep if torch_file else None
+
+
+def _local_file_outside_torch(path: str) -> bool:
+    """A file of this machine (the capture's frames, the files it ran) that is not in torch's own
+    folder: judged by where things are installed here, not by the shape of a recorded path."""
+    if not os.path.isabs(path) or not os.path.isfile(path):
+        return False
+    torch_dir = _torch_dir()
+    real = os.path.realpath(path)
+    return torch_dir is not None and not (path.startswith(torch_dir) or real.startswith(os.path.realpath(torch_dir)))
 
 
 def _judge(path: str) -> bool:
     global _prefixes
     if not path or path.startswith("<") or path == "~":  # <string>, <frozen ...>, cProfile's builtins
         return False
-    if "site-packages" in path or "dist-packages" in path or "/lib/python" in path or "/torch/" in path:
+    if "site-packages" in path or "dist-packages" in path or "/lib/python" in path:
+        return False
+    if "/torch/" in path and not _local_file_outside_torch(path):
         return False
     if not os.path.isabs(path):
         first = path.replace("\\", "/").split("/", 1)[0]

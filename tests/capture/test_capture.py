@@ -452,6 +452,29 @@ def test_is_user_file_for_this_machine_and_recorded_paths(tmp_path):
         assert not is_user_file(other), other
 
 
+def test_a_user_folder_named_torch_is_the_users(tmp_path):
+    """philtabor's `ReinforcementLearning/PolicyGradient/PPO/torch/ppo_torch.py`: a project folder named
+    `torch` on this machine holds the user's code (torch's own files lie where torch is installed); a
+    recorded path of that shape from another machine stays torch's."""
+    import os
+
+    from perfdoctor import usercode
+
+    torch = pytest.importorskip("torch")
+    mine = tmp_path / "PPO" / "torch" / "ppo_torch.py"
+    mine.parent.mkdir(parents=True)
+    mine.write_text("")
+    usercode.reset_cache()
+    try:
+        assert usercode.is_user_file(str(mine))
+        torch_file = os.path.abspath(torch.__file__)
+        assert not usercode.is_user_file(os.path.join(os.path.dirname(torch_file), "nn", "modules", "module.py"))
+        assert not usercode.is_user_file("/home/me/pytorch/torch/nn/modules/module.py")  # not a file here
+        assert not usercode.is_user_file(str(tmp_path / "PPO" / "torch" / "missing.py"))
+    finally:
+        usercode.reset_cache()
+
+
 def test_a_statistics_pass_over_a_loader_is_not_the_steps(tmp_path):
     """A dataset's mean taken over a DataLoader before training (no model called on its batches) is
     data loading: `--steps 3` stops in the training loop, not 3 batches into that pass."""
