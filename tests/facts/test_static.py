@@ -336,6 +336,49 @@ def test_cpu_to_device_host_batch_copied_every_training_step(tmp_path):
     assert [loc.line for loc in s.locations] == [19, 20]  # the copy, then its move
 
 
+def test_cpu_to_device_host_batch_of_a_buffer_in_another_file(tmp_path):
+    """dongminlee94/deep_rl: the agent's update (td3.py) calls `self.replay_buffer.sample(...)` once per
+    step; `sample` (buffers.py) copies the host numpy batch to the device. No code of buffers.py calls
+    it: the training steps of the project's other files do. A rollout's `get()` called once per update
+    before the loop that takes the steps is not every step."""
+    buffers = tmp_path / "buffers.py"
+    buffers.write_text(textwrap.dedent("""\
+        import numpy as np
+        import torch
+        class ReplayBuffer:
+            def sample(self, n):
+                idxs = np.random.randint(0, self.size, size=n)
+                return dict(obs=torch.Tensor(self.obs[idxs]).to(self.device),
+                            rew=torch.Tensor(self.rew[idxs]).to(self.device))
+            def get(self):
+                return dict(obs=torch.Tensor(self.all_obs).to(self.device))
+        """))
+    agent = tmp_path / "td3.py"
+    agent.write_text(textwrap.dedent("""\
+        class Agent:
+            def train_model(self):
+                batch = self.replay_buffer.sample(64)
+                loss = self.loss(batch["obs"], batch["rew"])
+                self.qf_optimizer.zero_grad()
+                loss.backward()
+                self.qf_optimizer.step()
+            def train_ppo(self):
+                batch = self.buffer.get()
+                for _ in range(80):
+                    loss = self.loss(batch)
+                    self.vf_optimizer.zero_grad()
+                    loss.backward()
+                    self.vf_optimizer.step()
+        """))
+    facts = Facts()
+    analyse_files([buffers, agent], facts)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [6, 7] and got[6]["host_data"] is True
+    alone = Facts()  # the buffer's file alone: nothing says a training step calls it
+    analyse_files([buffers], alone)
+    assert by_line(alone, "cpu_to_device") == {}
+
+
 def test_cpu_to_device_normal_with_a_size_is_a_factory(tmp_path):
     """`torch.normal(mean=0, std=s, size=...)` draws on the host (TD3's target-policy noise, every
     update); `torch.normal(mu, std)` of tensors draws where they are."""

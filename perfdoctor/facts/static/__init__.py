@@ -73,15 +73,24 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     module of that name) stand down. Each file's read and each detector on it is one family of
     facts (`Facts.family`): a bug in one leaves the others' facts."""
     detectors = [d for d in DETECTORS if d.__module__.rsplit(".", 1)[-1] not in decided]
+    indexes = []
     for path in paths:
         index = None
         with facts.family(f"the static read of {Path(path).name}"):
             index = read(Path(path))
-        if index is None:
-            continue
+        if index is not None:
+            indexes.append(index)
+    # what each file's training steps call by name, for the functions of the other files
+    # (a replay buffer's `sample` in buffers.py, called from the agent's update in td3.py)
+    calls: dict[int, frozenset[str]] = {}
+    for index in indexes:
+        with facts.family(f"the static step calls of {Path(index.file).name}"):
+            calls[id(index)] = index.loops.step_calls()
+    for index in indexes:
+        index.loops.project_step_calls = frozenset().union(*(c for i, c in calls.items() if i != id(index)))
         if model_classes is not None:
             prefix = f"{index.file}:"
             index.ran_classes = {c[len(prefix):] for c in model_classes if c.startswith(prefix)}
         for detect in detectors:
-            with facts.family(f"the static {detect.__module__.rsplit('.', 1)[-1]} detector on {Path(path).name}"):
+            with facts.family(f"the static {detect.__module__.rsplit('.', 1)[-1]} detector on {Path(index.file).name}"):
                 detect(index, facts)

@@ -32,6 +32,9 @@ class Loops:
         self._direct: dict[int, bool] = {}  # `_steps_directly` by the loop or function's id
         self._epoch_loops: dict[int, bool] = {}  # `per_step`: a loop whose inner loop or callee trains
         self._env_steps: list[ast.Call] | None = None
+        # names the training steps of the project's other files call (`self.replay_buffer.sample(...)` in
+        # the agent's update, `def sample` in buffers.py): set by `static.analyse_files`
+        self.project_step_calls: frozenset[str] = frozenset()
 
     @property
     def env_steps(self) -> list[ast.Call]:
@@ -152,7 +155,8 @@ class Loops:
         """Whether `node` runs inside a training step. True when a loop around it takes the step
         in its own body (not an epoch loop, whose inner loop takes them), when its function takes
         one outside its loops (`def train_step(batch): ... loss.backward()`), or when a call of its
-        function does (three levels). False when none does and the source shows every place it
+        function does (three levels), or when no code of this file calls it and another file's
+        training step calls a function of its name (`project_step_calls`). False when none does and the source shows every place it
         runs from: an evaluation loop, an epoch loop's own body, module code around the training
         loop. None when it cannot tell: a function no code of this file calls, a `forward` the
         model's call runs, a lambda, calls more than three levels deep."""
@@ -175,10 +179,32 @@ class Loops:
             # a method called on an object (`ddpm.sample(...)` after each epoch): every call of that
             # name in the file, another class's method of the same name included (any True wins)
             sites = self.syntax.calls_named(scope.name)
+        if not sites and scope.name in self.project_step_calls:
+            return True  # no call of it here; another file's training step calls it
         if not sites or depth >= 3:
             return None
         seen = [self.in_training_step(c, depth + 1) for c in sites]
         return True if True in seen else (None if None in seen else False)
+
+    def step_calls(self) -> frozenset[str]:
+        """The names this file's training steps call once per step that are no function of this file
+        (`self.replay_buffer.sample(...)` in the agent's update): what another file's
+        `project_step_calls` holds. Not a call once per update of an epoch function (a rollout's
+        `buffer.get()` before the loop that takes the steps), nor behind a periodic guard."""
+        def once_per_step(c: ast.Call) -> bool:
+            if self.periodic(c):
+                return False
+            if self.enclosing_loop(c) is not None:
+                return self.per_step(c)
+            scope = self.syntax.context(c)[0]
+            return isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and scope.name not in self._epoch_fns
+
+        return frozenset(
+            name for c in self.syntax.calls
+            if self.syntax.local_callee(c) is None
+            and (name := c.func.attr if isinstance(c.func, ast.Attribute) else
+                 c.func.id if isinstance(c.func, ast.Name) else None) is not None
+            and self.in_training_step(c) is True and once_per_step(c))
 
     def enclosing_loop(self, node: ast.AST) -> ast.AST | None:
         """The innermost for/while loop around `node` within its function (its body, not its iterator)."""
