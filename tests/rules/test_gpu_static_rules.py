@@ -232,6 +232,27 @@ def test_pd023_quiet(tmp_path, body):
     assert findings(facts, tmp_path, "PD023") == []
 
 
+# sthalles/SimCLR: `with autocast(enabled=self.args.fp16_precision)`, off by default: the convolutions run
+# in fp32 unless the user turns AMP on, and a run that saw the forward without autocast says so.
+SWITCHED = ("import argparse\nargs = argparse.ArgumentParser().parse_args()\n"
+            "with torch.autocast(device_type='cuda', dtype=torch.float16, enabled=args.fp16):\n"
+            "    out = model(x)\n")
+
+
+def test_pd023_quiet_when_autocast_is_a_user_switch_left_off(tmp_path):
+    facts, _ = analyse(tmp_path, CONV_NET + SWITCHED, machine(Facts()))
+    assert findings(facts, tmp_path, "PD023") == []
+    facts.add("autocast.enabled", False, "", "run")
+    assert findings(facts, tmp_path, "PD023") == []
+
+
+def test_pd023_when_the_run_saw_the_switched_autocast_on(tmp_path):
+    facts, _ = analyse(tmp_path, CONV_NET + SWITCHED, machine(Facts()))
+    facts.add("autocast.enabled", True, "", "run")
+    [f] = findings(facts, tmp_path, "PD023")
+    assert f.locations[0].line == 6
+
+
 def test_pd023_quiet_on_a_gpu_without_tensor_cores(tmp_path):
     facts, _ = analyse(tmp_path, CONV_NET + AUTOCAST, machine(Facts(), "cuda", 6.1))
     assert findings(facts, tmp_path, "PD023") == []
