@@ -393,6 +393,52 @@ def test_cpu_to_device_normal_with_a_size_is_a_factory(tmp_path):
     assert sorted(got) == [3, 5] and got[3] == {"factory": "normal", "target": "device", "in_loop": True}
 
 
+def test_cpu_to_device_in_a_sampling_method_of_another_file_is_not_per_step(tmp_path):
+    """cloneofsimo/minDiffusion: `DDPM.sample` lives in the model's file, which has no training loop;
+    the script calls `ddpm.sample(...)` after each epoch. The project's files are read together, so
+    the sampling loop's `torch.randn(...).to(device)` is judged where it is called: not per step. The
+    training step's timestep draw in `forward` stays per step."""
+    model = tmp_path / "ddpm.py"
+    model.write_text(textwrap.dedent("""\
+        import torch, torch.nn as nn
+        class DDPM(nn.Module):
+            def forward(self, x):
+                t = torch.randint(1, 1000, (x.shape[0],)).to(x.device)
+                return self.eps_model(x, t)
+            def sample(self, n, device):
+                x = torch.randn(n, 3, 32, 32).to(device)
+                for i in range(1000, 0, -1):
+                    z = torch.randn(n, 3, 32, 32).to(device)
+                    x = self.eps_model(x, i) + z
+                return x
+        """))
+    train = tmp_path / "train.py"
+    train.write_text(textwrap.dedent("""\
+        import torch
+        from ddpm import DDPM
+        def main():
+            ddpm = DDPM()
+            for epoch in range(100):
+                for x, _ in loader:
+                    optim.zero_grad()
+                    loss = ddpm(x.to(device))
+                    loss.backward()
+                    optim.step()
+                with torch.no_grad():
+                    xh = ddpm.sample(8, device)
+        main()
+        """))
+    for paths in ([model, train], [train, model]):
+        facts = Facts()
+        analyse_files(paths, facts)
+        got = by_line(facts, "cpu_to_device")
+        assert got[9]["in_loop"] is False and got[4]["in_loop"] is True
+    # read alone, the model's file cannot tell where `sample` runs: its loop is taken as per step
+    facts = Facts()
+    analyse_files([model], facts)
+    assert by_line(facts, "cpu_to_device")[9]["in_loop"] is True
+
+
 def test_cpu_to_device_in_function_called_from_loop(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

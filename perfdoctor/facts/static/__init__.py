@@ -88,6 +88,15 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
             calls[id(index)] = index.loops.step_calls()
     for index in indexes:
         index.loops.project_step_calls = frozenset().union(*(c for i, c in calls.items() if i != id(index)))
+    # and each file's loops see the others': a function called only from another file, by none of its
+    # training steps, is judged where it is called (a model file's `sample`, after each epoch)
+    loops = []
+    for index in indexes:
+        with facts.family(f"the loops of {Path(index.file).name}"):
+            loops.append(index.loops)
+    for each in loops:
+        each.peers = [other for other in loops if other is not each]
+    for index in indexes:
         if model_classes is not None:
             prefix = f"{index.file}:"
             index.ran_classes = {c[len(prefix):] for c in model_classes if c.startswith(prefix)}

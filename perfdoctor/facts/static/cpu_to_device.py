@@ -75,9 +75,10 @@ def detect(index: SourceIndex, facts: Facts) -> None:
 
 def _per_step(index: SourceIndex, node: ast.AST) -> bool:
     """Made on every training step: `Loops.per_step`, and not in a loop that no training step runs
-    where the file shows where its steps are (a diffusion model's sampling loop after each epoch)."""
+    where the project shows where its steps are (a diffusion model's sampling loop after each epoch,
+    in the model's file or the script's)."""
     return index.loops.per_step(node) and not (
-        index.loops.has_training_loop() and index.loops.in_training_step(node) is False)
+        index.loops.project_trains() and index.loops.in_training_step(node) is False)
 
 
 def _factory(index: SourceIndex, node: ast.AST) -> str | None:

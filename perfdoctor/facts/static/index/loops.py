@@ -4,7 +4,10 @@ Which of the file's functions take a training step (`loss.backward()`, an optimi
 call of such a function, through up to four local functions) and which hold a loop that does (an
 epoch function); whether a loop trains (`trains`), whether a node runs inside a training step
 (`in_training_step`), on every step (`per_step`: not once per epoch, not behind a periodic `if i %
-n == 0:` guard), in a loop (`in_loop`, `enclosing_loop`). Reads the file through `Syntax`.
+n == 0:` guard), in a loop (`in_loop`, `enclosing_loop`). Reads the file through `Syntax`, and the
+project's other files through their `Loops` (`peers`, set by `static.analyse_files`): a function whose
+calls are all in another file (`ddpm.sample(...)` after each epoch, in the training script, of a method
+defined in the model's file) is judged where it is called.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ class Loops:
         # names the training steps of the project's other files call (`self.replay_buffer.sample(...)` in
         # the agent's update, `def sample` in buffers.py): set by `static.analyse_files`
         self.project_step_calls: frozenset[str] = frozenset()
+        # the `Loops` of the project's other files (set by `static.analyse_files`; empty: this file alone)
+        self.peers: list[Loops] = []
 
     @property
     def env_steps(self) -> list[ast.Call]:
@@ -134,6 +139,11 @@ class Loops:
         """Some loop of this file takes training steps."""
         return any(isinstance(n, LOOPS) and self.trains(n) for n in self.syntax.nodes)
 
+    def project_trains(self) -> bool:
+        """Some loop of this file or of the project's other files takes training steps: the project
+        shows where its steps are, so `in_training_step` False means a place no step runs."""
+        return self.has_training_loop() or any(p.has_training_loop() for p in self.peers)
+
     def _steps_directly(self, owner: ast.AST) -> bool:
         """The body of `owner` (a loop or a function), outside its inner loops, takes a training
         step: backward, an optimizer step, or a call of a step function that is not an epoch
@@ -158,7 +168,8 @@ class Loops:
         function does (three levels), or when no code of this file calls it and another file's
         training step calls a function of its name (`project_step_calls`). False when none does and the source shows every place it
         runs from: an evaluation loop, an epoch loop's own body, module code around the training
-        loop. None when it cannot tell: a function no code of this file calls, a `forward` the
+        loop, or, for a function only the project's other files call (`peers`), every such call
+        there. None when it cannot tell: a function no code of the project calls, a `forward` the
         model's call runs, a lambda, calls more than three levels deep."""
         child, parent = node, self.syntax.parents.get(node)
         while parent is not None and not isinstance(parent, (*SCOPES, ast.ClassDef)):
@@ -181,8 +192,14 @@ class Loops:
             sites = self.syntax.calls_named(scope.name)
         if not sites and scope.name in self.project_step_calls:
             return True  # no call of it here; another file's training step calls it
-        if not sites or depth >= 3:
+        if depth >= 3:
             return None
+        if not sites:
+            # called from the project's other files only, by none of their training steps (a model
+            # file's `sample`, called after each epoch): False where every call of that name there runs
+            # outside the steps, judged in its own file
+            seen = [p.in_training_step(c, depth + 1) for p in self.peers for c in p.syntax.calls_named(scope.name)]
+            return False if seen and all(v is False for v in seen) else None
         seen = [self.in_training_step(c, depth + 1) for c in sites]
         return True if True in seen else (None if None in seen else False)
 
