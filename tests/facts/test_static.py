@@ -245,6 +245,28 @@ def test_cpu_to_device_legacy_types_and_chains_through_views(tmp_path):
     assert got[4]["factory"] == "LongTensor" and got[4]["in_loop"] and got[9]["factory"] == "randint"
 
 
+def test_cpu_to_device_of_a_tensor_computed_from_a_host_factory(tmp_path):
+    """cloneofsimo/minRF's DiT: every forward computes the timestep frequencies from `torch.arange` on the
+    host and moves them (`torch.exp(-math.log(p) * torch.arange(...) / half).to(t.device)`); SimCLR
+    concatenates host aranges. A CPU scalar (`torch.tensor(2.)`) or a device tensor in the arithmetic
+    is no host tensor moved."""
+    facts, _ = analyse(tmp_path, """\
+        import math, torch, torch.nn as nn
+        class Embed(nn.Module):
+            def forward(self, t, x):
+                freqs = torch.exp(
+                    -math.log(10000) * torch.arange(start=0, end=128) / 128
+                ).to(t.device)
+                labels = torch.cat([torch.arange(8) for i in range(2)], dim=0).float().to(t.device)
+                a = (x * torch.tensor(2.0)).to(t.device)
+                b = torch.exp(x).to(t.device)
+                return freqs, labels, a, b
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [4, 7]
+    assert got[4]["factory"] == "arange" and got[4]["in_loop"] is True and got[7]["factory"] == "arange"
+
+
 def test_cpu_to_device_in_a_sampling_loop_after_the_epoch_is_not_per_step(tmp_path):
     """A conditional diffusion model samples images after each epoch, `torch.randn(...).to(device)` at
     each of its 400 denoising steps: no training step runs that loop (the timestep draw of the training

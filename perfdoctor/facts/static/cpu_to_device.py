@@ -65,6 +65,11 @@ SAME_PLACE = frozenset({"expand", "expand_as", "view", "view_as", "reshape", "un
                         "bfloat16", "long", "int", "bool", "byte"})
 
 
+# torch functions whose result is where their tensor arguments are (`_computed`)
+HOST_KEEPING = frozenset({"exp", "log", "sin", "cos", "tanh", "sigmoid", "sqrt", "rsqrt", "abs", "neg", "pow",
+                          "outer", "polar", "cat", "stack", "where", "clamp", "floor", "ceil", "round"})
+
+
 def detect(index: SourceIndex, facts: Facts) -> None:
     for call in index.calls:
         if index.module_ran(call):
@@ -145,14 +150,15 @@ def _constant(node: ast.expr) -> bool:
 
 
 def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
-    """`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`."""
+    """`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`, and a tensor computed from a host
+    factory (`torch.exp(-math.log(p) * torch.arange(half) / half).to(t.device)`, `_computed`)."""
     if not isinstance(call.func, ast.Attribute):
         return
     made = call.func.value
     while (isinstance(made, ast.Call) and isinstance(made.func, ast.Attribute)
            and made.func.attr in SAME_PLACE):
         made = made.func.value
-    fac = _factory(index, made)
+    fac = _factory(index, made) or _computed(index, made)
     host = None if fac else _host_copy(index, made)
     target = index.devices.move_target(call) if fac or host else None
     if target is None or (host and not _copied_every_step(index, call)):
@@ -163,6 +169,39 @@ def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     put(s, "in_loop", _per_step(index, call) if fac else True)
     if host:
         put(s, "host_data", True)
+
+
+def _computed(index: SourceIndex, node: ast.AST, depth: int = 0) -> str | None:
+    """The factory a host tensor is computed from: arithmetic (`-c * torch.arange(n) / n`) and torch's
+    elementwise and joining functions (`torch.exp(...)`, `torch.cat([torch.arange(b) for ...])`) over a
+    host factory's tensor stay on the host, since a tensor of one or more dimensions on the CPU cannot be
+    combined with one on a GPU: the code runs on its GPU only if the result is a host tensor, which its
+    move then copies. Not the 0-dimensional ones (`torch.tensor(2.)`, legacy types: a CPU scalar may
+    join a GPU tensor, and the result is on the GPU)."""
+    if depth > 6:
+        return None
+    if isinstance(node, ast.Call):
+        fac = _factory(index, node) if depth else None
+        if fac is not None:
+            return None if fac in DATA_FACTORIES or fac in LEGACY else fac
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in SAME_PLACE:
+            return _computed(index, f.value, depth + 1)
+        q = index.qual(f) or ""
+        if not (q.startswith("torch.") and q[6:] in HOST_KEEPING) or kwarg(node, "out") is not None:
+            return None
+        parts: list[ast.AST] = list(node.args)
+    elif isinstance(node, ast.BinOp):
+        parts = [node.left, node.right]
+    elif isinstance(node, ast.UnaryOp):
+        parts = [node.operand]
+    elif isinstance(node, (ast.List, ast.Tuple)):
+        parts = list(node.elts)
+    elif isinstance(node, ast.ListComp):
+        parts = [node.elt]
+    else:
+        return None
+    return next((f for f in (_computed(index, p, depth + 1) for p in parts) if f), None)
 
 
 def _host_data(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
