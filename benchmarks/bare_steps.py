@@ -7,7 +7,9 @@ A global optimizer step hook (torch.optim.optimizer.register_optimizer_step_post
 time.perf_counter() after each step of the first optimizer that steps (a GAN's second optimizer is left
 out, so one note is one training step); after STEPS + 1 notes the times are written to OUT.json and the
 process ends (os._exit: the script's own teardown is not timed, and its later epochs are not waited
-for). A script that ends sooner writes what it noted. Nothing in the script is changed.
+for). A script that ends sooner writes what it noted. Nothing in the script is changed. A rank of a
+distributed job (RANK set, torch.distributed.run) other than rank 0 writes OUT.json.rank-R, rank 0
+OUT.json.rank-0 (verify_savings reads them all).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import time
 
 def main() -> None:
     out, limit, script = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    if os.environ.get("RANK", "").isdigit() and os.environ.get("WORLD_SIZE", "1") != "1":
+        out = f"{out}.rank-{os.environ['RANK']}"
     sys.argv = sys.argv[3:]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     import torch.optim.optimizer as optim

@@ -12,6 +12,12 @@ runs, and the load average (1 min) before and after. Samples give rows for their
 `# expect:` lines); corpus scripts for every finding verify changed something for. The frozen test half
 (`--corpus test`) is run, never read: rows give the script id, the rule and the numbers, no code.
 
+A sample names its own perfdoctor options on a `# perfdoctor-run: ...` line (tests/analysis/test_e2e_samples
+reads the same line): its `--steps` replaces --steps, and its launch options (`--nproc-per-node 2`: a DDP
+sample, whose `init_process_group` needs a launcher) are given to `perfdoctor verify`, which then verifies
+the job with every verify run launched the same way; its bare twin runs go through the same launcher
+(torch.distributed.run --standalone with those options) and a step is the slowest rank's, as verify's.
+
 With `--twin`, each fix's saving is also measured independently: the original and its fixed twin (the
 sample's hand-written `_fixed` file; for a corpus script, a copy with the finding's own fix applied)
 run bare (`benchmarks/bare_steps.py`: plain Python, no perfdoctor capture, an optimizer step hook notes
@@ -62,11 +68,18 @@ class Target:
     twin: Path | None = None  # a hand-written fixed twin (samples); corpus twins are made from each fix
     rules: set[str] | None = None  # the rules to report (None: every finding verify changed something for)
     timeout: float = 3600
+    launch: list[str] = field(default_factory=list)  # perfdoctor's launch options (--nproc-per-node N), torchrun's names
 
 
 def expected(script: Path) -> set[str]:
     return {r for line in script.read_text().splitlines() for m in [EXPECT.search(line)] if m
             for r in re.findall(r"PD\d{3}", m.group(1))}
+
+
+def run_options(script: Path) -> list[str]:
+    """The options of the script's `# perfdoctor-run: ...` line (none where it has none)."""
+    return next((line.split(":", 1)[1].split() for line in script.read_text().splitlines()
+                 if line.startswith("# perfdoctor-run:")), [])
 
 
 def load() -> float:
@@ -75,17 +88,26 @@ def load() -> float:
 
 # -- the independent measurement: bare runs, alternated ------------------------------------------------------
 def bare_mean_step(script: Path, args: list[str], cwd: Path, env: dict[str, str], steps: int, out: Path,
-                   timeout: float) -> float | None:
-    """One bare run's mean step after the warm-up (ms), None where it failed or made too few steps."""
+                   timeout: float, launch: list[str] | None = None) -> float | None:
+    """One bare run's mean step after the warm-up (ms), None where it failed or made too few steps. With
+    `launch` (torch.distributed.run's options) the job, every rank bare (bare_steps.py writes rank R's
+    times to OUT.rank-R), step i being the slowest rank's (as verify and the gate take a job's steps)."""
     from perfdoctor.stats import warmup_steps
 
-    p = subprocess.run([sys.executable, str(BARE), str(out), str(steps), str(script), *args], cwd=cwd, env=env,
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", *launch] if launch else [sys.executable]
+    p = subprocess.run([*launcher, str(BARE), str(out), str(steps), str(script), *args], cwd=cwd, env=env,
                        capture_output=True, timeout=timeout, check=False)
+    files = sorted(out.parent.glob(out.name + ".rank-*")) if launch else [out]
+    per_rank = []
     try:
-        ends = json.loads(out.read_text())["step_end_s"]
+        for f in files:
+            ends = json.loads(f.read_text())["step_end_s"]
+            per_rank.append([(b - a) * 1e3 for a, b in zip(ends, ends[1:])])
     except (OSError, ValueError, KeyError):
         return None
-    gaps = [(b - a) * 1e3 for a, b in zip(ends, ends[1:])]
+    if not per_rank:
+        return None
+    gaps = [max(g) for g in zip(*per_rank)]
     gaps = gaps[warmup_steps(len(gaps)):]
     if p.returncode != 0 or len(gaps) < 3:
         return None
@@ -98,7 +120,7 @@ def bare_saving(t: Target, original: Path, fixed: Path, fixed_cwd: Path, pairs: 
     for k in range(2 * pairs):
         side = "original" if k % 2 == 0 else "fixed"
         script, cwd = (original, t.cwd) if side == "original" else (fixed, fixed_cwd)
-        m = bare_mean_step(script, t.args, cwd, t.env, t.steps, work / f"bare-{side}-{k}.json", t.timeout)
+        m = bare_mean_step(script, t.args, cwd, t.env, t.steps, work / f"bare-{side}-{k}.json", t.timeout, t.launch)
         if m is None:
             return None
         sides[side].append(m)
@@ -132,7 +154,7 @@ def twin_of(t: Target, finding: dict) -> tuple[Path, Path] | None:
 # -- verify -------------------------------------------------------------------------------------------------
 def one(t: Target, twin: bool, twin_pairs: int, work: Path, budget: list[str] | None = None) -> list[dict]:
     l0 = load()
-    p = subprocess.run([sys.executable, "-m", "perfdoctor", "verify", str(t.script), "--steps", str(t.steps),
+    p = subprocess.run([sys.executable, "-m", "perfdoctor", "verify", *t.launch, str(t.script), "--steps", str(t.steps),
                         *(budget or []), "--format", "json", "--out-dir", str(work / "run"), "--", *t.args],
                        cwd=t.cwd, env=t.env, capture_output=True, text=True, timeout=t.timeout * 20)
     l1 = load()
@@ -178,8 +200,12 @@ def sample_targets(work: Path, steps: int, only: list[str] | None) -> list[Targe
             dest.mkdir(parents=True)
             shutil.copy(s, dest / s.name)
             shutil.copy(twin, dest / twin.name)
-            out.append(Target(s.name, dest / s.name, dest, ENV, steps=steps, twin=dest / twin.name,
-                              rules=expected(s), timeout=600))
+            launch, n = run_options(s), steps
+            own = launch.index("--steps") if "--steps" in launch else None
+            if own is not None:  # the sample's own step count (a problem seen every few steps)
+                n, launch = int(launch[own + 1]), launch[:own] + launch[own + 2:]
+            out.append(Target(s.name, dest / s.name, dest, ENV, steps=n, twin=dest / twin.name,
+                              rules=expected(s), timeout=600, launch=launch))
     return out
 
 

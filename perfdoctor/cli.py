@@ -134,6 +134,39 @@ def parse_fraction(text: str) -> float:
     return v
 
 
+# a distributed job's launch (torch.distributed.run's options), for `run` and `verify` alike
+NPROC_PER_NODE = typer.Option(
+    None, "--nproc-per-node", "--nproc_per_node",
+    help="Distributed: processes (ranks) per node, launched by torch.distributed.run, every rank profiled.")
+NNODES = typer.Option(None, "--nnodes", help="Distributed: nodes (N or MIN:MAX), as torchrun.")
+NODE_RANK = typer.Option(None, "--node-rank", "--node_rank", help="Distributed: this node's rank.")
+RDZV_ENDPOINT = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint", help="Distributed: rendezvous HOST:PORT, as torchrun.")
+RDZV_BACKEND = typer.Option(None, "--rdzv-backend", "--rdzv_backend", help="Distributed: as torchrun.")
+RDZV_ID = typer.Option(None, "--rdzv-id", "--rdzv_id", help="Distributed: as torchrun.")
+MASTER_ADDR = typer.Option(None, "--master-addr", "--master_addr", help="Distributed: as torchrun.")
+MASTER_PORT = typer.Option(None, "--master-port", "--master_port", help="Distributed: as torchrun.")
+
+
+def _launcher(target: str, module: str | None, script_args: list[str], nproc_per_node: str | None,
+              **more: object) -> tuple[list[str] | None, str, str | None, list[str]]:
+    """torch.distributed.run's options from the launch options (`--nproc-per-node` and `more`, by their
+    parameter names), or from a `torchrun ... train.py` command line given as the target (the job,
+    every rank profiled, never the launcher alone): (the options, None for a plain run; the target, the
+    module or None, the script's arguments)."""
+    from perfdoctor.capture.runner import is_launcher, split_launcher_args
+
+    launcher: list[str] | None = None
+    for name, value in (("nproc_per_node", nproc_per_node), *more.items()):
+        if value is not None:
+            launcher = (launcher or []) + ["--" + name.replace("_", "-"), str(value)]
+    if is_launcher(target, module is not None):
+        extra, target, is_module, script_args = split_launcher_args(script_args)
+        return (launcher or []) + extra, target, target if is_module else None, script_args
+    if launcher is not None and nproc_per_node is None:
+        raise PerfdoctorError("--nnodes, --node-rank and the rendezvous options need --nproc-per-node N")
+    return launcher, target, module, script_args
+
+
 @app.command(cls=_Command, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def run(
     ctx: typer.Context,
@@ -159,17 +192,14 @@ def run(
     strict: bool = typer.Option(False, "--strict", help="With --baseline: fail when the gate stays undecided."),
     fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
-    nproc_per_node: str | None = typer.Option(
-        None, "--nproc-per-node", "--nproc_per_node",
-        help="Distributed: processes (ranks) per node, launched by torch.distributed.run, every rank profiled."),
-    nnodes: str | None = typer.Option(None, "--nnodes", help="Distributed: nodes (N or MIN:MAX), as torchrun."),
-    node_rank: int | None = typer.Option(None, "--node-rank", "--node_rank", help="Distributed: this node's rank."),
-    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", "--rdzv_endpoint",
-                                             help="Distributed: rendezvous HOST:PORT, as torchrun."),
-    rdzv_backend: str | None = typer.Option(None, "--rdzv-backend", "--rdzv_backend", help="Distributed: as torchrun."),
-    rdzv_id: str | None = typer.Option(None, "--rdzv-id", "--rdzv_id", help="Distributed: as torchrun."),
-    master_addr: str | None = typer.Option(None, "--master-addr", "--master_addr", help="Distributed: as torchrun."),
-    master_port: int | None = typer.Option(None, "--master-port", "--master_port", help="Distributed: as torchrun."),
+    nproc_per_node: str | None = NPROC_PER_NODE,
+    nnodes: str | None = NNODES,
+    node_rank: int | None = NODE_RANK,
+    rdzv_endpoint: str | None = RDZV_ENDPOINT,
+    rdzv_backend: str | None = RDZV_BACKEND,
+    rdzv_id: str | None = RDZV_ID,
+    master_addr: str | None = MASTER_ADDR,
+    master_port: int | None = MASTER_PORT,
     history: str | None = typer.Option(None, "--history", help=HISTORY_HELP),
     history_baseline: int | None = typer.Option(
         None, "--history-baseline", min=1, max=50,
@@ -183,7 +213,7 @@ def run(
     write_patch: Path | None = typer.Option(None, "--write-patch", help="With --verify: the verified fixes as one diff."),
 ) -> None:
     """Run a training script under the profiler and print what slows it down."""
-    from perfdoctor.capture.runner import is_launcher, split_launcher_args
+    from perfdoctor.capture.runner import is_launcher
     from perfdoctor.orchestrate import check_writable, claim_out_dir, run_and_gate
 
     after = list(ctx.meta.get("after_dashes", []))
@@ -199,20 +229,10 @@ def run(
     target = module if module is not None else script
     if target is None:
         raise PerfdoctorError("give a script (`perfdoctor run train.py`) or a module (`perfdoctor run -m pkg.train`)")
-    launcher: list[str] | None = None
-    for flag, value in (("--nproc-per-node", nproc_per_node), ("--nnodes", nnodes), ("--node-rank", node_rank),
-                        ("--rdzv-endpoint", rdzv_endpoint), ("--rdzv-backend", rdzv_backend),
-                        ("--rdzv-id", rdzv_id), ("--master-addr", master_addr), ("--master-port", master_port)):
-        if value is not None:
-            launcher = (launcher or []) + [flag, str(value)]
-    if is_launcher(target, module is not None):
-        # `perfdoctor run torchrun ... train.py` or `run -m torch.distributed.run -- ... train.py`: the
-        # job, every rank profiled, never a report of the launcher alone
-        more, target, is_module, script_args = split_launcher_args(script_args)
-        launcher = (launcher or []) + more
-        module = target if is_module else None
-    elif launcher is not None and nproc_per_node is None:
-        raise PerfdoctorError("--nnodes, --node-rank and the rendezvous options need --nproc-per-node N")
+    # `perfdoctor run torchrun ... train.py` or `run -m torch.distributed.run -- ... train.py`: the job
+    launcher, target, module, script_args = _launcher(
+        target, module, script_args, nproc_per_node, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+        rdzv_backend=rdzv_backend, rdzv_id=rdzv_id, master_addr=master_addr, master_port=master_port)
     if module is None and not Path(target).is_file():
         raise PerfdoctorError(f"{target}: no such script")
     fraction = parse_fraction(max_regression)
@@ -242,7 +262,7 @@ def run(
     if outcome.comparison is not None:
         _step_summary(outcome.comparison)
     checked = None
-    if verify and not (outcome.script_failed or outcome.interrupted) and launcher is None:
+    if verify and not (outcome.script_failed or outcome.interrupted):
         from perfdoctor.orchestrate import verify_report
 
         checked = verify_report(outcome.report, outcome.result.run_dir, config=config, steps=steps)
@@ -287,21 +307,36 @@ def verify(
     out_dir: Path | None = typer.Option(None, "--out-dir", help="A script's run folder (default .perfdoctor/runs/...)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the previous run in --out-dir."),
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
+    nproc_per_node: str | None = NPROC_PER_NODE,
+    nnodes: str | None = NNODES,
+    node_rank: int | None = NODE_RANK,
+    rdzv_endpoint: str | None = RDZV_ENDPOINT,
+    rdzv_backend: str | None = RDZV_BACKEND,
+    rdzv_id: str | None = RDZV_ID,
+    master_addr: str | None = MASTER_ADDR,
+    master_port: int | None = MASTER_PORT,
 ) -> None:
     """Apply each finding's fix in a scratch copy of the project and measure what it saves."""
+    from perfdoctor.analysis import is_job_dir
     from perfdoctor.orchestrate import check_writable, claim_out_dir, run_and_gate, verify_path, verify_report
 
     for p, option in ((output, "--output"), (write_patch, "--write-patch")):
         if p is not None:
             check_writable(p, option)
     opts: dict = {"config": config, "steps": steps, "pairs": repeats, "max_pairs": max_repeats}
-    if (Path(path) / "meta.json").is_file():
+    launcher, target, module, script_args = _launcher(
+        path, None, list(ctx.args) + list(ctx.meta.get("after_dashes", [])), nproc_per_node, nnodes=nnodes,
+        node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, rdzv_backend=rdzv_backend, rdzv_id=rdzv_id,
+        master_addr=master_addr, master_port=master_port)
+    if (Path(path) / "meta.json").is_file() or is_job_dir(Path(path)):
+        if launcher is not None:  # the folder knows its launch
+            raise PerfdoctorError(f"{path}: a run folder is verified as it was launched; give no launch options")
         report, checked = verify_path(Path(path), **opts)
-    elif Path(path).is_file():
+    elif Path(target).is_file() or module is not None:
         with claim_out_dir(out_dir, overwrite) as run_root:
-            outcome = run_and_gate(path, module=False, script_args=list(ctx.args) + list(ctx.meta.get("after_dashes", [])),
-                                   out_dir=run_root,
-                                   steps=steps, script_stdout_to_stderr=True, show_status=True, config=config)
+            outcome = run_and_gate(target, module=module is not None, script_args=script_args, out_dir=run_root,
+                                   steps=steps, script_stdout_to_stderr=True, show_status=True, config=config,
+                                   launcher_args=launcher)
         if outcome.script_failed or outcome.interrupted:
             _emit(fmt, output, outcome.report)
             raise typer.Exit(EXIT_SCRIPT_FAILED if outcome.script_failed else 130)

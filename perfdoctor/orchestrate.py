@@ -308,8 +308,13 @@ def verify_report(report: Report, run_dir: Path, *, config: Path | None = None, 
 
 
 def verify_path(path: Path, *, config: Path | None = None, **kwargs: int | None) -> tuple[Report, VerifyOutcome]:
-    """`perfdoctor verify RUN_FOLDER`: the run folder's analysis, verified."""
-    if not (path / "meta.json").is_file():
-        raise InputError(f"{path}: not a run folder (no meta.json); give a run folder or a script")
-    report = analyse_run(path, config)
+    """`perfdoctor verify RUN_FOLDER`: the run folder's analysis (a job folder's: the merged one), verified
+    (a job's runs launched as it was: verify.launch_of)."""
+    if is_job_dir(path):
+        report = analyse_job(path, config)
+    elif (path / "meta.json").is_file():
+        report = analyse_run(path, config)
+    else:
+        raise InputError(f"{path}: not a run folder (no meta.json) nor a job folder (rank-<R>/meta.json); "
+                         f"give a run folder or a script")
     return report, verify_report(report, path, config=config, **kwargs)

@@ -27,6 +27,12 @@ replaced by the first batch repeated: an upper bound on the saving, never a fix)
    LOSS_RTOL; not for the data ablation, which feeds other batches by design), `not-verifiable-here`
    (a GPU-only finding on a CPU run of a CUDA-targeting script, or no fix and no safe ablation).
 
+A distributed job (a job folder of `rank-<R>` run folders, `perfdoctor run --nproc-per-node N`) is
+verified as a job: every run of either copy is launched as the recorded job was, on this machine
+(`launch_of`: torch.distributed.run --standalone --nproc-per-node N, every rank under capture), and a
+run's steps are the job's: step i is the slowest rank's step i (gate.baseline.meta_and_steps, what the
+gate compares), its losses rank 0's. A job of several nodes cannot be re-run here: one InputError.
+
 Ctrl-C ends verify between or during runs: what was measured is judged, the rest is left out.
 """
 
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import math
 import os
 import shutil
@@ -46,12 +53,12 @@ from pathlib import Path
 
 import msgspec
 
-from perfdoctor.contracts.run import Meta, Probes, Steps, read, read_meta
+from perfdoctor.contracts.run import Meta, Probes, Rank, rank_dirs, read, read_meta
 from perfdoctor.contracts.source import read_source
 from perfdoctor.errors import InputError
 from perfdoctor.facts import registry
 from perfdoctor.gate import stats
-from perfdoctor.gate.baseline import MIN_STEPS
+from perfdoctor.gate.baseline import MIN_STEPS, meta_and_steps
 from perfdoctor.gate.compare import LEVEL
 from perfdoctor.model import Finding, Fix, Location, Report, Verification
 from perfdoctor.rules.catalog import Rule
@@ -92,6 +99,7 @@ class Project:
     module: str | None
     cwd: Path
     args: list[str]
+    launch: list[str] | None = None  # torch.distributed.run's options where the run was a distributed job
 
     def inside(self, path: Path) -> Path | None:
         """`path` relative to the root, None where it is outside it."""
@@ -189,7 +197,22 @@ def project_of(meta: Meta) -> Project:
     if root == Path(root.anchor) or root == Path.home():
         root = script.parent if script else cwd
     args = list(meta.argv[1:])
-    return Project(root=root, script=script, module=meta.module, cwd=cwd, args=args)
+    return Project(root=root, script=script, module=meta.module, cwd=cwd, args=args, launch=launch_of(meta))
+
+
+def launch_of(meta: Meta) -> list[str] | None:
+    """How to launch again the job a rank's run (`meta.rank`) belonged to, on this machine: its ranks per
+    node under torch.distributed.run, `--standalone` (a free port of its own, so that verify's runs and
+    another job on the machine do not meet); None for a run of one process. A job of several nodes is one
+    InputError: verify re-runs it here only."""
+    rank = meta.rank if isinstance(meta.rank, Rank) else None
+    if rank is None or not rank.world_size or rank.world_size < 2:
+        return None
+    local = rank.local_world_size or rank.world_size
+    if rank.world_size > local:
+        raise InputError(f"a job of {rank.world_size} ranks over {rank.world_size // local} nodes: verify re-runs "
+                         f"a job on this machine only; verify it from a run of one node (--nproc-per-node N)")
+    return ["--standalone", "--nproc-per-node", str(local)]
 
 
 def copy_project(project: Project, side: Path, scratch: Path) -> Path:
@@ -357,27 +380,29 @@ class Outcome:
 def steady(run_dir: Path) -> list[float]:
     """A verify run's steady step times: its warm-up (`stats.warmup_steps`) and the profiled step at its
     end (and the one after, `stats.profiler_steps`) left out. Not the gate's `steady_steps`, which
-    also drops every step before the profiler's schedule: here that is every step."""
-    meta = read_meta(run_dir)
-    steps = read(run_dir / "steps.json", Steps)
-    timed = [s for s in (steps.steps if steps else []) if s.wall_ms > 0]
+    also drops every step before the profiler's schedule: here that is every step. Of a job folder, the
+    job's steps (each the slowest rank's: `meta_and_steps`, as the gate takes them)."""
+    meta, steps = meta_and_steps(run_dir)
+    timed = [s for s in steps if (s.get("wall_ms") or 0) > 0]
     held = profiler_steps(msgspec.to_builtins(meta.window) if meta.window is not None else None)
     drop = warmup_steps(len(timed))
-    return [s.wall_ms for s in timed if s.i > drop and s.i not in held]
+    return [s["wall_ms"] for s in timed if s["i"] > drop and s["i"] not in held]
 
 
 def _run(project: Project, copy: Path, out: Path, steps: int, ablate: str | None) -> tuple[int, str, list[float],
                                                                                             list[float | None], str]:
     """One run of a copy: (exit code, reason, steady step times, first losses, the traceback's last line)."""
-    from perfdoctor.capture.runner import run_script
+    from perfdoctor.capture.runner import run_job, run_script
 
     target = str(_mapped(project, copy, project.script)) if project.script else str(project.module)
-    result = run_script(target, module=project.script is None, script_args=_mapped_args(project, copy),
-                        out_dir=out, steps=steps, window=(max(0, steps - 1), 0, 1), cwd=_mapped(project, copy, project.cwd),
-                        quiet=True, ablate=ablate)
-    meta = read_meta(result.run_dir)
-    tb = (meta.exit.traceback or "").strip().splitlines()
-    probes = read(result.run_dir / "probes.json", Probes)
+    launch = run_script if project.launch is None else functools.partial(run_job, launcher_args=project.launch)
+    result = launch(target, module=project.script is None, script_args=_mapped_args(project, copy), out_dir=out,
+                    steps=steps, window=(max(0, steps - 1), 0, 1), cwd=_mapped(project, copy, project.cwd), quiet=True,
+                    ablate=ablate)
+    ranks = [d for _, d in rank_dirs(result.run_dir)] or [result.run_dir]  # a job: its ranks, rank 0 first
+    tbs = [(read_meta(d).exit.traceback or "").strip().splitlines() for d in ranks]
+    tb = next((t for t in tbs if t), [])  # the first rank that raised
+    probes = read(ranks[0] / "probes.json", Probes)
     return result.exit_code, result.reason, steady(result.run_dir), list(probes.losses) if probes else [], \
         tb[-1] if tb else ""
 
@@ -500,7 +525,7 @@ def verify(report: Report, run_dir: Path, rules: list[Rule], *, steps: int | Non
     """Verify the findings of `report` (the analysis of `run_dir`): each one gets its Verification
     (`Finding.verification`, set here too); the scratch copies and runs go under `scratch` (default
     `run_dir/verify`), the copies of the project are removed at the end."""
-    meta = read_meta(run_dir)
+    meta, _ = meta_and_steps(run_dir)  # of a job folder, rank 0's
     project = project_of(meta)
     steps = steps or meta.steps_limit or STEPS
     scratch = Path(os.path.abspath(scratch or run_dir / "verify"))

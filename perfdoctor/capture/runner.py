@@ -770,21 +770,29 @@ def launcher_command(launcher_args: list[str], child_args: list[str]) -> list[st
 
 def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple[str, ...] = (),
             launcher_args: list[str] | tuple[str, ...] = (), out_dir: Path | None = None, steps: int | None = None,
-            script_stdout_to_stderr: bool = False, show_status: bool = False, label: str = "") -> RunResult:
+            script_stdout_to_stderr: bool = False, show_status: bool = False, label: str = "",
+            window: tuple[int, int, int] | None = None, cwd: Path | None = None, quiet: bool = False,
+            ablate: str | None = None) -> RunResult:
     """Run a distributed training script through torch.distributed.run (`launcher_args`: its options,
     --nproc-per-node N and the rest), every rank under capture: each writes `rank-<R>` inside the job
-    folder, with the same profiled window (by step number) and `--steps`. Returns the job folder, and
-    the exit of the first rank that failed (else rank 0's)."""
+    folder, with the same profiled window (by step number; `window` as run_script's) and `--steps`.
+    `cwd`, `quiet` and `ablate` as run_script's. Returns the job folder, and the exit of the first rank
+    that failed (else rank 0's)."""
     _check(target, module, steps)
     job_dir = new_run_dir(target, module, out_dir)
     child = ["--run-dir", str(job_dir), "--job", "--parent-pid", str(os.getpid())]
     if steps:
         child += ["--steps", str(steps)]
+    if window:
+        child += ["--window", ",".join(str(int(x)) for x in window)]
+    if ablate:
+        child += ["--ablate", ablate]
     if module:
         child.append("--module")
     cmd = launcher_command(list(launcher_args), [*child, target, "--", *script_args])
-    code, signalled, wall = _launch(cmd, target, job_dir / rank_dir_name(0) / PARTIAL, steps, None,
-                                    script_stdout_to_stderr, show_status, distributed=True, label=label)
+    code, signalled, wall = _launch(cmd, target, job_dir / rank_dir_name(0) / PARTIAL, steps, window,
+                                    script_stdout_to_stderr, show_status, distributed=True, label=label,
+                                    cwd=cwd, quiet=quiet)
     dirs = rank_dirs(job_dir)
     if not dirs:
         raise InputError(f"torch.distributed.run started no rank (exit {code}): see its error above")

@@ -18,11 +18,15 @@ from pathlib import Path
 import pytest
 
 from perfdoctor import verify
+from perfdoctor.capture.writer import write, write_meta
 from perfdoctor.contracts.report import RunInfoDoc, StepTimeDoc, SummaryDoc
+from perfdoctor.contracts.run import SCHEMA, Meta, Rank, Step, Steps, rank_dirs
+from perfdoctor.errors import InputError
 from perfdoctor.model import Finding, Fix, Location, Report, Verification
 from perfdoctor.report.formats import FORMATS, render
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.fixes import render_fix
+from perfdoctor.stats import warmup_steps
 from tests.helpers import REPO, SAMPLES, run_cli
 
 SERIES = json.loads((REPO / "tests" / "data" / "verify" / "pd027_gc_series.json").read_text())
@@ -294,3 +298,73 @@ def test_the_copy_reaches_what_lies_beside_the_project(tmp_path: Path) -> None:
     assert (copy / ".." / ".." / "data" / "y.bin").read_bytes() == b"2"
     shutil.rmtree(tmp_path / "scratch")
     assert (top / "data" / "x.bin").read_bytes() == b"1" and (tmp_path / "data" / "y.bin").read_bytes() == b"2"
+
+
+# -- a distributed job ----------------------------------------------------------------------------------
+def _rank_meta(rank: int, world: int, local: int) -> Meta:
+    return Meta(schema=SCHEMA, script=str(SAMPLES / "pd033_ddp_bucket_view.py"), argv=["pd033_ddp_bucket_view.py"],
+                cwd=str(SAMPLES), complete=True, step_clock="optimizer",
+                rank=Rank(rank=rank, world_size=world, local_world_size=local))
+
+
+def test_a_jobs_launch_comes_from_its_ranks_meta() -> None:
+    """A rank's meta.json says how many ranks ran on its node: verify launches each run the same way, on
+    this machine (--standalone: a free port of its own); a run of one process is run bare; a job of
+    several nodes cannot be re-run here (one clear error)."""
+    assert verify.launch_of(_rank_meta(0, 2, 2)) == ["--standalone", "--nproc-per-node", "2"]
+    assert verify.launch_of(_rank_meta(1, 4, 4)) == ["--standalone", "--nproc-per-node", "4"]
+    assert verify.launch_of(Meta(schema=SCHEMA, script="train.py")) is None
+    with pytest.raises(InputError, match="2 nodes"):
+        verify.launch_of(_rank_meta(0, 4, 2))
+    assert verify.project_of(_rank_meta(0, 2, 2)).launch == ["--standalone", "--nproc-per-node", "2"]
+
+
+def test_a_jobs_steps_are_its_slowest_ranks(tmp_path: Path) -> None:
+    """A verify run of a job folder: step i is the slowest rank's step i (as the gate takes a job's
+    steps), over the steps every rank recorded, the warm-up left out."""
+    job = tmp_path / "job"
+    walls = {0: [50.0] + [10.0, 14.0] * 10, 1: [50.0] + [13.0, 11.0] * 10 + [99.0]}  # rank 1: one step more
+    for rank, ws in walls.items():
+        d = job / f"rank-{rank}"
+        d.mkdir(parents=True)
+        write_meta(d, _rank_meta(rank, 2, 2))
+        write(d / "steps.json", Steps(steps=[Step(i=i, wall_ms=w) for i, w in enumerate(ws, 1)]))
+    got = verify.steady(job)
+    drop = warmup_steps(21)
+    assert got == [[13.0, 14.0][(i - 2) % 2] for i in range(1, 22) if i > drop]
+    assert 99.0 not in got and 10.0 not in got and 11.0 not in got
+
+
+def test_verify_of_a_job_folder_takes_no_launch_options(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    for rank in (0, 1):
+        (job / f"rank-{rank}").mkdir(parents=True)
+        write_meta(job / f"rank-{rank}", _rank_meta(rank, 2, 2))
+    p = run_cli("verify", str(job), "--nproc-per-node", "2", timeout=120)
+    assert p.returncode == 2 and "verified as it was launched" in p.stderr, p.stderr[-2000:]
+
+
+@pytest.mark.e2e
+def test_verify_a_distributed_jobs_fix(tmp_path: Path) -> None:
+    """`perfdoctor verify --nproc-per-node 2 SCRIPT`: the job runs with 2 gloo ranks, and each verify run
+    of the original and of the copy with PD033's fix (gradient_as_bucket_view=True) is a 2-rank job too
+    (a rank folder per rank); the fix gets a measured verdict; the user's files are unchanged."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    script = proj / "train.py"
+    shutil.copy(SAMPLES / "pd033_ddp_bucket_view.py", script)
+    before = _hashes(proj)
+    p = run_cli("verify", "--nproc-per-node", "2", str(script), "--steps", "12", "--repeats", "1", "--max-repeats",
+                "1", "--format", "json", "--out-dir", str(proj / "run"), cwd=proj, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    assert doc["run"]["kind"] == "job"
+    (f,) = [f for f in doc["findings"] if f["rule"] == "PD033"]
+    v = f["verification"]
+    assert v["kind"] == "fix" and v["runs"] == 2, v
+    assert v["verdict"] in ("verified", "smaller", "larger", "no-saving-here"), v
+    assert v["interval_ms"] is not None and v["step_ms"] > 0
+    for side in ("original-1", "changed-1"):
+        assert [r for r, _ in rank_dirs(proj / "run" / "verify" / "01-PD033" / side)] == [0, 1], side
+    assert _hashes(proj) == before
+    assert not list((proj / "run" / "verify").glob("*/project"))
