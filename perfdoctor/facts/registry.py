@@ -213,6 +213,7 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("constructed", "bool", "run", "the run saw nn.DataParallel constructed"),
         ("device_count", "count", "run/trace", "devices it spreads over"),
         ("callee", "str", "static", "the callee as written"),
+        ("opt_in", "bool", "static", "built only in a branch a user's setting turns on (`if args.dp:`, a store_true flag): not the script's default"),
     ]),
     "empty_cache": _declare("empty_cache", [
         ("calls_per_step", "count", "run/trace", "torch.cuda.empty_cache() calls per step"),

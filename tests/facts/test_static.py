@@ -1401,3 +1401,26 @@ def test_a_run_count_in_an_evaluation_loop_is_no_per_step_finding(tmp_path):
     flagged = {f.locations[0].line for f in judge(facts, load_rules()) if f.rule == "PD008"}
     seen = next(i for i, ln in enumerate(lines, 1) if "seen =" in ln)  # the source's per-step read, uncounted
     assert flagged == {at["running ="], at["norms.append"], seen}
+
+
+def test_dataparallel_built_only_where_the_user_turns_it_on(tmp_path):
+    """kentaroy47/vision-transformers-cifar10 wraps the ViT in nn.DataParallel only with `--dp` (a
+    store_true flag, inside the CUDA test): `opt_in`. Under a device test alone, or with a flag whose
+    default is on, it is the script's default run."""
+    facts, _ = analyse(tmp_path, """\
+        import argparse, torch
+        import torch.nn as nn
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--dp', action='store_true')
+        parser.add_argument('--no-dp', dest='nodp', action='store_true')
+        args = parser.parse_args()
+        device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        if 'cuda' in device:
+            if args.dp:
+                a = nn.DataParallel(model)
+        if torch.cuda.device_count() > 1:
+            b = nn.DataParallel(model)
+        c = nn.DataParallel(model) if not args.nodp else model
+        """)
+    got = by_line(facts, "dataparallel")
+    assert got[10].get("opt_in") is True and "opt_in" not in got[12] and "opt_in" not in got[13]

@@ -22,3 +22,20 @@ def test_pd001_says_why_it_has_no_number() -> None:
         f.subject("dataparallel", "t.py:1").add("constructed", True, "", "run")
         (finding,) = judge(f, [pd001])
         assert finding.ms_per_step is None and says in finding.saving_basis, finding.saving_basis
+
+
+def test_pd001_quiet_where_the_user_must_turn_dataparallel_on() -> None:
+    """Built only under `if args.dp:` (a store_true flag: `dataparallel.opt_in`), DataParallel is no part
+    of the script's default run; a run that built it (the user passed --dp) is judged as any other."""
+    pd001 = next(r for r in load_rules() if r.id == "PD001")
+    f = Facts()
+    s = f.subject("dataparallel", "t.py:9")
+    s.add("callee", "nn.DataParallel", "", "static")
+    s.add("opt_in", True, "", "static")
+    assert judge(f, [pd001]) == []
+    s.add("constructed", True, "", "run")
+    (finding,) = judge(f, [pd001])
+    assert finding.rule == "PD001"
+    plain = Facts()
+    plain.subject("dataparallel", "t.py:9").add("callee", "nn.DataParallel", "", "static")
+    assert len(judge(plain, [pd001])) == 1

@@ -23,6 +23,7 @@ import re
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, add_union
+from perfdoctor.facts.static.index.settings import in_user_branch, setting
 from perfdoctor.facts.static.index.syntax import kwarg
 
 _FACT = "script.uses_amp"
@@ -30,68 +31,6 @@ _AUTOCAST = frozenset({"torch.autocast", "torch.amp.autocast", "torch.cuda.amp.a
 _LOW_METHODS = frozenset({"half", "bfloat16"})
 _LOW_DTYPES = frozenset({"torch.float16", "torch.half", "torch.bfloat16"})
 _PRECISION = re.compile(r"^(bf)?16(-mixed|-true)?$|^(fp16|bf16)$")
-
-
-_DEVICE_WORDS = re.compile(r"cuda|device|gpu|is_available", re.I)
-
-
-def _setting(index: SourceIndex, node: ast.expr | None, depth: int = 0) -> bool | None:
-    """What a user's setting is by default: False where it is off unless the user turns it on
-    (`args.amp` with `action="store_true"`, `amp`, `use_amp == "native"` with `use_amp = None` first),
-    True where it is on unless turned off (`not args.noamp`, an argparse `default=True`, `amp = True`),
-    None where `node` is no setting: a test of the device (`device.type == "cuda"`, `args.amp and
-    torch.cuda.is_available()`), which is on for the GPU the script targets."""
-    if node is None or depth > 3:
-        return None
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-        v = _setting(index, node.operand, depth)
-        return None if v is None else not v
-    if isinstance(node, ast.Compare) and all(isinstance(c, ast.Constant) for c in node.comparators):
-        left = node.left
-        first = _first_value(index, left) if isinstance(left, ast.Name) else None
-        if isinstance(first, ast.Constant) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
-            same = first.value == node.comparators[0].value  # type: ignore[attr-defined]
-            return same if isinstance(node.ops[0], ast.Eq) else not same
-        return None if _setting(index, left, depth) is None else False
-    if isinstance(node, ast.Attribute):
-        return None if _DEVICE_WORDS.search(ast.unparse(node)) else _on_by_default(index, node.attr)
-    if isinstance(node, ast.Name) and not _DEVICE_WORDS.search(node.id):
-        values = index.assigned.get(node.id, [])
-        if any(_DEVICE_WORDS.search(ast.unparse(v)) for v in values):
-            return None
-        first = _first_value(index, node)  # the default: later bindings override it where a setting says
-        if isinstance(first, ast.Constant):
-            return bool(first.value)
-        if isinstance(first, (ast.Name, ast.Attribute, ast.UnaryOp, ast.Compare)):
-            return _setting(index, first, depth + 1)
-        return False  # a parameter (`amp: bool = False`) or a value read from a config
-    return None
-
-
-def _first_value(index: SourceIndex, name: ast.Name) -> ast.expr | None:
-    """The value `name` is bound to first in the file's source order (`assigned` is in walk order)."""
-    values = index.assigned.get(name.id, [])
-    return min(values, key=lambda v: (v.lineno, v.col_offset)) if values else None
-
-
-def _on_by_default(index: SourceIndex, dest: str) -> bool:
-    """An argparse option of this file stored in `dest` whose default turns it on (`default=True`,
-    `action="store_false"`): then `args.<dest>` is on unless the user turns it off."""
-    for call in index.calls:
-        f = call.func
-        if not (isinstance(f, ast.Attribute) and f.attr == "add_argument") or not call.args:
-            continue
-        flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-        d = kwarg(call, "dest")
-        name = d.value if isinstance(d, ast.Constant) else next(
-            (x.lstrip("-").replace("-", "_") for x in flags if x.startswith("--")), None)
-        if name != dest:
-            continue
-        action, default = kwarg(call, "action"), kwarg(call, "default")
-        if isinstance(action, ast.Constant) and action.value == "store_false":
-            return True
-        return isinstance(default, ast.Constant) and bool(default.value)
-    return False
 
 
 def _switched(index: SourceIndex, node: ast.AST, call: ast.Call | None) -> bool:
@@ -102,19 +41,9 @@ def _switched(index: SourceIndex, node: ast.AST, call: ast.Call | None) -> bool:
         enabled = kwarg(call, "enabled")
         if isinstance(enabled, ast.Constant) and not enabled.value:
             return True  # an fp32 island
-        if _setting(index, enabled) is False:
+        if setting(index, enabled) is False:
             return True
-    child: ast.AST = node
-    for p in index.ancestors(node):
-        if isinstance(p, (ast.If, ast.IfExp)) and child is not p.test:
-            on = _setting(index, p.test)
-            in_body = any(child is b for b in p.body) if isinstance(p, ast.If) else child is p.body
-            if on is not None and on != in_body:
-                return True
-        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            return False
-        child = p
-    return False
+    return in_user_branch(index, node)
 
 
 def _uses_amp(index: SourceIndex) -> bool:

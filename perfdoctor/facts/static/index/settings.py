@@ -1,0 +1,92 @@
+"""A user's settings and what they are by default, from the source: `setting` says whether a flag, a
+variable or a comparison on one is on (True) or off (False) unless the user changes it, or is no
+setting at all (None: a test of the device, which is on for the GPU the script targets);
+`in_user_branch` whether a node sits in the branch of an `if` or a conditional expression on a setting
+that runs only where the user changes it (`if args.dp:` with a store_true flag, the `else:` of
+`if not args.noamp:`). Low precision there is not the script's default (`uses_amp`), nor is an
+`nn.DataParallel` built there (`dataparallel.opt_in`)."""
+
+from __future__ import annotations
+
+import ast
+import re
+
+from perfdoctor.facts.static.index.syntax import Syntax, kwarg
+
+DEVICE_WORDS = re.compile(r"cuda|device|gpu|is_available", re.I)
+
+
+def setting(index: Syntax, node: ast.expr | None, depth: int = 0) -> bool | None:
+    """What a user's setting is by default: False where it is off unless the user turns it on
+    (`args.amp` with `action="store_true"`, `amp`, `use_amp == "native"` with `use_amp = None` first),
+    True where it is on unless turned off (`not args.noamp`, an argparse `default=True`, `amp = True`),
+    None where `node` is no setting: a test of the device (`device.type == "cuda"`, `args.amp and
+    torch.cuda.is_available()`), which is on for the GPU the script targets."""
+    if node is None or depth > 3:
+        return None
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        v = setting(index, node.operand, depth)
+        return None if v is None else not v
+    if isinstance(node, ast.Compare) and all(isinstance(c, ast.Constant) for c in node.comparators):
+        left = node.left
+        first = first_value(index, left) if isinstance(left, ast.Name) else None
+        if isinstance(first, ast.Constant) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
+            same = first.value == node.comparators[0].value  # type: ignore[attr-defined]
+            return same if isinstance(node.ops[0], ast.Eq) else not same
+        return None if setting(index, left, depth) is None else False
+    if isinstance(node, ast.Attribute):
+        return None if DEVICE_WORDS.search(ast.unparse(node)) else on_by_default(index, node.attr)
+    if isinstance(node, ast.Name) and not DEVICE_WORDS.search(node.id):
+        values = index.assigned.get(node.id, [])
+        if any(DEVICE_WORDS.search(ast.unparse(v)) for v in values):
+            return None
+        first = first_value(index, node)  # the default: later bindings override it where a setting says
+        if isinstance(first, ast.Constant):
+            return bool(first.value)
+        if isinstance(first, (ast.Name, ast.Attribute, ast.UnaryOp, ast.Compare)):
+            return setting(index, first, depth + 1)
+        return False  # a parameter (`amp: bool = False`) or a value read from a config
+    return None
+
+
+def first_value(index: Syntax, name: ast.Name) -> ast.expr | None:
+    """The value `name` is bound to first in the file's source order (`assigned` is in walk order)."""
+    values = index.assigned.get(name.id, [])
+    return min(values, key=lambda v: (v.lineno, v.col_offset)) if values else None
+
+
+def on_by_default(index: Syntax, dest: str) -> bool:
+    """An argparse option of this file stored in `dest` whose default turns it on (`default=True`,
+    `action="store_false"`): then `args.<dest>` is on unless the user turns it off."""
+    for call in index.calls:
+        f = call.func
+        if not (isinstance(f, ast.Attribute) and f.attr == "add_argument") or not call.args:
+            continue
+        flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        d = kwarg(call, "dest")
+        name = d.value if isinstance(d, ast.Constant) else next(
+            (x.lstrip("-").replace("-", "_") for x in flags if x.startswith("--")), None)
+        if name != dest:
+            continue
+        action, default = kwarg(call, "action"), kwarg(call, "default")
+        if isinstance(action, ast.Constant) and action.value == "store_false":
+            return True
+        return isinstance(default, ast.Constant) and bool(default.value)
+    return False
+
+
+def in_user_branch(index: Syntax, node: ast.AST) -> bool:
+    """Whether `node` is in the branch of an `if` / conditional expression on a user's setting (within
+    its function) that runs only where the user changes the setting: the body of one off by default,
+    the `else` of one on by default."""
+    child: ast.AST = node
+    for p in index.ancestors(node):
+        if isinstance(p, (ast.If, ast.IfExp)) and child is not p.test:
+            on = setting(index, p.test)
+            in_body = any(child is b for b in p.body) if isinstance(p, ast.If) else child is p.body
+            if on is not None and on != in_body:
+                return True
+        if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            return False
+        child = p
+    return False
