@@ -99,7 +99,7 @@ def test_torchscript_and_compile_see_torchs_own_factories(probe):
     counters.clear()
 
     def f(x):
-        return x + torch.ones(3).to(x.device) + torch.randint(0, 1, (3,)).to(x.device)
+        return x + torch.ones(3).to(x.device) + torch.randint(0, 1, (3,)).float().to(x.device)
 
     compiled = torch.compile(f, backend="eager")
     x = torch.zeros(3)
@@ -184,3 +184,21 @@ def test_run_facts_of_a_loaders_moves():
     (b,) = ctx.facts.subjects["batch_copy"]
     assert b.key == "/p/utils.py:16" and b.facts["batch_copy.pinned"].value is True
     assert b.facts["batch_copy.non_blocking"].value is False
+
+
+def test_a_dtype_cast_on_the_host_is_followed_to_its_move(probe):
+    """`batch_x.float().to(device)` (a float64 batch of a time-series loader) moves the loader's
+    batch; `torch.randn(n).half().cuda()` the factory's tensor: the cast's copy is the same data."""
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 3, dtype=torch.float64)),
+                                         batch_size=2)
+    probe.end_step(1)
+    for i, (batch_x,) in enumerate(loader, 2):
+        probe.tag([batch_x], 3)
+        batch_x.float().to("cpu")
+        torch.randint(0, 5, (4,)).to(torch.float32).double().to("cpu")
+        probe.end_step(i)
+    got = {(r.loader, r.factory): r for r in probe.records()}
+    n = min(4, WATCH_STEPS)
+    assert set(got) == {(3, ""), (None, "randint")}
+    assert (got[3, ""].moves, got[3, ""].steps) == (n, n)
+    assert got[None, "randint"].moved.line == got[None, "randint"].site.line

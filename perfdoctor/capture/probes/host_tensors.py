@@ -9,7 +9,9 @@ the first step for `WATCH_STEPS` steps, on the main thread of this process (neve
 DataLoader worker): torch's factories (`FACTORIES`, module functions of torch) note the tensors they
 return when the caller is the user's code, by `id()` with a weak reference, forgotten at each step
 end; `Tensor.to`, `.cuda` and `.type_as` look the tensor (or the tensor a view was taken of) up in
-that dict and count the pair of lines. O(1) per call; nothing while dynamo traces; nothing stored
+that dict and count the pair of lines. A dtype cast on the host (`.float()`, `.long()`,
+`.to(torch.float32)`: `CASTS`) returns a new tensor that is still the same data: it inherits what
+made its input, so `batch_x.float().to(device)` is the loader's batch moved. O(1) per call; nothing while dynamo traces; nothing stored
 on tensors. The factory wrappers stay installed, inert, until the run ends (TorchScript knows them
 as the aten ops they wrap: `torch.jit.script` of code calling `torch.randn` still compiles); the
 Tensor methods are put back when the watch ends.
@@ -39,6 +41,9 @@ FACTORIES = ("randn", "rand", "randint", "randperm", "zeros", "ones", "full", "e
 # the cause is not found yet); the first steps are the warm-up the statistics drop.
 WATCH_STEPS = 3
 MAX_MADE = 10_000  # tensors remembered per step
+# Tensor methods that return the tensor in another dtype, on the host still: what a cast returns is
+# followed to its move (`batch_x.float().to(device)`, `torch.randn(n).half().cuda()`)
+CASTS = ("float", "double", "half", "bfloat16", "long", "int", "short", "char", "byte", "bool")
 MAX_PAIRS = 200  # (factory line, move line) pairs kept
 _KEEP: list[Any] = []  # every wrapper ever registered with TorchScript: its id() must stay its own
 
@@ -128,9 +133,14 @@ class HostTensorProbe:
         orig_to, orig_cuda, orig_type_as = T.to, T.cuda, T.type_as
 
         def to(t: Any, *args: Any, **kwargs: Any) -> Any:
-            if not compiling() and probe.made and _to_device(torch, args, kwargs):
+            if compiling() or not probe.made:
+                return orig_to(t, *args, **kwargs)
+            if _to_device(torch, args, kwargs):
                 probe._moved(t, getframe(1), "to", _non_blocking(args, kwargs))
-            return orig_to(t, *args, **kwargs)
+                return orig_to(t, *args, **kwargs)
+            out = orig_to(t, *args, **kwargs)  # a dtype only: the copy is the same host tensor
+            probe._cast(t, out)
+            return out
 
         def cuda(t: Any, *args: Any, **kwargs: Any) -> Any:
             if not compiling() and probe.made:
@@ -142,11 +152,24 @@ class HostTensorProbe:
                 probe._moved(t, getframe(1), "type_as")
             return orig_type_as(t, other)
 
+        def cast(orig: Any) -> Any:
+            def method(t: Any, *args: Any, **kwargs: Any) -> Any:
+                out = orig(t, *args, **kwargs)
+                if not compiling() and probe.made:
+                    probe._cast(t, out)
+                return out
+            setattr(method, "__wrapped__", orig)  # noqa: B010
+            return method
+
         for f, o in ((to, orig_to), (cuda, orig_cuda), (type_as, orig_type_as)):
             setattr(f, "__wrapped__", o)  # noqa: B010
         self.methods.replace(T, "to", to)
         self.methods.replace(T, "cuda", cuda)
         self.methods.replace(T, "type_as", type_as)
+        for name in CASTS:
+            orig = getattr(T, name, None)
+            if orig is not None:
+                self.methods.replace(T, name, cast(orig))
         self.on = True
 
     def _stop(self) -> None:
@@ -172,14 +195,34 @@ class HostTensorProbe:
             elif isinstance(b, dict):
                 todo.extend(list(b.values())[:16])
 
+    def _entry(self, t: Any) -> tuple | None:
+        """What made `t`, or the tensor `t` is a view of: (ref, the factory's (code id, line) or a
+        loader's (0, id), factory name); None when neither was noted."""
+        e = self.made.get(id(t))
+        if e is None or e[0]() is not t:
+            base = t._base
+            e = self.made.get(id(base)) if base is not None else None
+            if e is None or e[0]() is not base:
+                return None
+        return e
+
+    def _cast(self, t: Any, out: Any) -> None:
+        """`out` is `t` in another dtype (`batch_x.float()`, `.to(torch.float32)`), still on the host:
+        it is what made `t` made, so its later `.to(device)` is that tensor's (or batch's) move."""
+        try:
+            if out is t or len(self.made) >= MAX_MADE or not isinstance(out, self.torch.Tensor) or not out.is_cpu:
+                return
+            e = self._entry(t)
+            if e is not None:
+                self.made[id(out)] = (weakref.ref(out), e[1], e[2])
+        except Exception as ex:  # noqa: BLE001
+            self.err("host_tensors", ex)
+
     def _moved(self, t: Any, frame: Any, how: str, non_blocking: bool = False) -> None:
         try:
-            e = self.made.get(id(t))
-            if e is None or e[0]() is not t:
-                base = t._base
-                e = self.made.get(id(base)) if base is not None else None
-                if e is None or e[0]() is not base:
-                    return
+            e = self._entry(t)
+            if e is None:
+                return
             code = frame.f_code
             key = (e[1], (id(code), frame.f_lineno))
             p = self.pairs.get(key)
