@@ -71,6 +71,9 @@ class StepClock:
         # `second_step`): a probe names the line in the innermost of them that led into a helper
         # (host reads in a metrics function called from the loop)
         self.step_codes: tuple[Any, ...] | None = None
+        # the user's frames at the first optimizer step, innermost first: where each called the next,
+        # down to the line that steps the optimizer (probes.json `step_chain`)
+        self.step_chain: list[Any] = []
         self.opt_t0 = 0.0
         self.opt_inner0 = 0.0  # data + forward + backward so far when the optimizer step began
         self.opt_own0 = 0.0  # perfdoctor's own time so far when the optimizer step began
@@ -208,11 +211,13 @@ class StepClock:
             while self.opt_frames and self.opt_frames[-1] not in running:
                 self.opt_frames.pop()
         if self.step_codes is None:
-            codes, f = [], sites.user_frame(frame.f_back)
+            codes, chain, f = [], [], sites.user_frame(frame.f_back)
             while f is not None:
                 codes.append(f.f_code)
+                chain.append(sites.site_of(f))
                 f = sites.user_frame(f.f_back)
             self.step_codes = tuple(codes)
+            self.step_chain = [s for s in chain if s is not None]
         if not self.opt_frames:
             self.opt_t0 = self.pc()
             self.opt_inner0 = self.data + self.fwd + self.bwd

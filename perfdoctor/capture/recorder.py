@@ -237,7 +237,8 @@ class Recorder:
                         eval_grad=self.forward.eval_grad_records(), compile=self.compile.records(len(steps) + 1),
                         cpu_wait=self.cpu_wait.records(), gpu_clock=self.gpu_clock.records(),
                         memory_objects=self.memory_objects.records(), flops=self.flops.records(),
-                        losses=self.clock.losses(), anomaly_stack_ms=self.anomaly.stack_records())
+                        losses=self.clock.losses(), anomaly_stack_ms=self.anomaly.stack_records(),
+                        step_chain=self.clock.step_chain)
         meta = self.meta
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb, at=round(time.time(), 3))

@@ -536,6 +536,9 @@ class Probes(Struct, kw_only=True):
     losses: list[float | None] = []
     # [step, ms] in anomaly mode's Python stack captures (capture/probes/anomaly.py), steps with some only
     anomaly_stack_ms: list[list[float]] = []
+    # the user's frames at the first optimizer step, innermost first (the line that steps the
+    # optimizer, then the line that called its function, ... out to the script's module code)
+    step_chain: list[Site] = []
 
 
 # -- hotspots.json -----------------------------------------------------------------------------

@@ -263,3 +263,24 @@ def test_a_helpers_read_names_the_loop_line_through_a_users_optimizer_wrapper(mo
     (rec,) = probe.records()
     assert rec.site is not None and rec.site.function == "_log"
     assert rec.caller is not None and rec.caller.code == "_log(x)  # the training loop's line that leads into the reading helper"
+
+
+def test_the_call_chain_to_the_first_optimizer_step_is_kept(monkeypatch):
+    """`step_chain`: the user's frames at the first optimizer step, innermost first (the line that
+    steps, then the line that called its function): static reading tells the loops around the outer
+    calls (a sweep over experiments around `exp.train(...)`) from the training loop."""
+    monkeypatch.setattr("perfdoctor.capture.sites.is_user_file", lambda f: f == __file__)
+    run = Run()
+
+    def train() -> None:
+        for _ in range(2):
+            run.backward()
+            run.step()  # the training loop's optimizer step
+
+    train()  # the call into training
+    chain = run.clock.step_chain
+    assert [s.function for s in chain[:2]] == ["train", "test_the_call_chain_to_the_first_optimizer_step_is_kept"]
+    assert chain[0].code == "run.step()  # the training loop's optimizer step"
+    assert chain[1].code == "train()  # the call into training"
+    train()
+    assert run.clock.step_chain == chain  # the first step's, kept

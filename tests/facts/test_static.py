@@ -73,6 +73,55 @@ def test_empty_cache_after_each_run_of_a_sweep_is_not_in_the_training_loop(tmp_p
     assert by_line(facts, "empty_cache") == {8: {"in_loop": False}}
 
 
+def test_a_loop_around_the_call_into_training_in_another_file_is_not_per_step(tmp_path):
+    # thuml/Time-Series-Library's run.py: `for ii in range(args.itr): exp.train(setting); ...;
+    # torch.cuda.empty_cache()`, the training loop in exp/exp_long_term_forecasting.py. Read alone,
+    # run.py's loop looks like the step loop; the run's chain to the optimizer step shows it is not.
+    from perfdoctor.contracts.run import Site
+
+    exp = tmp_path / "exp.py"
+    exp.write_text(textwrap.dedent("""\
+        class Exp:
+            def train(self, setting):
+                for batch in self.loader:
+                    self.model(batch).backward()
+                    self.opt.step()
+        """))
+    run = tmp_path / "run.py"
+    run.write_text(textwrap.dedent("""\
+        import torch
+        from exp import Exp
+
+        for ii in range(3):
+            exp = Exp()
+            exp.train(ii)
+            torch.cuda.empty_cache()
+        """))
+    chain = [Site(file=str(exp), line=5, function="train"), Site(file=str(run), line=6, function="<module>")]
+    alone, observed = Facts(), Facts()
+    analyse_files([exp, run], alone)
+    analyse_files([exp, run], observed, step_chain=chain)
+    assert by_line(alone, "empty_cache") == {7: {"in_loop": True}}
+    assert by_line(observed, "empty_cache") == {7: {"in_loop": False}}
+    # a step function called in the batch loop: that loop is the training loop, its body per step
+    step = tmp_path / "step.py"
+    step.write_text(textwrap.dedent("""\
+        import torch
+
+        def train_step(batch):
+            model(batch).backward()
+            opt.step()
+
+        for batch in loader:
+            train_step(batch)
+            torch.cuda.empty_cache()
+        """))
+    facts = Facts()
+    analyse_files([step], facts, step_chain=[Site(file=str(step), line=5, function="train_step"),
+                                             Site(file=str(step), line=8, function="<module>")])
+    assert by_line(facts, "empty_cache") == {9: {"in_loop": True}}
+
+
 def test_empty_cache_in_loop_and_called_from_loop(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

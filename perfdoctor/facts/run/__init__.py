@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.contracts.report import SummaryDoc
+from perfdoctor.contracts.run import Site
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.run import (
     anomaly,
@@ -65,6 +66,8 @@ class RunData:
     model_classes: set[str] | None = None
     # the subject kinds the run decided (their static detectors stand down), e.g. conv_net
     decided: frozenset[str] = frozenset()
+    # the user's call chain to the first optimizer step, innermost first (probes.json `step_chain`)
+    step_chain: list[Site] = field(default_factory=list)
 
 
 def load_run(run_dir: Path) -> RunData:
@@ -78,7 +81,7 @@ def load_run(run_dir: Path) -> RunData:
     return RunData(meta=ctx.raw_meta, facts=ctx.facts, summary=ctx.summary, hotspots=ctx.hotspots, notes=ctx.notes,
                    user_files=[p for p in _user_files(ctx) if p.is_file()], trace_path=trace if trace.exists() else None,
                    model_classes=forward.model_classes(ctx.probes.forward),
-                   decided=modules.decided(ctx.probes.forward))
+                   decided=modules.decided(ctx.probes.forward), step_chain=list(ctx.probes.step_chain))
 
 
 def _user_files(ctx: RunContext) -> list[Path]:

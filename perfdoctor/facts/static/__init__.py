@@ -13,8 +13,11 @@ line merge into one subject.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from pathlib import Path
 
+from perfdoctor.contracts.run import Site
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static import (
     backend_flags,
@@ -37,7 +40,7 @@ from perfdoctor.facts.static import (
     worker_io,
     zero_grad,
 )
-from perfdoctor.facts.static.index import read
+from perfdoctor.facts.static.index import SourceIndex, read
 
 # Every detector is a `detect(index, facts)` that adds what it finds in one file.
 DETECTORS = (
@@ -64,14 +67,16 @@ DETECTORS = (
 
 
 def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | None = None,
-                  decided: frozenset[str] = frozenset()) -> None:
+                  decided: frozenset[str] = frozenset(), step_chain: Sequence[Site] = ()) -> None:
     """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped.
     `model_classes`: the classes of the models a run called ("<absolute file>:<qualname>", their
     bases included), where a run knows them: the detectors of model code judge only those
     (`SourceIndex.model_ran`); None: every class in the files. `decided`: the subject kinds a run
     decided from what it observed (`perfdoctor.facts.run.modules.decided`): their detectors (the
-    module of that name) stand down. Each file's read and each detector on it is one family of
-    facts (`Facts.family`): a bug in one leaves the others' facts."""
+    module of that name) stand down. `step_chain`: the user's frames the run saw at its first optimizer
+    step, innermost first: the loops around the calls that lead into the training loop run once per
+    training run, not per step (`outer_calls`). Each file's read and each detector on it is one family
+    of facts (`Facts.family`): a bug in one leaves the others' facts."""
     detectors = [d for d in DETECTORS if d.__module__.rsplit(".", 1)[-1] not in decided]
     indexes = []
     for path in paths:
@@ -96,6 +101,10 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
             loops.append(index.loops)
     for each in loops:
         each.peers = [other for other in loops if other is not each]
+    with facts.family("the training step's call chain"):
+        outer = outer_calls(step_chain, indexes)
+        for index in indexes:
+            index.loops.outer_lines = outer.get(str(index.file), frozenset())
     for index in indexes:
         if model_classes is not None:
             prefix = f"{index.file}:"
@@ -103,3 +112,26 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
         for detect in detectors:
             with facts.family(f"the static {detect.__module__.rsplit('.', 1)[-1]} detector on {Path(index.file).name}"):
                 detect(index, facts)
+
+
+def outer_calls(step_chain: Sequence[Site], indexes: Sequence[SourceIndex]) -> dict[str, frozenset[int]]:
+    """The lines, per file, of the calls on the training step's chain that sit outside the training
+    loop: the run's frames at its first optimizer step, innermost first; the first whose line is in a
+    loop of its function holds the training loop (`for batch in loader: ... optimizer.step()`, or
+    `for batch in loader: train_step(batch)`); the frames that called that one (`exp.train(setting)`
+    in `for ii in range(args.itr):`, a sweep over experiments in another file) are outer calls: a loop
+    around one of them runs once per training run, not per step."""
+    by_file = {os.path.realpath(index.file): index for index in indexes}
+    lines: dict[str, set[int]] = {}
+    looped = False
+    for site in step_chain:
+        index = by_file.get(os.path.realpath(site.file))
+        if looped:
+            if index is not None:
+                lines.setdefault(str(index.file), set()).add(site.line)
+            continue
+        if index is not None and any(c.lineno <= site.line <= (c.end_lineno or c.lineno)
+                                     and index.loops.enclosing_loop(c) is not None
+                                     for c in index.calls if c.lineno == site.line):
+            looped = True
+    return {f: frozenset(v) for f, v in lines.items()}

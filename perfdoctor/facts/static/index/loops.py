@@ -40,6 +40,9 @@ class Loops:
         self.project_step_calls: frozenset[str] = frozenset()
         # the `Loops` of the project's other files (set by `static.analyse_files`; empty: this file alone)
         self.peers: list[Loops] = []
+        # lines of this file's calls that the run saw lead into the training loop from outside it
+        # (`static.outer_calls`): a loop around one runs once per training run, not per step
+        self.outer_lines: frozenset[int] = frozenset()
 
     @property
     def env_steps(self) -> list[ast.Call]:
@@ -256,7 +259,8 @@ class Loops:
         steps of (a loop whose inner loop trains is an epoch loop: once per epoch), in a module's
         `forward`, or in a function of this file called from such a place (three levels). Module
         level outside loops, an epoch loop's own body and functions no such place calls run once
-        per epoch or once per run; so does what sits behind a periodic guard (`periodic`)."""
+        per epoch or once per run; so does what sits behind a periodic guard (`periodic`), and a loop
+        around a call the run saw lead into the training loop from outside it (`outer_lines`)."""
         if self.periodic(node):
             return False
         loop = self.enclosing_loop(node)
@@ -265,7 +269,8 @@ class Loops:
             if key not in self._epoch_loops:  # once per loop: a long loop body is walked once, not per node
                 self._epoch_loops[key] = any(
                     (isinstance(n, LOOPS) and self.trains(n))
-                    or (isinstance(n, ast.Call) and self.syntax.local_callee(n) in self._epoch_fns)
+                    or (isinstance(n, ast.Call) and (self.syntax.local_callee(n) in self._epoch_fns
+                                                     or n.lineno in self.outer_lines))
                     for n in walk_scope(loop.body))  # type: ignore[attr-defined]
             return not self._epoch_loops[key]
         scope = self.syntax.context(node)[0]
