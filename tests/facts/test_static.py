@@ -407,6 +407,25 @@ def test_cpu_to_device_host_batch_copied_every_training_step(tmp_path):
     assert [loc.line for loc in s.locations] == [19, 20]  # the copy, then its move
 
 
+def test_cpu_to_device_cat_of_a_tensor_the_step_already_moved_is_on_the_device(tmp_path):
+    """Time-Series-Library's decoder input: batch_y is moved first, then joined with zeros_like of it;
+    the torch.cat runs on the device and its .to(device) is a no-op, not a host batch copied."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        class Exp:
+            def train(self):
+                for batch_x, batch_y in self.loader:
+                    batch_y = batch_y.float().to(self.device)
+                    dec_inp = torch.zeros_like(batch_y[:, -4:, :]).float()
+                    dec_inp = torch.cat([batch_y[:, :2, :], dec_inp], dim=1).float().to(self.device)
+                    host = torch.cat([batch_x[:, :2, :], batch_x], dim=1).to(self.device)
+                    loss = self.model(host, dec_inp)
+                    loss.backward()
+                    self.opt.step()
+        """)
+    assert sorted(by_line(facts, "cpu_to_device")) == [8]  # the host batch_x's cat, not the device one
+
+
 def test_cpu_to_device_host_batch_of_a_buffer_in_another_file(tmp_path):
     """dongminlee94/deep_rl: the agent's update (td3.py) calls `self.replay_buffer.sample(...)` once per
     step; `sample` (buffers.py) copies the host numpy batch to the device. No code of buffers.py calls

@@ -17,7 +17,7 @@ the constructor copies it to the GPU), keyed on the call. A legacy type given si
 
 Host data copied inside the training step on every step (`host_data`): `torch.tensor(x)`,
 `torch.as_tensor(x)`, `torch.from_numpy(x)`, a legacy type given data (`torch.FloatTensor(batch)`) or
-`torch.cat`/`torch.stack` of host tensors, moved to a device by a line that runs once per training
+`torch.cat`/`torch.stack` of host tensors (not of a tensor its function already moved: `_moved_name`), moved to a device by a line that runs once per training
 step inside the step (`Loops.in_training_step`; a function that takes one step per call, or the loop
 that takes the steps), not in an environment's rollout (`Loops.in_rollout`: an observation must cross
 to act). That is a batch drawn from a store kept in host memory (a replay buffer, a numpy rollout
@@ -120,7 +120,22 @@ def _host_copy(index: SourceIndex, node: ast.AST) -> str | None:
         return None
     if q[6:] in LEGACY and (len(node.args) != 1 or node.keywords or _constant(node.args[0])):
         return None  # sizes (`FloatTensor(n, 3)`): made, not copied
+    if q[6:] in ("cat", "stack") and isinstance(node.args[0], (ast.List, ast.Tuple)) and any(
+            _moved_name(index, e) for e in node.args[0].elts):
+        return None  # joins a tensor the step already moved: torch.cat runs on its device
     return q[6:]
+
+
+def _moved_name(index: SourceIndex, node: ast.expr) -> bool:
+    """`node` is a view, slice or cast of a name that its function binds to a move (`batch_y =
+    batch_y.float().to(device)`, then `torch.cat([batch_y[:, :k, :], dec_inp])`): a device tensor."""
+    while isinstance(node, (ast.Subscript, ast.Attribute, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    if not isinstance(node, ast.Name):
+        return False
+    scope = index.context(node)[0]
+    return any(isinstance(v, ast.Call) and index.context(v)[0] is scope and index.devices.move_target(v) is not None
+               for v in index.assigned.get(node.id, []))
 
 
 def _copied_every_step(index: SourceIndex, node: ast.AST) -> bool:
