@@ -368,3 +368,27 @@ def test_verify_a_distributed_jobs_fix(tmp_path: Path) -> None:
         assert [r for r, _ in rank_dirs(proj / "run" / "verify" / "01-PD033" / side)] == [0, 1], side
     assert _hashes(proj) == before
     assert not list((proj / "run" / "verify").glob("*/project"))
+
+
+def test_verify_path_takes_a_job_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`perfdoctor verify JOB_FOLDER`: the merged analysis of the ranks is verified, launched as the job
+    was (the measuring itself is end to end above), and the job folder's report written again."""
+    from perfdoctor import orchestrate
+
+    job = tmp_path / "job"
+    for rank in (0, 1):
+        d = job / f"rank-{rank}"
+        d.mkdir(parents=True)
+        write_meta(d, _rank_meta(rank, 2, 2))
+        write(d / "steps.json", Steps(steps=[Step(i=i, wall_ms=10.0) for i in range(1, 20)]))
+    seen: list[verify.Project] = []
+
+    def measured(report: Report, run_dir: Path, rules: list, **kw: object) -> verify.Outcome:
+        seen.append(verify.project_of(verify.meta_and_steps(run_dir)[0]))
+        return verify.Outcome([], "", False, [])
+
+    monkeypatch.setattr(verify, "verify", measured)
+    report, _ = orchestrate.verify_path(job)
+    assert report.run is not None and report.run.kind == "job"
+    assert [p.launch for p in seen] == [["--standalone", "--nproc-per-node", "2"]]
+    assert (job / "report.json").is_file()
