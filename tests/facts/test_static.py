@@ -469,6 +469,27 @@ def test_cpu_to_device_host_batch_of_a_buffer_in_another_file(tmp_path):
     assert by_line(alone, "cpu_to_device") == {}
 
 
+def test_cpu_to_device_next_observation_of_a_one_step_update_is_the_data_s_copy(tmp_path):
+    """dongminlee94/deep_rl's one-step actor-critic: the update moves the next observation env.step
+    just returned (a value as it came, nothing stored); a fixed slice of it neither. A row drawn by an
+    index in the same update is a sampled batch."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        class Agent:
+            def train_model(self):
+                log_pi, v, reward, next_obs, done = self.transition
+                next_v = self.vf(torch.Tensor(next_obs).to(self.device))
+                first = torch.tensor(self.frames[0]).to(self.device)
+                last = torch.tensor(self.frames[:, -1:]).to(self.device)
+                drawn = torch.tensor(self.frames[self.idx]).to(self.device)
+                loss = (reward + next_v - v).pow(2).mean() - log_pi.mean()
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+        """)
+    assert sorted(by_line(facts, "cpu_to_device")) == [8]
+
+
 def test_cpu_to_device_normal_with_a_size_is_a_factory(tmp_path):
     """`torch.normal(mean=0, std=s, size=...)` draws on the host (TD3's target-policy noise, every
     update); `torch.normal(mu, std)` of tensors draws where they are."""

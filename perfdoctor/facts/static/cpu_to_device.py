@@ -20,7 +20,9 @@ Host data copied inside the training step on every step (`host_data`): `torch.te
 `torch.cat`/`torch.stack` of host tensors (not of a tensor its function already moved: `_moved_name`), moved to a device by a line that runs once per training
 step inside the step (`Loops.in_training_step`; a function that takes one step per call, or the loop
 that takes the steps), not in an environment's rollout (`Loops.in_rollout`: an observation must cross
-to act). That is a batch drawn from a store kept in host memory (a replay buffer, a numpy rollout
+to act), and drawn from a store (`_drawn`: rows taken by an index, `torch.cat`/`torch.stack` of stored
+rows; not a value as it came, a one-step actor-critic's next observation). That is a batch drawn from a
+store kept in host memory (a replay buffer, a numpy rollout
 sliced into minibatches), copied again on every update; a store on the device would not be. An
 observation moved to act, a rollout copied once per update before its epochs, and data moved in a
 loop that takes no training step stay the data's own copy.
@@ -123,6 +125,8 @@ def _host_copy(index: SourceIndex, node: ast.AST) -> str | None:
     if q[6:] in ("cat", "stack") and isinstance(node.args[0], (ast.List, ast.Tuple)) and any(
             _moved_name(index, e) for e in node.args[0].elts):
         return None  # joins a tensor the step already moved: torch.cat runs on its device
+    if q[6:] not in ("cat", "stack") and not _drawn(index, node.args[0]):
+        return None  # one value as it came (an environment's next observation): the data's own copy
     return q[6:]
 
 
@@ -136,6 +140,27 @@ def _moved_name(index: SourceIndex, node: ast.expr) -> bool:
     scope = index.context(node)[0]
     return any(isinstance(v, ast.Call) and index.context(v)[0] is scope and index.devices.move_target(v) is not None
                for v in index.assigned.get(node.id, []))
+
+
+def _drawn(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
+    """Rows drawn from a store by an index (`self.obs_buf[idxs]`, `state_arr[batch]`), or a name this
+    file binds only to such draws: a sampled batch, which `torch.cat`/`torch.stack` of stored rows is
+    too. Not a value as it came (`torch.Tensor(next_obs)`) nor a fixed slice (`arr[0]`, `arr[:, 1:]`)."""
+    if isinstance(node, ast.Subscript):
+        return not _fixed(node.slice)
+    if isinstance(node, ast.Name) and depth < 2:
+        values = index.assigned.get(node.id, [])
+        return bool(values) and all(_drawn(index, v, depth + 1) for v in values)
+    return False
+
+
+def _fixed(s: ast.expr) -> bool:
+    """An index of constants only: `0`, `-1`, `:`, `1:`, `(0, 2)`, `..., 0`."""
+    if isinstance(s, ast.Slice):
+        return all(p is None or _constant(p) for p in (s.lower, s.upper, s.step))
+    if isinstance(s, ast.Tuple):
+        return all(_fixed(e) for e in s.elts)
+    return _constant(s) or (isinstance(s, ast.Constant) and s.value is Ellipsis)
 
 
 def _copied_every_step(index: SourceIndex, node: ast.AST) -> bool:
