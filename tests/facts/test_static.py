@@ -1427,6 +1427,37 @@ def test_an_action_read_for_the_environment_is_no_per_step_sync(tmp_path):
     assert got[12] == {"kind": "item", "in_loop": True}
 
 
+def test_an_action_returned_by_a_selection_helper_is_read_for_the_environment(tmp_path):
+    """dongminlee94/deep_rl's A2C: `action = self.select_action(obs)` then `env.step(action)`; the
+    helper returns `action.detach().cpu().numpy()` (TD3's binds it to a name first). The loss read of
+    the update beside it is a step's sync."""
+    facts, _ = analyse(tmp_path, """\
+        import numpy as np
+        class Agent:
+            def select_action(self, obs):
+                action, _, log_pi = self.policy(obs)
+                return action.detach().cpu().numpy()
+            def noisy_action(self, obs):
+                action = self.policy(obs).detach().cpu().numpy()
+                return np.clip(action + 0.1, -1, 1)
+            def train_model(self):
+                loss = self.loss()
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                self.losses.append(loss.item())
+            def run(self):
+                while True:
+                    action = self.select_action(torch.Tensor(obs).to(self.device))
+                    next_obs, reward, done, _ = self.env.step(action)
+                    obs, r, d, i = self.env.step(self.noisy_action(next_obs))
+                    self.train_model()
+        """)
+    got = by_line(facts, "host_read")
+    assert got[5]["in_loop"] is False and got[7]["in_loop"] is False
+    assert got[14]["in_loop"] is True
+
+
 def test_a_stall_in_an_environment_rollout_is_the_algorithm_s_work(tmp_path):
     """minimalRL's PPO: the optimizer steps come in bursts after each rollout of T_horizon env steps, and
     the run names the policy's forward inside the rollout loop as a stall every third step. The

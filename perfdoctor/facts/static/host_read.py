@@ -25,7 +25,8 @@ for a short run, may count one per step), so the rule trusts the source there:
   was the `.cpu()`, counted once at its line (`t.detach().cpu().item()` is one read of kind "cpu");
   the probe, on a CPU run where every tensor is on the host, counts the later read too;
 - an action read for an environment (`actions = q.argmax(1).cpu().numpy()` then
-  `obs, reward, term, trunc, info = envs.step(actions)`): the environment runs on the host, the action
+  `obs, reward, term, trunc, info = envs.step(actions)`, or returned by an action-selection function
+  of this file: `action = self.select_action(obs)`): the environment runs on the host, the action
   must cross whatever the script does (`_env_actions`);
 - in a loop that no training step runs, in a file whose loops show where the steps are
   (`Loops.in_training_step` False): an evaluation loop and a function it calls (the probe
@@ -116,19 +117,39 @@ def detect(index: SourceIndex, facts: Facts) -> None:
 
 def _env_actions(index: SourceIndex) -> set[int]:
     """Lines that read an action for an environment: the read is given to, or bound to a name the same
-    function gives to, an environment's step (`Loops.env_steps`, the gym API). The environment runs on
-    the host: the action must cross whatever the script does."""
+    function gives to, an environment's step (`Loops.env_steps`, the gym API), or returned by a function
+    of this file whose result is (`action = self.select_action(obs)`, `return a.detach().cpu().numpy()`,
+    one name deep inside it). The environment runs on the host: the action must cross whatever the
+    script does."""
     lines: set[int] = set()
     for call in index.loops.env_steps:
         given = [*call.args, *(k.value for k in call.keywords)]
         names = {x.id for a in given for x in ast.walk(a) if isinstance(x, ast.Name)}
         lines |= {x.lineno for a in given for x in ast.walk(a) if isinstance(x, ast.expr) and _any_read(x) is not None}
+        helpers = {c for a in given for c in ast.walk(a) if isinstance(c, ast.Call)}
         fn = index.function_name(call)
         for n in index.nodes_of(ast.Assign):
-            if (index.function_name(n) == fn
-                    and any(isinstance(t, ast.Name) and t.id in names for t in n.targets)
-                    and any(_any_read(x) is not None for x in ast.walk(n.value))):
-                lines.add(n.lineno)
+            if index.function_name(n) == fn and any(isinstance(t, ast.Name) and t.id in names for t in n.targets):
+                if any(_any_read(x) is not None for x in ast.walk(n.value)):
+                    lines.add(n.lineno)
+                helpers |= {c for c in ast.walk(n.value) if isinstance(c, ast.Call)}
+        for c in helpers:
+            callee = index.local_callee(c)
+            for helper in index.functions.get(callee, []) if callee else []:
+                lines |= _returned_reads(helper)
+    return lines
+
+
+def _returned_reads(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> set[int]:
+    """Lines of `fn` that read what it returns: a read in a `return`, or one bound to a name a
+    `return` gives back (`action = ...cpu().numpy()` then `return np.clip(action, ...)`)."""
+    returns = [n.value for n in walk_scope(fn.body) if isinstance(n, ast.Return) and n.value is not None]
+    lines = {x.lineno for r in returns for x in ast.walk(r) if isinstance(x, ast.expr) and _any_read(x) is not None}
+    names = {x.id for r in returns for x in ast.walk(r) if isinstance(x, ast.Name)}
+    for n in walk_scope(fn.body):
+        if (isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id in names for t in n.targets)
+                and any(_any_read(x) is not None for x in ast.walk(n.value))):
+            lines.add(n.lineno)
     return lines
 
 
