@@ -85,16 +85,9 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
             index = read(Path(path))
         if index is not None:
             indexes.append(index)
-    # what each file's training steps call by name, for the functions of the other files
-    # (a replay buffer's `sample` in buffers.py, called from the agent's update in td3.py)
-    calls: dict[int, frozenset[str]] = {}
-    for index in indexes:
-        with facts.family(f"the static step calls of {Path(index.file).name}"):
-            calls[id(index)] = index.loops.step_calls()
-    for index in indexes:
-        index.loops.project_step_calls = frozenset().union(*(c for i, c in calls.items() if i != id(index)))
-    # and each file's loops see the others': a function called only from another file, by none of its
-    # training steps, is judged where it is called (a model file's `sample`, after each epoch)
+    # each file's loops see the others': a function called only from another file is judged where it is
+    # called (a replay buffer's `sample` in the agent's update: in the step; a model file's `sample`
+    # after each epoch: not)
     loops = []
     for index in indexes:
         with facts.family(f"the loops of {Path(index.file).name}"):

@@ -35,9 +35,6 @@ class Loops:
         self._direct: dict[int, bool] = {}  # `_steps_directly` by the loop or function's id
         self._epoch_loops: dict[int, bool] = {}  # `per_step`: a loop whose inner loop or callee trains
         self._env_steps: list[ast.Call] | None = None
-        # names the training steps of the project's other files call (`self.replay_buffer.sample(...)` in
-        # the agent's update, `def sample` in buffers.py): set by `static.analyse_files`
-        self.project_step_calls: frozenset[str] = frozenset()
         # the `Loops` of the project's other files (set by `static.analyse_files`; empty: this file alone)
         self.peers: list[Loops] = []
         # lines of this file's calls that the run saw lead into the training loop from outside it
@@ -169,7 +166,8 @@ class Loops:
         in its own body (not an epoch loop, whose inner loop takes them), when its function takes
         one outside its loops (`def train_step(batch): ... loss.backward()`), or when a call of its
         function does (three levels), or when no code of this file calls it and another file's
-        training step calls a function of its name (`project_step_calls`). False when none does and the source shows every place it
+        training step calls a function of its name once per step (`peers`: the agent's update calling
+        `self.replay_buffer.sample(...)`, `def sample` in buffers.py). False when none does and the source shows every place it
         runs from: an evaluation loop, an epoch loop's own body, module code around the training
         loop, or, for a function only the project's other files call (`peers`), every such call
         there. None when it cannot tell: a function no code of the project calls, a `forward` the
@@ -193,38 +191,31 @@ class Loops:
             # a method called on an object (`ddpm.sample(...)` after each epoch): every call of that
             # name in the file, another class's method of the same name included (any True wins)
             sites = self.syntax.calls_named(scope.name)
-        if not sites and scope.name in self.project_step_calls:
-            return True  # no call of it here; another file's training step calls it
         if depth >= 3:
             return None
         if not sites:
-            # called from the project's other files only, by none of their training steps (a model
-            # file's `sample`, called after each epoch): False where every call of that name there runs
-            # outside the steps, judged in its own file
-            seen = [p.in_training_step(c, depth + 1) for p in self.peers for c in p.syntax.calls_named(scope.name)]
+            # called from the project's other files only: True where a training step there calls it once
+            # per step (not a function of that file of the same name); False where every call of that
+            # name there runs outside the steps (a model file's `sample`, called after each epoch)
+            there = [(p, c) for p in self.peers for c in p.syntax.calls_named(scope.name)]
+            seen = [p.in_training_step(c, depth + 1) for p, c in there]
+            if any(v is True and p.syntax.local_callee(c) is None and p.once_per_step(c)
+                   for v, (p, c) in zip(seen, there)):
+                return True
             return False if seen and all(v is False for v in seen) else None
         seen = [self.in_training_step(c, depth + 1) for c in sites]
         return True if True in seen else (None if None in seen else False)
 
-    def step_calls(self) -> frozenset[str]:
-        """The names this file's training steps call once per step that are no function of this file
-        (`self.replay_buffer.sample(...)` in the agent's update): what another file's
-        `project_step_calls` holds. Not a call once per update of an epoch function (a rollout's
-        `buffer.get()` before the loop that takes the steps), nor behind a periodic guard."""
-        def once_per_step(c: ast.Call) -> bool:
-            if self.periodic(c):
-                return False
-            if self.enclosing_loop(c) is not None:
-                return self.per_step(c)
-            scope = self.syntax.context(c)[0]
-            return isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and scope.name not in self._epoch_fns
-
-        return frozenset(
-            name for c in self.syntax.calls
-            if self.syntax.local_callee(c) is None
-            and (name := c.func.attr if isinstance(c.func, ast.Attribute) else
-                 c.func.id if isinstance(c.func, ast.Name) else None) is not None
-            and self.in_training_step(c) is True and once_per_step(c))
+    def once_per_step(self, c: ast.AST) -> bool:
+        """`c` runs once per training step where it runs in one: not behind a periodic guard, not once
+        per update of an epoch function (a rollout's `buffer.get()` before the loop that takes the
+        steps); in a loop, `per_step`."""
+        if self.periodic(c):
+            return False
+        if self.enclosing_loop(c) is not None:
+            return self.per_step(c)
+        scope = self.syntax.context(c)[0]
+        return isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) and scope.name not in self._epoch_fns
 
     def enclosing_loop(self, node: ast.AST) -> ast.AST | None:
         """The innermost for/while loop around `node` within its function (its body, not its iterator)."""
