@@ -344,6 +344,9 @@ class HostTensorRecord(Struct, kw_only=True):
     steps: int = 0  # watched steps with such a move
     watched: int = 0  # steps watched
     nbytes: int = 0  # bytes of the first tensor moved
+    # the same host tensor, made before the steps that move it (a schedule kept in an attribute), moved
+    # at `moved` on `steps` watched steps (`site` and `factory` unset)
+    kept: bool = False
 
 
 class LossHolderRecord(Struct, kw_only=True):

@@ -230,6 +230,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("moves_per_step", "count", "run", "its tensors moved to a device per watched step (the move's line is the "
                                            "second location)"),
         ("ms", "ms", "trace", "its host-to-device copy time per step"),
+        ("kept", "bool", "run", "the same host tensor, made before the steps (a schedule or a table kept in an "
+                                "attribute), moved to the device again on every step"),
         ("host_data", "bool", "static", "the tensor copies host data (a batch drawn from a store kept in host "
                                         "memory: a replay buffer, a numpy rollout) inside the training step"),
     ]),

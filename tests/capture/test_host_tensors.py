@@ -202,3 +202,55 @@ def test_a_dtype_cast_on_the_host_is_followed_to_its_move(probe):
     assert set(got) == {(3, ""), (None, "randint")}
     assert (got[3, ""].moves, got[3, ""].steps) == (n, n)
     assert got[None, "randint"].moved.line == got[None, "randint"].site.line
+
+
+class _Schedule:
+    """A diffusion noise schedule made once on the host (not a module: nothing moves it)."""
+
+    def __init__(self):
+        self.alphas = torch.linspace(0.1, 0.9, 1000)
+        self.table = torch.ones(8)
+
+    def add_noise(self, x, t):
+        a = self.alphas.to(x.device)[t]  # the whole schedule copied every step
+        self.table = self.table.to(x.device)  # moved once, then kept on the device
+        return x * a
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("pe", torch.arange(8.0))  # model.to(device) moves it
+
+    def forward(self, x):
+        return x + self.pe.to(x.device)
+
+
+def test_a_host_tensor_kept_across_steps_and_moved_every_step(probe):
+    sched, net, x = _Schedule(), _Net(), torch.zeros(8)
+    rare = torch.ones(3)
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        sched.add_noise(x, torch.tensor([3]))
+        net(x)
+        if i == 2:
+            rare.to("cpu")  # one step only: not every step
+        probe.end_step(i)
+    (r,) = probe.records()
+    assert r.kept and r.site is None and r.factory == "" and r.how == "to"
+    assert r.moved.line == _line(_Schedule.add_noise, "self.alphas.to") and r.steps == WATCH_STEPS
+    assert r.nbytes == 1000 * 4
+
+
+def test_run_facts_of_a_kept_host_tensor():
+    from perfdoctor.contracts.run import HostTensorRecord, Probes, Site
+    from perfdoctor.facts.run import host_tensors
+    from perfdoctor.facts.run.context import RunContext
+
+    moved = Site(file="/p/sched.py", line=30, code="a = self.alphas.to(x.device)[t]", function="add_noise")
+    r = HostTensorRecord(moved=moved, how="to", moves=3, steps=3, watched=3, nbytes=4000, kept=True)
+    ctx = RunContext(probes=Probes(host_tensors=[r]))
+    host_tensors.add(ctx)
+    (s,) = ctx.facts.subjects["cpu_to_device"]
+    assert s.key == "/p/sched.py:30" and s.facts["cpu_to_device.kept"].value is True
+    assert s.facts["cpu_to_device.in_loop"].value is True and "cpu_to_device.factory" not in s.facts

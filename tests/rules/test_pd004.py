@@ -45,3 +45,15 @@ def test_pd004_host_batch_says_where_the_store_should_live():
     (finding,) = judge(f, RULES)
     assert finding.title.startswith("A batch drawn from a store in host memory") and "torch.Tensor(...)" in finding.title
     assert "Keep the store on the device" in finding.message and "Pass device=" not in finding.message
+
+
+def test_pd004_a_kept_host_tensor_moved_every_step():
+    f = cpu_run()
+    f.add("script.targets_cuda", True, "", "static")
+    s = f.subject("cpu_to_device", "sched.py:30")
+    s.add("kept", True, "", "run")
+    s.add("in_loop", True, "", "run")
+    s.locations.append(Location("sched.py", 30, "a = self.alphas.to(x.device)[t]"))
+    (finding,) = judge(f, RULES)
+    assert finding.title == "The same host tensor is copied to the device on every step"
+    assert "Move it to the device once" in finding.message and "Pass device=" not in finding.message

@@ -12,7 +12,15 @@ end; `Tensor.to`, `.cuda` and `.type_as` look the tensor (or the tensor a view w
 that dict and count the pair of lines. A dtype cast on the host (`.float()`, `.long()`,
 `.to(torch.float32)`: `CASTS`) returns a new tensor that is still the same data: it inherits what
 made its input, so `batch_x.float().to(device)` is the loader's batch moved. O(1) per call; nothing while dynamo traces; nothing stored
-on tensors. The factory wrappers stay installed, inert, until the run ends (TorchScript knows them
+on tensors.
+
+A host tensor kept across steps and moved again on every step (`kept`: a diffusion model's noise
+schedule made once in `__init__`, `self.alphas.to(x.device)[t]` in every training step; a mask or a
+table kept on the host) is the same tensor object moved at the same line on at least
+`MIN_KEPT_STEPS` watched steps. Left out: a parameter, a module's registered buffer (`model.to(device)`
+moved it: on the GPU the move is a no-op; found at the end through the referrers of the buffers
+dict) and a line that stores the move back where the tensor came from (`self.t = self.t.to(dev)`: moved
+once, then kept on the device). The factory wrappers stay installed, inert, until the run ends (TorchScript knows them
 as the aten ops they wrap: `torch.jit.script` of code calling `torch.randn` still compiles); the
 Tensor methods are put back when the watch ends.
 """
@@ -45,6 +53,8 @@ MAX_MADE = 10_000  # tensors remembered per step
 # followed to its move (`batch_x.float().to(device)`, `torch.randn(n).half().cuda()`)
 CASTS = ("float", "double", "half", "bfloat16", "long", "int", "short", "char", "byte", "bool")
 MAX_PAIRS = 200  # (factory line, move line) pairs kept
+MIN_KEPT_STEPS = 2  # watched steps on which one host tensor kept across steps is moved at a line
+MAX_KEPT = 16  # host tensors followed per move line
 _KEEP: list[Any] = []  # every wrapper ever registered with TorchScript: its id() must stay its own
 
 
@@ -57,6 +67,18 @@ class _Pair:
         self.moves = self.steps = 0
         self.last = -1
         self.non_blocking: bool | None = None
+
+
+class _Kept:
+    """One host tensor, made before the step that moves it, moved at one line."""
+
+    __slots__ = ("ref", "how", "nbytes", "moves", "steps", "last", "non_blocking")
+
+    def __init__(self, ref: Any, how: str, nbytes: int):
+        self.ref, self.how, self.nbytes = ref, how, nbytes
+        self.moves = self.steps = 0
+        self.last = -1
+        self.non_blocking = True
 
 
 class HostTensorProbe:
@@ -75,6 +97,7 @@ class HostTensorProbe:
         self.site_of: dict[tuple, Any] = {}  # (id of a code object, line) -> Site
         self.codes: dict[int, Any] = {}  # id() -> the code objects of the lines noted
         self.watched = 0
+        self.kept: dict[tuple[int, int], dict[int, _Kept]] = {}  # (id of a code, line) -> id() -> the tensor
 
     # -- the factories (installed for the whole run, active while watching) ----------------------
     def install(self) -> None:
@@ -133,7 +156,7 @@ class HostTensorProbe:
         orig_to, orig_cuda, orig_type_as = T.to, T.cuda, T.type_as
 
         def to(t: Any, *args: Any, **kwargs: Any) -> Any:
-            if compiling() or not probe.made:
+            if compiling():
                 return orig_to(t, *args, **kwargs)
             if _to_device(torch, args, kwargs):
                 probe._moved(t, getframe(1), "to", _non_blocking(args, kwargs))
@@ -143,7 +166,7 @@ class HostTensorProbe:
             return out
 
         def cuda(t: Any, *args: Any, **kwargs: Any) -> Any:
-            if not compiling() and probe.made:
+            if not compiling():
                 probe._moved(t, getframe(1), "cuda", _non_blocking(args, kwargs))
             return orig_cuda(t, *args, **kwargs)
 
@@ -222,6 +245,8 @@ class HostTensorProbe:
         try:
             e = self._entry(t)
             if e is None:
+                if how != "type_as":
+                    self._kept_move(t, frame, how, non_blocking)
                 return
             code = frame.f_code
             key = (e[1], (id(code), frame.f_lineno))
@@ -242,6 +267,41 @@ class HostTensorProbe:
                 p.steps += 1
         except Exception as ex:  # noqa: BLE001
             self.err("host_tensors", ex)
+
+    def _kept_move(self, t: Any, frame: Any, how: str, non_blocking: bool) -> None:
+        """A host tensor the step did not make (nor a DataLoader's batch), moved at the user's line."""
+        if (not t.is_cpu or isinstance(t, self.torch.nn.Parameter) or threading.get_ident() != self.main
+                or not is_user_file(frame.f_code.co_filename)):
+            return
+        code = frame.f_code
+        line = self.kept.setdefault((id(code), frame.f_lineno), {})
+        k = line.get(id(t))
+        if k is None or k.ref() is not t:
+            if len(line) >= MAX_KEPT:
+                return
+            self.codes[id(code)] = code
+            k = line[id(t)] = _Kept(weakref.ref(t), how, int(t.numel() * t.element_size()))
+        k.moves += 1
+        k.non_blocking = k.non_blocking and non_blocking
+        if k.last != self.step:
+            k.last = self.step
+            k.steps += 1
+
+    def _kept_records(self) -> list[HostTensorRecord]:
+        out = []
+        for (code_id, line), tensors in self.kept.items():
+            for k in tensors.values():
+                t = k.ref()
+                if k.steps < MIN_KEPT_STEPS or (t is not None and _module_buffer(t)):
+                    continue
+                moved = self._site(code_id, line)
+                if _stored_back(moved.code):
+                    continue
+                out.append(HostTensorRecord(moved=moved, how=k.how, moves=k.moves, steps=k.steps,
+                                            watched=max(self.watched, k.steps), nbytes=k.nbytes,
+                                            non_blocking=k.non_blocking, kept=True))
+                break  # one record per line
+        return out
 
     def _site(self, code_id: int, line: int) -> Any:
         s = self.site_of.get((code_id, line))
@@ -273,7 +333,38 @@ class HostTensorProbe:
         return [HostTensorRecord(site=p.site, moved=p.moved, factory=p.factory, how=p.how, moves=p.moves,
                                  steps=p.steps, watched=max(self.watched, p.steps), nbytes=p.nbytes, loader=p.loader,
                                  non_blocking=p.non_blocking)
-                for p in self.pairs.values()]
+                for p in self.pairs.values()] + self._kept_records()
+
+
+def _module_buffer(t: Any) -> bool:
+    """Whether `t` is a registered buffer of a module: a dict holding it is some module's `_buffers`
+    (`model.to(device)` moves those; a plain attribute stays where it was made)."""
+    import gc
+
+    for d in gc.get_referrers(t):
+        if isinstance(d, dict) and any(isinstance(o, dict) and o.get("_buffers") is d for o in gc.get_referrers(d)):
+            return True
+    return False
+
+
+def _stored_back(code: str) -> bool:
+    """`self.t = self.t.to(device)`, `t = t.cuda()`: the move's result replaces the host tensor (moved
+    once; on the GPU the next step's move is a no-op)."""
+    import ast
+
+    try:
+        node = ast.parse(code.strip()).body[0]
+    except (SyntaxError, IndexError, ValueError):
+        return False
+    if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+        return False
+    f = node.value.func
+    while isinstance(f, ast.Attribute) and isinstance(f.value, ast.Call) and f.attr not in ("to", "cuda"):
+        f = f.value.func
+    if not (isinstance(f, ast.Attribute) and f.attr in ("to", "cuda")):
+        return False
+    source = ast.unparse(f.value)
+    return any(ast.unparse(t) == source for t in node.targets)
 
 
 def _non_blocking(args: tuple, kwargs: dict) -> bool:

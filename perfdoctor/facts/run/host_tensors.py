@@ -4,6 +4,9 @@ tensors to a device, whatever function or file each line is in:
 - a factory's tensors (PD004): one `cpu_to_device` subject per factory line, the move's line as its
   second location, the moves per watched step, and `in_loop` from how many watched steps moved one
   (the run decides it over the source read's guess);
+- a host tensor kept across steps and moved again on every step (PD004: a noise schedule made once,
+  `self.alphas.to(x.device)[t]` in the step): a `cpu_to_device` subject at the move's line with
+  `kept`, `in_loop` and the moves per watched step;
 - a DataLoader's batches (PD003, PD017): on its `dataloader` subject, that the step moved them
   (`moved`, the move's line as a further location), whether every move passed non_blocking, and
   whether its batches reach the training step (`trains`: moved on most watched steps); one
@@ -23,6 +26,9 @@ def add(ctx: RunContext) -> None:
     loaders = {dl.id: dl for dl in ctx.probes.dataloaders}
     for r in ctx.probes.host_tensors:
         if r.moved is None:
+            continue
+        if r.kept:
+            _kept(ctx, r)
             continue
         if r.loader is None:
             _factory(ctx, r)
@@ -53,6 +59,18 @@ def _factory(ctx: RunContext, r: HostTensorRecord) -> None:
         return
     _also_at(s, r)
     s.add("factory", r.factory, detail=f"torch.{r.factory} at this line made the tensor on the host")
+    s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
+          detail=f"moved with .{r.how}() on {r.steps} of {r.watched} watched steps")
+    s.add("moves_per_step", r.moves / max(r.watched, 1), "count",
+          detail=f"{r.moves} moves at {_where(r)} over {r.watched} watched steps")
+
+
+def _kept(ctx: RunContext, r: HostTensorRecord) -> None:
+    s = site_subject(ctx.facts, "cpu_to_device", r.moved)
+    if s is None:
+        return
+    s.add("kept", True, detail=f"the same host tensor ({r.nbytes:,} bytes), made before the steps, moved at {_where(r)} "
+                               f"with .{r.how}() on {r.steps} of {r.watched} watched steps")
     s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
           detail=f"moved with .{r.how}() on {r.steps} of {r.watched} watched steps")
     s.add("moves_per_step", r.moves / max(r.watched, 1), "count",
