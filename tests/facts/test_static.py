@@ -423,7 +423,30 @@ def test_cpu_to_device_cat_of_a_tensor_the_step_already_moved_is_on_the_device(t
                     loss.backward()
                     self.opt.step()
         """)
-    assert sorted(by_line(facts, "cpu_to_device")) == [8]  # the host batch_x's cat, not the device one
+    # neither: the device one is no copy, and the host one joins the batch the loop iterates (the loader's
+    # data as it came, whose copy is PD003's and PD017's), not rows drawn from a store kept on the host
+    assert sorted(by_line(facts, "cpu_to_device")) == []
+
+
+def test_cpu_to_device_cat_of_the_loops_own_batch_is_the_loaders_copy(tmp_path):
+    """SimCLR: `for images, _ in tqdm(train_loader): images = torch.cat(images, dim=0)` then
+    `images.to(device)`: the loader's views joined as they came; a replay list's rows joined are drawn."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        def train(loader, memory, model, opt, device):
+            for images, _ in tqdm(loader):
+                images = torch.cat(images, dim=0)
+                images = images.to(device)
+                sample = memory.sample(64)
+                states = torch.cat([s.state for s in sample]).to(device)
+                for k in range(3):
+                    rows = torch.cat(sample).to(device)
+                loss = model(images, states).mean()
+                loss.backward()
+                opt.step()
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert 4 not in got and 5 not in got and 7 in got and 9 in got
 
 
 def test_cpu_to_device_host_batch_of_a_buffer_in_another_file(tmp_path):

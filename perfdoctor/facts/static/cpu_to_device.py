@@ -39,7 +39,7 @@ from collections.abc import Iterator
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
-from perfdoctor.facts.static.index.syntax import has_star_kwargs, kwarg
+from perfdoctor.facts.static.index.syntax import LOOPS, has_star_kwargs, kwarg, root_name
 
 # torch factories that allocate on the CPU unless given `device=`. Left out on purpose:
 # `from_numpy` (it has no `device=`, the data is on the host anyway) and the `*_like`
@@ -125,9 +125,37 @@ def _host_copy(index: SourceIndex, node: ast.AST) -> str | None:
     if q[6:] in ("cat", "stack") and isinstance(node.args[0], (ast.List, ast.Tuple)) and any(
             _moved_name(index, e) for e in node.args[0].elts):
         return None  # joins a tensor the step already moved: torch.cat runs on its device
+    if _loop_item(index, node, node.args[0]):
+        return None  # the batch the loop iterates (a DataLoader's, a generator's): data as it came
     if q[6:] not in ("cat", "stack") and not _drawn(index, node.args[0]):
         return None  # one value as it came (an environment's next observation): the data's own copy
     return q[6:]
+
+
+def _loop_item(index: SourceIndex, at: ast.AST, data: ast.expr) -> bool:
+    """`data` (or every element of a list of it) is rooted at a name a `for` loop around `at` binds to its
+    items, the loop not over `range()`: the batch a DataLoader or generator hands the step (SimCLR's
+    `for images, _ in loader: images = torch.cat(images, dim=0)`), its copy the loader's (PD003/PD017's),
+    not rows drawn from a store kept in host memory."""
+    parts = data.elts if isinstance(data, (ast.List, ast.Tuple)) else [data]
+    names = {root_name(e) for e in parts}
+    if None in names:
+        return False
+    for loop in index.ancestors(at):
+        if isinstance(loop, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return False
+        if isinstance(loop, LOOPS) and isinstance(loop, (ast.For, ast.AsyncFor)) and not _over_range(index, loop.iter):
+            bound = {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+            if names <= bound:
+                return True
+    return False
+
+
+def _over_range(index: SourceIndex, it: ast.expr) -> bool:
+    """`range(n)`, `enumerate(range(n))`, `tqdm(range(n))`: a loop over step indices, not over batches."""
+    while isinstance(it, ast.Call) and it.args and not _range(index, it):
+        it = it.args[0]
+    return _range(index, it)
 
 
 def _moved_name(index: SourceIndex, node: ast.expr) -> bool:
