@@ -63,6 +63,8 @@ class RunDoc(msgspec.Struct):
     wait_ms: list[Ms] = []
     script_cpu_ms: list[Ms] = []
     loadavg: list[Annotated[float, msgspec.Meta(ge=0, le=1e6)]] = []
+    # how busy the machine's other CPUs were over the steady steps, 0..2 (gate.baseline.others_busy)
+    others_busy: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
 
 
 class SummaryDoc(msgspec.Struct):

@@ -68,6 +68,10 @@ class RunRecord:
     wait_ms: list[float] = field(default_factory=list)
     cpu_ms: list[float] = field(default_factory=list)
     loadavg: list[float] = field(default_factory=list)  # the host's 1-min load average at the run's start and end
+    # how busy the machine's other CPUs were over the steady steps: the CPU time of every process on
+    # the machine less the script's process tree's, over (the CPUs less one) x the steps' wall time
+    # (`others_busy`); None where unknown (one CPU, an older run or baseline)
+    others_busy: float | None = None
 
     @property
     def work_ms(self) -> list[float]:
@@ -113,7 +117,8 @@ class RunRecord:
                       peak_memory_bytes=self.peak_memory_bytes, counters=self.counters, findings=self.findings,
                       notes=self.notes, warmup_dropped=self.warmup_dropped,
                       step_ms=[round(v, 4) for v in self.step_ms], wait_ms=[round(v, 4) for v in self.wait_ms],
-                      script_cpu_ms=[round(v, 4) for v in self.cpu_ms], loadavg=list(self.loadavg))
+                      script_cpu_ms=[round(v, 4) for v in self.cpu_ms], loadavg=list(self.loadavg),
+                      others_busy=_r(self.others_busy))
 
     @classmethod
     def from_doc(cls, d: RunDoc) -> RunRecord:
@@ -125,7 +130,7 @@ class RunRecord:
                    # its wait alone)
                    wait_ms=list(d.wait_ms) if len(d.wait_ms) == len(d.step_ms) else [],
                    cpu_ms=list(d.script_cpu_ms) if len(d.script_cpu_ms) == len(d.step_ms) else [],
-                   loadavg=list(d.loadavg))
+                   loadavg=list(d.loadavg), others_busy=d.others_busy)
 
 
 def _r(v: float | None, nd: int = 4) -> float | None:
@@ -230,19 +235,19 @@ def record_from_run_dir(run_dir: Path | str) -> RunRecord:
     peak = peak if peak is not None else (max(mems) if mems else None)
     script = meta.script or meta.module
     sha = _sha256(meta.script)
-    contention = _contention(run_dir, [int(s["i"]) for s in kept])
+    contention = _contention(run_dir, [int(s["i"]) for s in kept], steady, meta.env.cpu_count)
     return RunRecord(source=str(run_dir), env=_identity(msgspec.to_builtins(meta.env), script, list(meta.argv), sha),
                      step_ms=steady, median_ms=median, batch_size=_batch_size(report), peak_memory_bytes=peak,
                      counters=_counters(report), findings=_findings(report), notes=notes, warmup_dropped=drop,
                      **contention)
 
 
-def _contention(run_dir: Path, steps: list[int]) -> dict[str, Any]:
-    """RunRecord's contention fields on each of `steps` (probes.json's cpu_wait): the training
-    thread's wait for a CPU, the script's CPU time (the training thread's time on a CPU plus its
-    DataLoader workers'), and the host's 1-min load average at
-    the run's start and end; none where the run did not measure them (no schedstat, a job folder of
-    ranks, an older run)."""
+def _contention(run_dir: Path, steps: list[int], wall_ms: list[float], cpus: int | None) -> dict[str, Any]:
+    """RunRecord's contention fields on each of `steps` (probes.json's cpu_wait; `wall_ms` their wall
+    times, `cpus` the run's usable CPUs): the training thread's wait for a CPU, the script's CPU time
+    (the training thread's time on a CPU plus its DataLoader workers'), the host's 1-min load average
+    at the run's start and end, and how busy the other CPUs were (`others_busy`); none where the run
+    did not measure them (no schedstat, a job folder of ranks, an older run)."""
     probes = read_run_file(run_dir / "probes.json", Probes) if (run_dir / "meta.json").exists() else None
     w = probes.cpu_wait if probes is not None else None
     if w is None or not steps or max(steps) > len(w.wait_ms):
@@ -254,7 +259,21 @@ def _contention(run_dir: Path, steps: list[int]) -> dict[str, Any]:
     run, workers = at(w.run_ms), at(w.workers_run_ms)
     cpu = [a + b for a, b in zip(run, workers)] if run and len(workers) == len(run) else []
     return {"wait_ms": at(w.wait_ms), "cpu_ms": cpu,
-            "loadavg": [w.loadavg[0], w.loadavg_end[0]] if w.loadavg and w.loadavg_end else []}
+            "loadavg": [w.loadavg[0], w.loadavg_end[0]] if w.loadavg and w.loadavg_end else [],
+            "others_busy": others_busy(at(w.machine_ms), at(w.tree_ms), wall_ms, cpus)}
+
+
+def others_busy(machine_ms: list[float], tree_ms: list[float], wall_ms: list[float], cpus: int | None) -> float | None:
+    """How busy the machine's other CPUs were over a run's steps: the CPU time every process on the
+    machine used (/proc/stat, in clock ticks: noisy per step, so summed over the steps) less the
+    script's process tree's, over (`cpus` - 1) x the steps' wall time. 1: one CPU's worth of other
+    work per other CPU; above 1 (at most cpus / (cpus - 1)) the others also ran on the script's own
+    CPU while it waited. `cpus` is the run's usable CPUs: where its affinity leaves some of the
+    machine's out, their work counts too. None with one CPU or where a series is missing."""
+    if not cpus or cpus < 2 or not wall_ms or len(machine_ms) != len(wall_ms) or len(tree_ms) != len(wall_ms):
+        return None
+    others = sum(machine_ms) - sum(tree_ms)
+    return min(max(others / ((cpus - 1) * sum(wall_ms)), 0.0), cpus / (cpus - 1))
 
 
 REPEAT_PREFIX = "repeat-"  # `perfdoctor run --out-dir DIR` with several runs writes DIR/repeat-1, repeat-2, ...
