@@ -25,7 +25,7 @@ from perfdoctor.gate.baseline import (
     record_from_run_dir,
     repeat_dirs,
 )
-from perfdoctor.gate.compare import Comparison, compare_files
+from perfdoctor.gate.compare import CO_RUNNER_SLOWDOWN, Comparison, compare_files
 from perfdoctor.model import Finding, Report, RuleDoc, from_doc
 from perfdoctor.report import jsonfmt
 from perfdoctor.rules.catalog import Rule, load_rules
@@ -489,11 +489,12 @@ def write_run_reports(report: Report, run_dir: Path) -> None:
 
 
 def compare_paths(base: Path, current: Path, max_regression: float, fail_on: str | None,
-                  strict: bool = False, allow_different_args: bool = False) -> Comparison:
+                  strict: bool = False, allow_different_args: bool = False,
+                  co_runner_slowdown: float = CO_RUNNER_SLOWDOWN) -> Comparison:
     """`perfdoctor compare BASE CURRENT`: each side a baseline file, a run folder, a gate's --out-dir
     (its repeat-N run folders) or a report.json; `allow_different_args`: script arguments that
     differ do not make the pair not comparable."""
     for p in (base, current):
         missing(p)
     return compare_files(base, current, max_regression, fail_on, strict=strict,
-                         allow_different_args=allow_different_args)
+                         allow_different_args=allow_different_args, co_runner_slowdown=co_runner_slowdown)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import sys
 import traceback
@@ -61,6 +62,9 @@ Format = Enum("Format", {name: name for name in FORMATS}, type=str)  # type: ign
 Severity = Enum("Severity", {name: name for name in SEVERITIES}, type=str)  # type: ignore[misc]  # from SEVERITIES
 
 
+CO_HELP = ("Under contention, how much slower the same work may run per CPU's worth of other processes' work "
+           "beyond the baseline's (default 17%, measured on a 2-vCPU VM whose vCPUs are SMT siblings; "
+           "docs/busy-machine.md says how to measure it on your runners). 0 turns the allowance off.")
 CONFIG_HELP = "Settings file ([tool.perfdoctor]); default: pyproject.toml in the current directory."
 HISTORY_HELP = ("The run history (SQLite) to keep this run in and read from; default .perfdoctor/history.sqlite "
                 "here, or PERFDOCTOR_HISTORY; `off` keeps nothing.")
@@ -120,17 +124,18 @@ def _step_summary(comparison) -> None:
         markdown.append_step_summary(markdown.render_comparison(comparison))
 
 
-def parse_fraction(text: str) -> float:
-    """`10%`, `10` or `0.1` -> 0.1."""
+def parse_fraction(text: str, option: str = "--max-regression", most: float = 10.0) -> float:
+    """`10%`, `10` or `0.1` -> 0.1; `--max-regression` above 0, `--co-runner-slowdown` 0 or more, each
+    below `most`."""
     t = text.strip()
     try:
         v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
     except ValueError:
-        raise PerfdoctorError(f"--max-regression {text!r}: give a percentage such as 10%") from None
+        raise PerfdoctorError(f"{option} {text!r}: give a percentage such as 10%") from None
     if not t.endswith("%") and v >= 1:
         v /= 100
-    if not 0 < v < 10:
-        raise PerfdoctorError(f"--max-regression {text!r}: must be between 0% and 1000%")
+    if not (0 <= v if option == "--co-runner-slowdown" else 0 < v) or not v < most or math.isnan(v):
+        raise PerfdoctorError(f"{option} {text!r}: must be between 0% and {most:.0%}")
     return v
 
 
@@ -190,6 +195,7 @@ def run(
              "runs disagree too much for a gate to decide a change of 1.5x --max-regression, add runs up to "
              "this many."),
     strict: bool = typer.Option(False, "--strict", help="With --baseline: fail when the gate stays undecided."),
+    co_runner_slowdown: str = typer.Option("17%", "--co-runner-slowdown", help=CO_HELP),
     fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on (new) findings of this severity or worse."),
     config: Path | None = typer.Option(None, "--config", help=CONFIG_HELP),
     nproc_per_node: str | None = NPROC_PER_NODE,
@@ -256,7 +262,8 @@ def run(
             show_status=True, repeats=repeats, save_baseline=save_baseline, baseline=baseline,
             max_regression=fraction, fail_on=fail_on.value if fail_on else None, config=config,
             max_repeats=max_repeats, strict=strict, launcher_args=launcher, history=store,
-            history_baseline=history_baseline, base_branch=base_branch)
+            history_baseline=history_baseline, base_branch=base_branch,
+            co_runner_slowdown=parse_fraction(co_runner_slowdown, "--co-runner-slowdown", 1.0))
     for line in outcome.messages:
         _err(line)
     if outcome.comparison is not None:
@@ -377,6 +384,7 @@ def compare(
     max_regression: str = typer.Option("10%", "--max-regression", help="Slowdown that fails the gate."),
     fail_on: Severity | None = typer.Option(None, "--fail-on", help="Fail on new findings of this severity or worse."),
     strict: bool = typer.Option(False, "--strict", help="Fail when the step time is undecided."),
+    co_runner_slowdown: str = typer.Option("17%", "--co-runner-slowdown", help=CO_HELP),
     fmt: Format = typer.Option(Format("text"), "--format", "-f", help="Output format."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Write the comparison to this file."),
     allow_different_args: bool = typer.Option(
@@ -390,7 +398,8 @@ def compare(
     if output is not None:
         check_writable(output, "--output")
     c = compare_paths(base, current, parse_fraction(max_regression), fail_on.value if fail_on else None, strict,
-                      allow_different_args=allow_different_args)
+                      allow_different_args=allow_different_args,
+                      co_runner_slowdown=parse_fraction(co_runner_slowdown, "--co-runner-slowdown", 1.0))
     _emit(fmt, output, comparison=c)
     _step_summary(c)
     if c.failed:

@@ -22,7 +22,7 @@ from perfdoctor.errors import EXIT_SCRIPT_FAILED, InputError, PerfdoctorError
 from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, RESOLVE_FACTOR, baseline_resolves, gate_runs
 from perfdoctor.gate.baseline import RunRecord, load_baseline, record_from_run_dir, repeat_dir, slow_outlier_runs
 from perfdoctor.gate.baseline import save_baseline as write_baseline
-from perfdoctor.gate.compare import Comparison
+from perfdoctor.gate.compare import CO_RUNNER_SLOWDOWN, Comparison
 from perfdoctor.history import baseline_from_history, check_store, record_run
 from perfdoctor.model import Report, at_or_above
 
@@ -184,7 +184,8 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
                  save_baseline: Path | None = None, baseline: Path | None = None, max_regression: float = 0.10,
                  fail_on: str | None = None, config: Path | None = None, max_repeats: int | None = None,
                  strict: bool = False, launcher_args: list[str] | None = None, history: Path | None = None,
-                 history_baseline: int | None = None, base_branch: str | None = None) -> RunOutcome:
+                 history_baseline: int | None = None, base_branch: str | None = None,
+                 co_runner_slowdown: float = CO_RUNNER_SLOWDOWN) -> RunOutcome:
     """`perfdoctor run`: run the script `repeats` times (default: GATE_REPEATS with a baseline to save
     or to compare with, else once; a failed or interrupted run is not repeated), analyse each run and
     write its report.json, then, unless the script failed, compare the runs with `baseline` (adding
@@ -248,7 +249,7 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
     comparison: Comparison | None = None
     if base is not None:
         gated = gate_runs(base, next_run, repeats=repeats, max_repeats=most, max_regression=max_regression,
-                          fail_on=fail_on, strict=strict)
+                          fail_on=fail_on, strict=strict, co_runner_slowdown=co_runner_slowdown)
         records, comparison = gated.records, gated.comparison
     else:
         n = 0

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from perfdoctor.gate import stats
 from perfdoctor.gate.baseline import MIN_STEPS, Baseline, RunRecord
-from perfdoctor.gate.compare import LEVEL, UNDECIDED, Comparison, compare, deciding_series
+from perfdoctor.gate.compare import CO_RUNNER_SLOWDOWN, LEVEL, UNDECIDED, Comparison, compare, deciding_series
 
 DEFAULT_MAX_REPEATS = 8  # runs of the current side at most, initial ones included
 # A baseline is wide enough when a gate against it, with DEFAULT_MAX_REPEATS current runs that vary
@@ -95,7 +95,7 @@ class GateRuns:
 
 def gate_runs(baseline: Baseline | list[RunRecord], next_run: Callable[[int], RunRecord | None], *, repeats: int,
               max_repeats: int = DEFAULT_MAX_REPEATS, max_regression: float = 0.10, fail_on: str | None = None,
-              strict: bool = False, seed: int = 0) -> GateRuns:
+              strict: bool = False, seed: int = 0, co_runner_slowdown: float = CO_RUNNER_SLOWDOWN) -> GateRuns:
     """Run the current side `repeats` times (`next_run(n)`, n from 1, returns the n-th run's record,
     or None when that run failed and nothing may be judged), compare, and while the comparison is
     not settled add one run at a time up to `max_repeats` runs in all (at least `repeats`)."""
@@ -110,7 +110,8 @@ def gate_runs(baseline: Baseline | list[RunRecord], next_run: Callable[[int], Ru
             return GateRuns(records, None, max(0, len(records) - repeats))
         records.append(record)
         if len(records) >= repeats:
-            comparison = compare(baseline, records, max_regression, fail_on, seed=seed, strict=strict)
+            comparison = compare(baseline, records, max_regression, fail_on, seed=seed, strict=strict,
+                                 co_runner_slowdown=co_runner_slowdown)
     assert comparison is not None  # repeats >= 1
     added = len(records) - repeats
     if added:

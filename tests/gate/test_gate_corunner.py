@@ -15,7 +15,7 @@ import pytest
 
 from perfdoctor.gate.baseline import RunRecord, load_baseline, save_baseline
 from perfdoctor.gate.compare import CO_RUNNER_SLOWDOWN, co_runner_allowance, compare
-from tests.helpers import TESTS
+from tests.helpers import TESTS, run_cli
 
 DATA = json.loads((TESTS / "data" / "corunner_gate.json").read_text())
 ENV = {"torch": "2.13.0", "device": "cpu", "cpu_count": 2, "script": "steady_train.py", "args": []}
@@ -103,3 +103,16 @@ def test_a_baseline_keeps_how_busy_the_other_cpus_were(tmp_path):
     path = tmp_path / "b.json"
     save_baseline([run(n) for n in QUIET], path)
     assert [r.others_busy for r in load_baseline(path).records] == [DATA[n]["others_busy"] for n in QUIET]
+
+
+def test_the_allowance_is_a_setting_of_perfdoctor_compare(tmp_path):
+    base, cur = sides(1.14, 0.0, 1.0)
+    save_baseline(base, tmp_path / "base.json")
+    save_baseline(cur, tmp_path / "cur.json")
+    args = ("compare", str(tmp_path / "base.json"), str(tmp_path / "cur.json"), "--format", "json")
+    default = run_cli(*args)
+    assert default.returncode == 0 and json.loads(default.stdout)["verdict"] == "host-contention"
+    off = run_cli(*args, "--co-runner-slowdown", "0")
+    assert off.returncode == 1 and json.loads(off.stdout)["verdict"] == "failed"
+    bad = run_cli(*args, "--co-runner-slowdown", "150%")
+    assert bad.returncode == 2 and "--co-runner-slowdown '150%': must be between 0% and 100%" in bad.stderr
