@@ -18,15 +18,21 @@ def test_pd004_silent_when_script_never_targets_cuda():
     assert judge(f, RULES) == []
 
 
+def _judged(at: Location, source: str, **facts):
+    """PD004 on a CPU run of a CUDA-targeting script with one `cpu_to_device` subject at `at`."""
+    f = cpu_run()
+    f.add("script.targets_cuda", True, "", "static")
+    s = f.subject("cpu_to_device", f"{at.file}:{at.line}")
+    for name, value in facts.items():
+        s.add(name, value, "", source)
+    s.locations.append(at)
+    return judge(f, RULES)
+
+
 def test_pd004_only_for_tensors_made_every_step():
     def run(in_loop, factory="zeros"):
-        f = cpu_run()
-        f.add("script.targets_cuda", True, "", "static")
-        s = f.subject("cpu_to_device", "t.py:3")
-        s.add("factory", factory, "", "static")
-        s.add("in_loop", in_loop, "", "static")
-        s.locations.append(Location("t.py", 3, "h0 = torch.zeros(2, 16, 8).to(device)"))
-        return judge(f, RULES)
+        return _judged(Location("t.py", 3, "h0 = torch.zeros(2, 16, 8).to(device)"), "static",
+                       factory=factory, in_loop=in_loop)
     assert run(in_loop=False) == []  # once per epoch or per run: nothing per step
     (finding,) = run(in_loop=True)
     assert "on every step" in finding.message and "Pass device=" in finding.message
@@ -35,25 +41,13 @@ def test_pd004_only_for_tensors_made_every_step():
 
 
 def test_pd004_host_batch_says_where_the_store_should_live():
-    f = cpu_run()
-    f.add("script.targets_cuda", True, "", "static")
-    s = f.subject("cpu_to_device", "buffers.py:30")
-    s.add("factory", "Tensor", "", "static")
-    s.add("in_loop", True, "", "static")
-    s.add("host_data", True, "", "static")
-    s.locations.append(Location("buffers.py", 30, "obs1=torch.Tensor(self.obs1_buf[idxs]).to(self.device),"))
-    (finding,) = judge(f, RULES)
+    (finding,) = _judged(Location("buffers.py", 30, "obs1=torch.Tensor(self.obs1_buf[idxs]).to(self.device),"),
+                         "static", factory="Tensor", in_loop=True, host_data=True)
     assert finding.title.startswith("A batch drawn from a store in host memory") and "torch.Tensor(...)" in finding.title
     assert "Keep the store on the device" in finding.message and "Pass device=" not in finding.message
 
 
 def test_pd004_a_kept_host_tensor_moved_every_step():
-    f = cpu_run()
-    f.add("script.targets_cuda", True, "", "static")
-    s = f.subject("cpu_to_device", "sched.py:30")
-    s.add("kept", True, "", "run")
-    s.add("in_loop", True, "", "run")
-    s.locations.append(Location("sched.py", 30, "a = self.alphas.to(x.device)[t]"))
-    (finding,) = judge(f, RULES)
+    (finding,) = _judged(Location("sched.py", 30, "a = self.alphas.to(x.device)[t]"), "run", kept=True, in_loop=True)
     assert finding.title == "The same host tensor is copied to the device on every step"
     assert "Move it to the device once" in finding.message and "Pass device=" not in finding.message

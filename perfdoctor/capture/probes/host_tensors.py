@@ -162,7 +162,8 @@ class HostTensorProbe:
                 probe._moved(t, getframe(1), "to", _non_blocking(args, kwargs))
                 return orig_to(t, *args, **kwargs)
             out = orig_to(t, *args, **kwargs)  # a dtype only: the copy is the same host tensor
-            probe._cast(t, out)
+            if probe.made:
+                probe._cast(t, out)
             return out
 
         def cuda(t: Any, *args: Any, **kwargs: Any) -> Any:
@@ -288,14 +289,19 @@ class HostTensorProbe:
             k.steps += 1
 
     def _kept_records(self) -> list[HostTensorRecord]:
+        """One record per move line whose tensor was moved on MIN_KEPT_STEPS watched steps: the line's
+        own test first (a move stored back), then the heap scan for a module's buffer per tensor."""
         out = []
         for (code_id, line), tensors in self.kept.items():
-            for k in tensors.values():
+            often = [k for k in tensors.values() if k.steps >= MIN_KEPT_STEPS]
+            if not often:
+                continue
+            moved = self._site(code_id, line)
+            if _stored_back(moved.code):
+                continue
+            for k in often:
                 t = k.ref()
-                if k.steps < MIN_KEPT_STEPS or (t is not None and _module_buffer(t)):
-                    continue
-                moved = self._site(code_id, line)
-                if _stored_back(moved.code):
+                if t is not None and _module_buffer(t):
                     continue
                 out.append(HostTensorRecord(moved=moved, how=k.how, moves=k.moves, steps=k.steps,
                                             watched=max(self.watched, k.steps), nbytes=k.nbytes,

@@ -54,7 +54,7 @@ def _uses_amp(index: SourceIndex) -> bool:
                 return True
             continue  # on where the user turns it on: the run shows whether this run did (PD007)
         for a in call.args:  # handed on, not called here: partial(torch.autocast, device_type=...)
-            if index.qual(a) in _AUTOCAST and not _switched(index, a, call if index.qual(call.func) == "functools.partial" else None):
+            if index.qual(a) in _AUTOCAST and not _switched(index, a, call if q == "functools.partial" else None):
                 return True
         f = call.func
         if isinstance(f, ast.Attribute) and f.attr in _LOW_METHODS and not call.args:
