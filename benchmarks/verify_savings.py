@@ -52,7 +52,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 EXPECT = re.compile(r"#\s*expect:\s*((?:PD\d{3}[,\s]*)+)")
-ENV = {"OMP_NUM_THREADS": "1", **os.environ, "PYTHONPATH": str(REPO), "NO_COLOR": "1"}
+# the repo first, then whatever PYTHONPATH the caller set (where perfdoctor's own dependencies may live)
+ENV = {"OMP_NUM_THREADS": "1", **os.environ, "NO_COLOR": "1",
+       "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
 
 
 @dataclass
