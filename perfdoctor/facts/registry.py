@@ -301,6 +301,8 @@ GLOBAL_FACTS.update(_declare(GLOBAL, [
     ("layout.transpose_ms", "ms", "trace", "NCHW<->NHWC layout transpose kernel time per step"),
     ("data.custom_collate", "bool", "static",
      "a DataLoader is given a collate_fn (its batches may change shape from step to step)"),
+    ("conv.shape_reuse", "ratio", "trace",
+     "share of the profiled steps after the first whose convolutions got input shapes an earlier step gave them"),
 ]))
 SUBJECT_FACTS.update({
     "conv_net": _declare("conv_net", [

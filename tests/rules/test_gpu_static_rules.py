@@ -123,6 +123,42 @@ def test_pd016_quiet_where_autotuning_would_not_help(tmp_path, extra):
     assert findings(facts, tmp_path, "PD016") == []
 
 
+def _conv_trace(path: Path, widths: list[int]) -> Path:
+    """A CPU trace of a 1-D convolutional model as torch.profiler writes it: one profiled step per
+    width, each running two `aten::convolution` ops on inputs of that width (a batch padded to its
+    longest word)."""
+    import gzip
+    import json
+
+    ev, ts = [], 0.0
+    for n, w in enumerate(widths):
+        t0 = ts
+        for c in (30, 50):
+            ev.append({"ph": "X", "cat": "cpu_op", "name": "aten::convolution", "pid": 1, "tid": 1, "ts": ts,
+                       "dur": 100, "args": {"Input Dims": [[10, c, w], [50, c, 3], [50]],
+                                            "Input type": ["float", "float", "float"]}})
+            ts += 200
+        ev.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{n + 1}", "pid": 1, "tid": 1,
+                   "ts": t0, "dur": ts - t0})
+        ts += 10
+    path.write_bytes(gzip.compress(json.dumps({"traceEvents": ev}).encode()))
+    return path
+
+
+@pytest.mark.parametrize("widths, reuse, fires", [
+    ([12, 9, 15, 11, 14], 0.0, False),  # every batch padded to its own longest word: a new shape each step
+    ([12, 12, 12, 12, 12], 1.0, True),  # fixed shapes: the search runs once
+    ([12, 12, 12, 12, 7], 0.75, True),  # an epoch's last, partial batch
+])
+def test_pd016_judges_the_shapes_the_steps_fed_the_convolutions(tmp_path, widths, reuse, fires):
+    """ncrfpp-lstmcrf: a character CNN over each batch's longest word, batches built without a
+    DataLoader (no collate_fn to go by): the profiled steps' convolution input shapes decide."""
+    facts, _ = analyse(tmp_path, CONV_NET, machine(Facts()))
+    add_trace_facts(load_trace(_conv_trace(tmp_path / "trace.json.gz", widths)), facts)
+    assert facts.value("conv.shape_reuse") == reuse
+    assert bool(findings(facts, tmp_path, "PD016")) is fires
+
+
 def test_pd016_benchmark_set_in_another_file_counts(tmp_path):
     other = tmp_path / "setup.py"
     other.write_text("from torch.backends import cudnn\ncudnn.benchmark = True\n")

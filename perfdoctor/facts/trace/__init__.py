@@ -21,6 +21,7 @@ from perfdoctor.facts.trace import (
     anomaly,
     breakdown,
     comm,
+    conv_shapes,
     copies,
     counters,
     dataloader,
@@ -58,7 +59,7 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
         if ctx.gpu:
             families += [(gpu.add, (steps.gpu_parts, summary)), (sync.add, ()), (copies.add, ()), (empty_cache.add, ()),
                          (layout.add, ())]
-        families += [(matmul.add, ()), (flops.add, (summary,)), (allocations.add, ()), (comm.add, ()),
+        families += [(matmul.add, ()), (conv_shapes.add, ()), (flops.add, (summary,)), (allocations.add, ()), (comm.add, ()),
                      (dataparallel.add, ()), (ddp_sync.add, ()),
                      (dataloader.add, (steps.data_loading,)), (counters.add, ()), (anomaly.add, ())]
         for add, args in families:  # each one family of facts (`Facts.family`)
