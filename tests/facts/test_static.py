@@ -1567,3 +1567,55 @@ def test_dataparallel_built_only_where_the_user_turns_it_on(tmp_path):
         """)
     got = by_line(facts, "dataparallel")
     assert got[10].get("opt_in") is True and "opt_in" not in got[12] and "opt_in" not in got[13]
+
+
+def test_host_reads_of_tensors_the_step_made_on_the_host_before_moving_them(tmp_path):
+    """ncrfpp-lstmcrf: batchify builds the lengths with torch.LongTensor(...) and reads them (`.max()
+    .item()`, `seqlen.item()` over `zip(..., lengths)`) before `if gpu: lengths = lengths.cuda()`:
+    host tensors, no sync. The same read after the move, a read where a loop brings the move round,
+    and a made tensor beside one not known are device reads; a later tuple rebinding (`lengths, order =
+    lengths.sort(...)`) does not hide the reads before it."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+
+        def batchify(batch, gpu):
+            words = [b[0] for b in batch]
+            lengths = torch.LongTensor(list(map(len, words)))
+            longest = lengths.max().item()
+            mask = torch.zeros((len(batch), longest)).bool()
+            for idx, (seq, seqlen) in enumerate(zip(words, lengths)):
+                n = seqlen.item()
+                mask[idx, :n] = 1
+            total = (lengths * 2).sum().item()
+            lengths, order = lengths.sort(0, descending=True)
+            if gpu:
+                lengths = lengths.cuda()
+            after = lengths.sum().item()
+            return lengths, mask
+
+        def train(model, batches, opt):
+            acc = torch.zeros(1)
+            for batch in batches:
+                x, m = batchify(batch, True)
+                loss = model(x, m)
+                loss.backward()
+                opt.step()
+                acc = acc + loss.detach()
+                print(acc.item())
+                steps = torch.tensor(3)
+                print((steps * loss).item())
+                s = torch.tensor(0.0, device="cuda")
+                v = s.item()
+                c = torch.ones(2)
+                r = c.sum().item()
+                c = c.cuda()
+        """)
+    got = by_line(facts, "host_read")
+    assert got[6] == {"kind": "item", "in_loop": False}  # .max() of lengths made on the host
+    assert got[9] == {"kind": "item", "in_loop": False}  # an element of iterating them
+    assert got[11] == {"kind": "item", "in_loop": False}  # arithmetic with a number keeps it on the host
+    assert 15 not in got  # after the move: a device read, left to the run's count as any helper's
+    assert got[26] == {"kind": "item", "in_loop": True}  # acc grew from the loss
+    assert got[28] == {"kind": "item", "in_loop": True}  # beside the loss: on the device
+    assert got[30] == {"kind": "item", "in_loop": True}  # made with device=
+    assert got[32] == {"kind": "item", "in_loop": True}  # the loop brings `c = c.cuda()` round

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import ast
 import re
+from typing import Any
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
@@ -314,33 +315,50 @@ def _reads(index: SourceIndex, body: list[ast.stmt], top: ast.AST, reads: dict[i
 
 class _Host:
     """Which expressions are values already on the host: an array (the result of `.cpu()` or
-    `.numpy()`, of a numpy function) or a Python number (`.item()`, `.tolist()`, a literal); what a
-    method chain (not `.to()` / `.cuda()`), indexing, or arithmetic and comparisons with a host array
-    make of one (a CUDA operand beside a host array fails on the GPU) or of numbers only; and a name
-    its function (or the module) binds only to such values."""
+    `.numpy()`, of a numpy function), a Python number (`.item()`, `.tolist()`, a literal) or a tensor
+    the script made on the host (`made`: a torch constructor given no device, `torch.LongTensor(lens)`,
+    `torch.tensor(ids)`, `torch.zeros(b, t)`); what a method chain (not `.to()` / `.cuda()`), indexing,
+    or arithmetic and comparisons with a host array make of one (a CUDA operand beside a host array
+    fails on the GPU) or of numbers and made tensors only; an element of iterating one (`for n in
+    lengths`, through `zip` and `enumerate`); and a name its function (or the module) binds only to
+    such values before the read (a binding after it counts where a loop around both brings it back
+    round: `lens = torch.LongTensor(...)`, `lens.max().item()`, then `lens = lens.cuda()` reads a host
+    tensor; the same three lines in a loop body read the moved one on the next pass)."""
 
     _ARRAY = frozenset({"cpu", "numpy"})
     _NUMBER = frozenset({"item", "tolist"})
     _TO_DEVICE = frozenset({"to", "cuda", "type_as"})
+    # torch's constructors of a new CPU tensor, from host data or sizes, unless given device= (the
+    # legacy types take none); `*_like` keep their input's device and are left out
+    _MADE = frozenset({"tensor", "as_tensor", "from_numpy", "zeros", "ones", "full", "empty", "arange", "linspace",
+                       "eye", "randn", "rand", "randint", "randperm", "normal", "FloatTensor", "DoubleTensor",
+                       "HalfTensor", "ByteTensor", "CharTensor", "ShortTensor", "IntTensor", "LongTensor",
+                       "BoolTensor", "Tensor"})
 
     def __init__(self, index: SourceIndex):
         self.index = index
-        self.names: dict[ast.AST | None, dict[str, str]] = {}  # scope -> its names bound only to host values
+        # (scope, line) -> the names bound only to host values before that line
+        self.names: dict[tuple[ast.AST | None, int], dict[str, str]] = {}
 
     def on_host(self, expr: ast.expr) -> bool:
         scope, _ = self.index.context(expr)
-        names = self.names.get(scope)
+        key = (scope, expr.lineno)
+        names = self.names.get(key)
         if names is None:
-            names = self.names[scope] = self._host_names(scope)
+            names = self.names[key] = self._host_names(scope, expr)
         return self._kind(expr, names) is not None
 
     def _kind(self, n: ast.expr, names: dict[str, str]) -> str | None:
-        """"array" or "number" for a host value, None for a device tensor or one not known."""
+        """"array", "number" or "made" for a host value, None for a device tensor or one not known."""
         while True:
             if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute):
                 q = self.index.qual(n.func)
                 if q is not None:  # a module's function: numpy's work on the host, torch's a new tensor
-                    return "array" if q.startswith("numpy.") else None
+                    if q.startswith("numpy."):
+                        return "array"
+                    made = q.startswith("torch.") and q[6:] in self._MADE and not any(
+                        k.arg in ("device", None) for k in n.keywords)
+                    return "made" if made else None
                 if n.func.attr in self._ARRAY and not n.keywords:
                     return "array"
                 if n.func.attr in self._NUMBER and not n.args and not n.keywords:
@@ -355,41 +373,117 @@ class _Host:
             elif isinstance(n, (ast.BinOp, ast.Compare)):
                 parts = [n.left, n.right] if isinstance(n, ast.BinOp) else [n.left, *n.comparators]
                 kinds = [self._kind(x, names) for x in parts]
-                return "array" if "array" in kinds else "number" if all(k == "number" for k in kinds) else None
+                if "array" in kinds:
+                    return "array"
+                if all(k == "number" for k in kinds):
+                    return "number"
+                # a made tensor with numbers or made tensors: still on the host (beside a tensor not
+                # known, the result is where that one is)
+                return "made" if all(k in ("number", "made") for k in kinds) else None
             elif isinstance(n, ast.Name):
                 return names.get(n.id)
             else:
                 return "number" if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) else None
 
-    def _host_names(self, scope: ast.AST | None) -> dict[str, str]:
-        """The names `scope` binds only with `name = <host value>` (or `name += <host value>`), each
-        "array" or "number"."""
+    def _element(self, it: ast.expr, names: dict[str, str]) -> str | None:
+        """The kind of what iterating `it` gives: a number for `range(...)`, a made tensor's rows or
+        items (`for n in lengths`), an array's."""
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and it.func.id == "range":
+            return "number"
+        kind = self._kind(it, names)
+        return kind if kind in ("made", "array") else None
+
+    def _for_targets(self, target: ast.expr, it: ast.expr, bind: Any) -> bool:
+        """Bind the names of a `for` target to what iterating `it` gives (`bind((name, value))`),
+        through `enumerate(...)` and `zip(...)`; False where the target's shape is not followed."""
+        if isinstance(it, ast.Call) and isinstance(it.func, ast.Name) and not it.keywords:
+            if (it.func.id == "enumerate" and len(it.args) == 1 and isinstance(target, ast.Tuple)
+                    and len(target.elts) == 2 and isinstance(target.elts[0], ast.Name)):
+                bind((target.elts[0], ast.Constant(0)))
+                return self._for_targets(target.elts[1], it.args[0], bind)
+            if (it.func.id == "zip" and isinstance(target, ast.Tuple) and len(target.elts) == len(it.args)
+                    and it.args):
+                return all(self._for_targets(t, a, bind) for t, a in zip(target.elts, it.args))
+        if isinstance(target, ast.Name):
+            bind((target, _Element(it)))
+            return True
+        return False
+
+    def _host_names(self, scope: ast.AST | None, read: ast.expr) -> dict[str, str]:
+        """The names `scope` binds only with `name = <host value>` (or `name += <host value>`, or as a
+        `for` target over host values) before `read`, each "array", "number" or "made"."""
         body = scope.body if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)) else (
             [] if scope is not None else self.index.tree.body)
-        values: dict[str, list[ast.expr]] = {}
-        other: set[str] = set()  # bound otherwise: a parameter, a loop target, a tuple, `with ... as`
+        values: dict[str, list[ast.expr | _Element]] = {}
+        other: set[str] = set()  # bound otherwise: a parameter, a tuple, `with ... as`, a target not followed
+        followed: set[int] = set()  # id() of the for-target names bound through _for_targets
         if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
             a = scope.args
             other |= {x.arg for x in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if x is not None}
+        around = self._loops(read)
+
+        def before(n: ast.AST) -> bool:  # bound before the read, or brought round to it by a loop
+            return n.lineno < read.lineno or bool(self._loops(n) & around)  # type: ignore[attr-defined]
+
+        def bind(name: ast.Name, value: ast.expr | _Element) -> None:
+            followed.add(id(name))
+            values.setdefault(name.id, []).append(value)
+
         for n in walk_scope(body):
             if isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)) and n.value is not None:
+                if not before(n):
+                    continue
                 targets = n.targets if isinstance(n, ast.Assign) else [n.target]
                 for t in targets:
                     if isinstance(t, ast.Name):
                         values.setdefault(t.id, []).append(n.value)
                     else:
                         other |= {m.id for m in ast.walk(t) if isinstance(m, ast.Name) and isinstance(m.ctx, ast.Store)}
-            elif isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and not isinstance(
-                    self.index.parents.get(n), (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            elif isinstance(n, (ast.For, ast.AsyncFor)) and before(n):
+                local: list[tuple[ast.Name, ast.expr | _Element]] = []
+                if self._for_targets(n.target, n.iter, local.append):
+                    for name, v in local:
+                        bind(name, v)
+        for n in walk_scope(body):
+            if (isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store) and id(n) not in followed
+                    and not isinstance(self.index.parents.get(n), (ast.Assign, ast.AnnAssign, ast.AugAssign))
+                    and before(self._statement(n))):
                 other.add(n.id)
         names: dict[str, str] = {}
         for _ in range(4):  # names bound to other host names
             grown: dict[str, str] = {}
             for k, vs in values.items():
-                kinds = [self._kind(v, names) for v in vs]
+                kinds = [self._element(v.it, names) if isinstance(v, _Element) else self._kind(v, names) for v in vs]
                 if k not in other and None not in kinds:
-                    grown[k] = "array" if "array" in kinds else "number"
+                    grown[k] = "array" if "array" in kinds else "made" if "made" in kinds else "number"
             if grown == names:
                 break
             names = grown
         return names
+
+    def _statement(self, n: ast.AST) -> ast.AST:
+        """The statement that holds `n`."""
+        while not isinstance(n, ast.stmt):
+            parent = self.index.parents.get(n)
+            if parent is None:
+                return n
+            n = parent
+        return n
+
+    def _loops(self, n: ast.AST) -> set[int]:
+        """id() of the for/while loops of its function around `n`."""
+        out: set[int] = set()
+        loop = self.index.loops.enclosing_loop(n)
+        while loop is not None:
+            out.add(id(loop))
+            loop = self.index.loops.enclosing_loop(loop)
+        return out
+
+
+class _Element:
+    """What a `for` loop binds its target to: an item of iterating `it`."""
+
+    __slots__ = ("it",)
+
+    def __init__(self, it: ast.expr):
+        self.it = it
