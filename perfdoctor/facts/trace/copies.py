@@ -43,22 +43,42 @@ def add(ctx: TraceContext) -> None:
 
 
 def _cpu_to_device(ctx: TraceContext, htod: set[int]) -> None:
-    """A tensor made by a CPU factory op, then copied HtoD from the same python frame."""
+    """A tensor made by a CPU factory op, then copied HtoD from the same python frame. The factory
+    must be the user's own call (a direct frame): the profiler names a frame by its function, not its
+    line, so a library's factory inside that function (AdamW's `torch.tensor` step counts under
+    `optimizer.step()`) would otherwise pair with the batch's `.to(device)` beside it. Only a factory op
+    the Python call made itself (no op around it) that launched no GPU work made a host tensor:
+    `torch.randn(shape, device="cuda")` launches its fill kernel."""
     t, stacks, launches, ns = ctx.trace, ctx.stacks, ctx.launches, ctx.per_step
     name, strings = t.name, t.strings
     factory_frames: dict[Any, str] = {}
     factories = t.names_where(_FACTORIES.__contains__)
     cpu_ops = t.indices(CPU_OP)
+    cpu_ops_by_track: dict[int, list[int]] = defaultdict(list)
     for i in cpu_ops:
-        if name[i] in factories:
-            u = stacks.frame(i)
+        cpu_ops_by_track[t.track[i]].append(i)
+    launched: dict[int, list[float]] = defaultdict(list)  # per CPU track, when it launched GPU work
+    for call in launches.values():
+        launched[t.track[call]].append(t.ts[call])
+    for v in launched.values():
+        v.sort()
+    for track, ops in cpu_ops_by_track.items():
+        top_end = float("-inf")
+        for i in sorted(ops, key=lambda j: (t.ts[j], -t.dur[j])):
+            if t.ts[i] < top_end:  # inside another op: `aten::to`'s own empty, `randn`'s
+                continue
+            top_end = t.ts[i] + t.dur[i]
+            if name[i] not in factories:
+                continue
+            lt = launched.get(track, [])
+            k = bisect_right(lt, t.ts[i])  # a factory that launched a kernel made its tensor on the GPU
+            if k > 0 and lt[k - 1] == t.ts[i] or k < len(lt) and lt[k] <= top_end:
+                continue
+            u = stacks.frame(i, direct=True)
             if u:
                 factory_frames[(u[1], u[0][:2]) if u[1] >= 0 else u[0][:2]] = strings[name[i]]
     if not factory_frames:
         return
-    cpu_ops_by_track: dict[int, list[int]] = defaultdict(list)
-    for i in cpu_ops:
-        cpu_ops_by_track[t.track[i]].append(i)
     op_starts = {k: [t.ts[i] for i in v] for k, v in cpu_ops_by_track.items()}  # already in ts order
     for i in t.indices(MEMCPY):
         if name[i] not in htod:

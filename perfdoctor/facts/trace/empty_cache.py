@@ -1,5 +1,6 @@
 """torch.cuda.empty_cache(): the allocator's frees per step, and one `empty_cache` subject per
-call site the python stacks name."""
+call site the python stacks name (the outermost `empty_cache` frame, so a wrapper around torch's, such
+as perfdoctor's own probe in a run's trace, counts once, at the user's line that called it)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,13 @@ def add(ctx: TraceContext) -> None:
     for i in t.indices(PYFUNC):
         if name[i] in calls:
             p = stacks.by_id.get(t.corr[i])  # the python caller of empty_cache
-            u = stacks.named_frame(name[p]) if p is not None else None
+            if p is not None and name[p] in calls:
+                continue  # torch's own, inside a wrapper already counted (perfdoctor's probe, a library's)
+            u = None
+            seen: set[int] = set()
+            while p is not None and p not in seen and not (u := stacks.named_frame(name[p])):
+                seen.add(p)  # up to the user's line: a library's helper that empties the cache is called from it
+                p = stacks.by_id.get(t.corr[p])
             key, loc = location(u) if u else ("trace:empty_cache", None)
             s = ctx.facts.subject("empty_cache", key)
             if loc and loc not in s.locations:

@@ -42,6 +42,23 @@ def user_frame(frame: str) -> Frame | None:
     return f, int(m.group(2)), m.group(3)
 
 
+def _between(frame: str) -> bool:
+    """A frame that may lie between a user's call and the op it made: a C function's
+    (`<built-in method randn of type object at 0x...>`) or perfdoctor's own probe wrapping it."""
+    frame = frame.lstrip()
+    return frame.startswith(("<built-in", "perfdoctor/"))
+
+
+def _legacy_frame(stack: str, direct: bool) -> tuple[Frame, int] | None:
+    """Stacks.frame for a legacy `Call stack` string (frames innermost first, `;`-separated)."""
+    for fr in stack.split(";"):
+        if u := user_frame(fr):
+            return u, -1
+        if direct and fr.strip() and not _between(fr):
+            return None
+    return None
+
+
 def location(u: Frame) -> tuple[str, Location]:
     """The subject key ("file:line") and the Location of a user frame."""
     return f"{u[0]}:{u[1]}", Location(file=u[0], line=u[1], function=u[2])
@@ -67,7 +84,7 @@ class Stacks:
         self.start = min((t.ts[lst[0]] for lst in self.by_track.values() if lst), default=None)
         self.starts = {k: [t.ts[i] for i in v] for k, v in self.by_track.items()}
         self._named: dict[int, Frame | None] = {}  # string index -> user_frame
-        self._legacy: dict[int, tuple[Frame, int] | None] = {}  # call stack index -> frame
+        self._legacy: dict[tuple[int, bool], tuple[Frame, int] | None] = {}  # (call stack, direct) -> frame
 
     def named_frame(self, si: int) -> Frame | None:
         """user_frame of t.strings[si], cached (the same frames and stacks repeat every step)."""
@@ -98,15 +115,17 @@ class Stacks:
             p = self.by_id.get(t.corr[p])
         return out
 
-    def frame(self, i: int) -> tuple[Frame, int] | None:
+    def frame(self, i: int, direct: bool = False) -> tuple[Frame, int] | None:
         """(file, line, function) of the innermost user frame around event i, and an id of that
-        frame's invocation (python event index, or -1 for legacy call stacks)."""
+        frame's invocation (python event index, or -1 for legacy call stacks). With `direct`, only a
+        user frame that made the call itself, through built-ins (`torch.tensor`, `Tensor.to`) and
+        perfdoctor's probes alone, not one that called a library that made it (an optimizer's own `torch.tensor(1.0)`)."""
         t = self.t
         cs = t.call_stack.get(i)
         if cs is not None:
-            if cs not in self._legacy:
-                self._legacy[cs] = next(((u, -1) for fr in t.strings[cs].split(";") if (u := user_frame(fr))), None)
-            return self._legacy[cs]
+            if (cs, direct) not in self._legacy:
+                self._legacy[(cs, direct)] = _legacy_frame(t.strings[cs], direct)
+            return self._legacy[(cs, direct)]
         lst = self.by_track.get(t.track[i])
         if not lst:
             return None
@@ -128,5 +147,7 @@ class Stacks:
             u = self.named_frame(t.name[caller])
             if u:
                 return None if self.start is not None and t.ts[caller] <= self.start + START_SLACK_US else (u, caller)
+            if direct and not _between(t.strings[t.name[caller]]):
+                return None
             caller = self.by_id.get(t.corr[caller])
         return None
