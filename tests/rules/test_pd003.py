@@ -57,3 +57,22 @@ def test_pd003_not_for_an_evaluation_loader():
         s.add("pin_memory_on_cuda", False, "", "static")
         s.add("trains", trains, "", "static")
         assert ("PD003" in ids(judge(f, RULES))) is fires
+
+
+def test_pd003_saves_the_time_the_cpu_waits_in_pageable_copies():
+    # as on an H200 (docs/gpu.md): small pageable copies take microseconds on the GPU and hold the CPU
+    # in cudaMemcpyAsync over ten times as long; pinned and non_blocking, the call returns at once
+    f = Facts()
+    f.add("step.time_ms", 8.0, "ms", "trace")
+    f.add("device.type", "cuda", "", "trace")
+    f.add("copies.h2d_pageable_per_step", 2, "count", "trace")
+    f.add("copies.h2d_pageable_ms", 0.02, "ms", "trace")
+    f.add("copies.h2d_pageable_host_ms", 0.3, "ms", "trace")
+    (finding,) = [x for x in judge(f, RULES) if x.rule == "PD003"]
+    assert finding.ms_per_step == pytest.approx(0.3)
+    f = Facts()  # the same copies holding the CPU under the threshold: nothing worth a finding
+    f.add("device.type", "cuda", "", "trace")
+    f.add("copies.h2d_pageable_per_step", 2, "count", "trace")
+    f.add("copies.h2d_pageable_ms", 0.2, "ms", "trace")
+    f.add("copies.h2d_pageable_host_ms", 0.05, "ms", "trace")
+    assert "PD003" not in ids(judge(f, RULES))

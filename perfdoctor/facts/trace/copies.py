@@ -23,7 +23,7 @@ def add(ctx: TraceContext) -> None:
     cpu_to_device subjects."""
     t, windows, launches, ns = ctx.trace, ctx.cpu_windows, ctx.launches, ctx.per_step
     name, strings, ts, dur = t.name, t.strings, t.ts, t.dur
-    h2d, h2d_pageable, h2d_ms, h2d_pg_ms = [], [], 0.0, 0.0
+    h2d, h2d_pageable, h2d_ms, h2d_pg_ms, h2d_pg_host_ms = [], [], 0.0, 0.0, 0.0
     htod = t.names_where(lambda s: "HtoD" in s)
     for i in t.indices(MEMCPY):
         if name[i] in htod:
@@ -35,10 +35,13 @@ def add(ctx: TraceContext) -> None:
             if "Pageable" in nm:
                 h2d_pageable.append(when)
                 h2d_pg_ms += dur[i]
+                h2d_pg_host_ms += dur[r] if r is not None else dur[i]  # the CPU waits in the call throughout
     ctx.put("copies.h2d_per_step", median(count_in(h2d, windows)), "count")
     ctx.put("copies.h2d_pageable_per_step", median(count_in(h2d_pageable, windows)), "count")
     ctx.put("copies.h2d_ms", h2d_ms / 1000 / ns, "ms")
     ctx.put("copies.h2d_pageable_ms", h2d_pg_ms / 1000 / ns, "ms")
+    if h2d_pageable:
+        ctx.put("copies.h2d_pageable_host_ms", h2d_pg_host_ms / 1000 / ns, "ms")
     _cpu_to_device(ctx, htod)
 
 
