@@ -2,7 +2,7 @@
 `perfdoctor run`, on CUDA, with one row per sample: the median step bare and under perfdoctor,
 their ratio, the findings, the trace's size, and the device the run used.
 
-    python benchmarks/gpu_smoke.py [--steps 40] [--only pd002] [--keep DIR]   # on a machine with a GPU
+    python benchmarks/gpu_smoke.py [--steps 40] [--only pd002] [--keep DIR] [--rows F]  # on a machine with a GPU
     python benchmarks/gpu_smoke.py --dry-run [--steps 12] [--only clean]      # here: the same, on the CPU
 
 The samples pick their device with the usual idiom (`"cuda" if torch.cuda.is_available()`), so on
@@ -140,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", type=Path, default=None, help="keep the run folders (and their traces) here")
     ap.add_argument("--dry-run", action="store_true", help="run on the CPU (GPUs hidden): checks the harness")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    ap.add_argument("--rows", type=Path, default=None,
+                    help="also append each row to this JSON-lines file as soon as it is measured (a device "
+                         "call's time limit then keeps the rows done)")
     args = ap.parse_args(argv)
     steps = args.steps or (12 if args.dry_run else 40)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
@@ -158,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         for script in chosen:
             row = {"sample": script.name, "bare_ms": bare(script, steps, env)}
             row.update(under_perfdoctor(script, steps, env, root / script.stem))
+            row["load"] = os.getloadavg()[0]
             rows.append(row)
+            if args.rows:
+                with args.rows.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
             print(f"gpu_smoke: {script.name} done", file=sys.stderr, flush=True)
     print(json.dumps(rows, indent=1) if args.json else table(rows))
     wrong_device = [r["sample"] for r in rows if not args.dry_run and r.get("device_type") != "cuda"]
