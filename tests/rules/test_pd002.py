@@ -113,3 +113,17 @@ def test_pd002_judges_the_workers_of_the_cuda_path(tmp_path):
     assert f.message.startswith("The workers do not keep up")
     # 4 workers: 50/4 = 12.5 ms of loading, all behind 15 ms of compute: 35 ms saved
     assert f.ms_per_step == pytest.approx(35.0)
+
+
+def test_pd002_leaves_an_evaluation_loader_alone():
+    # dragen1860's lesson28 and keon's resnet.py: a test loader with no workers, iterated once per epoch
+    # in a loop that takes no training step; its loading, spread over the steps as a mean, projected
+    # a third of a GPU step. The training loader beside it is judged as before
+    f = _cpu_run_of_gpu_script(15.0, 60.0)
+    assert ids(judge(f, PD002)) == ["PD002"]
+    f.subjects["dataloader"][0].add("trains", False, "", "static")
+    assert judge(f, PD002) == []
+    # where the run saw the batches reach the steps, the loader trains
+    g = _cpu_run_of_gpu_script(15.0, 60.0)
+    g.subjects["dataloader"][0].add("trains", True)
+    assert ids(judge(g, PD002)) == ["PD002"]
