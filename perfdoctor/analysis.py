@@ -111,7 +111,9 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     facts: Facts = data.facts
     notes = list(data.notes)
     user_files = [Path(p) for p in data.user_files if Path(p).is_file()]
-    analyse_files(user_files, facts, data.model_classes, data.decided, data.step_chain)
+    script = data.meta.get("script")
+    analyse_files(user_files, facts, data.model_classes, data.decided, data.step_chain,
+                  script=Path(script) if isinstance(script, str) and script else None)
     trace_summary: SummaryDoc | None = None
     dropped: dict[str, int] = {}
     if data.trace_path is not None and Path(data.trace_path).is_file():

@@ -1619,3 +1619,47 @@ def test_host_reads_of_tensors_the_step_made_on_the_host_before_moving_them(tmp_
     assert got[28] == {"kind": "item", "in_loop": True}  # beside the loss: on the device
     assert got[30] == {"kind": "item", "in_loop": True}  # made with device=
     assert got[32] == {"kind": "item", "in_loop": True}  # the loop brings `c = c.cuda()` round
+
+
+def test_an_imported_modules_main_block_never_runs(tmp_path):
+    """karpathy/pytorch-made: run.py trains; made.py, which it imports, ends with a self-test under
+    `if __name__ == '__main__':` that backpropagates in a loop and reads `.numpy()` of a gradient. In a
+    run of run.py that block never ran: no per-step host read there. The script's own block stays
+    (its training loop is there), and an `else:` branch of the guard is what the import runs."""
+    model = tmp_path / "made.py"
+    model.write_text(textwrap.dedent("""\
+        import torch
+        class MADE(torch.nn.Module):
+            pass
+        if __name__ == '__main__':
+            for k in range(10):
+                loss = model(x)[0, k]
+                loss.backward()
+                depends = (x.grad[0].numpy() != 0)
+        else:
+            for k in range(10):
+                loss = model(x)[0, k]
+                loss.backward()
+                print(loss.item())
+        """))
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent("""\
+        import torch
+        from made import MADE
+        if __name__ == '__main__':
+            for step in range(100):
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+                lossf = loss.item()
+        """))
+    facts = Facts()
+    analyse_files([script, model], facts, script=script)
+    reads = {(Path(s.key.rsplit(":", 1)[0]).name, int(s.key.rsplit(":", 1)[1])): s.facts["host_read.in_loop"].value
+             for s in facts.of_kind("host_read")}
+    assert reads == {("run.py", 8): True, ("made.py", 13): True}
+    # without the script named (a trace, `python -m pkg`), every file is read whole, as before
+    whole = Facts()
+    analyse_files([script, model], whole)
+    assert ("made.py", 8) in {(Path(s.key.rsplit(":", 1)[0]).name, int(s.key.rsplit(":", 1)[1]))
+                              for s in whole.of_kind("host_read")}

@@ -67,7 +67,8 @@ DETECTORS = (
 
 
 def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | None = None,
-                  decided: frozenset[str] = frozenset(), step_chain: Sequence[Site] = ()) -> None:
+                  decided: frozenset[str] = frozenset(), step_chain: Sequence[Site] = (),
+                  script: Path | None = None) -> None:
     """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped.
     `model_classes`: the classes of the models a run called ("<absolute file>:<qualname>", their
     bases included), where a run knows them: the detectors of model code judge only those
@@ -75,14 +76,16 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     decided from what it observed (`perfdoctor.facts.run.modules.decided`): their detectors (the
     module of that name) stand down. `step_chain`: the user's frames the run saw at its first optimizer
     step, innermost first: the loops around the calls that lead into the training loop run once per
-    training run, not per step (`outer_calls`). Each file's read and each detector on it is one family
+    training run, not per step (`outer_calls`). `script`: the file the run started as `__main__`, where
+    it is known; every other file the run imported, so its `if __name__ == "__main__":` blocks are
+    left out (`index.read`). Each file's read and each detector on it is one family
     of facts (`Facts.family`): a bug in one leaves the others' facts."""
     detectors = [d for d in DETECTORS if d.__module__.rsplit(".", 1)[-1] not in decided]
     indexes = []
     for path in paths:
         index = None
         with facts.family(f"the static read of {Path(path).name}"):
-            index = read(Path(path))
+            index = read(Path(path), imported=script is not None and not _same_file(path, script))
         if index is not None:
             indexes.append(index)
     # each file's loops see the others': a function called only from another file is judged where it is
@@ -105,6 +108,10 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
         for detect in detectors:
             with facts.family(f"the static {detect.__module__.rsplit('.', 1)[-1]} detector on {Path(index.file).name}"):
                 detect(index, facts)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def outer_calls(step_chain: Sequence[Site], indexes: Sequence[SourceIndex]) -> dict[str, frozenset[int]]:

@@ -34,14 +34,30 @@ from perfdoctor.model import Location
 _DETAIL = "static read of the source"
 
 
-def read(path: Path) -> SourceIndex | None:
+def read(path: Path, imported: bool = False) -> SourceIndex | None:
     """The index of one file, or None when it cannot be read (`contracts.source`: regular files only,
-    capped; the run folder names these files), decoded or parsed."""
+    capped; the run folder names these files), decoded or parsed. `imported`: the run imported this
+    file as a module (it was not the script the run started), so its `if __name__ == "__main__":`
+    blocks never ran: they are left out of the index (a model file's self-test, with its own
+    `loss.backward()` in a loop and `.numpy()` reads, is not the training loop)."""
     sf = read_source(path)
     tree = sf.parse(str(path)) if sf is not None and sf.encoding is not None else None
     if sf is None or tree is None:
         return None
+    if imported:
+        tree.body = [kept for stmt in tree.body for kept in _unless_main(stmt)]
     return SourceIndex(path.resolve(), sf.lines, tree)
+
+
+def _unless_main(stmt: ast.stmt) -> list[ast.stmt]:
+    """A module-level statement as an imported module runs it: `if __name__ == "__main__":` runs only
+    its `else` branch (nothing without one); every other statement as it is."""
+    if (isinstance(stmt, ast.If) and isinstance(test := stmt.test, ast.Compare)
+            and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq)
+            and isinstance(test.comparators[0], ast.Constant) and test.comparators[0].value == "__main__"):
+        return list(stmt.orelse)
+    return [stmt]
 
 
 def put(s: Subject, name: str, value: Any, unit: str = "") -> None:
