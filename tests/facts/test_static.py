@@ -1663,3 +1663,48 @@ def test_an_imported_modules_main_block_never_runs(tmp_path):
     analyse_files([script, model], whole)
     assert ("made.py", 8) in {(Path(s.key.rsplit(":", 1)[0]).name, int(s.key.rsplit(":", 1)[1]))
                               for s in whole.of_kind("host_read")}
+
+
+_EVAL_WITHOUT_EVAL_MODE = """\
+    import torch
+    import torch.optim as optim
+    from torch.utils.data import DataLoader
+    train_loader = DataLoader(train_set, batch_size=200)
+    test_loader = DataLoader(test_set, batch_size=200)
+    net = MLP().to(device)
+    optimizer = optim.SGD(net.parameters(), lr=0.01)
+    for epoch in range(10):
+        for data, target in train_loader:
+            logits = net(data.to(device))
+            loss = criteon(logits, target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        for data, target in test_loader:
+            logits = net(data.to(device))
+            test_loss += criteon(logits, target).item()
+        with torch.no_grad():
+            for data, target in test_loader:
+                out = net(data)
+        validate(test_loader)
+        checked(test_loader)
+
+    def validate(loader):
+        for x, y in loader:
+            pred = net(x)
+
+    @torch.no_grad()
+    def checked(loader):
+        for x, y in loader:
+            pred = net(x)
+    """
+
+
+def test_an_evaluation_loop_that_never_calls_eval_records_autograd(tmp_path):
+    """dragen1860's lesson28: the MLP has no dropout or BatchNorm, so the evaluation after each epoch
+    never calls .eval() (the run's probe, which watches eval-mode forwards, sees nothing) and runs the
+    trained net over the test loader with autograd on. A loop under no_grad, in a no_grad function, or
+    the training loop itself is no such evaluation."""
+    facts, _ = analyse(tmp_path, _EVAL_WITHOUT_EVAL_MODE)
+    got = by_line(facts, "eval_grad")
+    assert got == {16: {"in_source": True}, 26: {"in_source": True}}

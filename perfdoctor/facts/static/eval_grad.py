@@ -3,13 +3,22 @@
 call, none decorating the function and none around any of its calls in the file, and no backward in
 the function (a model kept in eval mode while it trains, to freeze BatchNorm, is not an
 evaluation). One `eval_grad` subject per such call, with `eval_grad.in_source`; a function the
-file never calls is left out (its callers, elsewhere, may turn grad mode off)."""
+file never calls is left out (its callers, elsewhere, may turn grad mode off).
+
+Also an evaluation that never calls `.eval()` (a model without dropout or BatchNorm needs none):
+a loop over a DataLoader's batches (`dataloader.batch_loops`) in a file whose training loop shows
+where the steps are, that takes no step and runs in none (`Loops.in_training_step` False), with no
+backward in it, calling a model an optimizer trains (`optim.SGD(net.parameters())`: `net`) with no
+no_grad around the call, its function or that function's calls (dragen1860's lesson28:
+`for data, target in test_loader: logits = net(data)` after each epoch). The run's probe sees only
+eval-mode forwards, so the source speaks for these."""
 
 from __future__ import annotations
 
 import ast
 
 from perfdoctor.facts.model import Facts
+from perfdoctor.facts.static.dataloader import DATALOADER, batch_loops
 from perfdoctor.facts.static.index import SourceIndex, put
 from perfdoctor.facts.static.index.syntax import dotted, walk_scope
 
@@ -23,6 +32,47 @@ def detect(index: SourceIndex, facts: Facts) -> None:
     for fn in index.nodes:
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _no_grad_decorated(index, fn):
             _function(index, facts, fn)
+    _evaluation_loops(index, facts)
+
+
+def _trained_models(index: SourceIndex) -> set[str]:
+    """The models an optimizer of this file trains, as written: `net` of `optim.SGD(net.parameters())`
+    (an optimizer's first argument, or its `params=`)."""
+    out: set[str] = set()
+    for c in index.calls:
+        qual = index.qual(c.func) or ""
+        if not qual.startswith("torch.optim."):
+            continue
+        given = [*c.args[:1], *(k.value for k in c.keywords if k.arg == "params")]
+        for g in given:
+            for n in ast.walk(g):
+                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "parameters"
+                        and (name := dotted(n.func.value)) is not None):
+                    out.add(name)
+    return out
+
+
+def _evaluation_loops(index: SourceIndex, facts: Facts) -> None:
+    if not index.loops.has_training_loop():
+        return
+    models = _trained_models(index)
+    if not models:
+        return
+    loops = {id(loop): loop for call in index.calls if index.qual(call.func) in DATALOADER
+             for loop, _ in batch_loops(index, call)}
+    for loop in loops.values():
+        if index.loops.trains(loop) or index.loops.in_training_step(loop) is not False:
+            continue
+        calls = [n for n in walk_scope(loop.body) if isinstance(n, ast.Call)]  # type: ignore[attr-defined]
+        if any(isinstance(c.func, ast.Attribute) and c.func.attr in BACKWARD for c in calls):
+            continue
+        forwards = [c for c in calls if dotted(c.func) in models and not _under_no_grad(index, c, None)]
+        fn = index.context(loop)[0]
+        if not forwards or (isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                _no_grad_decorated(index, fn) or any(_under_no_grad(index, c, None) for c in index.calls_named(fn.name)))):
+            continue
+        for c in forwards:
+            put(index.subject(facts, "eval_grad", c), "in_source", True)
 
 
 def _is_no_grad(index: SourceIndex, node: ast.AST) -> bool:
