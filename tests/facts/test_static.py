@@ -1708,3 +1708,70 @@ def test_an_evaluation_loop_that_never_calls_eval_records_autograd(tmp_path):
     facts, _ = analyse(tmp_path, _EVAL_WITHOUT_EVAL_MODE)
     got = by_line(facts, "eval_grad")
     assert got == {16: {"in_source": True}, 26: {"in_source": True}}
+
+
+def test_cpu_to_device_guarded_move_in_a_model_file_the_step_reaches(tmp_path):
+    """jiesutd/NCRFpp: the CRF (crf.py) builds `Variable(torch.zeros(b, t)).long()` and
+    `torch.LongTensor(seq_len, batch_size)` on the host and moves them with `if self.gpu: x = x.cuda()`
+    in its loss and Viterbi decode; the model's loss method (seqlabel.py) calls them, the training
+    loop (main.py) calls that. The n-best decode only evaluation reaches is not per step, nor is a
+    move behind a flag the tensor's own name decides."""
+    crf = tmp_path / "crf.py"
+    crf.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        import torch.autograd as autograd
+        class CRF(nn.Module):
+            def viterbi(self, feats):
+                b, t = feats.size(0), feats.size(1)
+                pad_zero = autograd.Variable(torch.zeros(b, t)).long()
+                if self.gpu:
+                    pad_zero = pad_zero.cuda()
+                idx = torch.LongTensor(t, b)
+                if self.gpu:
+                    idx = idx.cuda()
+                return pad_zero, idx
+            def nbest(self, feats):
+                pad = torch.zeros(feats.size(0), 3)
+                if self.gpu:
+                    pad = pad.cuda()
+                return pad
+            def odd(self, feats):
+                w = torch.ones(3)
+                if w.sum() > 0:
+                    w = w.cuda()
+                return w
+        """))
+    seqlabel = tmp_path / "seqlabel.py"
+    seqlabel.write_text(textwrap.dedent("""\
+        import torch.nn as nn
+        class SeqLabel(nn.Module):
+            def calculate_loss(self, x, y):
+                out = self.lstm(x)
+                tags = self.crf.viterbi(out)
+                self.crf.odd(out)
+                return out.sum(), tags
+            def decode_nbest(self, x):
+                return self.crf.nbest(self.lstm(x))
+        """))
+    main = tmp_path / "main.py"
+    main.write_text(textwrap.dedent("""\
+        def evaluate(model, batches):
+            for x in batches:
+                model.decode_nbest(x)
+        def train(model, batches, optimizer):
+            for epoch in range(10):
+                for x, y in batches:
+                    loss, tags = model.calculate_loss(x, y)
+                    loss.backward()
+                    optimizer.step()
+                evaluate(model, batches)
+        """))
+    facts = Facts()
+    analyse_files([crf, seqlabel, main], facts)
+    got = by_line(facts, "cpu_to_device")
+    assert got[7] == {"factory": "zeros", "target": "cuda", "in_loop": True}  # through Variable and .long()
+    assert got[10] == {"factory": "LongTensor", "target": "cuda", "in_loop": True}  # several sizes
+    assert got[15]["in_loop"] is False  # only evaluation reaches the n-best decode
+    assert 20 not in got  # the `if` reads the tensor: not a guard around its move
+

@@ -96,6 +96,8 @@ def _factory(index: SourceIndex, node: ast.AST) -> str | None:
     if q and q.startswith("torch.") and q[6:] in LEGACY:
         made = (node.args and not node.keywords
                 and (all(isinstance(a, ast.Constant) and type(a.value) is int for a in node.args)
+                     # several sizes, however computed (`LongTensor(seq_len, batch_size)`): data is one sequence
+                     or (len(node.args) > 1 and not any(isinstance(a, ast.Starred) for a in node.args))
                      or (len(node.args) == 1 and (_constant(node.args[0]) or _range(index, node.args[0])))))
         return q[6:] if made else None
     if not q or not q.startswith("torch.") or q[6:] not in FACTORIES:
@@ -305,14 +307,15 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
             if not (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1
                     and isinstance(stmt.targets[0], ast.Name)):
                 continue
-            fac = _factory(index, stmt.value)
-            host = None if fac else _host_copy(index, stmt.value)
+            made = _wrapped(index, stmt.value)
+            fac = _factory(index, made)
+            host = None if fac else _host_copy(index, made)
             if not (fac or host) or not index.module_ran(stmt) or (host and not _copied_every_step(index, stmt)):
                 continue
             name = stmt.targets[0].id
             between: set[str] = set()  # names assigned between the two statements
             for later in block[i + 1:i + 6]:
-                move = _rebind_move(later, name)
+                move = _rebind_move(later, name) or _guarded_move(later, name)
                 if move is not None:
                     target = index.devices.move_target(move)
                     dev_names = {n.id for n in ast.walk(move) if isinstance(n, ast.Name)} - {name}
@@ -341,6 +344,29 @@ def _rebind_move(stmt: ast.stmt, name: str) -> ast.Call | None:
             and isinstance(stmt.value.func.value, ast.Name) and stmt.value.func.value.id == name):
         return stmt.value
     return None
+
+
+def _guarded_move(stmt: ast.stmt, name: str) -> ast.Call | None:
+    """The move of `if use_cuda: name = name.cuda()` (the old scripts' way to the GPU: the `if`'s
+    first statement moves the tensor just made), else None."""
+    if isinstance(stmt, ast.If) and stmt.body and not any(
+            isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt.test)):
+        return _rebind_move(stmt.body[0], name)
+    return None
+
+
+def _wrapped(index: SourceIndex, node: ast.expr) -> ast.expr:
+    """The call a chain of views and dtype casts (`SAME_PLACE`) or `autograd.Variable(...)` (an identity
+    since torch 0.4) wraps: `Variable(torch.zeros(b, t)).long()` is torch.zeros' tensor."""
+    while isinstance(node, ast.Call):
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in SAME_PLACE and isinstance(f.value, ast.Call):
+            node = f.value
+        elif node.args and index.qual(f) in ("torch.autograd.Variable", "torch.autograd.variable.Variable"):
+            node = node.args[0]
+        else:
+            break
+    return node
 
 
 def _blocks(nodes: list[ast.AST]) -> Iterator[list[ast.stmt]]:

@@ -248,7 +248,8 @@ class Loops:
     def per_step(self, node: ast.AST, depth: int = 0) -> bool:
         """Whether `node` runs on every training step: in a loop's body that no inner loop takes the
         steps of (a loop whose inner loop trains is an epoch loop: once per epoch), in a module's
-        `forward`, or in a function of this file called from such a place (three levels). Module
+        `forward`, or in a function of this file called from such a place (three levels), or, where
+        no code of this file calls it, once per training step by the project's other files (`peers`). Module
         level outside loops, an epoch loop's own body and functions no such place calls run once
         per epoch or once per run; so does what sits behind a periodic guard (`periodic`), and a loop
         around a call the run saw lead into the training loop from outside it (`outer_lines`)."""
@@ -271,4 +272,13 @@ class Loops:
             return True
         if depth >= 3:
             return False
-        return any(self.per_step(c, depth + 1) for c in self.syntax.callers(scope.name))
+        sites = self.syntax.callers(scope.name)
+        if sites:
+            return any(self.per_step(c, depth + 1) for c in sites)
+        # called from the project's other files only (`peers`: a CRF's loss in a model file, which the
+        # model's loss method in another calls, which the training loop calls): where such a call runs
+        # on every step there and inside a training step (not an evaluation loop, nor behind a periodic
+        # guard; not a function of that file of the same name)
+        return any(p.syntax.local_callee(c) is None and p.per_step(c, depth + 1)
+                   and p.in_training_step(c, depth + 1) is True
+                   for p in self.peers for c in p.syntax.calls_named(scope.name))
