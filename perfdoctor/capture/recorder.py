@@ -231,7 +231,7 @@ class Recorder:
         probes = Probes(dataloaders=self.dataloader.records(), dataparallel=self.dataparallel.records(),
                         empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
                         forward=self.forward.records(), loss_holders=self.holders.records(),
-                        host_tensors=self.host_tensors.records(),
+                        host_tensors=self.host_tensors.records(), host_factories=self.host_tensors.watch_record(),
                         host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(), ddp=self.ddp.records(),
                         gc_time=self.gc_time.records(), stalls=self.stalls.records(),
                         eval_grad=self.forward.eval_grad_records(), compile=self.compile.records(len(steps) + 1),

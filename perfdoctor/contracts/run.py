@@ -349,6 +349,15 @@ class HostTensorRecord(Struct, kw_only=True):
     kept: bool = False
 
 
+class HostFactoryWatch(Struct, kw_only=True):
+    """The host-tensor probe's watch (capture/probes/host_tensors.py): the training steps it watched and
+    the user's lines where a watched torch factory made a tensor on the host in them, moved or not. A
+    factory line of the user's that is not among them did not run in the watched steps."""
+    watched: int = 0  # steps watched to their end
+    made: list[Site] = []  # at most MAX_MADE_LINES lines
+    complete: bool = True  # False: more lines than were kept
+
+
 class LossHolderRecord(Struct, kw_only=True):
     """A holder of losses with their graphs (capture/probes/holders.py); `site` feeds it."""
     site: Site | None = None
@@ -522,6 +531,7 @@ class Probes(Struct, kw_only=True):
     forward: list[ForwardRecord] = []
     loss_holders: list[LossHolderRecord] = []
     host_tensors: list[HostTensorRecord] = []
+    host_factories: HostFactoryWatch | None = None
     host_reads: list[HostReadRecord] = []
     gc_calls: list[GcCallRecord] = []
     ddp: list[DdpRecord] = []

@@ -254,3 +254,41 @@ def test_run_facts_of_a_kept_host_tensor():
     (s,) = ctx.facts.subjects["cpu_to_device"]
     assert s.key == "/p/sched.py:30" and s.facts["cpu_to_device.kept"].value is True
     assert s.facts["cpu_to_device.in_loop"].value is True and "cpu_to_device.factory" not in s.facts
+
+
+def test_the_watch_notes_every_factory_line_that_ran_moved_or_not(probe):
+    """The watch's record: the steps watched and each user line where a watched factory made a host
+    tensor in them, moved or not; a line that ran only before the watch is not among them."""
+    def loss(x, labels):
+        if labels is None:
+            mask = torch.eye(4).to(x.device)  # the unsupervised branch: never taken here
+        else:
+            mask = (labels == labels.T).float()
+        kept = torch.zeros(2)  # made, never moved
+        return mask, kept, torch.arange(4).to(x.device)
+
+    x, labels = torch.zeros(4), torch.zeros(4, 1)
+    loss(x, None)  # step 1: before the watch
+    assert probe.watch_record() is None
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        loss(x, labels)
+        probe.end_step(i)
+    w = probe.watch_record()
+    assert w is not None and w.watched == WATCH_STEPS and w.complete
+    assert sorted(s.line for s in w.made) == sorted([_line(loss, "torch.zeros(2)"), _line(loss, "torch.arange(4)")])
+
+
+def test_run_facts_say_which_factory_lines_ran_unless_compiled():
+    from perfdoctor.contracts.run import CompiledFrame, CompileRecord, HostFactoryWatch, Probes, Site
+    from perfdoctor.facts.run.host_tensors import factory_lines
+
+    made = [Site(file="/p/losses.py", line=82, code="", function="forward"),
+            Site(file="/p/train.py", line=10, code="", function="main")]
+    assert factory_lines(Probes(host_factories=HostFactoryWatch(watched=3, made=made))) == {
+        "/p/losses.py": frozenset({82}), "/p/train.py": frozenset({10})}
+    assert factory_lines(Probes()) is None  # no watch
+    assert factory_lines(Probes(host_factories=HostFactoryWatch(watched=1, made=made))) is None  # too few steps
+    assert factory_lines(Probes(host_factories=HostFactoryWatch(watched=3, made=made, complete=False))) is None
+    compiled = CompileRecord(frames=[CompiledFrame(site=Site(file="/p/model.py", line=5, code="", function="forward"))])
+    assert factory_lines(Probes(host_factories=HostFactoryWatch(watched=3, made=made), compile=compiled)) is None

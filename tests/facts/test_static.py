@@ -228,6 +228,45 @@ def test_cpu_to_device_in_a_model_the_run_never_called(tmp_path):
     assert sorted(by_line(facts, "cpu_to_device")) == [15, 19]
 
 
+def test_cpu_to_device_on_a_line_the_watched_steps_never_ran(tmp_path):
+    """A factory line the run's host-tensor probe watched and never saw make a tensor did not run in
+    the step (SupConLoss's `torch.eye` mask when labels are given; a loss helper only another loss
+    calls): its static candidate stands down. Lines the watch saw stay; so do an accelerator-only
+    branch (a CPU run cannot take it), a branch every N steps, and factories the probe does not
+    watch (a literal's torch.tensor)."""
+    source = """\
+        import torch
+
+        def loss(features, labels=None, use_cuda=True):
+            if labels is None:
+                mask = torch.eye(4).to(features.device)
+            else:
+                mask = (labels == labels.T).float()
+            idx = torch.arange(4).view(-1, 1).to(features.device)
+            if use_cuda:
+                perm = torch.randperm(4).cuda()
+            scale = torch.tensor(2.0).to(features.device)
+            return mask, idx, scale
+
+        def permute(z):
+            return torch.randperm(z.shape[0]).to(z.device)
+
+        for step in range(100):
+            x = torch.randn(8, 4).to("cuda")
+            if step % 10 == 0:
+                noise = torch.rand(8).to("cuda")
+            loss(x, x)
+        """
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(source))
+    everything = Facts()
+    analyse_files([path], everything)
+    assert sorted(by_line(everything, "cpu_to_device")) == [5, 8, 10, 11, 15, 18, 20]
+    watched = Facts()
+    analyse_files([path], watched, factory_lines={str(path.resolve()): frozenset({8, 18})})
+    assert sorted(by_line(watched, "cpu_to_device")) == [8, 10, 11, 18, 20]
+
+
 def test_cpu_to_device_negatives(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -9,7 +9,9 @@ the first step for `WATCH_STEPS` steps, on the main thread of this process (neve
 DataLoader worker): torch's factories (`FACTORIES`, module functions of torch) note the tensors they
 return when the caller is the user's code, by `id()` with a weak reference, forgotten at each step
 end; `Tensor.to`, `.cuda` and `.type_as` look the tensor (or the tensor a view was taken of) up in
-that dict and count the pair of lines. A dtype cast on the host (`.float()`, `.long()`,
+that dict and count the pair of lines. Every user line where a factory made a host tensor in the
+watched steps, moved or not, is noted too (`watch_record`): a factory line of the user's that is not
+among them did not run in those steps (the static read's PD004 candidate there stands down). A dtype cast on the host (`.float()`, `.long()`,
 `.to(torch.float32)`: `CASTS`) returns a new tensor that is still the same data: it inherits what
 made its input, so `batch_x.float().to(device)` is the loader's batch moved. O(1) per call; nothing while dynamo traces; nothing stored
 on tensors.
@@ -36,7 +38,7 @@ from typing import Any
 
 from perfdoctor.capture import sites
 from perfdoctor.capture.patches import ErrorLog, Patches
-from perfdoctor.contracts.run import HostTensorRecord
+from perfdoctor.contracts.run import HostFactoryWatch, HostTensorRecord
 from perfdoctor.usercode import is_user_file
 
 # torch's functions that allocate on the CPU unless given device= (as the static read's, less
@@ -55,6 +57,7 @@ CASTS = ("float", "double", "half", "bfloat16", "long", "int", "short", "char", 
 MAX_PAIRS = 200  # (factory line, move line) pairs kept
 MIN_KEPT_STEPS = 2  # watched steps on which one host tensor kept across steps is moved at a line
 MAX_KEPT = 16  # host tensors followed per move line
+MAX_MADE_LINES = 2_000  # the user's factory lines noted over the watch (`watch_record`)
 _KEEP: list[Any] = []  # every wrapper ever registered with TorchScript: its id() must stay its own
 
 
@@ -98,6 +101,8 @@ class HostTensorProbe:
         self.codes: dict[int, Any] = {}  # id() -> the code objects of the lines noted
         self.watched = 0
         self.kept: dict[tuple[int, int], dict[int, _Kept]] = {}  # (id of a code, line) -> id() -> the tensor
+        self.made_lines: set[tuple[int, int]] = set()  # (id of a code, line) of every factory call noted
+        self.lines_complete = True
 
     # -- the factories (installed for the whole run, active while watching) ----------------------
     def install(self) -> None:
@@ -137,13 +142,20 @@ class HostTensorProbe:
 
     def _made(self, out: Any, frame: Any, factory: str) -> None:
         try:
-            if len(self.made) >= MAX_MADE or not isinstance(out, self.torch.Tensor) or not out.is_cpu:
+            if not isinstance(out, self.torch.Tensor) or not out.is_cpu:
                 return
             if not is_user_file(frame.f_code.co_filename):
                 return
             code = frame.f_code
             self.codes[id(code)] = code  # keeps the id its own
-            self.made[id(out)] = (weakref.ref(out), (id(code), frame.f_lineno), factory)
+            key = (id(code), frame.f_lineno)
+            if key not in self.made_lines:
+                if len(self.made_lines) < MAX_MADE_LINES:
+                    self.made_lines.add(key)
+                else:
+                    self.lines_complete = False
+            if len(self.made) < MAX_MADE:
+                self.made[id(out)] = (weakref.ref(out), key, factory)
         except Exception as e:  # noqa: BLE001
             self.err("host_tensors", e)
 
@@ -287,6 +299,14 @@ class HostTensorProbe:
         if k.last != self.step:
             k.last = self.step
             k.steps += 1
+
+    def watch_record(self) -> HostFactoryWatch | None:
+        """The steps watched and the user's lines where a watched factory made a host tensor in them;
+        None where no step was watched."""
+        if not self.watched:
+            return None
+        return HostFactoryWatch(watched=self.watched, made=[self._site(*k) for k in self.made_lines],
+                                complete=self.lines_complete)
 
     def _kept_records(self) -> list[HostTensorRecord]:
         """One record per move line whose tensor was moved on MIN_KEPT_STEPS watched steps: the line's

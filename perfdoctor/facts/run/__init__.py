@@ -68,6 +68,9 @@ class RunData:
     decided: frozenset[str] = frozenset()
     # the user's call chain to the first optimizer step, innermost first (probes.json `step_chain`)
     step_chain: list[Site] = field(default_factory=list)
+    # per user file (its real path), the lines where a torch factory made a host tensor in the steps the
+    # host-tensor probe watched; None where the run cannot say which ran (`host_tensors.factory_lines`)
+    factory_lines: dict[str, frozenset[int]] | None = None
 
 
 def load_run(run_dir: Path) -> RunData:
@@ -81,7 +84,8 @@ def load_run(run_dir: Path) -> RunData:
     return RunData(meta=ctx.raw_meta, facts=ctx.facts, summary=ctx.summary, hotspots=ctx.hotspots, notes=ctx.notes,
                    user_files=[p for p in _user_files(ctx) if p.is_file()], trace_path=trace if trace.exists() else None,
                    model_classes=forward.model_classes(ctx.probes.forward),
-                   decided=modules.decided(ctx.probes.forward), step_chain=list(ctx.probes.step_chain))
+                   decided=modules.decided(ctx.probes.forward), step_chain=list(ctx.probes.step_chain),
+                   factory_lines=host_tensors.factory_lines(ctx.probes))
 
 
 def _user_files(ctx: RunContext) -> list[Path]:

@@ -15,11 +15,29 @@ tensors to a device, whatever function or file each line is in:
 
 from __future__ import annotations
 
-from perfdoctor.contracts.run import HostTensorRecord
+import os
+
+from perfdoctor.contracts.run import HostTensorRecord, Probes
 from perfdoctor.facts.model import Subject, also_at, site_subject
 from perfdoctor.facts.run.context import RunContext
 
 MIN_WATCHED = 4  # watched steps before the run says whether a loader's batches reach every step
+MIN_WATCHED_LINES = 2  # watched steps before the run says which factory lines run in the step
+
+
+def factory_lines(probes: Probes) -> dict[str, frozenset[int]] | None:
+    """Per user file (its real path), the lines where a torch factory made a host tensor in the steps
+    the probe watched: a factory line of the user's not among them did not run in the training step.
+    None where the run cannot say: fewer than MIN_WATCHED_LINES steps watched, more lines than the
+    probe kept, or a compiled region (its factories run in the graph, unseen by the probe)."""
+    w = probes.host_factories
+    if w is None or w.watched < MIN_WATCHED_LINES or not w.complete or (
+            probes.compile is not None and probes.compile.frames):
+        return None
+    out: dict[str, set[int]] = {}
+    for site in w.made:
+        out.setdefault(os.path.realpath(site.file), set()).add(site.line)
+    return {f: frozenset(v) for f, v in out.items()}
 
 
 def add(ctx: RunContext) -> None:

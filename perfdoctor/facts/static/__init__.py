@@ -68,7 +68,7 @@ DETECTORS = (
 
 def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | None = None,
                   decided: frozenset[str] = frozenset(), step_chain: Sequence[Site] = (),
-                  script: Path | None = None) -> None:
+                  script: Path | None = None, factory_lines: dict[str, frozenset[int]] | None = None) -> None:
     """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped.
     `model_classes`: the classes of the models a run called ("<absolute file>:<qualname>", their
     bases included), where a run knows them: the detectors of model code judge only those
@@ -78,7 +78,9 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     step, innermost first: the loops around the calls that lead into the training loop run once per
     training run, not per step (`outer_calls`). `script`: the file the run started as `__main__`, where
     it is known; every other file the run imported, so its `if __name__ == "__main__":` blocks are
-    left out (`index.read`). Each file's read and each detector on it is one family
+    left out (`index.read`). `factory_lines`: per file (its real path), the lines where the run saw a
+    torch factory make a host tensor in the steps it watched (`index.factories_ran`); None where the
+    run cannot say. Each file's read and each detector on it is one family
     of facts (`Facts.family`): a bug in one leaves the others' facts."""
     detectors = [d for d in DETECTORS if d.__module__.rsplit(".", 1)[-1] not in decided]
     indexes = []
@@ -102,6 +104,8 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
         for index in indexes:
             index.loops.outer_lines = outer.get(str(index.file), frozenset())
     for index in indexes:
+        if factory_lines is not None:
+            index.factories_ran = factory_lines.get(os.path.realpath(index.file), frozenset())
         if model_classes is not None:
             prefix = f"{index.file}:"
             index.ran_classes = {c[len(prefix):] for c in model_classes if c.startswith(prefix)}

@@ -29,7 +29,12 @@ loop that takes no training step stay the data's own copy.
 
 Not in an `nn.Module` class that none of the models the run called holds (`SourceIndex.module_ran`:
 a vendored library's model file, a model the script defines but never builds): code the run never
-executed is no cost of its steps.
+executed is no cost of its steps. Nor a factory call of the kinds the run's host-tensor probe watches
+whose lines made no host tensor in the steps it watched (`_not_run`: a branch the configuration never
+takes, SupConLoss's `torch.eye` mask for the unsupervised loss when labels are given, a loss helper
+only another loss calls), unless an `if` around it within its function takes it only on the
+accelerator (`if use_cuda: index = torch.randperm(n).cuda()`): a CPU run cannot take that branch, so
+the source says what its GPU runs do.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterator
 
+from perfdoctor.capture.probes.host_tensors import FACTORIES as WATCHED
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
+from perfdoctor.facts.static.index.devices import UNKNOWN
 from perfdoctor.facts.static.index.syntax import LOOPS, has_star_kwargs, kwarg, root_name
 
 # torch factories that allocate on the CPU unless given `device=`. Left out on purpose:
@@ -203,6 +210,42 @@ def _copied_every_step(index: SourceIndex, node: ast.AST) -> bool:
     return loops.enclosing_loop(node) is None or _per_step(index, node)
 
 
+def _not_run(index: SourceIndex, made: ast.AST, factory: str) -> bool:
+    """The run watched the training steps, the factory is one its probe watches, and no line of `made`
+    (the expression holding the factory call) made a host tensor in them, while no `if` within its
+    function keeps it to the accelerator or to every N steps (`_kept_branch`): the line did not run in the step."""
+    ran = index.factories_ran
+    if ran is None or factory not in WATCHED:
+        return False
+    first: int = getattr(made, "lineno", 0)
+    last: int = getattr(made, "end_lineno", None) or first
+    if any(line in ran for line in range(first, last + 1)):
+        return False
+    return not _kept_branch(index, made)
+
+
+def _kept_branch(index: SourceIndex, node: ast.AST) -> bool:
+    """An `if` (or conditional expression) around `node`, within its function, that a few watched
+    steps do not settle: one whose test the source decides on a CUDA device (`Devices.on_cuda`:
+    `torch.cuda.is_available()`, `use_cuda`, `device.type == "cuda"`) and that takes `node`'s branch
+    there (a CPU run takes the other), or one whose test has a `%` (every N steps: the watch may fall
+    between two)."""
+    child = node
+    for parent in index.ancestors(node):
+        if isinstance(parent, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return False
+        if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+            if any(isinstance(n, ast.BinOp) and isinstance(n.op, ast.Mod) for n in ast.walk(parent.test)):
+                return True
+            on_cuda = index.devices.on_cuda(parent.test)
+            if on_cuda is not UNKNOWN:
+                in_body = child in parent.body if isinstance(parent, ast.If) else child is parent.body
+                if bool(on_cuda) == in_body:
+                    return True
+        child = parent
+    return False
+
+
 def _range(index: SourceIndex, node: ast.expr) -> bool:
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
             and "range" not in index.aliases)  # the builtin, not an import of that name
@@ -231,7 +274,7 @@ def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     fac = _factory(index, made) or _computed(index, made)
     host = None if fac else _host_copy(index, made)
     target = index.devices.move_target(call) if fac or host else None
-    if target is None or (host and not _copied_every_step(index, call)):
+    if target is None or (host and not _copied_every_step(index, call)) or (fac and _not_run(index, made, fac)):
         return
     s = index.subject(facts, "cpu_to_device", call)
     put(s, "factory", fac or host)
@@ -310,7 +353,8 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
             made = _wrapped(index, stmt.value)
             fac = _factory(index, made)
             host = None if fac else _host_copy(index, made)
-            if not (fac or host) or not index.module_ran(stmt) or (host and not _copied_every_step(index, stmt)):
+            if not (fac or host) or not index.module_ran(stmt) or (host and not _copied_every_step(index, stmt)) or (
+                    fac and _not_run(index, made, fac)):
                 continue
             name = stmt.targets[0].id
             between: set[str] = set()  # names assigned between the two statements

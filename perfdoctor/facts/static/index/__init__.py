@@ -85,6 +85,9 @@ class SourceIndex(Syntax):
         # the qualnames of this file's classes that were part of the models a run called, where a
         # run says (set by `static.analyse_files`); None: unknown
         self.ran_classes: set[str] | None = None
+        # the lines of this file where a run saw a torch factory make a host tensor in the steps it
+        # watched (set by `static.analyse_files`); None: no run says
+        self.factories_ran: frozenset[int] | None = None
 
     @cached_property
     def loops(self) -> Loops:
