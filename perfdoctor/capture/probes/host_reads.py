@@ -5,9 +5,14 @@ and printing or formatting a tensor all need the value on the host: on a CUDA te
 waits until the GPU has run everything queued before it. On a CPU run they cost nothing, but in a
 script that targets CUDA they are the syncs its GPU runs will pay, so they are counted there too.
 
-Counted only where the user's own code makes the call (the calling frame is user code): torch's
-internals (an optimizer reading its step count, `clip_grad_norm_`) and libraries are not the
-user's line to change. Reads inside the DataLoader's fetch (a dataset drawing random numbers in
+Counted where the user's own code makes the call (the calling frame is user code), and where a
+library reads a tensor that the user's call handed it (`writer.add_scalar("loss", loss, step)`:
+TensorBoard's `make_np` reads it; `pbar.set_postfix(loss=loss)`, `logger.info("%s", loss)`): the read
+counts at the user's line that called into the library, since passing the tensor instead of a value
+read less often is the user's choice (`_through`: the tensor read, or one sharing its storage, is an
+argument of the library function the user's frame called, or inside a list, tuple or dict argument).
+torch's internals (an optimizer reading its step count, `clip_grad_norm_`) and a library's reads of
+its own tensors (Lightning's loop logging the losses it kept) are not the user's line to change. Reads inside the DataLoader's fetch (a dataset drawing random numbers in
 `__getitem__`) are CPU work on CPU tensors and are not counted. On a CUDA run, reads of CPU
 tensors are not counted either.
 
@@ -37,6 +42,7 @@ METHODS = {"item": "item", "cpu": "cpu", "numpy": "numpy", "tolist": "tolist", "
 _LOADER_FILES = ("torch/utils/data/", "torch\\utils\\data\\")
 _MAX_DEPTH = 60  # frames walked to see whether a line runs inside the DataLoader's fetch
 _MAX_CALLERS = 30  # frames walked for the training loop's line that called a reading helper
+_LIBRARY = object()  # `HostReadProbe.lines`: a library's line, whose reads `_through` attributes per call
 
 
 class _Line:
@@ -67,7 +73,8 @@ class HostReadProbe:
         self.main_ident = threading.get_ident()
         self.cuda_run = False  # set at the first step: on a CUDA run only device tensors count
         self.busy = False  # inside a wrapped call (print reads .item() itself): count the outer one only
-        self.lines: dict[tuple[Any, int, str], _Line | None] = {}  # (code, line, kind) -> line, None: not counted
+        # (code, line, kind) -> line, None: not counted, _LIBRARY: a library's line (`_through` decides per call)
+        self.lines: dict[tuple[Any, int, str], _Line | None | object] = {}
         self.order: list[_Line] = []
 
     def install(self) -> None:
@@ -104,16 +111,21 @@ class HostReadProbe:
                 return
             key = (frame.f_code, frame.f_lineno, kind)
             line = self.lines[key] if key in self.lines else self._first(key, frame, t)
-            if line is not None:
+            if line is _LIBRARY:
+                line = self._through(kind, t, frame)
+            if isinstance(line, _Line):
                 line.cur += 1
         except Exception as e:  # noqa: BLE001 - never into the user's script
             self.err("host_reads", e)
 
-    def _first(self, key: tuple[Any, int, str], frame: Any, t: Any) -> _Line | None:
-        """The first read from this line: is it the user's own call, outside the DataLoader's fetch?"""
+    def _first(self, key: tuple[Any, int, str], frame: Any, t: Any) -> _Line | None | object:
+        """The first read from this line: is it the user's own call, outside the DataLoader's fetch?
+        A library's line is `_LIBRARY`: whether a read there is the user's is decided per call."""
         t0 = self.clock.pc()
-        line: _Line | None = None
-        if is_user_file(frame.f_code.co_filename) and not _in_loader(frame):
+        line: _Line | None | object = None
+        if not is_user_file(frame.f_code.co_filename):
+            line = _LIBRARY
+        elif not _in_loader(frame):
             site = sites.site_of(frame)
             if site is not None:
                 dev = getattr(getattr(t, "device", None), "type", None) or "cpu"
@@ -122,6 +134,24 @@ class HostReadProbe:
         self.lines[key] = line
         self.clock.exclude(t0)
         return line
+
+    def _through(self, kind: str, t: Any, frame: Any) -> _Line | None | object:
+        """A library's read (`frame` is the library's): the user's line that called into the library,
+        where the library function it called was handed `t` (or a tensor sharing its storage: TensorBoard
+        reads `scalar.detach().cpu()`), as an argument or inside a list, tuple or dict argument; None
+        otherwise (torch's own step counts, a library's own tensors)."""
+        t0 = self.clock.pc()
+        try:
+            entry, f, depth = frame, frame.f_back, 0
+            while f is not None and depth < _MAX_CALLERS and not is_user_file(f.f_code.co_filename):
+                entry, f, depth = f, f.f_back, depth + 1
+            if f is None or depth >= _MAX_CALLERS or not _handed(self.torch, t, entry):
+                return None
+            key = (f.f_code, f.f_lineno, kind)
+            line = self.lines[key] if key in self.lines else self._first(key, f, t)
+            return line if isinstance(line, _Line) else None
+        finally:
+            self.clock.exclude(t0)
 
     # -- driven by the step clock ---------------------------------------------------------------
     def end_step(self) -> None:
@@ -157,6 +187,32 @@ def _callers(frame: Any) -> list[tuple[Any, Site]]:
                 out.append((f.f_code, site))
         f, depth = f.f_back, depth + 1
     return out
+
+
+def _handed(torch: Any, t: Any, entry: Any) -> bool:
+    """Whether `t`'s storage is that of a tensor among the arguments of the library function `entry`
+    runs (its locals: the arguments first), a few levels into lists, tuples and dicts."""
+    try:
+        ptr = t.untyped_storage().data_ptr()
+    except Exception:  # noqa: BLE001 - a tensor subclass without a storage
+        return False
+    if not ptr:
+        return False
+    T = torch.Tensor
+    todo = [(v, 0) for v in list(entry.f_locals.values())[:32]]
+    while todo:
+        v, depth = todo.pop()
+        if isinstance(v, T):
+            try:
+                if v.untyped_storage().data_ptr() == ptr:
+                    return True
+            except Exception:  # noqa: BLE001
+                continue
+        elif depth < 2 and isinstance(v, (list, tuple)):
+            todo.extend((x, depth + 1) for x in v[:16])
+        elif depth < 2 and isinstance(v, dict):
+            todo.extend((x, depth + 1) for x in list(v.values())[:16])
+    return False
 
 
 def _in_loader(frame: Any) -> bool:
