@@ -292,3 +292,26 @@ def test_run_facts_say_which_factory_lines_ran_unless_compiled():
     assert factory_lines(Probes(host_factories=HostFactoryWatch(watched=3, made=made, complete=False))) is None
     compiled = CompileRecord(frames=[CompiledFrame(site=Site(file="/p/model.py", line=5, code="", function="forward"))])
     assert factory_lines(Probes(host_factories=HostFactoryWatch(watched=3, made=made), compile=compiled)) is None
+
+
+def _add_noise(img):
+    noise = torch.randn(img.size()) * 0.2  # made on the host in a helper
+    return img + noise
+
+
+def test_host_arithmetic_carries_a_factorys_tensor_to_its_move(probe):
+    """keon's denoising autoencoder: the loader's batch plus host noise, viewed and moved. The move is
+    the factory's (PD004 at the noise's line); arithmetic of a loader's batch alone stays untracked."""
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.rand(8, 1, 4, 4)), batch_size=2)
+    probe.end_step(1)
+    for i, (x,) in enumerate(loader, 2):
+        probe.tag([x], 3)
+        noisy = _add_noise(x).view(-1, 16).to("cpu")
+        (x * 2).to("cpu")
+        probe.end_step(i)
+        assert torch.is_tensor(noisy)
+    got = {(r.loader, r.factory): r for r in probe.records()}
+    assert set(got) == {(None, "randn")}
+    r = got[None, "randn"]
+    assert r.site.line == _line(_add_noise, "torch.randn") and r.moved.function.startswith("test_host_arithmetic")
+    assert r.steps == min(4, WATCH_STEPS)

@@ -13,7 +13,9 @@ that dict and count the pair of lines. Every user line where a factory made a ho
 watched steps, moved or not, is noted too (`watch_record`): a factory line of the user's that is not
 among them did not run in those steps (the static read's PD004 candidate there stands down). A dtype cast on the host (`.float()`, `.long()`,
 `.to(torch.float32)`: `CASTS`) returns a new tensor that is still the same data: it inherits what
-made its input, so `batch_x.float().to(device)` is the loader's batch moved. O(1) per call; nothing while dynamo traces; nothing stored
+made its input, so `batch_x.float().to(device)` is the loader's batch moved; host arithmetic with a
+factory's tensor (`img + torch.randn(img.size()) * 0.2`: `ARITHMETIC`) returns one that carries that
+factory's, so the sum's move is the factory's. O(1) per call; nothing while dynamo traces; nothing stored
 on tensors.
 
 A host tensor kept across steps and moved again on every step (`kept`: a diffusion model's noise
@@ -54,6 +56,10 @@ MAX_MADE = 10_000  # tensors remembered per step
 # Tensor methods that return the tensor in another dtype, on the host still: what a cast returns is
 # followed to its move (`batch_x.float().to(device)`, `torch.randn(n).half().cuda()`)
 CASTS = ("float", "double", "half", "bfloat16", "long", "int", "short", "char", "byte", "bool")
+# Tensor arithmetic whose result, on the host, carries a factory's tensor to its move: keon's denoising
+# autoencoder draws `noise = torch.randn(img.size()) * 0.2`, adds it to the loader's batch on the
+# host and moves the sum (`(img + noise).view(-1, 784).to(device)`)
+ARITHMETIC = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__")
 MAX_PAIRS = 200  # (factory line, move line) pairs kept
 MIN_KEPT_STEPS = 2  # watched steps on which one host tensor kept across steps is moved at a line
 MAX_KEPT = 16  # host tensors followed per move line
@@ -197,6 +203,15 @@ class HostTensorProbe:
             setattr(method, "__wrapped__", orig)  # noqa: B010
             return method
 
+        def arithmetic(orig: Any) -> Any:
+            def method(t: Any, other: Any) -> Any:
+                out = orig(t, other)
+                if probe.made and not compiling():
+                    probe._arithmetic(t, other, out)
+                return out
+            setattr(method, "__wrapped__", orig)  # noqa: B010
+            return method
+
         for f, o in ((to, orig_to), (cuda, orig_cuda), (type_as, orig_type_as)):
             setattr(f, "__wrapped__", o)  # noqa: B010
         self.methods.replace(T, "to", to)
@@ -206,6 +221,10 @@ class HostTensorProbe:
             orig = getattr(T, name, None)
             if orig is not None:
                 self.methods.replace(T, name, cast(orig))
+        for name in ARITHMETIC:
+            orig = getattr(T, name, None)
+            if orig is not None:
+                self.methods.replace(T, name, arithmetic(orig))
         self.on = True
 
     def _stop(self) -> None:
@@ -251,6 +270,22 @@ class HostTensorProbe:
             e = self._entry(t)
             if e is not None:
                 self.made[id(out)] = (weakref.ref(out), e[1], e[2])
+        except Exception as ex:  # noqa: BLE001
+            self.err("host_tensors", ex)
+
+    def _arithmetic(self, t: Any, other: Any, out: Any) -> None:
+        """`out = t <op> other` on the host, where a factory made `t` or `other` (or what either is a
+        view of): `out` carries that factory's tensor, so its later `.to(device)` is the factory's move
+        (the batch plus host noise, moved: PD004 at the noise's line). Only a factory's: what is
+        computed from a loader's batch alone stays untracked, as before."""
+        try:
+            if len(self.made) >= MAX_MADE or not isinstance(out, self.torch.Tensor) or not out.is_cpu:
+                return
+            for x in (t, other):
+                e = self._entry(x) if isinstance(x, self.torch.Tensor) else None
+                if e is not None and e[2]:
+                    self.made[id(out)] = (weakref.ref(out), e[1], e[2])
+                    return
         except Exception as ex:  # noqa: BLE001
             self.err("host_tensors", ex)
 
