@@ -315,3 +315,27 @@ def test_host_arithmetic_carries_a_factorys_tensor_to_its_move(probe):
     r = got[None, "randn"]
     assert r.site.line == _line(_add_noise, "torch.randn") and r.moved.function.startswith("test_host_arithmetic")
     assert r.steps == min(4, WATCH_STEPS)
+
+
+def causal_mask(scores):
+    idx = torch.triu_indices(scores.size(-2), scores.size(-1), offset=1)  # made on the host every call
+    scores[..., idx[0], idx[1]] = float("-inf")  # indexes the model's scores: on a GPU, a copy each call
+    return scores
+
+
+def test_a_host_index_into_the_models_computation_is_a_move(probe):
+    """pbloem/former's mask_(): `torch.triu_indices` made on the host and used to index the attention
+    scores, which need a gradient (on the GPU where the script trains): the index is copied to the
+    device on every call. The same index into a host tensor without a gradient copies nothing."""
+    w = torch.randn(4, 4, requires_grad=True)
+    plain = torch.randn(2, 4, 4)
+    for i in range(1, 6):
+        causal_mask(plain.clone())  # no gradient: host data indexed on the host
+        scores = (w * 2).expand(2, 4, 4).clone()
+        causal_mask(scores).sum().backward()
+        probe.end_step(i)
+    [r] = probe.records()
+    assert (r.factory, r.how) == ("triu_indices", "index")
+    assert r.site.line == _line(causal_mask, "triu_indices") and r.moved.line == _line(causal_mask, "scores[...")
+    assert r.steps == WATCH_STEPS and r.moves == WATCH_STEPS
+    assert torch.Tensor.__getitem__ is torch._C.TensorBase.__getitem__  # put back when the watch ended

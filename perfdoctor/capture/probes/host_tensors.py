@@ -1,7 +1,9 @@
 """Tensors a factory makes on the host inside the training step and the step then moves to a device
 (PD004): the factory's line and the move's line, whatever function each is in (a helper that
 returns `torch.randint(...)`, its caller's `.to(device)`; `torch.arange(L).expand_as(w).to(device)`
-in an attention call; `torch.randn(...).type_as(imgs)`).
+in an attention call; `torch.randn(...).type_as(imgs)`; an index made on the host into the model's
+computation, `idx = torch.triu_indices(t, t)` then `scores[..., idx[0], idx[1]] = -inf`: indexing a
+GPU tensor with a host index copies the index on every call).
 
 A CPU run moves nothing (the device is the CPU), but the script's `.to(device)` / `.cuda()` /
 `.type_as(batch)` on the tensor is the copy its GPU runs pay on every step. Watched from the end of
@@ -9,9 +11,12 @@ the first step for `WATCH_STEPS` steps, on the main thread of this process (neve
 DataLoader worker): torch's factories (`FACTORIES`, module functions of torch) note the tensors they
 return when the caller is the user's code, by `id()` with a weak reference, forgotten at each step
 end; `Tensor.to`, `.cuda` and `.type_as` look the tensor (or the tensor a view was taken of) up in
-that dict and count the pair of lines. Every user line where a factory made a host tensor in the
-watched steps, moved or not, is noted too (`watch_record`): a factory line of the user's that is not
-among them did not run in those steps (the static read's PD004 candidate there stands down). A dtype cast on the host (`.float()`, `.long()`,
+that dict and count the pair of lines; `Tensor.__getitem__` / `__setitem__` do the same for a
+noted tensor given as an index into a tensor that needs a gradient or has a `grad_fn` (what runs on
+the GPU where the script trains there; a host tensor indexed by a host index copies nothing). Every
+user line where a factory made a host tensor in the watched steps, moved or not, is noted too
+(`watch_record`): a factory line of the user's that is not among them did not run in those steps (the
+static read's PD004 candidate there stands down). A dtype cast on the host (`.float()`, `.long()`,
 `.to(torch.float32)`: `CASTS`) returns a new tensor that is still the same data: it inherits what
 made its input, so `batch_x.float().to(device)` is the loader's batch moved; host arithmetic with a
 factory's tensor (`img + torch.randn(img.size()) * 0.2`: `ARITHMETIC`) returns one that carries that
@@ -47,7 +52,7 @@ from perfdoctor.usercode import is_user_file
 # tensor and as_tensor: they copy data the host computed, an environment's reward or a numpy array,
 # which must cross to the device however the tensor is made; the static read flags a literal's)
 FACTORIES = ("randn", "rand", "randint", "randperm", "zeros", "ones", "full", "empty", "arange", "linspace",
-             "logspace", "eye", "normal")
+             "logspace", "eye", "normal", "triu_indices", "tril_indices")
 # Steps watched after the first. Few: while the Tensor methods are wrapped, the training steps run slower
 # than bare (measured: a DDP rank making 30,000 Python objects per step went from 20 to 41 ms per step;
 # the cause is not found yet); the first steps are the warm-up the statistics drop.
@@ -172,6 +177,7 @@ class HostTensorProbe:
         compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
         getframe = sys._getframe
         orig_to, orig_cuda, orig_type_as = T.to, T.cuda, T.type_as
+        orig_getitem, orig_setitem = T.__getitem__, T.__setitem__
 
         def to(t: Any, *args: Any, **kwargs: Any) -> Any:
             if compiling():
@@ -194,6 +200,16 @@ class HostTensorProbe:
                 probe._moved(t, getframe(1), "type_as")
             return orig_type_as(t, other)
 
+        def getitem(t: Any, idx: Any) -> Any:
+            if probe.made and not compiling():
+                probe._indexed(t, idx, getframe(1))
+            return orig_getitem(t, idx)
+
+        def setitem(t: Any, idx: Any, value: Any) -> Any:
+            if probe.made and not compiling():
+                probe._indexed(t, idx, getframe(1))
+            return orig_setitem(t, idx, value)
+
         def cast(orig: Any) -> Any:
             def method(t: Any, *args: Any, **kwargs: Any) -> Any:
                 out = orig(t, *args, **kwargs)
@@ -212,9 +228,12 @@ class HostTensorProbe:
             setattr(method, "__wrapped__", orig)  # noqa: B010
             return method
 
-        for f, o in ((to, orig_to), (cuda, orig_cuda), (type_as, orig_type_as)):
+        for f, o in ((to, orig_to), (cuda, orig_cuda), (type_as, orig_type_as), (getitem, orig_getitem),
+                     (setitem, orig_setitem)):
             setattr(f, "__wrapped__", o)  # noqa: B010
         self.methods.replace(T, "to", to)
+        self.methods.replace(T, "__getitem__", getitem)
+        self.methods.replace(T, "__setitem__", setitem)
         self.methods.replace(T, "cuda", cuda)
         self.methods.replace(T, "type_as", type_as)
         for name in CASTS:
@@ -288,6 +307,22 @@ class HostTensorProbe:
                     return
         except Exception as ex:  # noqa: BLE001
             self.err("host_tensors", ex)
+
+    def _indexed(self, t: Any, idx: Any, frame: Any) -> None:
+        """`t[idx]` or `t[idx] = v` at the user's line: where `t` is the model's computation (it needs
+        a gradient or has one coming: on the GPU where the script trains there) and an index is a host
+        tensor the step made (`torch.triu_indices(t, t)` for a causal mask), each call copies that
+        index to the device: the pair of lines counts as a move ("index")."""
+        try:
+            if not (t.requires_grad or t.grad_fn is not None):
+                return
+            T = self.torch.Tensor
+            for x in idx if isinstance(idx, (tuple, list)) else (idx,):
+                if isinstance(x, T) and x.is_cpu and self._entry(x) is not None:
+                    self._moved(x, frame, "index")
+                    return  # one copy per call: `idx[0], idx[1]` of one host tensor is one move
+        except Exception as e:  # noqa: BLE001
+            self.err("host_tensors", e)
 
     def _moved(self, t: Any, frame: Any, how: str, non_blocking: bool = False) -> None:
         try:

@@ -1,8 +1,8 @@
 """The host-tensor probe's records (capture/probes/host_tensors.py) -> where the step moved host
 tensors to a device, whatever function or file each line is in:
 
-- a factory's tensors (PD004): one `cpu_to_device` subject per factory line, the move's line as its
-  second location, the moves per watched step, and `in_loop` from how many watched steps moved one
+- a factory's tensors (PD004): one `cpu_to_device` subject per factory line, the move's line (or the
+  line that indexed the model's computation with it: an implicit copy) as its second location, the moves per watched step, and `in_loop` from how many watched steps moved one
   (the run decides it over the source read's guess);
 - a host tensor kept across steps and moved again on every step (PD004: a noise schedule made once,
   `self.alphas.to(x.device)[t]` in the step): a `cpu_to_device` subject at the move's line with
@@ -77,8 +77,10 @@ def _factory(ctx: RunContext, r: HostTensorRecord) -> None:
         return
     _also_at(s, r)
     s.add("factory", r.factory, detail=f"torch.{r.factory} at this line made the tensor on the host")
+    how = ("used as an index into the model's computation (copied to its device each call)" if r.how == "index"
+           else f"moved with .{r.how}()")
     s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
-          detail=f"moved with .{r.how}() on {r.steps} of {r.watched} watched steps")
+          detail=f"{how} on {r.steps} of {r.watched} watched steps")
     s.add("moves_per_step", r.moves / max(r.watched, 1), "count",
           detail=f"{r.moves} moves at {_where(r)} over {r.watched} watched steps")
 
