@@ -108,6 +108,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("copies.h2d_pageable_ms", "ms", "trace", "host-to-device copy time from pageable memory per step"),
     ("copies.h2d_pageable_host_ms", "ms", "trace",
      "time the CPU waited in the calls that copied from pageable memory to the device, per step"),
+    ("copies.h2d_pinned_sync_ms", "ms", "trace",
+     "time the CPU waited in the stream syncs right after copies from pinned memory (no non_blocking), per step"),
     ("ops.calls_per_step", "count", "trace", "top-level aten ops per step (noise-free: the CI gate compares it)"),
     ("kernels.launches_per_step", "count", "trace", "kernel launches per step (noise-free)"),
     ("empty_cache.free_calls_per_step", "count", "trace", "cudaFree/hipFree calls per step"),

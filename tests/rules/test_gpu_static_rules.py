@@ -194,6 +194,24 @@ def test_pd017_pinned_batch_moved_synchronously(tmp_path):
     assert f.fix.after.strip() == "x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)"
 
 
+def test_pd017_on_a_gpu_saves_the_syncs_after_pinned_copies(tmp_path):
+    # an H200 trace of the pd017 sample: each pinned copy without non_blocking is followed by a
+    # cudaStreamSynchronize in the same copy_ (22 us a step on that launch-bound GPU)
+    facts = machine(Facts(), "cuda", 9.0)
+    add_trace_facts(load_trace(TRACES / "h200__pd017_copy_not_async.pt.trace.json.gz"), facts)
+    assert facts.value("copies.h2d_pinned_sync_ms") == pytest.approx(0.022, abs=0.002)
+    facts, path = analyse(tmp_path, """\
+        loader = DataLoader(ds, batch_size=64, pin_memory=True)
+        for x, y in loader:
+            x, y = x.to(device), y.to(device)
+        """, facts)
+    [f] = findings(facts, tmp_path, "PD017")
+    assert f.ms_per_step == pytest.approx(0.022, abs=0.002) and f.severity == "low"  # minor on that GPU
+    clean = machine(Facts(), "cuda", 9.0)  # its batches are copied with non_blocking=True: no sync after
+    add_trace_facts(load_trace(TRACES / "h200__clean.pt.trace.json.gz"), clean)
+    assert clean.value("copies.h2d_pinned_sync_ms") is None
+
+
 # -- PD021 optimizer-not-fused -----------------------------------------------------------------
 @pytest.mark.parametrize("cls,after", [
     ("AdamW", "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=None, fused=True)"),

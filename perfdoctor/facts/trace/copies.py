@@ -11,7 +11,7 @@ from perfdoctor.facts.trace.context import SRC, TraceContext
 from perfdoctor.facts.trace.intervals import count_in
 from perfdoctor.facts.trace.stacks import location
 from perfdoctor.stats import median
-from perfdoctor.trace.model import CPU_OP, MEMCPY
+from perfdoctor.trace.model import CPU_OP, MEMCPY, RUNTIME
 
 _FACTORIES = {"aten::tensor", "aten::randn", "aten::rand", "aten::zeros", "aten::ones", "aten::arange", "aten::full",
               "aten::empty", "aten::randint", "aten::from_numpy", "aten::linspace", "aten::eye", "aten::scalar_tensor",
@@ -42,7 +42,38 @@ def add(ctx: TraceContext) -> None:
     ctx.put("copies.h2d_pageable_ms", h2d_pg_ms / 1000 / ns, "ms")
     if h2d_pageable:
         ctx.put("copies.h2d_pageable_host_ms", h2d_pg_host_ms / 1000 / ns, "ms")
+    _pinned_sync(ctx, htod)
     _cpu_to_device(ctx, htod)
+
+
+_SYNCS = {"cudaStreamSynchronize", "hipStreamSynchronize", "cudaDeviceSynchronize", "hipDeviceSynchronize"}
+
+
+def _pinned_sync(ctx: TraceContext, htod: set[int]) -> None:
+    """copies.h2d_pinned_sync_ms: the time the CPU waited in the stream syncs that follow copies from
+    pinned memory (`.to(device)` without non_blocking: PyTorch queues the copy, then synchronizes)."""
+    t, launches, ns = ctx.trace, ctx.launches, ctx.per_step
+    name, strings = t.name, t.strings
+    calls: dict[int, list[int]] = defaultdict(list)  # CPU track -> its runtime calls, in time order
+    for i in t.indices(RUNTIME):
+        calls[t.track[i]].append(i)
+    starts = {k: [t.ts[i] for i in sorted(v, key=t.ts.__getitem__)] for k, v in calls.items()}
+    ordered = {k: sorted(v, key=t.ts.__getitem__) for k, v in calls.items()}
+    syncs = t.names_where(_SYNCS.__contains__)
+    waited, found = 0.0, False
+    for i in t.indices(MEMCPY):
+        if name[i] not in htod or "Pinned" not in strings[name[i]]:
+            continue
+        r = launches.get(t.corr[i])
+        if r is None:
+            continue
+        k = bisect_right(starts[t.track[r]], t.ts[r])  # the call right after the copy's own
+        nxt = ordered[t.track[r]][k] if k < len(ordered[t.track[r]]) else None
+        if nxt is not None and name[nxt] in syncs:
+            waited += t.dur[nxt]
+            found = True
+    if found:
+        ctx.put("copies.h2d_pinned_sync_ms", waited / 1000 / ns, "ms")
 
 
 def _cpu_to_device(ctx: TraceContext, htod: set[int]) -> None:
