@@ -60,6 +60,8 @@ from perfdoctor.contracts.run import FunctionStat, Hotspots, LineSamples, Worker
 from perfdoctor.contracts.run import Window as WindowRecord
 from perfdoctor.usercode import is_user_file
 
+MAX_FUNCTIONS = 100  # the user's functions kept from cProfile's rows, the most cumulative time first
+
 DEFAULT = (5, 3, 5)  # skip, warmup (cProfile and the line sampler run here), active (the trace)
 # A rank of a distributed job records 10 steps: the test that tells a straggler from the steps' noise
 # compares the ranks step by step (facts.ranks.straggler_test), and 5 steps of 2 ranks can show
@@ -446,7 +448,7 @@ class Window:
         # py-spy ran through the whole window: its warm-up and recorded steps
         workers = None if self.worker_data is None else msgspec.structs.replace(
             self.worker_data, steps=self.recorded + (self.python_steps if self.warmup else 0))
-        return Hotspots(functions=funcs[:100], lines=lines, samples=s.samples if s else 0,
+        return Hotspots(functions=funcs[:MAX_FUNCTIONS], lines=lines, samples=s.samples if s else 0,
                         sample_interval_s=s.interval if s else None, steps=self.python_steps, workers=workers)
 
     def meta(self) -> WindowRecord:

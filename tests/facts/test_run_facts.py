@@ -309,3 +309,25 @@ def test_a_rebuilt_loaders_moves_land_on_the_users_loader(tmp_path):
     assert dl.key == "/x/train.py:12"
     assert dl.facts["dataloader.moved"].value is True and dl.facts["dataloader.trains"].value is True
     assert any(loc.line == 30 for loc in dl.locations)
+
+
+def test_functions_called_in_the_profiled_steps_unless_the_run_cannot_say():
+    """cProfile's functions of the profiled steps, per file: none under 2 profiled steps, a list cut
+    at MAX_FUNCTIONS or a compiled region."""
+    from perfdoctor.capture.window import MAX_FUNCTIONS
+    from perfdoctor.contracts.run import CompiledFrame, CompileRecord, FunctionStat, Hotspots, Probes, Site
+    from perfdoctor.facts.run.context import RunContext
+    from perfdoctor.facts.run.hotspots import functions_called
+
+    def stat(file, line):
+        return FunctionStat(function="f", file=file, line=line, tottime_s=0.0, cumtime_s=0.0, ncalls=3)
+
+    rows = [stat("/p/nt_xent.py", 27), stat("/p/simclr.py", 29), stat("/p/nt_xent.py", 18)]
+    assert functions_called(RunContext(hotspot_file=Hotspots(functions=rows, steps=3))) == {
+        "/p/nt_xent.py": frozenset({27, 18}), "/p/simclr.py": frozenset({29})}
+    assert functions_called(RunContext(hotspot_file=Hotspots(functions=rows, steps=1))) is None
+    cut = [stat("/p/m.py", i) for i in range(MAX_FUNCTIONS)]
+    assert functions_called(RunContext(hotspot_file=Hotspots(functions=cut, steps=3))) is None
+    compiled = CompileRecord(frames=[CompiledFrame(site=Site(file="/p/m.py", line=1, code="", function="f"))])
+    assert functions_called(RunContext(hotspot_file=Hotspots(functions=rows, steps=3),
+                                       probes=Probes(compile=compiled))) is None

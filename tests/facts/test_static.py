@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from perfdoctor.contracts.run import Site
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static import analyse_files
 
@@ -265,6 +266,43 @@ def test_cpu_to_device_on_a_line_the_watched_steps_never_ran(tmp_path):
     watched = Facts()
     analyse_files([path], watched, factory_lines={str(path.resolve()): frozenset({8, 18})})
     assert sorted(by_line(watched, "cpu_to_device")) == [8, 10, 11, 18, 20]
+
+
+def test_cpu_to_device_in_a_function_the_profiled_steps_never_called(tmp_path):
+    """A legacy type's literal (the probe does not watch those constructors) in a function cProfile
+    never saw called in the profiled steps (a LARS optimizer defined beside the Adam the script uses)
+    stands down; one in a called function, in the function the steps run in (on the step's call
+    chain: entered before them), or in one called behind an accelerator-only `if` stays."""
+    source = """\
+        import torch
+
+        class LARS(torch.optim.Optimizer):
+            def step(self, closure=None):
+                device = self.device
+                return torch.Tensor([1.0]).to(device)
+
+        def scale(x):
+            return x * torch.Tensor([2.0]).to(x.device)
+
+        def to_gpu(x):
+            return x + torch.Tensor([0.0]).cuda()
+
+        def train(x, use_cuda):
+            for step in range(10):
+                one = torch.Tensor([1.0]).to(x.device)
+                y = scale(x)
+                if use_cuda:
+                    y = to_gpu(y)
+        """
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(source))
+    everything = Facts()
+    analyse_files([path], everything)
+    assert sorted(by_line(everything, "cpu_to_device")) == [6, 9, 12, 16]
+    facts = Facts()
+    chain = [Site(file=str(path), line=17, code="y = scale(x)", function="train")]
+    analyse_files([path], facts, step_chain=chain, functions_called={str(path.resolve()): frozenset({8})})
+    assert sorted(by_line(facts, "cpu_to_device")) == [9, 12, 16]
 
 
 def test_cpu_to_device_negatives(tmp_path):

@@ -71,6 +71,9 @@ class RunData:
     # per user file (its real path), the lines where a torch factory made a host tensor in the steps the
     # host-tensor probe watched; None where the run cannot say which ran (`host_tensors.factory_lines`)
     factory_lines: dict[str, frozenset[int]] | None = None
+    # per user file (its real path), the first lines of the functions cProfile saw called in the
+    # window's profiled steps; None where the run cannot say (`hotspots.functions_called`)
+    functions_called: dict[str, frozenset[int]] | None = None
 
 
 def load_run(run_dir: Path) -> RunData:
@@ -85,7 +88,8 @@ def load_run(run_dir: Path) -> RunData:
                    user_files=[p for p in _user_files(ctx) if p.is_file()], trace_path=trace if trace.exists() else None,
                    model_classes=forward.model_classes(ctx.probes.forward),
                    decided=modules.decided(ctx.probes.forward), step_chain=list(ctx.probes.step_chain),
-                   factory_lines=host_tensors.factory_lines(ctx.probes))
+                   factory_lines=host_tensors.factory_lines(ctx.probes),
+                   functions_called=hotspots.functions_called(ctx))
 
 
 def _user_files(ctx: RunContext) -> list[Path]:

@@ -6,8 +6,10 @@ sample every worker."""
 from __future__ import annotations
 
 import ast
+import os
 import re
 
+from perfdoctor.capture.window import MAX_FUNCTIONS
 from perfdoctor.contracts.report import HotLineDoc
 from perfdoctor.contracts.run import Hotspots, Step, Window, Workers
 from perfdoctor.contracts.source import read_source
@@ -25,6 +27,22 @@ def add(ctx: RunContext) -> None:
         ctx.notes.append(f"py-spy could not sample every DataLoader worker ({workers.error}); "
                          f"hot spots in the workers are {'partial' if workers.samples else 'missing'}")
     ctx.hotspots = _hotspots(ctx.hotspot_file) + worker_hot
+
+
+def functions_called(ctx: RunContext) -> dict[str, frozenset[int]] | None:
+    """Per user file (its real path), the first lines of the functions cProfile saw called in the
+    window's profiled steps (a decorated function's first decorator line): a function of the user's not
+    among them, and not on the step's call chain (entered before the steps), ran no code in those
+    steps. None where the run cannot say: fewer than 2 profiled steps, a list cut at MAX_FUNCTIONS, or
+    a compiled region (dynamo runs its graph, not the functions)."""
+    h = ctx.hotspot_file
+    if h.steps < 2 or not h.functions or len(h.functions) >= MAX_FUNCTIONS or (
+            ctx.probes.compile is not None and ctx.probes.compile.frames):
+        return None
+    out: dict[str, set[int]] = {}
+    for f in h.functions:
+        out.setdefault(os.path.realpath(f.file), set()).add(f.line)
+    return {f: frozenset(v) for f, v in out.items()}
 
 
 def _function_spans(file: str) -> list[tuple[int, int, int]]:

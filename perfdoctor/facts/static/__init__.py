@@ -68,7 +68,8 @@ DETECTORS = (
 
 def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | None = None,
                   decided: frozenset[str] = frozenset(), step_chain: Sequence[Site] = (),
-                  script: Path | None = None, factory_lines: dict[str, frozenset[int]] | None = None) -> None:
+                  script: Path | None = None, factory_lines: dict[str, frozenset[int]] | None = None,
+                  functions_called: dict[str, frozenset[int]] | None = None) -> None:
     """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped.
     `model_classes`: the classes of the models a run called ("<absolute file>:<qualname>", their
     bases included), where a run knows them: the detectors of model code judge only those
@@ -80,7 +81,9 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     it is known; every other file the run imported, so its `if __name__ == "__main__":` blocks are
     left out (`index.read`). `factory_lines`: per file (its real path), the lines where the run saw a
     torch factory make a host tensor in the steps it watched (`index.factories_ran`); None where the
-    run cannot say. Each file's read and each detector on it is one family
+    run cannot say. `functions_called`: per file, the first lines of the functions the run's profiled
+    steps called (`index.functions_called`, with `index.chain_lines`: the step chain's lines in the
+    file); None where the run cannot say. Each file's read and each detector on it is one family
     of facts (`Facts.family`): a bug in one leaves the others' facts."""
     detectors = [d for d in DETECTORS if d.__module__.rsplit(".", 1)[-1] not in decided]
     indexes = []
@@ -106,6 +109,10 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     for index in indexes:
         if factory_lines is not None:
             index.factories_ran = factory_lines.get(os.path.realpath(index.file), frozenset())
+        if functions_called is not None:
+            real = os.path.realpath(index.file)
+            index.functions_called = functions_called.get(real, frozenset())
+            index.chain_lines = frozenset(s.line for s in step_chain if os.path.realpath(s.file) == real)
         if model_classes is not None:
             prefix = f"{index.file}:"
             index.ran_classes = {c[len(prefix):] for c in model_classes if c.startswith(prefix)}

@@ -32,7 +32,9 @@ a vendored library's model file, a model the script defines but never builds): c
 executed is no cost of its steps. Nor a factory call of the kinds the run's host-tensor probe watches
 whose lines made no host tensor in the steps it watched (`_not_run`: a branch the configuration never
 takes, SupConLoss's `torch.eye` mask for the unsupervised loss when labels are given, a loss helper
-only another loss calls), unless an `if` around it within its function takes it only on the
+only another loss calls), nor one of another kind (a legacy type's literal) in a function the
+profiled steps never called (`_never_called`: cProfile's functions; a LARS optimizer the script defines
+beside the Adam it uses), unless an `if` around it within its function takes it only on the
 accelerator (`if use_cuda: index = torch.randperm(n).cuda()`): a CPU run cannot take that branch, so
 the source says what its GPU runs do.
 """
@@ -214,14 +216,35 @@ def _not_run(index: SourceIndex, made: ast.AST, factory: str) -> bool:
     """The run watched the training steps, the factory is one its probe watches, and no line of `made`
     (the expression holding the factory call) made a host tensor in them, while no `if` within its
     function keeps it to the accelerator or to every N steps (`_kept_branch`): the line did not run in the step."""
+    if _kept_branch(index, made):
+        return False
     ran = index.factories_ran
-    if ran is None or factory not in WATCHED:
+    if ran is not None and factory in WATCHED:
+        first: int = getattr(made, "lineno", 0)
+        last: int = getattr(made, "end_lineno", None) or first
+        return not any(line in ran for line in range(first, last + 1))
+    return _never_called(index, made)
+
+
+def _never_called(index: SourceIndex, node: ast.AST) -> bool:
+    """The function holding `node` was not called in the run's profiled steps (`index.functions_called`,
+    cProfile's), is not on the step's call chain (entered before them), and no call of its name in this
+    file sits behind an `if` that keeps it to the accelerator (`_kept_branch`): an optimizer class the
+    script defines but does not use (LARS beside the Adam it trains with), a helper of another mode."""
+    called = index.functions_called
+    fn = next((p for p in index.ancestors(node) if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if called is None or fn is None:
         return False
-    first: int = getattr(made, "lineno", 0)
-    last: int = getattr(made, "end_lineno", None) or first
-    if any(line in ran for line in range(first, last + 1)):
+    first = min([fn.lineno] + [d.lineno for d in fn.decorator_list])
+    end = fn.end_lineno or fn.lineno
+    if first in called or fn.lineno in called or any(first <= line <= end for line in index.chain_lines):
         return False
-    return not _kept_branch(index, made)
+    return not any(_called_name(c) == fn.name and _kept_branch(index, c) for c in index.calls)
+
+
+def _called_name(call: ast.Call) -> str | None:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
 
 
 def _kept_branch(index: SourceIndex, node: ast.AST) -> bool:

@@ -88,6 +88,10 @@ class SourceIndex(Syntax):
         # the lines of this file where a run saw a torch factory make a host tensor in the steps it
         # watched (set by `static.analyse_files`); None: no run says
         self.factories_ran: frozenset[int] | None = None
+        # the first lines of this file's functions the run's profiled steps called, and the lines of the
+        # step's call chain in this file (set by `static.analyse_files`); None: no run says
+        self.functions_called: frozenset[int] | None = None
+        self.chain_lines: frozenset[int] = frozenset()
 
     @cached_property
     def loops(self) -> Loops:
