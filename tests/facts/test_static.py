@@ -1852,3 +1852,35 @@ def test_cpu_to_device_guarded_move_in_a_model_file_the_step_reaches(tmp_path):
     assert got[15]["in_loop"] is False  # only evaluation reaches the n-best decode
     assert 20 not in got  # the `if` reads the tensor: not a guard around its move
 
+
+
+def test_a_model_class_whose_methods_ran_ran(tmp_path):
+    """NCRFpp's CRF is never called as a module: the model's loss method calls its methods directly, so
+    the run's module trees do not hold it. cProfile saw those methods called in the profiled steps
+    (`functions_called`, the def's line): the class ran, and its code is judged."""
+    path = tmp_path / "crf.py"
+    path.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        class CRF(nn.Module):
+            def viterbi(self, feats):
+                idx = torch.LongTensor(feats.size(0), 3)
+                if self.gpu:
+                    idx = idx.cuda()
+                return idx
+        """))
+    main = tmp_path / "main.py"
+    main.write_text(textwrap.dedent("""\
+        def train(crf, batches, optimizer):
+            for x in batches:
+                loss = crf.viterbi(x).sum()
+                loss.backward()
+                optimizer.step()
+        """))
+    other = {f"{tmp_path / 'model.py'}:Net"}  # the run called another model only
+    unseen, seen = Facts(), Facts()
+    analyse_files([path, main], unseen, model_classes=other)
+    analyse_files([path, main], seen, model_classes=other,
+                  functions_called={str(path.resolve()): frozenset({4}), str(main.resolve()): frozenset({1})})
+    assert by_line(unseen, "cpu_to_device") == {}
+    assert by_line(seen, "cpu_to_device") == {5: {"factory": "LongTensor", "target": "cuda", "in_loop": True}}

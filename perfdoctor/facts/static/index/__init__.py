@@ -107,8 +107,10 @@ class SourceIndex(Syntax):
 
     def model_ran(self, node: ast.AST) -> bool:
         """False where `node` is inside a class of this file that the run's models did not hold
-        (a model the script defines or imports but never called); True inside one they held,
-        outside any class, or where no run says which classes ran."""
+        (a model the script defines or imports but never called) and none of whose methods the run
+        saw call in its profiled steps (`functions_called`: a CRF whose methods the model's loss
+        method calls directly); True
+        inside one they held, outside any class, or where no run says which classes ran."""
         if self.ran_classes is None:
             return True
         cls = next((p for p in self.ancestors(node) if isinstance(p, ast.ClassDef)), None)
@@ -120,7 +122,10 @@ class SourceIndex(Syntax):
                 names.append(p.name)
             elif isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 names += ["<locals>", p.name]
-        return ".".join(reversed(names)) in self.ran_classes
+        called = self.functions_called or frozenset()
+        return ".".join(reversed(names)) in self.ran_classes or any(
+            isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and ({n.lineno, *(d.lineno for d in n.decorator_list)} & called) for n in cls.body)
 
     def module_ran(self, node: ast.AST) -> bool:
         """`model_ran`, judged only inside an `nn.Module` class (one with a `forward`, or a base from
