@@ -290,10 +290,12 @@ def gpu_trace(path: Path, steps: list[tuple[float, float]], kernels: list[tuple[
                    "ts": s, "dur": e - s})
         for c in range(h2d_pageable):
             corr = 90000 + n * 100 + c
+            # a copy from pageable memory holds the CPU in its call while the driver stages it (real
+            # traces: Kineto's ResNet-50, 2.02 ms for a 1.94 ms copy; an H200's, 97 us for 7 us)
             ev.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1,
-                       "ts": s + 1 + c, "dur": 1, "args": {"correlation": corr}})
+                       "ts": s + 1 + 150 * c, "dur": 100, "args": {"correlation": corr}})
             ev.append({"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD (Pageable -> Device)", "pid": 0,
-                       "tid": 7, "ts": s + 2 + c, "dur": 100, "args": {"correlation": corr, "device": 0,
+                       "tid": 7, "ts": s + 2 + 150 * c, "dur": 98, "args": {"correlation": corr, "device": 0,
                                                                       "stream": 7, "bytes": 1 << 20}})
     for k, (s, d, dev) in enumerate(kernels):
         lts = (launches or {}).get(k, s - 1)
