@@ -42,7 +42,8 @@ def test_table_has_a_row_per_sample_with_ratio_findings_and_trace_size():
 @pytest.mark.e2e
 def test_dry_run_runs_a_sample_bare_and_under_perfdoctor(tmp_path):
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), "--dry-run", "--steps", "10",
-                        "--only", "clean", "--json", "--keep", str(tmp_path)], cwd=REPO,
+                        "--only", "clean", "--json", "--keep", str(tmp_path), "--rows", str(tmp_path / "rows.jsonl")],
+                       cwd=REPO,
                        capture_output=True, text=True, timeout=600,
                        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
     assert p.returncode == 0, p.stderr[-3000:]
@@ -50,3 +51,6 @@ def test_dry_run_runs_a_sample_bare_and_under_perfdoctor(tmp_path):
     assert row["sample"] == "clean.py" and row["exit"] == 0 and row["device_type"] == "cpu"
     assert row["bare_ms"] > 0 and row["step_ms"] > 0 and row["findings"] == []
     assert row["trace_bytes"] > 0 and (tmp_path / "clean" / "trace.json.gz").is_file()
+    # --rows: the same row, appended as soon as it was measured, with the load beside it
+    (kept,) = [json.loads(x) for x in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert kept == row and kept["load"] >= 0
