@@ -24,6 +24,7 @@ def add(ctx: TraceContext) -> None:
     t, windows, launches, ns = ctx.trace, ctx.cpu_windows, ctx.launches, ctx.per_step
     name, strings, ts, dur = t.name, t.strings, t.ts, t.dur
     h2d, h2d_pageable, h2d_ms, h2d_pg_ms, h2d_pg_host_ms = [], [], 0.0, 0.0, 0.0
+    pinned_calls: list[int] = []  # the runtime calls that launched copies from pinned memory
     htod = t.names_where(lambda s: "HtoD" in s)
     for i in t.indices(MEMCPY):
         if name[i] in htod:
@@ -36,41 +37,40 @@ def add(ctx: TraceContext) -> None:
                 h2d_pageable.append(when)
                 h2d_pg_ms += dur[i]
                 h2d_pg_host_ms += dur[r] if r is not None else dur[i]  # the CPU waits in the call throughout
+            elif "Pinned" in nm and r is not None:
+                pinned_calls.append(r)
     ctx.put("copies.h2d_per_step", median(count_in(h2d, windows)), "count")
     ctx.put("copies.h2d_pageable_per_step", median(count_in(h2d_pageable, windows)), "count")
     ctx.put("copies.h2d_ms", h2d_ms / 1000 / ns, "ms")
     ctx.put("copies.h2d_pageable_ms", h2d_pg_ms / 1000 / ns, "ms")
     if h2d_pageable:
         ctx.put("copies.h2d_pageable_host_ms", h2d_pg_host_ms / 1000 / ns, "ms")
-    _pinned_sync(ctx, htod)
+    if pinned_calls:
+        _pinned_sync(ctx, pinned_calls)
     _cpu_to_device(ctx, htod)
 
 
 _SYNCS = {"cudaStreamSynchronize", "hipStreamSynchronize", "cudaDeviceSynchronize", "hipDeviceSynchronize"}
 
 
-def _pinned_sync(ctx: TraceContext, htod: set[int]) -> None:
+def _pinned_sync(ctx: TraceContext, pinned_calls: list[int]) -> None:
     """copies.h2d_pinned_sync_ms: the time the CPU waited in the stream syncs that follow copies from
-    pinned memory (`.to(device)` without non_blocking: PyTorch queues the copy, then synchronizes)."""
-    t, launches, ns = ctx.trace, ctx.launches, ctx.per_step
-    name, strings = t.name, t.strings
+    pinned memory (`.to(device)` without non_blocking: PyTorch queues the copy, then synchronizes).
+    `pinned_calls`: the runtime calls that launched those copies."""
+    t, ns = ctx.trace, ctx.per_step
     calls: dict[int, list[int]] = defaultdict(list)  # CPU track -> its runtime calls, in time order
     for i in t.indices(RUNTIME):
         calls[t.track[i]].append(i)
-    starts = {k: [t.ts[i] for i in sorted(v, key=t.ts.__getitem__)] for k, v in calls.items()}
-    ordered = {k: sorted(v, key=t.ts.__getitem__) for k, v in calls.items()}
+    for v in calls.values():
+        v.sort(key=t.ts.__getitem__)
+    starts = {k: [t.ts[i] for i in v] for k, v in calls.items()}
     syncs = t.names_where(_SYNCS.__contains__)
     waited, found = 0.0, False
-    for i in t.indices(MEMCPY):
-        if name[i] not in htod or "Pinned" not in strings[name[i]]:
-            continue
-        r = launches.get(t.corr[i])
-        if r is None:
-            continue
+    for r in pinned_calls:
+        on = calls[t.track[r]]
         k = bisect_right(starts[t.track[r]], t.ts[r])  # the call right after the copy's own
-        nxt = ordered[t.track[r]][k] if k < len(ordered[t.track[r]]) else None
-        if nxt is not None and name[nxt] in syncs:
-            waited += t.dur[nxt]
+        if k < len(on) and t.name[on[k]] in syncs:
+            waited += t.dur[on[k]]
             found = True
     if found:
         ctx.put("copies.h2d_pinned_sync_ms", waited / 1000 / ns, "ms")
