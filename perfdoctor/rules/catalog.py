@@ -74,6 +74,9 @@ class Rule:
     # one finding per run however many subjects show it: the fix is one setting for the process
     # (PD016's cudnn.benchmark), so the other subjects' locations follow the first's
     once: bool = False
+    # a `once` rule's title where several subjects showed it (a template over the first finding's names
+    # and `group.count`, the number of subjects; the locations list them all); "": the first's title
+    title_group: str = ""
     # the severity of a finding this run could not put a number on (the rule's `unmeasured` case);
     # None: the rule's severity
     severity_unmeasured: str | None = None
@@ -113,6 +116,9 @@ class Rule:
                         "use_instead": self.doc.use_instead, "fix_safety": self.doc.fix_safety,
                         "references": list(self.doc.references)}}
 
+
+# the name a `title_group` reads for the number of subjects a `once` rule's finding stands for
+GROUP_COUNT = "group.count"
 
 # `perfdoctor verify`'s ablations: "data" (the child delivers the first batch again: capture/ablation.py),
 # "remove-call" (the call `callee` removed at the finding's line), "skip-line" (the call statement at
@@ -250,6 +256,8 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
             used["saving_ms"] = names_in(_req(data, "saving_ms", where))
         for key in ("title", "message"):
             used[key] = template_names(_req(data, key, where))
+        if "title_group" in data:
+            used["title_group"] = template_names(str(data["title_group"])) - {GROUP_COUNT}
         used["unmeasured"] = template_names(str(data.get("unmeasured", "")))
     except RuleError as e:
         raise RuleError(f"{where}: {e.message}") from None
@@ -300,6 +308,9 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     once = data.get("once", False)
     if not isinstance(once, bool):
         raise RuleError(f"{where}: once must be true or false")
+    title_group = data.get("title_group", "")
+    if not isinstance(title_group, str) or (title_group and not once):
+        raise RuleError(f"{where}: title_group is a text, for a rule with once = true")
     ablation = data.get("ablation")
     if ablation is not None and not (isinstance(ablation, dict) and ablation.get("kind") in ABLATIONS
                                      and isinstance(ablation.get("what"), str)
@@ -311,6 +322,7 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
         title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
         subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread, once=once,
+        title_group=title_group,
         severity_unmeasured=severity_unmeasured,
         subject_optional=bool(data.get("subject_optional", False)), ablation=ablation,
         saving_ms=data.get("saving_ms"), unmeasured=str(data.get("unmeasured", "")),

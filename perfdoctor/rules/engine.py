@@ -13,7 +13,7 @@ from perfdoctor.errors import RuleError
 from perfdoctor.facts import registry
 from perfdoctor.facts.model import Facts, Subject
 from perfdoctor.model import Fact, Finding, Fix, Location
-from perfdoctor.rules.catalog import LET_PREFIX, TEMPLATE_RE, Rule, split_placeholder
+from perfdoctor.rules.catalog import GROUP_COUNT, LET_PREFIX, TEMPLATE_RE, Rule, split_placeholder
 from perfdoctor.rules.config import Settings
 from perfdoctor.rules.expr import Missing, evaluate, names_in
 from perfdoctor.stats import quantile
@@ -331,18 +331,31 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
         subjects: list[Subject | None] = [s for kind in rule.subjects for s in facts.of_kind(kind)]
         if not rule.subjects or (not subjects and rule.subject_optional):
             subjects = [None]  # e.g. a trace with no source locations: judge once, globally
-        first: Finding | None = None
-        for subject in subjects:
-            f = judge_one(rule, facts, subject, thresholds, files)
-            if f is not None and rule.once and first is not None:
-                first.locations += [loc for loc in f.locations if loc not in first.locations]
-            elif f is not None and f.fingerprint() not in seen:
+        judged = [(s, f) for s in subjects if (f := judge_one(rule, facts, s, thresholds, files)) is not None]
+        if rule.once and judged:
+            judged = [_one_of(rule, facts, thresholds, judged)]
+        for _, f in judged:
+            if f.fingerprint() not in seen:
                 seen.add(f.fingerprint())
                 findings.append(f)
-                first = f
     findings = group_identical(findings)
     findings.sort(key=lambda f: (f.minor, *f.sort_key()))
     return findings
+
+
+def _one_of(rule: Rule, facts: Facts, thresholds: dict[str, Any],
+            judged: list[tuple[Subject | None, Finding]]) -> tuple[Subject | None, Finding]:
+    """A `once` rule's one finding for every subject that showed it: the one with the largest saving
+    (the first where none has one) speaks for them, with every subject's locations after its own and,
+    where several showed it, the rule's `title_group` (its names and `group.count`)."""
+    subject, first = max(judged, key=lambda sf: -1.0 if sf[1].ms_per_step is None else sf[1].ms_per_step)
+    for _, f in judged:
+        first.locations += [loc for loc in f.locations if loc not in first.locations]
+    if len(judged) > 1 and rule.title_group:
+        lookup = make_lookup(facts, subject, thresholds, rule.lets)
+        first.title = render_template(
+            rule.title_group, lambda name: len(judged) if name == GROUP_COUNT else lookup(name))
+    return subject, first
 
 
 def group_identical(findings: list[Finding]) -> list[Finding]:

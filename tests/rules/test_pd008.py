@@ -88,3 +88,38 @@ def test_pd008_reads_profiled_host_time_as_a_share_of_the_profiled_steps():
     cpu = gpu_facts(sync__count_per_step=20, sync__ms=6.0, gpu__idle_host_wait_ms=4.0)
     cpu.add("device.type", "cpu", "", "trace")
     assert "PD008" not in [x.rule for x in judge(cpu, RULES)]
+
+
+def test_pd008_is_one_finding_for_the_training_steps_reads():
+    """ncrfpp-lstmcrf, cifar100-vgg: `.cpu()` of the predictions at three lines and `.item()` of the
+    loss at another were one PD008 finding per kind, and a labeller (or a user) saw one problem
+    reported two or three times. All the step's reads are one finding, every line a location (a read
+    behind a logging guard stays out), titled for the lines together; one read keeps its own title."""
+    def facts(reads):
+        f = cpu_run()
+        f.add("script.targets_cuda", True, "", "static")
+        for line, kind, count, in_loop in reads:
+            s = f.subject("host_read", f"train.py:{line}")
+            s.add("kind", kind, "", "run")
+            s.add("in_loop", in_loop, "", "static")
+            s.add("count_per_step", count, "count", "run")
+            s.locations.append(Location("train.py", line, "x"))
+        return [x for x in judge(f, RULES) if x.rule == "PD008"]
+    (one,) = facts([(50, "cpu", 3.0, True), (55, "item", 1.0, True), (60, "item", 1.0, False)])
+    assert [loc.line for loc in one.locations] == [50, 55]
+    assert one.title == ("Host reads of device tensors at 2 lines of the training step: "
+                         "a host-device sync each time on the GPU")
+    (alone,) = facts([(55, "item", 1.0, True), (60, "item", 1.0, False)])
+    assert alone.title.startswith("A host read of a device tensor (item) 1 time(s) per step")
+
+
+def test_pd008_groups_a_traces_syncs_under_the_costliest_line():
+    f = gpu_facts(gpu__idle_host_wait_ms=20.0)
+    for line, count, ms in ((10, 4.0, 2.5), (20, 8.0, 3.0)):
+        s = f.subject("sync", f"train.py:{line}")
+        s.add("count_per_step", count, "count", "trace")
+        s.add("ms", ms, "ms", "trace")
+        s.locations.append(Location("train.py", line, "x"))
+    (one,) = [x for x in judge(f, RULES) if x.rule == "PD008"]
+    assert [loc.line for loc in one.locations] == [20, 10]
+    assert one.title.startswith("2 lines sync the host with the device in the training step; the costliest, 8 time(s)")
