@@ -9,7 +9,8 @@ recorded commit into a scratch folder (`--work`, default /tmp/perfdoctor-corpus/
 stand-in dataset (never a download), run `perfdoctor run SCRIPT --steps N --format json` there with a
 timeout, and match the findings to the labels. A finding is a true positive when its rule and one of
 its locations match a label (same file, the label's line or one of its `also` lines, +-`--line-slack`;
-a label without a line matches any location); every other finding is a false finding (high and
+a label without a line matches any location), and it finds every label its locations match; every other
+finding is a false finding (high and
 medium ones counted apart, those hitting a `[[script.not]]` entry named). A label that is optional
 counts neither as a miss nor, when matched, as a false finding. A script that times out, crashes or
 cannot be prepared is recorded as such and the others go on.
@@ -359,19 +360,14 @@ def score(findings: list[dict], script: dict, slack: int) -> Match:
     m = Match()
     used: set[int] = set()
     for finding in findings:
-        hit = next(
-            (
-                i
-                for i, lab in enumerate(labels)
-                if _hits(finding, lab, script["path"], slack)
-            ),
-            None,
-        )
-        if hit is not None:
+        # a finding that lists several labelled lines (PD008's reads of one step) found each of them
+        hits = [i for i, lab in enumerate(labels) if _hits(finding, lab, script["path"], slack)]
+        for hit in hits:
             (m.optional_hit if labels[hit].get("optional") else m.tp).append(
                 {"label": labels[hit], "finding": _brief(finding)}
             )
             used.add(hit)
+        if hits:
             continue
         note = next((n for n in nots if _hits(finding, n, script["path"], slack)), None)
         m.fp.append({"finding": _brief(finding), "not": note["why"] if note else None})

@@ -82,3 +82,15 @@ def test_a_label_on_the_whole_script_matches_its_rule_in_any_file():
     pinned = {"path": "main.py", "label": [{"rule": "PD007", "file": "main.py"}]}  # a file named: that file
     m = corpus.score([finding], pinned, 0)
     assert not m.tp and len(m.fp) == 1
+
+
+def test_a_finding_at_several_labelled_lines_finds_each_label():
+    """ncrfpp-lstmcrf labels `.cpu()` at main.py:49 and `.item()` at main.py:417 apart; perfdoctor's one
+    PD008 finding lists both lines: both labels are found, and the finding is no false one."""
+    finding = {"rule": "PD008", "locations": [{"file": "/x/repo/main.py", "line": 49},
+                                              {"file": "/x/repo/main.py", "line": 417}]}
+    script = {"path": "main.py", "label": [{"rule": "PD008", "line": 417}, {"rule": "PD008", "line": 49},
+                                           {"rule": "PD008", "line": 104, "file": "wordsequence.py"}]}
+    m = corpus.score([finding], script, 0)
+    assert sorted(t["label"]["line"] for t in m.tp) == [49, 417] and not m.fp
+    assert [lab["line"] for lab in m.missed] == [104]
