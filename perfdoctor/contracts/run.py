@@ -250,6 +250,10 @@ class DataLoaderRecord(Struct, kw_only=True):
     # built by a library from a loader of the user's (same dataset, same workers; opacus, accelerate):
     # where that one was built, the line whose settings this loader has
     origin: Site | None = None
+    # what one batch holds (the largest of the first BATCH_SHAPE_SAMPLES batches): its tensors and their bytes,
+    # what a batch from a worker costs the training process to receive (PD002)
+    batch_tensors: int | None = None
+    batch_bytes: int | None = None
 
     @property
     def judged_site(self) -> Site | None:

@@ -184,6 +184,12 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("load_ms", "ms", "run", "num_workers=0: loading one step's batches in the training process (mean wait)"),
         ("gpu_wait_fraction", "ratio", "run", "a CPU run of a CUDA script: load_ms / (load_ms + step.gpu_compute_ms), "
                                               "the share of a GPU step spent loading"),
+        ("batch_tensors", "count", "run", "tensors in one batch (the largest of the first batches the run saw)"),
+        ("batch_bytes", "bytes", "run", "the bytes of those tensors"),
+        ("receipt_ms", "ms", "run", "what receiving its batches from worker processes would cost the training "
+                                    "process per step (queue, unpickling, storages rebuilt from shared memory): "
+                                    "per batch from batch_tensors and batch_bytes with costs "
+                                    "benchmarks/loader_receipt.py measured, times the batches per step"),
         ("feeds_cuda", "bool", "run/static", "its batches are moved to a CUDA device (absent, never False, "
                                                "in a static read without a move)"),
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),

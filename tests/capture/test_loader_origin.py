@@ -34,3 +34,24 @@ def test_a_loader_built_from_the_users_is_judged_at_the_users_line(monkeypatch):
     # dataset, built side by side) is its own
     assert [r.origin for r in probe.records() if r.site.function != "_wrap"] == [None, None]
     assert wrapped is not user and evaluation is not user
+
+
+def test_a_batchs_tensors_and_bytes_are_counted_for_pd002s_receipt():
+    """What a worker would send of a batch: its tensors (tuples, lists, mappings walked) and their bytes;
+    the largest of the batches seen is kept, a batch without tensors leaves nothing."""
+    from perfdoctor.capture.probes.dataloader import LoaderState
+
+    probe = DataLoaderProbe(torch, Clock(), None, ErrorLog())  # type: ignore[arg-type]
+    lrec = LoaderState(0, None)
+    probe._batch_shape(lrec, ["no", "tensors"])
+    assert lrec.batch_tensors is None and lrec.batch_bytes is None
+    probe._batch_shape(lrec, (torch.zeros(4, 8), torch.zeros(4, dtype=torch.int64)))
+    assert (lrec.batch_tensors, lrec.batch_bytes) == (2, 4 * 8 * 4 + 4 * 8)
+    batch = {"x": torch.zeros(16, 8, dtype=torch.float16), "meta": {"ids": [torch.zeros(3), torch.zeros(3)]},
+             "name": "a"}
+    probe._batch_shape(lrec, batch)
+    assert (lrec.batch_tensors, lrec.batch_bytes) == (3, 16 * 8 * 2 + 2 * 3 * 4)
+    probe._batch_shape(lrec, (torch.zeros(1),))  # a smaller last batch does not replace it
+    assert (lrec.batch_tensors, lrec.batch_bytes) == (3, 280)
+    rec = lrec.record()
+    assert (rec.batch_tensors, rec.batch_bytes) == (3, 280)

@@ -331,3 +331,24 @@ def test_functions_called_in_the_profiled_steps_unless_the_run_cannot_say():
     compiled = CompileRecord(frames=[CompiledFrame(site=Site(file="/p/m.py", line=1, code="", function="f"))])
     assert functions_called(RunContext(hotspot_file=Hotspots(functions=rows, steps=3),
                                        probes=Probes(compile=compiled))) is None
+
+
+def test_a_loaders_batch_gives_its_receipt_cost_per_step(tmp_path):
+    """PD002's receipt: the batch's tensors and bytes (the probe's) give what receiving such a batch from a
+    worker would cost the training process, per batch x the batches per step."""
+    from perfdoctor.facts.run import dataloader as dlf
+
+    site = {"file": "/x/train.py", "line": 12, "code": "loader = DataLoader(ds)", "function": "main"}
+    rec = {"id": 0, "site": site, "kwargs": {"batch_size": 64, "num_workers": 0}, "batches": 80,
+           "wait_ms_per_step": [6.0] * 40, "batch_tensors": 2, "batch_bytes": 3 << 19}
+    r = load_run(make_run(tmp_path, probes={"dataloaders": [rec]}))
+    (dl,) = r.facts.of_kind("dataloader")
+    f = {k: v.value for k, v in dl.facts.items()}
+    assert f["dataloader.batch_tensors"] == 2 and f["dataloader.batch_bytes"] == 3 << 19
+    one = dlf.RECEIPT_BASE_MS + 2 * dlf.RECEIPT_PER_TENSOR_MS + 1.5 * dlf.RECEIPT_PER_MB_MS
+    assert one > 0
+    assert f["dataloader.receipt_ms"] == pytest.approx(one * 2)  # 80 batches over 40 steps
+    # a record from before the probe counted batches: no receipt, no guess
+    old = {k: v for k, v in rec.items() if not k.startswith("batch_")}
+    r = load_run(make_run(tmp_path / "old", probes={"dataloaders": [old]}))
+    assert "dataloader.receipt_ms" not in r.facts.of_kind("dataloader")[0].facts

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from msgspec import UNSET
@@ -24,6 +24,9 @@ from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
 from perfdoctor.contracts.run import DataLoaderKwargs, DataLoaderRecord, Site
 
 MAX_EPOCHS = 1000  # first-batch times kept per loader
+BATCH_SHAPE_SAMPLES = 3  # batches per loader whose tensors and bytes are counted (PD002's receipt cost)
+_MAX_BATCH_DEPTH = 6  # nesting of tuples, lists and dicts walked in a batch
+_MAX_BATCH_ITEMS = 10_000  # objects walked in one batch
 _MAX_ORIGIN_DEPTH = 8  # frames above a DataLoader's construction searched for the loader it wraps
 
 
@@ -32,7 +35,7 @@ class LoaderState:
 
     __slots__ = ("id", "site", "kwargs", "style", "dataset", "batches", "waits", "cur", "to_cuda",
                  "non_blocking", "constructed", "cuda_seen", "sampler", "sharded", "first_batch_ms",
-                 "first_batch_step", "length", "origin")
+                 "first_batch_step", "length", "origin", "batch_tensors", "batch_bytes")
 
     def __init__(self, i: int, site: Site | None):
         self.id, self.site = i, site
@@ -52,6 +55,8 @@ class LoaderState:
         self.first_batch_ms: list[float] = []  # per iterator (epoch): from iter() to its first batch
         self.first_batch_step: list[int] = []  # the step each epoch's first batch arrived in
         self.length: int | None = None  # len(loader): batches per epoch
+        self.batch_tensors: int | None = None  # the largest of the first batches: its tensors and their bytes
+        self.batch_bytes: int | None = None
 
     def record(self) -> DataLoaderRecord:
         return DataLoaderRecord(id=self.id, site=self.site, kwargs=self.kwargs, kwargs_style=self.style,
@@ -61,7 +66,8 @@ class LoaderState:
                                 sharded=UNSET if self.sharded is None else self.sharded,
                                 first_batch_ms=[round(x, 4) for x in self.first_batch_ms],
                                 first_batch_step=self.first_batch_step, length=self.length,
-                                origin=self.origin)
+                                origin=self.origin, batch_tensors=self.batch_tensors,
+                                batch_bytes=self.batch_bytes)
 
 
 class DataLoaderProbe:
@@ -113,6 +119,11 @@ class DataLoaderProbe:
                         lrec.first_batch_ms.append((clock.pc() - t0) * 1e3)
                         lrec.first_batch_step.append(len(clock.steps) + 1)
                 lrec.batches += 1
+                if lrec.batches <= BATCH_SHAPE_SAMPLES:
+                    try:
+                        probe._batch_shape(lrec, batch)
+                    except Exception as e:  # noqa: BLE001 - a batch type that does not walk
+                        probe.err("dataloader", e)
                 if probe.cuda.active and lrec.cuda_seen < 3:
                     probe.cuda.tag(batch, lrec)
                 if probe.host is not None and probe.host.on:
@@ -214,6 +225,26 @@ class DataLoaderProbe:
         dist = data.DistributedSampler
         return name, any(p is not None and (isinstance(p, dist) or "distributed" in type(p).__name__.lower())
                          for p in parts)
+
+    def _batch_shape(self, lrec: LoaderState, batch: Any) -> None:
+        """Count a batch's tensors and their bytes (tuples, lists and mappings walked; a tensor's own bytes,
+        not its storage's); kept where it is the largest seen. What a worker would send of it: one
+        storage per tensor through shared memory."""
+        tensor = self.torch.Tensor
+        tensors = nbytes = seen = 0
+        todo: list[tuple[Any, int]] = [(batch, 0)]
+        while todo and seen < _MAX_BATCH_ITEMS:
+            obj, depth = todo.pop()
+            seen += 1
+            if isinstance(obj, tensor):
+                tensors += 1
+                nbytes += obj.nelement() * obj.element_size()
+            elif depth < _MAX_BATCH_DEPTH and isinstance(obj, (tuple, list)):
+                todo.extend((x, depth + 1) for x in obj)
+            elif depth < _MAX_BATCH_DEPTH and isinstance(obj, Mapping):
+                todo.extend((x, depth + 1) for x in obj.values())
+        if tensors and (lrec.batch_bytes is None or nbytes > lrec.batch_bytes):
+            lrec.batch_tensors, lrec.batch_bytes = tensors, nbytes
 
     def worker_pids(self) -> list[int]:
         """PIDs of the DataLoader worker processes alive now (py-spy samples them in the window)."""

@@ -19,6 +19,19 @@ from perfdoctor.facts.run.context import RunContext
 GPU_SPEEDUP = 10.0
 GPU_SPEEDUP_BASIS = "the low end of a GPU's speed-up over a few CPU cores"
 
+# What a batch made by a DataLoader worker costs the training process to receive (PD002): the result out
+# of the worker's queue, unpickled, each tensor's storage rebuilt from shared memory (with the default
+# file_descriptor strategy a descriptor fetched from the worker per storage), its pages touched. A run
+# with num_workers=0, where PD002 fires, never pays it, so it is estimated from the batch the run saw
+# (its tensors and bytes) with the costs benchmarks/loader_receipt.py measured (least squares over 8 batch
+# shapes, 2-16 tensors, 16 KB-4 MB, 1 and 2 workers; the worker always ahead, so the time in __next__
+# is the receipt alone). Starting workers inside the user's run to time it there would add processes
+# to the program being measured.
+RECEIPT_BASE_MS = 0.64
+RECEIPT_PER_TENSOR_MS = 0.22
+RECEIPT_PER_MB_MS = 0.66
+RECEIPT_BASIS = "per batch, benchmarks/loader_receipt.py on a 2-core VM (torch 2.13, load average 0.7-1.9)"
+
 
 def add(ctx: RunContext) -> None:
     facts, env, steady, median = ctx.facts, ctx.env, ctx.steady, ctx.median
@@ -56,12 +69,28 @@ def add(ctx: RunContext) -> None:
                 s.add("wait_fraction", w / median, "ratio", detail="wait_ms / step.time_ms",
                       per_step=tuple(x / st["wall_ms"] if st["wall_ms"] > 0 else 0.0 for x, st in zip(ws, steady))
                       if aligned else ())
+        if dl.batch_tensors and dl.batch_bytes is not None:
+            steps = len(ctx.run_steps)
+            _receipt(s, dl.batch_tensors, dl.batch_bytes, dl.batches / steps if steps and dl.batches else 1.0)
         if ws and dl.batches and kw.num_workers == 0 and median is not None:
             _project_to_gpu(facts, s, statistics.fmean(ws), median, env)
         if env.device == "cuda":
             s.add("feeds_cuda", dl.to_cuda, detail="a batch was moved to a CUDA device")
             s.add("non_blocking", dl.non_blocking)
     worker_startup(ctx)
+
+
+def _receipt(s: Subject, tensors: int, nbytes: int, per_step: float) -> None:
+    """A batch's tensors and bytes, and what receiving such batches from workers would cost the training
+    process per step (`receipt_ms`: RECEIPT_* per batch, measured on this kind of machine, not in this
+    run, times the batches the loader delivered per training step)."""
+    s.add("batch_tensors", tensors, "count", detail="tensors in one batch, the largest of the first batches")
+    s.add("batch_bytes", nbytes, "bytes", detail="their bytes")
+    mb = nbytes / 2**20
+    one = RECEIPT_BASE_MS + RECEIPT_PER_TENSOR_MS * tensors + RECEIPT_PER_MB_MS * mb
+    s.add("receipt_ms", one * per_step, "ms",
+          detail=f"({RECEIPT_BASE_MS:g} + {RECEIPT_PER_TENSOR_MS:g} x {tensors} tensors + {RECEIPT_PER_MB_MS:g} x "
+                 f"{mb:.2f} MB) per batch x {per_step:.2f} batches per step; {RECEIPT_BASIS}")
 
 
 def _project_to_gpu(facts: Facts, s: Subject, load: float, step: float, env: Env) -> None:

@@ -1,0 +1,126 @@
+"""What a batch costs the training process when a DataLoader worker made it (PD002's receipt cost).
+
+    python benchmarks/loader_receipt.py [--workers 1 2] [--batches 120] [--compute-ms 8] [--json PATH]
+
+With `num_workers=0` the training process pays the whole loading of a batch; with workers it still pays
+its receipt: the result's bytes out of the worker's queue (a pipe), the unpickling, and for every tensor
+its storage rebuilt from shared memory (with the default `file_descriptor` sharing strategy, one
+descriptor fetched from the worker per storage: a round trip to the worker's resource-sharer thread),
+then the pages touched. None of it shows in a run with `num_workers=0`, which is where PD002 fires, so
+the rule estimates it from the batch the run saw (its tensors and bytes,
+`perfdoctor/capture/probes/dataloader.py`) with the costs this benchmark measures.
+
+For each batch shape (tensors per batch x bytes per batch), synthetic batches of ITEMS items each come
+from a map-style dataset whose worker does next to nothing but collate them (into shared memory, as every
+worker does), and the training process spins `--compute-ms` between batches, so that the workers are
+always ahead and never make it wait for a batch that is not ready. Per batch the training process takes
+it (`__next__`), reads every tensor once (`sum()`: what its compute does, page faults on the shared
+memory included) and drops it (the storages unmapped). The receipt is the median of that with workers,
+less the median reading and dropping of the same batch made in the training process (`num_workers=0`,
+whose `__next__` is the loading the workers take over). Then a least-squares fit of the worker rows:
+ms per batch = base + per_tensor x tensors + per_mb x MB. The load average is printed beside every row:
+on a shared 2-core machine the receipt waits for the worker's threads to be scheduled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+SHAPES = [(2, 16 << 10), (2, 200 << 10), (2, 1 << 20), (2, 4 << 20), (4, 200 << 10), (8, 200 << 10),
+          (16, 200 << 10), (16, 1 << 20)]
+
+
+ITEMS = 8  # items per batch
+
+
+class Synthetic(Dataset):
+    """Each item is `tensors` float tensors, ITEMS of them `nbytes` in all once collated."""
+
+    def __init__(self, tensors: int, nbytes: int, n: int):
+        self.tensors, self.n = tensors, n
+        self.numel = max(1, nbytes // 4 // tensors // ITEMS)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple:
+        return tuple(torch.zeros(self.numel) for _ in range(self.tensors))
+
+
+def spin(ms: float) -> None:
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
+def per_batch_ms(tensors: int, nbytes: int, workers: int, batches: int, compute_ms: float) -> tuple[float, float]:
+    """The medians of `__next__` and of reading and dropping the batch (ms), the first `2 x workers + 2`
+    batches left out."""
+    loader = DataLoader(Synthetic(tensors, nbytes, batches * ITEMS), batch_size=ITEMS, num_workers=workers)
+    take, use = [], []
+    it = iter(loader)
+    for _ in range(batches):
+        spin(compute_ms)
+        t0 = time.perf_counter()
+        batch = next(it)
+        t1 = time.perf_counter()
+        for x in batch:
+            x.sum()
+        del batch
+        t2 = time.perf_counter()
+        take.append((t1 - t0) * 1e3)
+        use.append((t2 - t1) * 1e3)
+    del it
+    skip = 2 * workers + 2
+    return statistics.median(take[skip:]), statistics.median(use[skip:])
+
+
+def fit(rows: list[dict]) -> dict:
+    """ms = base + per_tensor x tensors + per_mb x MB, least squares over the worker rows."""
+    x = torch.tensor([[1.0, r["tensors"], r["bytes"] / 2**20] for r in rows], dtype=torch.float64)
+    y = torch.tensor([[r["receipt_ms"]] for r in rows], dtype=torch.float64)
+    coef = torch.linalg.lstsq(x, y).solution.flatten().tolist()
+    pred = (x @ torch.tensor(coef, dtype=torch.float64)).tolist()
+    resid = [abs(p - r["receipt_ms"]) for p, r in zip(pred, rows)]
+    return {"base_ms": coef[0], "per_tensor_ms": coef[1], "per_mb_ms": coef[2], "max_abs_residual_ms": max(resid)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--batches", type=int, default=120)
+    ap.add_argument("--compute-ms", type=float, default=8.0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, sharing strategy "
+          f"{torch.multiprocessing.get_sharing_strategy()}, load {os.getloadavg()[0]:.2f}")
+    rows = []
+    for tensors, nbytes in SHAPES:
+        load0, use0 = per_batch_ms(tensors, nbytes, 0, args.batches // 2, args.compute_ms)
+        for w in args.workers:
+            take, use = per_batch_ms(tensors, nbytes, w, args.batches, args.compute_ms)
+            row = {"tensors": tensors, "bytes": nbytes, "workers": w, "receipt_ms": round(take + use - use0, 4),
+                   "next_ms": round(take, 4), "use_ms": round(use, 4), "zero_workers_next_ms": round(load0, 4),
+                   "zero_workers_use_ms": round(use0, 4), "load": round(os.getloadavg()[0], 2)}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    result = {"rows": rows, "fit": {w: fit([r for r in rows if r["workers"] == w]) for w in args.workers},
+              "fit_all": fit(rows)}
+    print(json.dumps(result["fit"], indent=1), "\nall:", json.dumps(result["fit_all"]))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
