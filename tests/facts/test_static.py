@@ -1647,6 +1647,38 @@ def test_dataparallel_built_only_where_the_user_turns_it_on(tmp_path):
     assert got[10].get("opt_in") is True and "opt_in" not in got[12] and "opt_in" not in got[13]
 
 
+def test_dataparallel_behind_a_multi_gpu_flag_parsed_in_another_file(tmp_path):
+    """Time-Series-Library (tslib-autoformer): run.py parses `--use_gpu` (on by default) and
+    `--use_multi_gpu` (store_true); the experiment class builds nn.DataParallel under
+    `if self.args.use_multi_gpu and self.args.use_gpu:`. A flag for several GPUs is the user's choice
+    of parallelism, not the test of the device the script targets, and its default is read where the
+    project parses it."""
+    run = tmp_path / "run.py"
+    run.write_text(textwrap.dedent("""\
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--use_gpu', action='store_true', default=True)
+        parser.add_argument('--use_multi_gpu', action='store_true', default=False)
+        parser.add_argument('--data_parallel', action='store_false')
+        args = parser.parse_args()
+        """))
+    exp = tmp_path / "exp.py"
+    exp.write_text(textwrap.dedent("""\
+        import torch.nn as nn
+        class Exp:
+            def build(self, model):
+                if self.args.use_multi_gpu and self.args.use_gpu:
+                    model = nn.DataParallel(model, device_ids=self.args.device_ids)
+                if self.args.data_parallel:
+                    model = nn.DataParallel(model)
+                return model
+        """))
+    facts = Facts()
+    analyse_files([run, exp], facts)
+    got = by_line(facts, "dataparallel")
+    assert got[5].get("opt_in") is True and "opt_in" not in got[7]
+
+
 def test_host_reads_of_tensors_the_step_made_on_the_host_before_moving_them(tmp_path):
     """ncrfpp-lstmcrf: batchify builds the lengths with torch.LongTensor(...) and reads them (`.max()
     .item()`, `seqlen.item()` over `zip(..., lengths)`) before `if gpu: lengths = lengths.cuda()`:

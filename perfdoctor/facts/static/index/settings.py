@@ -14,19 +14,28 @@ import re
 from perfdoctor.facts.static.index.syntax import Syntax, kwarg
 
 DEVICE_WORDS = re.compile(r"cuda|device|gpu|is_available", re.I)
+# a flag on several devices at once (`--use_multi_gpu`, `--data_parallel`, `--n_gpus`) is a choice of
+# parallelism the user makes, not the test of the device the script targets
+MULTI_DEVICE_WORDS = re.compile(r"multi|parallel|gpus|devices|n_?gpu|num_?gpu", re.I)
 
 
 def setting(index: Syntax, node: ast.expr | None, depth: int = 0) -> bool | None:
     """What a user's setting is by default: False where it is off unless the user turns it on
     (`args.amp` with `action="store_true"`, `amp`, `use_amp == "native"` with `use_amp = None` first),
     True where it is on unless turned off (`not args.noamp`, an argparse `default=True`, `amp = True`),
-    None where `node` is no setting: a test of the device (`device.type == "cuda"`, `args.amp and
-    torch.cuda.is_available()`), which is on for the GPU the script targets."""
+    None where `node` is no setting: a test of the device (`device.type == "cuda"`,
+    `torch.cuda.is_available()`), which is on for the GPU the script targets. An `and` of a setting and
+    a device test is the setting's (`args.use_multi_gpu and args.use_gpu`)."""
     if node is None or depth > 3:
         return None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         v = setting(index, node.operand, depth)
         return None if v is None else not v
+    if isinstance(node, ast.BoolOp):  # `args.use_multi_gpu and args.use_gpu`: a device test is on
+        known = [v for v in (setting(index, x, depth) for x in node.values) if v is not None]
+        if not known:
+            return None
+        return all(known) if isinstance(node.op, ast.And) else any(known)
     if isinstance(node, ast.Compare) and all(isinstance(c, ast.Constant) for c in node.comparators):
         left = node.left
         first = first_value(index, left) if isinstance(left, ast.Name) else None
@@ -35,10 +44,10 @@ def setting(index: Syntax, node: ast.expr | None, depth: int = 0) -> bool | None
             return same if isinstance(node.ops[0], ast.Eq) else not same
         return None if setting(index, left, depth) is None else False
     if isinstance(node, ast.Attribute):
-        return None if DEVICE_WORDS.search(ast.unparse(node)) else on_by_default(index, node.attr)
-    if isinstance(node, ast.Name) and not DEVICE_WORDS.search(node.id):
+        return None if _device_test(ast.unparse(node)) else on_by_default(index, node.attr)
+    if isinstance(node, ast.Name) and not _device_test(node.id):
         values = index.assigned.get(node.id, [])
-        if any(DEVICE_WORDS.search(ast.unparse(v)) for v in values):
+        if any(_device_test(ast.unparse(v)) for v in values):
             return None
         first = first_value(index, node)  # the default: later bindings override it where a setting says
         if isinstance(first, ast.Constant):
@@ -55,9 +64,22 @@ def first_value(index: Syntax, name: ast.Name) -> ast.expr | None:
     return min(values, key=lambda v: (v.lineno, v.col_offset)) if values else None
 
 
+def _device_test(text: str) -> bool:
+    return bool(DEVICE_WORDS.search(text)) and not MULTI_DEVICE_WORDS.search(text)
+
+
 def on_by_default(index: Syntax, dest: str) -> bool:
-    """An argparse option of this file stored in `dest` whose default turns it on (`default=True`,
-    `action="store_false"`): then `args.<dest>` is on unless the user turns it off."""
+    """An argparse option stored in `dest` whose default turns it on (`default=True`,
+    `action="store_false"`): then `args.<dest>` is on unless the user turns it off. The option is
+    looked for in this file, then in the project's other files (`Loops.peers`: run.py parses the
+    arguments, the experiment class reads `self.args.use_multi_gpu`)."""
+    loops = getattr(index, "loops", None)
+    files = [index, *(peer.syntax for peer in getattr(loops, "peers", ()))]
+    return next((on for f in files if (on := _option_default(f, dest)) is not None), False)
+
+
+def _option_default(index: Syntax, dest: str) -> bool | None:
+    """Whether this file's argparse option stored in `dest` is on by default; None: no such option here."""
     for call in index.calls:
         f = call.func
         if not (isinstance(f, ast.Attribute) and f.attr == "add_argument") or not call.args:
@@ -72,7 +94,7 @@ def on_by_default(index: Syntax, dest: str) -> bool:
         if isinstance(action, ast.Constant) and action.value == "store_false":
             return True
         return isinstance(default, ast.Constant) and bool(default.value)
-    return False
+    return None
 
 
 def in_user_branch(index: Syntax, node: ast.AST) -> bool:
