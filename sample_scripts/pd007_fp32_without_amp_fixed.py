@@ -39,7 +39,7 @@ def main():
     targets = torch.randint(0, 10, (8192,), device=device)
 
     for step in range(STEPS):
-        idx = torch.randint(0, len(inputs), (64,), device=device)
+        idx = torch.randint(0, len(inputs), (256,), device=device)
         with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
             logits = model(inputs[idx])
             loss = F.cross_entropy(logits, targets[idx])

@@ -140,6 +140,21 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
      "still holds, per step (profile_memory)"),
     ("memory.step_transient_bytes", "bytes", "trace", "the allocator's highest total within a step less its total at "
      "the step's start (median over the recorded steps): activations kept for backward and temporaries"),
+    ("compute.conv_flops_per_step", "number", "run", "of compute.flops_per_step, the convolutions' (forward and "
+     "backward), as FlopCounterMode counted them"),
+    ("target_gpu.reference", "str", "trace", "a CPU run of a CUDA-targeting script: the reference GPU its step is "
+     "estimated for, with the rates used (facts/trace/flops.py REFERENCE_GPU, PEAKS, HOST_US_PER_OP)"),
+    ("target_gpu.math_ms", "ms", "trace", "the fp32 part of the step's counted FLOPs at the reference GPU's datasheet "
+     "rate (TF32 where the script or cuDNN's default allows it)"),
+    ("target_gpu.ops_per_step", "count", "trace", "the ops a CUDA step of the script would launch: aten ops per step "
+     "no other aten op encloses (forward, backward, optimizer), an optimizer step's once per operator (CUDA's foreach form)"),
+    ("target_gpu.launch_ms", "ms", "trace", "the host's floor of an eager step on the GPU: target_gpu.ops_per_step "
+     "x the host time per op (HOST_US_PER_OP)"),
+    ("target_gpu.step_ms", "ms", "trace", "the estimated GPU step: target_gpu.launch_ms + target_gpu.math_ms + the "
+     "16-bit FLOPs at the 16-bit rate"),
+    ("target_gpu.math_share", "ratio", "trace", "target_gpu.math_ms / target_gpu.step_ms"),
+    ("target_gpu.amp_saving_ms", "ms", "trace", "the math time bf16 autocast would save on the reference GPU: "
+     "target_gpu.math_ms less the same FLOPs at its bf16 rate"),
     ("compute.sixteen_bit_share", "ratio", "run", "the share of the counted FLOPs run on float16 or bfloat16 operands"),
     ("compute.achieved_flops", "number", "trace", "FLOPs per step / step time: FLOP/s achieved"),
     ("compute.peak_flops", "number", "machine/trace", "the peak the MFU is judged against: a CPU run's measured fp32 "
@@ -151,6 +166,11 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
      "activations per sample (CUDA: the device's memory; CPU: the RAM or cgroup limit less the peak RSS)"),
     # the source
     ("script.targets_cuda", "bool", "static", "the user's files name a CUDA device"),
+    ("script.tf32_matmul", "bool", "static", "the source lets fp32 matmuls run in TF32 "
+     "(`torch.backends.cuda.matmul.allow_tf32 = True`, `set_float32_matmul_precision('high'/'medium')`), or keeps "
+     "them fp32 (False, or 'highest'); absent: torch's default, fp32"),
+    ("script.tf32_conv", "bool", "static", "the source sets `torch.backends.cudnn.allow_tf32`: False keeps "
+     "convolutions fp32; absent: torch's default, TF32"),
     ("script.uses_amp", "bool", "static",
      "the user's files use low precision on some path not switched off by a user's setting: autocast (not enabled=False), .half()/.bfloat16(), a 16-bit precision setting"),
     # communication and ranks

@@ -5,6 +5,7 @@ the loss of it (issue 19, "never fail on real code")."""
 from __future__ import annotations
 
 import ast
+import shutil
 import textwrap
 import time
 from pathlib import Path
@@ -19,6 +20,7 @@ from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static import analyse_files
 from perfdoctor.facts.static.index import SourceIndex
 from tests.facts.test_run_facts import make_run
+from tests.helpers import CPU
 
 # the idiom that sent the static index into a RecursionError after the script had finished
 REBIND = """\
@@ -196,12 +198,15 @@ def test_the_failure_note_shows_the_exception_line():
 
 
 def _fp32_run(tmp_path: Path, source: str) -> Any:
-    """A CPU run without AMX of an fp32 model of 3M parameters (no autocast), its script `source`."""
+    """A CPU run without AMX of an fp32 model of 3M parameters (no autocast), its script `source`: 30 GFLOP
+    a step counted, a profiled window (the CPU MLP trace) whose ops' launch floor is far below their math."""
     site = {"file": str(tmp_path / "run" / "train.py"), "line": 6, "code": "loss = model(x).sum()", "function": "<module>"}
     probes = {"forward": [{"site": site, "module": "Net", "calls": 40, "params": 3_000_000, "autocast": False,
-                           "param_dtype": "float32", "device": "cpu"}]}
+                           "param_dtype": "float32", "device": "cpu"}],
+              "flops": {"step": 2, "flops": 30_000_000_000, "ops": {"aten.mm": 30_000_000_000}}}
     d = make_run(tmp_path / "run", probes=probes)
     (d / "train.py").write_text(source)
+    shutil.copy(CPU, d / "trace.json.gz")
     return analyse_run(d)
 
 

@@ -163,3 +163,56 @@ def test_anomaly_nan_checks_share_of_the_step(tmp_path):
     f = Facts()
     add_trace_facts(load_trace(p), f)
     assert "autograd.nan_check_fraction" not in f
+
+
+def _cuda_script_facts(flops=4e9, convs=1e9, **static):
+    f = Facts()
+    f.add("script.targets_cuda", True, "bool", "static")
+    for name, value in static.items():
+        f.add(f"script.{name}", value, "bool", "static")
+    f.add("compute.flops_per_step", flops, "number", "run")
+    f.add("compute.conv_flops_per_step", convs, "number", "run")
+    f.add("compute.sixteen_bit_share", 0.0, "ratio", "run")
+    return f
+
+
+def test_target_gpu_estimate_of_a_cpu_trace_of_a_cuda_script():
+    """A CPU run of a CUDA script: its GPU step on the reference GPU (A100: fp32 19.5, TF32 156, 16-bit
+    312 TFLOP/s) is its ops' launch floor plus its FLOPs at the rate of the precision they run in."""
+    from perfdoctor.facts.trace.flops import HOST_US_PER_OP
+
+    f = _cuda_script_facts()
+    add_trace_facts(load_trace(CPU), f)
+    ops = f.value("target_gpu.ops_per_step")
+    # the backward's ops count (autograd's node wrappers are not aten ops): more than the top-level ops
+    assert ops > f.value("ops.calls_per_step")
+    assert f.value("target_gpu.launch_ms") == pytest.approx(ops * HOST_US_PER_OP / 1000, rel=1e-3)
+    # convolutions at TF32 (cuDNN's default), matmuls at fp32 (torch's default)
+    assert f.value("target_gpu.math_ms") == pytest.approx((1e9 / 156e12 + 3e9 / 19.5e12) * 1000, abs=1e-4)
+    share = f.value("target_gpu.math_share")
+    assert share == pytest.approx(f.value("target_gpu.math_ms") / f.value("target_gpu.step_ms"), abs=1e-3)
+    assert f.value("target_gpu.amp_saving_ms") == pytest.approx(f.value("target_gpu.math_ms") - 4e9 / 312e12 * 1000,
+                                                                abs=2e-4)
+    tf32 = _cuda_script_facts(tf32_matmul=True)  # the script lets matmuls use TF32: faster math
+    add_trace_facts(load_trace(CPU), tf32)
+    assert tf32.value("target_gpu.math_ms") == pytest.approx(4e9 / 156e12 * 1000, abs=1e-4)
+    cpu_only = Facts()  # a script that never leaves the CPU is not judged for a GPU
+    cpu_only.add("compute.flops_per_step", 4e9, "number", "run")
+    add_trace_facts(load_trace(CPU), cpu_only)
+    assert not [n for n in cpu_only.as_mapping() if n.startswith("target_gpu.")]
+
+
+def test_a_cpu_runs_ops_are_the_ops_its_cuda_step_launches():
+    """The ops a CPU run counts for the GPU step are those a CUDA trace of the same script shows: the
+    optimizer's per-parameter loop on the CPU counts once per operator (CUDA's foreach form)."""
+    from perfdoctor.facts.trace import breakdown
+    from perfdoctor.facts.trace.context import TraceContext
+    from perfdoctor.facts.trace.target_gpu import gpu_ops_per_step
+
+    ctx = TraceContext(load_trace(TRACES / "h200__pd007_fp32_without_amp.pt.trace.json.gz"), Facts(), None, "",
+                       None, None)
+    breakdown.add(ctx)
+    assert gpu_ops_per_step(ctx) == 89  # AdamW's foreach ops, the forward's and the backward's
+    gpu = Facts()  # a GPU trace measures its step: no estimate
+    add_trace_facts(load_trace(TRACES / "h200__pd007_fp32_without_amp.pt.trace.json.gz"), gpu)
+    assert "target_gpu.math_ms" not in gpu

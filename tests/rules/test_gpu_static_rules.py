@@ -251,6 +251,17 @@ def test_pd022_found_in_the_source(tmp_path):
     assert all(f.ms_per_step is None and "8.0" in f.saving_basis for f in found)
 
 
+@pytest.mark.parametrize("body,matmul,conv", [
+    (TF32_OFF, True, True),  # a setting per path: the one that lets TF32 run wins
+    ("torch.backends.cuda.matmul.allow_tf32 = False\ntorch.backends.cudnn.allow_tf32 = False\n", False, False),
+    ('torch.set_float32_matmul_precision("medium")\n', True, None),
+    ("x = 1\n", None, None),  # torch's defaults: matmuls fp32, convolutions TF32
+])
+def test_the_tf32_settings_the_gpu_estimate_reads(tmp_path, body, matmul, conv):
+    facts, _ = analyse(tmp_path, body)
+    assert facts.value("script.tf32_matmul") is matmul and facts.value("script.tf32_conv") is conv
+
+
 @pytest.mark.parametrize("device,capability,fires", [("cuda", 8.0, True), ("cuda", 9.0, True),
                                                       ("cuda", 7.0, False), ("rocm", 9.4, False)])
 def test_pd022_only_on_ampere_or_newer(tmp_path, device, capability, fires):

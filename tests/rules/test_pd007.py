@@ -13,26 +13,47 @@ from perfdoctor.rules.engine import judge
 from tests.rules.builders import RULES, cpu_run
 
 
+def _cuda_script_on_cpu(uses_amp=False, targets=True, autocast=False, params=5_000_000, share=0.2):
+    f = cpu_run()
+    f.add("script.targets_cuda", targets, "", "static")
+    f.add("script.uses_amp", uses_amp, "", "static")
+    f.add("autocast.enabled", autocast, "", "run")
+    f.add("model.param_dtype", "float32", "", "run")
+    if share is not None:  # the step estimated for the reference GPU (facts/trace/target_gpu.py)
+        f.add("target_gpu.reference", "NVIDIA A100 (datasheet)", "str", "trace")
+        f.add("target_gpu.math_ms", 2.0 * share / (1 - share), "ms", "trace")
+        f.add("target_gpu.step_ms", 2.0 / (1 - share), "ms", "trace")
+        f.add("target_gpu.math_share", share, "ratio", "trace")
+        f.add("target_gpu.amp_saving_ms", 1.5 * share / (1 - share), "ms", "trace")
+    m = f.subject("model", "train.py:40")
+    m.add("autocast", autocast, "", "run")
+    m.add("params", params, "count", "run")
+    m.locations.append(Location("train.py", 40, "out = model(x)"))
+    return judge(f, RULES)
+
+
 def test_pd007_on_a_cpu_run_of_a_cuda_script():
-    def run(uses_amp, targets=True, autocast=False, params=5_000_000):
-        f = cpu_run()
-        f.add("script.targets_cuda", targets, "", "static")
-        f.add("script.uses_amp", uses_amp, "", "static")
-        f.add("autocast.enabled", autocast, "", "run")
-        f.add("model.param_dtype", "float32", "", "run")
-        m = f.subject("model", "train.py:40")
-        m.add("autocast", autocast, "", "run")
-        m.add("params", params, "count", "run")
-        m.locations.append(Location("train.py", 40, "out = model(x)"))
-        return judge(f, RULES)
-    (finding,) = run(uses_amp=False)  # a CPU without AMX: still a GPU problem of a CUDA script
+    (finding,) = _cuda_script_on_cpu()  # a CPU without AMX: still a GPU problem of a CUDA script
     assert finding.rule == "PD007" and finding.ms_per_step is None
     assert finding.saving_basis.startswith("GPU-only") and "n/a" not in finding.title
     assert "CUDA-targeting" in finding.title
-    assert run(uses_amp=True) == []  # nanoGPT: autocast on the CUDA path only counts as autocast
-    assert run(uses_amp=False, targets=False) == []  # a CPU script on a CPU without AMX
-    assert run(uses_amp=False, autocast=True) == []
-    assert run(uses_amp=False, params=500_000) == []  # a tiny MLP: launch-bound on a GPU
+    assert _cuda_script_on_cpu(uses_amp=True) == []  # nanoGPT: autocast on the CUDA path only counts as autocast
+    assert _cuda_script_on_cpu(targets=False) == []  # a CPU script on a CPU without AMX
+    assert _cuda_script_on_cpu(autocast=True) == []
+
+
+def test_pd007_judges_a_cpu_run_by_the_step_estimated_for_the_reference_gpu():
+    """The parameter count no longer stands in for "matmul-bound on the GPU": a 0.27 M-parameter conv
+    net whose fp32 math is a fifth of the estimated GPU step is flagged (the old 2 M floor missed it),
+    a 5 M-parameter model whose step is bound by its ops' launches is not (the old floor flagged it)."""
+    (small,) = _cuda_script_on_cpu(params=270_000, share=0.2)
+    assert small.ms_per_step is None  # GPU-only: the estimate is said, not measured
+    assert "Estimated for a reference GPU, NVIDIA A100" in small.saving_basis and "(20%;" in small.saving_basis
+    assert {e.name for e in small.evidence} >= {"target_gpu.math_share", "target_gpu.amp_saving_ms"}
+    assert _cuda_script_on_cpu(params=5_000_000, share=0.02) == []
+    assert len(_cuda_script_on_cpu(params=5_000_000, share=0.05)) == 1  # the GPU run's material share, 5 %
+    # no estimate (no FLOPs counted, no profiled step): nothing says the math matters on the GPU
+    assert _cuda_script_on_cpu(params=50_000_000, share=None) == []
 
 
 @pytest.mark.parametrize("amp,autocast,fires", [(False, False, False), (True, True, False), (True, False, True)])

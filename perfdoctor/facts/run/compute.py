@@ -1,6 +1,7 @@
 """The FLOP probe's count (capture/probes/flops.py, probes.json `flops`) -> `compute.flops_per_step`
-(FlopCounterMode on one real step: matmuls, convolutions, attention; forward and backward) and the
-16-bit share of those FLOPs, and the summary's `compute`: where the count comes from and the modules
+(FlopCounterMode on one real step: matmuls, convolutions, attention; forward and backward), the
+convolutions' part of them (`compute.conv_flops_per_step`: TF32 speeds cuDNN's by default, not matmuls),
+the 16-bit share of those FLOPs, and the summary's `compute`: where the count comes from and the modules
 with the most FLOPs. The trace's module times later add each listed module's achieved rate
 (facts/trace/flops.py `module_rates`); the FLOP/s and MFU are the trace's family's too."""
 
@@ -21,6 +22,9 @@ def add(ctx: RunContext) -> None:
     source = f"torch.utils.flop_counter.FlopCounterMode on step {rec.step}"
     ctx.facts.add("compute.flops_per_step", rec.flops, "number",
                   detail=f"counted by {source} of the run, forward and backward ({ops})")
+    convs = sum(v for k, v in rec.ops.items() if "convolution" in k)  # forward and backward
+    ctx.facts.add("compute.conv_flops_per_step", convs, "number",
+                  detail=f"of the FLOPs {source} counted, those of convolutions (forward and backward)")
     ctx.facts.add("compute.sixteen_bit_share", round(rec.sixteen_bit_flops / rec.flops, 4), "ratio",
                   detail=f"of the FLOPs {source} counted, those of operators on float16 or bfloat16 operands")
     names = list(rec.modules)

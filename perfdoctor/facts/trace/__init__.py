@@ -1,5 +1,6 @@
 """A loaded trace -> facts (source "trace"): step time and breakdown, GPU idle, syncs, copies,
-matmul precision, communication, DataParallel, DataLoader wait, noise-free counters. A folder of
+matmul precision, communication, DataParallel, DataLoader wait, noise-free counters, the step a CPU run of a
+CUDA script would take on a reference GPU (`target_gpu`). A folder of
 per-rank traces is merged by perfdoctor.facts.ranks.
 
 One module per family of facts, each an `add(ctx)` over one shared `TraceContext` (the trace, its
@@ -34,6 +35,7 @@ from perfdoctor.facts.trace import (
     layout,
     matmul,
     sync,
+    target_gpu,
 )
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.trace.loader import load_trace
@@ -61,7 +63,8 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
                          (layout.add, ())]
         families += [(matmul.add, ()), (conv_shapes.add, ()), (flops.add, (summary,)), (allocations.add, ()), (comm.add, ()),
                      (dataparallel.add, ()), (ddp_sync.add, ()),
-                     (dataloader.add, (steps.data_loading,)), (counters.add, ()), (anomaly.add, ())]
+                     (dataloader.add, (steps.data_loading,)), (counters.add, ()), (target_gpu.add, ()),
+                     (anomaly.add, ())]
         for add, args in families:  # each one family of facts (`Facts.family`)
             with facts.family(f"the trace's {add.__module__.rsplit('.', 1)[-1]} facts"):
                 add(ctx, *args)

@@ -28,8 +28,9 @@ from perfdoctor.contracts.report import ComputeDoc, ComputeModuleDoc, SummaryDoc
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.trace.model import CPU_OP, PYFUNC
 
-# Dense (no structured sparsity) peak TFLOP/s from the vendors' datasheets: (16-bit tensor, tf32, fp32).
-# NVIDIA: V100 SXM2, T4, A10, L4, A100 SXM, H100 SXM, H200 SXM, B200 (HGX B200, per GPU); AMD Instinct
+# Dense (no structured sparsity) peak TFLOP/s from the vendors' datasheets: (16-bit tensor, tf32, fp32),
+# the one table of accelerator rates (the reference GPU below reads it too). NVIDIA: V100 SXM2, T4,
+# A10, L4, A100 SXM, H100 SXM, H200 SXM, B200 (HGX B200, per GPU); AMD Instinct
 # MI250X and MI300X (fp32 on the matrix cores). None where the datasheet gives no such figure.
 PEAKS: tuple[tuple[str, tuple[float, float | None, float | None]], ...] = (
     ("H200", (989.0, 494.0, 67.0)),
@@ -44,6 +45,19 @@ PEAKS: tuple[tuple[str, tuple[float, float | None, float | None]], ...] = (
     ("MI250X", (383.0, None, 95.7)),
 )
 _SIXTEEN = ("c10::BFloat16", "c10::Half", "BFloat16", "Half")
+
+# The reference GPU a CPU run of a CUDA-targeting script is judged for (facts/trace/target_gpu.py): its
+# datasheet rates are PEAKS' row (A100 SXM, NVIDIA A100 datasheet, dense: bf16/fp16 312, TF32 156,
+# fp32 19.5 TFLOP/s; https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/
+# nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf), the most common training GPU of the last years.
+REFERENCE_GPU = "A100"
+# The host time per launching op of an eager CUDA training step bound by its kernel launches (the
+# aten ops no other aten op encloses: facts/trace/target_gpu.py): the lowest bare step / such ops
+# per step of this project's launch-bound samples on an H200 (docs/gpu.md's bare steps over the ops
+# of tests/data/traces/h200__*: pd007_fp32_without_amp 2.02 ms / 89 ops = 22.7 us, pd004 25.1 us,
+# pd005 26.1 us; the others, whose steps also wait for data or Python, 44-94 us). Each op dispatches,
+# records autograd and launches its kernels.
+HOST_US_PER_OP = 23.0
 
 
 def _mm(dims: list) -> int:
