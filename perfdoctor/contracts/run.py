@@ -343,7 +343,7 @@ class HostTensorRecord(Struct, kw_only=True):
     non_blocking: bool | None = None  # every move passed non_blocking=True
     moved: Site | None = None  # the .to(device) / .cuda() / .type_as(t) that moved them
     factory: str = ""  # randn, randint, arange, ... ("" for a batch)
-    how: str = ""  # to | cuda | type_as | index (an index into the model's computation)
+    how: str = ""  # to | cuda | type_as | index (an index into the model's computation) | new_tensor (t.new_tensor(host data))
     moves: int = 0  # moves seen over the watched steps
     steps: int = 0  # watched steps with such a move
     watched: int = 0  # steps watched

@@ -339,3 +339,65 @@ def test_a_host_index_into_the_models_computation_is_a_move(probe):
     assert r.site.line == _line(causal_mask, "triu_indices") and r.moved.line == _line(causal_mask, "scores[...")
     assert r.steps == WATCH_STEPS and r.moves == WATCH_STEPS
     assert torch.Tensor.__getitem__ is torch._C.TensorBase.__getitem__  # put back when the watch ended
+
+
+class _PositionalTable(torch.nn.Module):
+    """Chinese-Text-Classification's Positional_Encoding: the table is a plain attribute made on the
+    host (model.to(device) leaves it there), wrapped in a fresh Parameter and moved in every forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.pe = torch.arange(12.0).view(3, 4)
+        self.scale = torch.nn.Parameter(torch.ones(4))  # registered: model.to(device) moves it
+
+    def forward(self, x):
+        out = x + torch.nn.Parameter(self.pe, requires_grad=False).to(x.device)  # the table, every call
+        return out * self.scale.to(x.device)
+
+
+def test_a_kept_host_tensor_moved_through_a_fresh_parameter(probe):
+    bare_new = vars(torch.nn.Parameter)["__new__"]
+    net, x = _PositionalTable(), torch.zeros(3, 4)
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        net(x).sum().backward()
+        probe.end_step(i)
+    (r,) = probe.records()
+    assert r.kept and r.how == "to" and r.steps == WATCH_STEPS and r.nbytes == 12 * 4
+    assert r.moved.line == _line(_PositionalTable.forward, "torch.nn.Parameter(self.pe")
+    assert vars(torch.nn.Parameter)["__new__"] is bare_new  # put back when the watch ended
+    assert isinstance(torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter)
+
+
+class _FieldsEmbedding(torch.nn.Module):
+    """pytorch-fm's FeaturesEmbedding: the field offsets are a numpy array, turned into a tensor on the
+    batch's device by x.new_tensor in every forward (a host-to-device copy on a GPU)."""
+
+    def __init__(self):
+        super().__init__()
+        import numpy as np
+
+        self.offsets = np.array((0, 5, 9), dtype=np.int64)
+        self.embedding = torch.nn.Embedding(12, 2)
+
+    def forward(self, x):
+        x = x + x.new_tensor(self.offsets).unsqueeze(0)  # the kept array, copied every call
+        return self.embedding(x)
+
+
+def test_a_kept_host_array_copied_by_new_tensor_onto_a_moved_batch(probe):
+    import numpy as np
+
+    net, offsets = _FieldsEmbedding(), np.arange(3)
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        batch = torch.tensor([[0, 1, 2]] * 4)  # a new batch each step (built from data), moved
+        x = batch.to("cpu")
+        net(x).sum().backward()
+        torch.zeros(2).new_tensor(offsets)  # on a tensor that stays on the host: no copy to a device
+        x.new_tensor([1, 2, 3])  # a list is rebuilt every call: the host computed it
+        probe.end_step(i)
+    (r,) = probe.records()
+    assert r.kept and r.how == "new_tensor" and r.steps == WATCH_STEPS and r.nbytes == 3 * 8
+    assert r.moved.line == _line(_FieldsEmbedding.forward, "x.new_tensor(self.offsets)")
+    assert torch.Tensor.new_tensor is torch._C.TensorBase.new_tensor  # put back when the watch ended

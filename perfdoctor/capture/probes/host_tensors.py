@@ -29,7 +29,13 @@ table kept on the host) is the same tensor object moved at the same line on at l
 `MIN_KEPT_STEPS` watched steps. Left out: a parameter, a module's registered buffer (`model.to(device)`
 moved it: on the GPU the move is a no-op; found at the end through the referrers of the buffers
 dict) and a line that stores the move back where the tensor came from (`self.t = self.t.to(dev)`: moved
-once, then kept on the device). The factory wrappers stay installed, inert, until the run ends (TorchScript knows them
+once, then kept on the device). The same holds where the step reaches the kept tensor through a fresh
+alias of it: `nn.Parameter(self.pe, requires_grad=False).to(device)` in every forward wraps the host
+table in a new, unregistered Parameter each call (`Parameter.__new__` notes the tensor it wraps: the
+move counts as that tensor's), and `x.new_tensor(self.offsets)` turns a host array (numpy or a tensor)
+kept across steps into a tensor on the device of `x`, a copy every call where `x` is the model's
+computation or a tensor the step moved to its device (pytorch-fm's field offsets: the run notes what
+`.to(device)` / `.cuda()` return while watching). The factory wrappers stay installed, inert, until the run ends (TorchScript knows them
 as the aten ops they wrap: `torch.jit.script` of code calling `torch.randn` still compiles); the
 Tensor methods are put back when the watch ends.
 """
@@ -68,6 +74,7 @@ ARITHMETIC = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
 MAX_PAIRS = 200  # (factory line, move line) pairs kept
 MIN_KEPT_STEPS = 2  # watched steps on which one host tensor kept across steps is moved at a line
 MAX_KEPT = 16  # host tensors followed per move line
+MAX_ALIASES = 1_000  # fresh Parameters (of a host tensor) and moved tensors remembered per step
 MAX_MADE_LINES = 2_000  # the user's factory lines noted over the watch (`watch_record`)
 _KEEP: list[Any] = []  # every wrapper ever registered with TorchScript: its id() must stay its own
 
@@ -113,6 +120,9 @@ class HostTensorProbe:
         self.watched = 0
         self.kept: dict[tuple[int, int], dict[int, _Kept]] = {}  # (id of a code, line) -> id() -> the tensor
         self.made_lines: set[tuple[int, int]] = set()  # (id of a code, line) of every factory call noted
+        self.alias: dict[int, tuple[weakref.ref, Any]] = {}  # id() of a fresh Parameter -> (ref, the host tensor it wraps)
+        self.on_device: dict[int, weakref.ref] = {}  # id() -> what `.to(device)` / `.cuda()` returned this step
+        self.param_new: Any = None  # Parameter.__new__ as the class holds it, while it is wrapped
         self.lines_complete = True
 
     # -- the factories (installed for the whole run, active while watching) ----------------------
@@ -184,21 +194,39 @@ class HostTensorProbe:
                 return orig_to(t, *args, **kwargs)
             if _to_device(torch, args, kwargs):
                 probe._moved(t, getframe(1), "to", _non_blocking(args, kwargs))
-                return orig_to(t, *args, **kwargs)
+                return probe._on_device(orig_to(t, *args, **kwargs))
             out = orig_to(t, *args, **kwargs)  # a dtype only: the copy is the same host tensor
             if probe.made:
                 probe._cast(t, out)
             return out
 
         def cuda(t: Any, *args: Any, **kwargs: Any) -> Any:
-            if not compiling():
-                probe._moved(t, getframe(1), "cuda", _non_blocking(args, kwargs))
-            return orig_cuda(t, *args, **kwargs)
+            if compiling():
+                return orig_cuda(t, *args, **kwargs)
+            probe._moved(t, getframe(1), "cuda", _non_blocking(args, kwargs))
+            return probe._on_device(orig_cuda(t, *args, **kwargs))
 
         def type_as(t: Any, other: Any) -> Any:
             if not compiling() and probe.made:
                 probe._moved(t, getframe(1), "type_as")
             return orig_type_as(t, other)
+
+        orig_new_tensor = T.new_tensor
+
+        def new_tensor(t: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
+            if not compiling() and "device" not in kwargs:
+                probe._new_tensor(t, data, getframe(1))
+            return orig_new_tensor(t, data, *args, **kwargs)
+
+        P = torch.nn.Parameter
+        self.param_new = vars(P).get("__new__")
+        orig_param_new = P.__new__
+
+        def param_new(cls: Any, *args: Any, **kwargs: Any) -> Any:
+            out = orig_param_new(cls, *args, **kwargs)
+            if not compiling():
+                probe._wrapped(out, args[0] if args else kwargs.get("data"))
+            return out
 
         def getitem(t: Any, idx: Any) -> Any:
             if probe.made and not compiling():
@@ -229,8 +257,13 @@ class HostTensorProbe:
             return method
 
         for f, o in ((to, orig_to), (cuda, orig_cuda), (type_as, orig_type_as), (getitem, orig_getitem),
-                     (setitem, orig_setitem)):
+                     (setitem, orig_setitem), (new_tensor, orig_new_tensor)):
             setattr(f, "__wrapped__", o)  # noqa: B010
+        self.methods.replace(T, "new_tensor", new_tensor)
+        if isinstance(self.param_new, staticmethod):
+            P.__new__ = staticmethod(param_new)  # put back as it was in _stop
+        else:
+            self.param_new = None
         self.methods.replace(T, "to", to)
         self.methods.replace(T, "__getitem__", getitem)
         self.methods.replace(T, "__setitem__", setitem)
@@ -249,7 +282,12 @@ class HostTensorProbe:
     def _stop(self) -> None:
         self.on = False
         self.methods.undo()
+        if self.param_new is not None:
+            self.torch.nn.Parameter.__new__ = self.param_new
+            self.param_new = None
         self.made = {}
+        self.alias = {}
+        self.on_device = {}
 
     def tag(self, batch: Any, loader: int) -> None:
         """While watching, on the main thread: the host tensors of a DataLoader's batch (a few levels
@@ -324,6 +362,48 @@ class HostTensorProbe:
         except Exception as e:  # noqa: BLE001
             self.err("host_tensors", e)
 
+    def _on_device(self, out: Any) -> Any:
+        """Note what a move returned (on this CPU, often the tensor itself): a tensor on the script's
+        device, whose `new_tensor` copies host data there."""
+        try:
+            if threading.get_ident() == self.main and len(self.on_device) < MAX_ALIASES:
+                self.on_device[id(out)] = weakref.ref(out)
+        except Exception as e:  # noqa: BLE001
+            self.err("host_tensors", e)
+        return out
+
+    def _wrapped(self, param: Any, data: Any) -> None:
+        """`nn.Parameter(data)` made while watching: a new tensor around `data`'s memory. Where `data`
+        is a host tensor, a move of the Parameter is a move of `data` (kept across steps or not)."""
+        try:
+            if (isinstance(data, self.torch.Tensor) and data.is_cpu and threading.get_ident() == self.main
+                    and len(self.alias) < MAX_ALIASES):
+                self.alias[id(param)] = (weakref.ref(param), data)
+        except Exception as e:  # noqa: BLE001
+            self.err("host_tensors", e)
+
+    def _new_tensor(self, t: Any, data: Any, frame: Any) -> None:
+        """`t.new_tensor(data)` at the user's line: where `t` is on the script's device (the model's
+        computation, or what a move returned) and `data` a host array or tensor, the call copies `data`
+        there; the same `data` on every step is a host tensor kept across steps, moved every step."""
+        try:
+            if threading.get_ident() != self.main:
+                return
+            if isinstance(data, self.torch.Tensor):
+                if not data.is_cpu:
+                    return
+            elif type(data).__module__ != "numpy" or not hasattr(data, "nbytes"):
+                return  # a list or a number is rebuilt every call: the host computed it, it must cross
+            if t.requires_grad or t.grad_fn is not None or self._was_moved(t) or (
+                    t._base is not None and self._was_moved(t._base)):
+                self._kept_move(data, frame, "new_tensor", False)
+        except Exception as e:  # noqa: BLE001
+            self.err("host_tensors", e)
+
+    def _was_moved(self, t: Any) -> bool:
+        ref = self.on_device.get(id(t))
+        return ref is not None and ref() is t
+
     def _moved(self, t: Any, frame: Any, how: str, non_blocking: bool = False) -> None:
         try:
             e = self._entry(t)
@@ -352,9 +432,13 @@ class HostTensorProbe:
             self.err("host_tensors", ex)
 
     def _kept_move(self, t: Any, frame: Any, how: str, non_blocking: bool) -> None:
-        """A host tensor the step did not make (nor a DataLoader's batch), moved at the user's line."""
-        if (not t.is_cpu or isinstance(t, self.torch.nn.Parameter) or threading.get_ident() != self.main
-                or not is_user_file(frame.f_code.co_filename)):
+        """A host tensor the step did not make (nor a DataLoader's batch), or a host array, moved at the
+        user's line. A fresh Parameter made around a host tensor counts as that tensor."""
+        a = self.alias.get(id(t))
+        if a is not None and a[0]() is t:
+            t = a[1]
+        if ((isinstance(t, self.torch.Tensor) and (not t.is_cpu or isinstance(t, self.torch.nn.Parameter)))
+                or threading.get_ident() != self.main or not is_user_file(frame.f_code.co_filename)):
             return
         code = frame.f_code
         line = self.kept.setdefault((id(code), frame.f_lineno), {})
@@ -363,7 +447,8 @@ class HostTensorProbe:
             if len(line) >= MAX_KEPT:
                 return
             self.codes[id(code)] = code
-            k = line[id(t)] = _Kept(weakref.ref(t), how, int(t.numel() * t.element_size()))
+            nbytes = int(t.numel() * t.element_size()) if isinstance(t, self.torch.Tensor) else int(t.nbytes)
+            k = line[id(t)] = _Kept(weakref.ref(t), how, nbytes)
         k.moves += 1
         k.non_blocking = k.non_blocking and non_blocking
         if k.last != self.step:
@@ -414,6 +499,8 @@ class HostTensorProbe:
         if self.done:
             return
         self.made = {}
+        self.alias = {}
+        self.on_device = {}
         if self.on:
             self.watched += 1  # step i was watched to its end
             if i >= self.until:
