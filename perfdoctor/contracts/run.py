@@ -354,12 +354,17 @@ class HostTensorRecord(Struct, kw_only=True):
 
 
 class HostFactoryWatch(Struct, kw_only=True):
-    """The host-tensor probe's watch (capture/probes/host_tensors.py): the training steps it watched and
-    the user's lines where a watched torch factory made a tensor on the host in them, moved or not. A
-    factory line of the user's that is not among them did not run in the watched steps."""
+    """The host-tensor probe's watch (capture/probes/host_tensors.py): the training steps it watched,
+    the user's lines where a watched torch factory made a tensor on the host in them, moved or not, and
+    the user's lines that moved a tensor in them. A factory (or move) line of the user's that is not
+    among them did not run in the watched steps."""
     watched: int = 0  # steps watched to their end
     made: list[Site] = []  # at most MAX_MADE_LINES lines
     complete: bool = True  # False: more lines than were kept
+    # the user's lines of `.to(device)` / `.cuda()` / `.type_as()` calls in the watched steps, whatever the
+    # tensor: a move line of the user's not among them did not run in those steps
+    moved: list[Site] = []  # at most MAX_MADE_LINES lines
+    moves_complete: bool = True  # False: more move lines than were kept
 
 
 class LossHolderRecord(Struct, kw_only=True):

@@ -279,6 +279,45 @@ def test_the_watch_notes_every_factory_line_that_ran_moved_or_not(probe):
     assert sorted(s.line for s in w.made) == sorted([_line(loss, "torch.zeros(2)"), _line(loss, "torch.arange(4)")])
 
 
+def test_the_watch_notes_every_move_line_that_ran_whatever_the_tensor(probe):
+    """Every user line that moved a tensor to a device in the watched steps is noted, whatever made the
+    tensor (a legacy constructor the probe does not watch, a parameter, a loader's batch); a dtype-only
+    `.to()` is no move, and a move that ran only before the watch or not at all is not among them."""
+    def gather(x, world_size):
+        a = torch.IntTensor([4]).to("cpu")  # a legacy literal: unwatched constructor, the move is seen
+        b = x.type_as(a)
+        c = x.to(torch.float16)  # a dtype only
+        if world_size == 1:
+            return a, b, c
+        return torch.IntTensor([1]).to("cpu")  # never reached here
+
+    x = torch.zeros(4)
+    gather(x, 1)
+    assert probe.watch_record() is None
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        gather(x, 1)
+        probe.end_step(i)
+    w = probe.watch_record()
+    assert w is not None and w.moves_complete
+    assert sorted(s.line for s in w.moved) == sorted([_line(gather, "IntTensor([4])"), _line(gather, "type_as")])
+
+
+def test_run_facts_say_which_move_lines_ran_unless_compiled():
+    from perfdoctor.contracts.run import CompiledFrame, CompileRecord, HostFactoryWatch, Probes, Site
+    from perfdoctor.facts.run.host_tensors import move_lines
+
+    moved = [Site(file="/p/dist.py", line=85, code="", function="all_gather")]
+    assert move_lines(Probes(host_factories=HostFactoryWatch(watched=3, moved=moved))) == {
+        "/p/dist.py": frozenset({85})}
+    assert move_lines(Probes(host_factories=HostFactoryWatch(watched=3))) == {}  # watched, nothing moved
+    assert move_lines(Probes()) is None
+    assert move_lines(Probes(host_factories=HostFactoryWatch(watched=1, moved=moved))) is None
+    assert move_lines(Probes(host_factories=HostFactoryWatch(watched=3, moved=moved, moves_complete=False))) is None
+    compiled = CompileRecord(frames=[CompiledFrame(site=Site(file="/p/model.py", line=5, code="", function="forward"))])
+    assert move_lines(Probes(host_factories=HostFactoryWatch(watched=3, moved=moved), compile=compiled)) is None
+
+
 def test_run_facts_say_which_factory_lines_ran_unless_compiled():
     from perfdoctor.contracts.run import CompiledFrame, CompileRecord, HostFactoryWatch, Probes, Site
     from perfdoctor.facts.run.host_tensors import factory_lines

@@ -305,6 +305,43 @@ def test_cpu_to_device_in_a_function_the_profiled_steps_never_called(tmp_path):
     assert sorted(by_line(facts, "cpu_to_device")) == [9, 12, 16]
 
 
+def test_cpu_to_device_whose_move_the_watched_steps_never_ran(tmp_path):
+    """vq-vae-2's distributed helper: all_gather runs every step but returns at `if world_size == 1`,
+    so its legacy literals' `.to("cuda")` never run in a single-process run. The probe does not watch
+    legacy constructors, and the function was called: the watched move lines (every `.to` / `.cuda` /
+    `.type_as` of the user's in the watched steps) say the moves did not run, and those candidates
+    stand down. A move behind an accelerator-only `if` (a CPU run cannot take it) or behind `%` (the
+    watch may fall between two) stays, and so does every candidate where no run says which moves ran."""
+    source = """\
+        import torch
+
+        def all_gather(data, world_size):
+            if world_size == 1:
+                return [data]
+            local_size = torch.IntTensor([4]).to("cuda")
+            size_list = [torch.IntTensor([1]).to("cuda") for _ in range(world_size)]
+            return size_list, local_size
+
+        def train(x, use_cuda, world_size):
+            for step in range(10):
+                one = torch.Tensor([1.0]).to(x.device)
+                all_gather(x, world_size)
+                if use_cuda:
+                    two = torch.Tensor([2.0]).cuda()
+                if step % 100 == 0:
+                    three = torch.Tensor([3.0]).to(x.device)
+        """
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(source))
+    real = str(path.resolve())
+    everything = Facts()
+    analyse_files([path], everything, functions_called={real: frozenset({3, 10})})
+    assert sorted(by_line(everything, "cpu_to_device")) == [6, 7, 12, 15, 17]
+    watched = Facts()
+    analyse_files([path], watched, functions_called={real: frozenset({3, 10})}, move_lines={real: frozenset({12})})
+    assert sorted(by_line(watched, "cpu_to_device")) == [12, 15, 17]
+
+
 def test_cpu_to_device_negatives(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -124,6 +124,8 @@ class HostTensorProbe:
         self.on_device: dict[int, weakref.ref] = {}  # id() -> what `.to(device)` / `.cuda()` returned this step
         self.param_new: Any = None  # Parameter.__new__ as the class holds it, while it is wrapped
         self.lines_complete = True
+        self.move_lines: set[tuple[int, int]] = set()  # (id of a code, line) of every move of the user's
+        self.moves_complete = True
 
     # -- the factories (installed for the whole run, active while watching) ----------------------
     def install(self) -> None:
@@ -207,7 +209,7 @@ class HostTensorProbe:
             return probe._on_device(orig_cuda(t, *args, **kwargs))
 
         def type_as(t: Any, other: Any) -> Any:
-            if not compiling() and probe.made:
+            if not compiling():
                 probe._moved(t, getframe(1), "type_as")
             return orig_type_as(t, other)
 
@@ -406,6 +408,8 @@ class HostTensorProbe:
 
     def _moved(self, t: Any, frame: Any, how: str, non_blocking: bool = False) -> None:
         try:
+            if how != "index":
+                self._move_line(frame)
             e = self._entry(t)
             if e is None:
                 if how != "type_as":
@@ -430,6 +434,19 @@ class HostTensorProbe:
                 p.steps += 1
         except Exception as ex:  # noqa: BLE001
             self.err("host_tensors", ex)
+
+    def _move_line(self, frame: Any) -> None:
+        """Note the user's line of a `.to(device)` / `.cuda()` / `.type_as()` call on the main thread,
+        whatever the tensor: a move line of the user's not among them did not run in the watched steps."""
+        code = frame.f_code
+        key = (id(code), frame.f_lineno)
+        if key in self.move_lines or threading.get_ident() != self.main or not is_user_file(code.co_filename):
+            return
+        if len(self.move_lines) >= MAX_MADE_LINES:
+            self.moves_complete = False
+            return
+        self.codes[id(code)] = code
+        self.move_lines.add(key)
 
     def _kept_move(self, t: Any, frame: Any, how: str, non_blocking: bool) -> None:
         """A host tensor the step did not make (nor a DataLoader's batch), or a host array, moved at the
@@ -461,7 +478,8 @@ class HostTensorProbe:
         if not self.watched:
             return None
         return HostFactoryWatch(watched=self.watched, made=[self._site(*k) for k in self.made_lines],
-                                complete=self.lines_complete)
+                                complete=self.lines_complete, moved=[self._site(*k) for k in self.move_lines],
+                                moves_complete=self.moves_complete)
 
     def _kept_records(self) -> list[HostTensorRecord]:
         """One record per move line whose tensor was moved on MIN_KEPT_STEPS watched steps: the line's

@@ -71,6 +71,9 @@ class RunData:
     # per user file (its real path), the lines where a torch factory made a host tensor in the steps the
     # host-tensor probe watched; None where the run cannot say which ran (`host_tensors.factory_lines`)
     factory_lines: dict[str, frozenset[int]] | None = None
+    # per user file (its real path), the lines that moved a tensor to a device in those steps; None
+    # where the run cannot say (`host_tensors.move_lines`)
+    move_lines: dict[str, frozenset[int]] | None = None
     # per user file (its real path), the first lines of the functions cProfile saw called in the
     # window's profiled steps; None where the run cannot say (`hotspots.functions_called`)
     functions_called: dict[str, frozenset[int]] | None = None
@@ -89,6 +92,7 @@ def load_run(run_dir: Path) -> RunData:
                    model_classes=forward.model_classes(ctx.probes.forward),
                    decided=modules.decided(ctx.probes.forward), step_chain=list(ctx.probes.step_chain),
                    factory_lines=host_tensors.factory_lines(ctx.probes),
+                   move_lines=host_tensors.move_lines(ctx.probes),
                    functions_called=hotspots.functions_called(ctx))
 
 

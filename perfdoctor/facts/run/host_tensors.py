@@ -40,6 +40,21 @@ def factory_lines(probes: Probes) -> dict[str, frozenset[int]] | None:
     return {f: frozenset(v) for f, v in out.items()}
 
 
+def move_lines(probes: Probes) -> dict[str, frozenset[int]] | None:
+    """Per user file (its real path), the lines where the user's code moved a tensor to a device
+    (`.to(device)`, `.cuda()`, `.type_as()`) in the steps the probe watched, whatever the tensor: a move
+    line of the user's not among them did not run in the training step. None where the run cannot say,
+    as for `factory_lines`."""
+    w = probes.host_factories
+    if w is None or w.watched < MIN_WATCHED_LINES or not w.moves_complete or (
+            probes.compile is not None and probes.compile.frames):
+        return None
+    out: dict[str, set[int]] = {}
+    for site in w.moved:
+        out.setdefault(os.path.realpath(site.file), set()).add(site.line)
+    return {f: frozenset(v) for f, v in out.items()}
+
+
 def add(ctx: RunContext) -> None:
     loaders = {dl.id: dl for dl in ctx.probes.dataloaders}
     for r in ctx.probes.host_tensors:

@@ -69,7 +69,8 @@ DETECTORS = (
 def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | None = None,
                   decided: frozenset[str] = frozenset(), step_chain: Sequence[Site] = (),
                   script: Path | None = None, factory_lines: dict[str, frozenset[int]] | None = None,
-                  functions_called: dict[str, frozenset[int]] | None = None) -> None:
+                  functions_called: dict[str, frozenset[int]] | None = None,
+                  move_lines: dict[str, frozenset[int]] | None = None) -> None:
     """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped.
     `model_classes`: the classes of the models a run called ("<absolute file>:<qualname>", their
     bases included), where a run knows them: the detectors of model code judge only those
@@ -83,7 +84,8 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     torch factory make a host tensor in the steps it watched (`index.factories_ran`); None where the
     run cannot say. `functions_called`: per file, the first lines of the functions the run's profiled
     steps called (`index.functions_called`, with `index.chain_lines`: the step chain's lines in the
-    file); None where the run cannot say. Each file's read and each detector on it is one family
+    file); None where the run cannot say. `move_lines`: per file, the lines that moved a tensor to a
+    device in the steps the host-tensor probe watched (`index.moves_ran`); None where the run cannot say. Each file's read and each detector on it is one family
     of facts (`Facts.family`): a bug in one leaves the others' facts."""
     detectors = [d for d in DETECTORS if d.__module__.rsplit(".", 1)[-1] not in decided]
     indexes = []
@@ -109,6 +111,8 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     for index in indexes:
         if factory_lines is not None:
             index.factories_ran = factory_lines.get(os.path.realpath(index.file), frozenset())
+        if move_lines is not None:
+            index.moves_ran = move_lines.get(os.path.realpath(index.file), frozenset())
         if functions_called is not None:
             real = os.path.realpath(index.file)
             index.functions_called = functions_called.get(real, frozenset())

@@ -36,7 +36,9 @@ only another loss calls), nor one of another kind (a legacy type's literal) in a
 profiled steps never called (`_never_called`: cProfile's functions; a LARS optimizer the script defines
 beside the Adam it uses), unless an `if` around it within its function takes it only on the
 accelerator (`if use_cuda: index = torch.randperm(n).cuda()`): a CPU run cannot take that branch, so
-the source says what its GPU runs do.
+the source says what its GPU runs do. Nor a move the run watched never run (`_move_not_run`: no
+`.to` / `.cuda` / `.type_as` at its lines in the watched steps, under the same exception), whatever
+made the tensor.
 """
 
 from __future__ import annotations
@@ -226,6 +228,19 @@ def _not_run(index: SourceIndex, made: ast.AST, factory: str) -> bool:
     return _never_called(index, made)
 
 
+def _move_not_run(index: SourceIndex, move: ast.Call) -> bool:
+    """The run watched the steps' moves (`index.moves_ran`: every `.to(device)` / `.cuda()` / `.type_as()`
+    line of the user's, whatever the tensor) and no line of `move` moved anything in them, while no `if`
+    within its function keeps it to the accelerator or to every N steps (`_kept_branch`): the move did not
+    run in the step, whatever made its tensor (a legacy type's literal, which the probe does not watch: a
+    distributed helper's `torch.IntTensor([1]).to("cuda")` after `if world_size == 1: return`)."""
+    ran = index.moves_ran
+    if ran is None or _kept_branch(index, move):
+        return False
+    last: int = getattr(move, "end_lineno", None) or move.lineno
+    return not any(line in ran for line in range(move.lineno, last + 1))
+
+
 def _never_called(index: SourceIndex, node: ast.AST) -> bool:
     """The function holding `node` was not called in the run's profiled steps (`index.functions_called`,
     cProfile's), is not on the step's call chain (entered before them), and no call of its name in this
@@ -297,7 +312,8 @@ def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     fac = _factory(index, made) or _computed(index, made)
     host = None if fac else _host_copy(index, made)
     target = index.devices.move_target(call) if fac or host else None
-    if target is None or (host and not _copied_every_step(index, call)) or (fac and _not_run(index, made, fac)):
+    if target is None or (host and not _copied_every_step(index, call)) or (fac and _not_run(index, made, fac)) or (
+            _move_not_run(index, call)):
         return
     s = index.subject(facts, "cpu_to_device", call)
     put(s, "factory", fac or host)
@@ -386,7 +402,7 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                 if move is not None:
                     target = index.devices.move_target(move)
                     dev_names = {n.id for n in ast.walk(move) if isinstance(n, ast.Name)} - {name}
-                    if target is not None and not dev_names & between:
+                    if target is not None and not dev_names & between and not _move_not_run(index, move):
                         s = index.subject(facts, "cpu_to_device", stmt)
                         index.locate(s, later)
                         put(s, "factory", fac or host)

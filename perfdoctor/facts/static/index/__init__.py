@@ -88,6 +88,9 @@ class SourceIndex(Syntax):
         # the lines of this file where a run saw a torch factory make a host tensor in the steps it
         # watched (set by `static.analyse_files`); None: no run says
         self.factories_ran: frozenset[int] | None = None
+        # the lines of this file that moved a tensor to a device (`.to(device)`, `.cuda()`, `.type_as()`)
+        # in the steps the run's host-tensor probe watched (set by `static.analyse_files`); None: no run says
+        self.moves_ran: frozenset[int] | None = None
         # the first lines of this file's functions the run's profiled steps called, and the lines of the
         # step's call chain in this file (set by `static.analyse_files`); None: no run says
         self.functions_called: frozenset[int] | None = None
