@@ -62,35 +62,38 @@ def spin(ms: float) -> None:
         pass
 
 
-def per_batch_ms(tensors: int, nbytes: int, workers: int, batches: int, compute_ms: float) -> tuple[float, float]:
-    """The medians of `__next__` and of reading and dropping the batch (ms), the first `2 x workers + 2`
-    batches left out."""
+def per_batch_ms(tensors: int, nbytes: int, workers: int, batches: int,
+                 compute_ms: float) -> tuple[float, float, float]:
+    """The medians of `__next__` and of reading and dropping the batch (ms, wall), and of both on the
+    training thread's CPU clock (what contention for the CPUs does not inflate), the first
+    `2 x workers + 2` batches left out."""
     loader = DataLoader(Synthetic(tensors, nbytes, batches * ITEMS), batch_size=ITEMS, num_workers=workers)
-    take, use = [], []
+    take, use, cpu = [], [], []
     it = iter(loader)
     for _ in range(batches):
         spin(compute_ms)
-        t0 = time.perf_counter()
+        c0, t0 = time.thread_time(), time.perf_counter()
         batch = next(it)
         t1 = time.perf_counter()
         for x in batch:
             x.sum()
         del batch
-        t2 = time.perf_counter()
+        t2, c2 = time.perf_counter(), time.thread_time()
         take.append((t1 - t0) * 1e3)
         use.append((t2 - t1) * 1e3)
+        cpu.append((c2 - c0) * 1e3)
     del it
     skip = 2 * workers + 2
-    return statistics.median(take[skip:]), statistics.median(use[skip:])
+    return statistics.median(take[skip:]), statistics.median(use[skip:]), statistics.median(cpu[skip:])
 
 
-def fit(rows: list[dict]) -> dict:
+def fit(rows: list[dict], key: str = "receipt_ms") -> dict:
     """ms = base + per_tensor x tensors + per_mb x MB, least squares over the worker rows."""
     x = torch.tensor([[1.0, r["tensors"], r["bytes"] / 2**20] for r in rows], dtype=torch.float64)
-    y = torch.tensor([[r["receipt_ms"]] for r in rows], dtype=torch.float64)
+    y = torch.tensor([[r[key]] for r in rows], dtype=torch.float64)
     coef = torch.linalg.lstsq(x, y).solution.flatten().tolist()
     pred = (x @ torch.tensor(coef, dtype=torch.float64)).tolist()
-    resid = [abs(p - r["receipt_ms"]) for p, r in zip(pred, rows)]
+    resid = [abs(p - r[key]) for p, r in zip(pred, rows)]
     return {"base_ms": coef[0], "per_tensor_ms": coef[1], "per_mb_ms": coef[2], "max_abs_residual_ms": max(resid)}
 
 
@@ -106,17 +109,19 @@ def main() -> int:
           f"{torch.multiprocessing.get_sharing_strategy()}, load {os.getloadavg()[0]:.2f}")
     rows = []
     for tensors, nbytes in SHAPES:
-        load0, use0 = per_batch_ms(tensors, nbytes, 0, args.batches // 2, args.compute_ms)
+        load0, use0, _ = per_batch_ms(tensors, nbytes, 0, args.batches // 2, args.compute_ms)
         for w in args.workers:
-            take, use = per_batch_ms(tensors, nbytes, w, args.batches, args.compute_ms)
+            take, use, cpu = per_batch_ms(tensors, nbytes, w, args.batches, args.compute_ms)
             row = {"tensors": tensors, "bytes": nbytes, "workers": w, "receipt_ms": round(take + use - use0, 4),
-                   "next_ms": round(take, 4), "use_ms": round(use, 4), "zero_workers_next_ms": round(load0, 4),
-                   "zero_workers_use_ms": round(use0, 4), "load": round(os.getloadavg()[0], 2)}
+                   "receipt_cpu_ms": round(cpu - use0, 4), "next_ms": round(take, 4), "use_ms": round(use, 4),
+                   "zero_workers_next_ms": round(load0, 4), "zero_workers_use_ms": round(use0, 4),
+                   "load": round(os.getloadavg()[0], 2)}
             rows.append(row)
             print(json.dumps(row), flush=True)
     result = {"rows": rows, "fit": {w: fit([r for r in rows if r["workers"] == w]) for w in args.workers},
-              "fit_all": fit(rows)}
-    print(json.dumps(result["fit"], indent=1), "\nall:", json.dumps(result["fit_all"]))
+              "fit_all": fit(rows), "fit_all_cpu": fit(rows, "receipt_cpu_ms")}
+    print(json.dumps(result["fit"], indent=1), "\nall:", json.dumps(result["fit_all"]),
+          "\nall, the training thread's CPU:", json.dumps(result["fit_all_cpu"]))
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

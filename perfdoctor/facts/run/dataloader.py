@@ -21,15 +21,18 @@ GPU_SPEEDUP_BASIS = "the low end of a GPU's speed-up over a few CPU cores"
 
 # What a batch made by a DataLoader worker costs the training process to receive (PD002): the result out
 # of the worker's queue, unpickled, each tensor's storage rebuilt from shared memory (with the default
-# file_descriptor strategy a descriptor fetched from the worker per storage), its pages touched. A run
-# with num_workers=0, where PD002 fires, never pays it, so it is estimated from the batch the run saw
-# (its tensors and bytes) with the costs benchmarks/loader_receipt.py measured (least squares over 8 batch
-# shapes, 2-16 tensors, 16 KB-4 MB, 1 and 2 workers; the worker always ahead, so the time in __next__
-# is the receipt alone). Starting workers inside the user's run to time it there would add processes
-# to the program being measured.
+# file_descriptor strategy a descriptor fetched from the worker per storage), its pages mapped when the
+# step first reads them. A run with num_workers=0, where PD002 fires, never pays it, so it is estimated
+# from the batch the run saw (its tensors and bytes) with costs benchmarks/loader_receipt.py measured on
+# this 2-core VM (batches of 2-16 tensors, 16 KB-4 MB, from 1 and 2 workers that are always ahead):
+# `__next__`'s wall time at load average 0.7-1.9 gave the base and the cost per tensor and per MB
+# (least squares), and the first read of the shared pages, over the read of a batch made in-process,
+# added 0.24 ms per MB (0.23-0.26 at 1 and 4 MB, 1 and 2 workers, load 7: a short read on the CPU
+# whose median the load barely moves). Starting
+# workers inside the user's run to time it there would add processes to the program being measured.
 RECEIPT_BASE_MS = 0.64
 RECEIPT_PER_TENSOR_MS = 0.22
-RECEIPT_PER_MB_MS = 0.66
+RECEIPT_PER_MB_MS = 0.90
 RECEIPT_BASIS = "per batch, benchmarks/loader_receipt.py on a 2-core VM (torch 2.13, load average 0.7-1.9)"
 
 
