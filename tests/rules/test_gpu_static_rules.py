@@ -114,6 +114,11 @@ def test_pd016_is_one_finding_for_the_process(tmp_path):
 @pytest.mark.parametrize("extra", [
     "torch.backends.cudnn.benchmark = True\n",
     "torch.backends.cudnn.benchmark = False\n",  # the user's choice
+    "torch.backends.cudnn.benchmark = cfg.CUDNN_BENCHMARK\n",  # a setting: the user's choice too
+    "torch.backends.cudnn.benchmark = not args.deterministic\n",
+    "torch.backends.cudnn.benchmark = torch.cuda.is_available()\n",
+    "import lightning as L\ntrainer = L.Trainer(benchmark=True)\n",  # Lightning sets it for the run
+    "import pytorch_lightning as pl\ntrainer = pl.Trainer(deterministic=True)\n",
     "torch.backends.cudnn.deterministic = True\n",
     "torch.use_deterministic_algorithms(True)\n",
     "loader = DataLoader(ds, batch_size=8, collate_fn=pad_batch)\n",  # shapes may change every step
