@@ -93,6 +93,7 @@ def collect_env(torch: Any, used: set[int] | None = None, peaks: dict[int, int] 
     """
     env = base_env()
     env.torch = str(torch.__version__)
+    env.backends = backend_flags(torch)
     env.rocm = bool(getattr(torch.version, "hip", None))
     env.free_memory_bytes = _meminfo("MemAvailable")
     used, peaks = used or set(), peaks or {}
@@ -117,6 +118,25 @@ def collect_env(torch: Any, used: set[int] | None = None, peaks: dict[int, int] 
     except Exception as e:  # noqa: BLE001 - a broken driver must not lose the run
         env.cuda_error = f"{type(e).__name__}: {e}"
     return env
+
+
+# the flags a script (or a library it runs) sets for the GPU, readable on any build of torch
+BACKEND_FLAGS = {
+    "cudnn.benchmark": lambda torch: torch.backends.cudnn.benchmark,
+    "cudnn.deterministic": lambda torch: torch.backends.cudnn.deterministic,
+    "deterministic_algorithms": lambda torch: torch.are_deterministic_algorithms_enabled(),
+}
+
+
+def backend_flags(torch: Any) -> dict[str, bool]:
+    """torch's backend flags as they are now (at the end of the run: as the script left them)."""
+    out: dict[str, bool] = {}
+    for name, read in BACKEND_FLAGS.items():
+        try:
+            out[name] = bool(read(torch))
+        except Exception:  # noqa: BLE001 - an old or stripped torch: that flag is unknown
+            continue
+    return out
 
 
 MATMUL_N = 512  # the CPU's matmul rate is measured on N x N fp32 matrices

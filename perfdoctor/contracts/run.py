@@ -102,6 +102,9 @@ class Env(Struct, kw_only=True):
     devices: list[DeviceInfo] | UnsetType = UNSET
     cuda_error: str | UnsetType = UNSET
     cpu_matmul_flops: float | UnsetType = UNSET  # fp32 matmul FLOP/s this CPU reached at the end of a CPU run
+    # torch's backend flags as the script left them (capture/env.py BACKEND_FLAGS): set by the user's
+    # code or by a library it runs (Lightning's Trainer(benchmark=True), a framework's config)
+    backends: dict[str, bool] | UnsetType = UNSET
 
 
 class Rank(Struct, kw_only=True):

@@ -321,9 +321,11 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
 # The GPU-side settings whose cost a CPU run cannot show (PD016, PD017, PD021-PD026, PD028): read from
 # the source (static), and from a GPU trace where its kernels show them.
 GLOBAL_FACTS.update(_declare(GLOBAL, [
-    ("cudnn.benchmark", "bool", "static",
-     "the files set torch.backends.cudnn.benchmark (True where any sets it True; absent where none sets it)"),
-    ("cudnn.deterministic", "bool", "static", "the files set torch.backends.cudnn.deterministic = True"),
+    ("cudnn.benchmark", "bool", "run/static",
+     "the files set torch.backends.cudnn.benchmark (True where any sets it True; absent where none sets it); "
+     "a run: it was on when the run ended (set by the script or a library it ran)"),
+    ("cudnn.deterministic", "bool", "run/static", "the files set torch.backends.cudnn.deterministic = True; a run: "
+     "deterministic algorithms were on when it ended"),
     ("autocast.in_source", "bool", "static", "the files enter torch.autocast (or torch.cuda.amp.autocast)"),
     ("layout.channels_last", "bool", "run/static", "a run: the conv nets it called hold 2-D convolution weights or "
      "get inputs in torch.channels_last; the source: the files use torch.channels_last (or channels_last_3d)"),

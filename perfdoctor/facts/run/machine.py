@@ -1,5 +1,6 @@
 """meta.json's env -> the machine: `cpu.*` (this rank's share of the CPUs in a job), `device.*`
-(type, name, count, memory, capability) and whether autocast has hardware to use (`device.amp_*`)."""
+(type, name, count, memory, capability), whether autocast has hardware to use (`device.amp_*`), and the
+cuDNN flags the run ended with on (`cudnn.benchmark`, `cudnn.deterministic`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,15 @@ def add(ctx: RunContext) -> None:
         facts.add("compute.peak_flops", env.cpu_matmul_flops, "number", m,
                   "this CPU's fp32 matmul rate, measured at the end of the run (512 x 512 matrices for 0.2 s with "
                   "torch's threads as the script left them): a rate reached here, not a datasheet peak")
+    backends = env.backends if env.backends is not msgspec.UNSET else {}
+    # a flag the run saw on was set by the script or a library it ran; off is torch's default, which a
+    # GPU path this CPU run did not take may still change (the source says where: facts/static)
+    if backends.get("cudnn.benchmark"):
+        facts.add("cudnn.benchmark", True, "", "run", "torch.backends.cudnn.benchmark was on when the run ended")
+    if backends.get("cudnn.deterministic") or backends.get("deterministic_algorithms"):
+        facts.add("cudnn.deterministic", True, "", "run",
+                  "deterministic algorithms were on when the run ended (cudnn.deterministic or "
+                  "torch.use_deterministic_algorithms)")
     dev = "rocm" if env.rocm and env.device == "cuda" else env.device
     facts.add("device.type", dev, "", m)
     facts.add("device.name", env.device_name, "", m)
