@@ -440,3 +440,32 @@ def test_a_kept_host_array_copied_by_new_tensor_onto_a_moved_batch(probe):
     assert r.kept and r.how == "new_tensor" and r.steps == WATCH_STEPS and r.nbytes == 3 * 8
     assert r.moved.line == _line(_FieldsEmbedding.forward, "x.new_tensor(self.offsets)")
     assert torch.Tensor.new_tensor is torch._C.TensorBase.new_tensor  # put back when the watch ended
+
+
+def _batches(vocab, rows):
+    """ymfa/seq2seq-summarizer's generator: a zeros buffer filled token by token with the data."""
+    while True:
+        src = torch.zeros(3, len(rows), dtype=torch.long)
+        for i, row in enumerate(rows):
+            for j, w in enumerate(row):
+                src[j, i] = vocab[w]
+        yield src
+
+
+def _mask(n):
+    mask = torch.zeros(2, 4)
+    mask[:, :n] = 1  # one constant: the mask could be made on the device
+    return mask
+
+
+def test_a_factory_buffer_the_host_fills_with_its_data_is_a_batch(probe):
+    vocab = {"a": 4, "b": 5, "c": 6}
+    gen = _batches(vocab, [["a", "b", "c"], ["c", "a", "b"]])
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        next(gen).to("cpu")  # the batch: its copy is the data path, not PD004
+        _mask(2).to("cpu")  # a factory's tensor with constants written: still PD004
+        probe.end_step(i)
+    got = {(r.loader, r.factory): r for r in probe.records()}
+    assert set(got) == {(0, ""), (None, "zeros")}
+    assert got[None, "zeros"].site.line == _line(_mask, "torch.zeros")

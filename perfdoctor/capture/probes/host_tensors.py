@@ -20,7 +20,12 @@ static read's PD004 candidate there stands down). A dtype cast on the host (`.fl
 `.to(torch.float32)`: `CASTS`) returns a new tensor that is still the same data: it inherits what
 made its input, so `batch_x.float().to(device)` is the loader's batch moved; host arithmetic with a
 factory's tensor (`img + torch.randn(img.size()) * 0.2`: `ARITHMETIC`) returns one that carries that
-factory's, so the sum's move is the factory's. O(1) per call; nothing while dynamo traces; nothing stored
+factory's, so the sum's move is the factory's. A factory's tensor the host then fills with values it
+computed (`t[idx] = v`: a host array or tensor no factory of the step made, or more than one distinct
+number: ymfa's generator, `src = torch.zeros(L, B)` then `src[j, i] = vocab[word]` per token) is a
+buffer carrying the host's data, as `torch.tensor(data)` is: its move is that data crossing, noted as a
+batch's (the data path: PD003), not a factory's output to make on the device; writes of one constant
+(`mask[:, :k] = 1`) leave it a factory's. O(1) per call; nothing while dynamo traces; nothing stored
 on tensors.
 
 A host tensor kept across steps and moved again on every step (`kept`: a diffusion model's noise
@@ -123,6 +128,7 @@ class HostTensorProbe:
         self.alias: dict[int, tuple[weakref.ref, Any]] = {}  # id() of a fresh Parameter -> (ref, the host tensor it wraps)
         self.on_device: dict[int, weakref.ref] = {}  # id() -> what `.to(device)` / `.cuda()` returned this step
         self.param_new: Any = None  # Parameter.__new__ as the class holds it, while it is wrapped
+        self.fills: dict[int, set] = {}  # id() of a factory's tensor -> the distinct numbers written into it (up to 2)
         self.lines_complete = True
         self.move_lines: set[tuple[int, int]] = set()  # (id of a code, line) of every move of the user's
         self.moves_complete = True
@@ -238,6 +244,7 @@ class HostTensorProbe:
         def setitem(t: Any, idx: Any, value: Any) -> Any:
             if probe.made and not compiling():
                 probe._indexed(t, idx, getframe(1))
+                probe._filled(t, value)
             return orig_setitem(t, idx, value)
 
         def cast(orig: Any) -> Any:
@@ -290,6 +297,7 @@ class HostTensorProbe:
         self.made = {}
         self.alias = {}
         self.on_device = {}
+        self.fills = {}
 
     def tag(self, batch: Any, loader: int) -> None:
         """While watching, on the main thread: the host tensors of a DataLoader's batch (a few levels
@@ -345,6 +353,43 @@ class HostTensorProbe:
                 if e is not None and e[2]:
                     self.made[id(out)] = (weakref.ref(out), e[1], e[2])
                     return
+        except Exception as ex:  # noqa: BLE001
+            self.err("host_tensors", ex)
+
+    def _filled(self, t: Any, value: Any) -> None:
+        """`t[idx] = value` where a factory of the step made `t` (or what `t` is a view of): values the
+        host computed (a host array or tensor no factory of the step made, or a second distinct number)
+        make it a buffer of the host's data, noted from then on as a batch (its move is the data path)."""
+        try:
+            e = self._entry(t)
+            if e is None or not e[2]:
+                return
+            owner = e[0]()
+            if owner is None:
+                return
+            T = self.torch.Tensor
+            if isinstance(value, T):
+                if not value.is_cpu:
+                    return
+                if value.numel() != 1:
+                    v = self._entry(value)
+                    if v is None or not v[2]:  # not a factory's: data the host had
+                        self.made[id(owner)] = (e[0], (0, 0), "")
+                    return
+                value = value.item()
+            elif not isinstance(value, (int, float, bool)):
+                if type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0:
+                    value = value.item()
+                elif isinstance(value, (list, tuple)) or type(value).__module__ == "numpy":
+                    self.made[id(owner)] = (e[0], (0, 0), "")
+                    return
+                else:
+                    return
+            seen = self.fills.setdefault(id(owner), set())
+            if len(seen) < 2:
+                seen.add(value)
+            if len(seen) >= 2:
+                self.made[id(owner)] = (e[0], (0, 0), "")
         except Exception as ex:  # noqa: BLE001
             self.err("host_tensors", ex)
 
@@ -519,6 +564,7 @@ class HostTensorProbe:
         self.made = {}
         self.alias = {}
         self.on_device = {}
+        self.fills = {}
         if self.on:
             self.watched += 1  # step i was watched to its end
             if i >= self.until:
