@@ -1,6 +1,7 @@
 """What a batch costs the training process when a DataLoader worker made it (PD002's receipt cost).
 
     python benchmarks/loader_receipt.py [--workers 1 2] [--batches 120] [--compute-ms 8] [--json PATH]
+    python benchmarks/loader_receipt.py --train [--pairs 3] [--batch-size 64]   # the receipt in a training loop
 
 With `num_workers=0` the training process pays the whole loading of a batch; with workers it still pays
 its receipt: the result's bytes out of the worker's queue (a pipe), the unpickling, and for every tensor
@@ -20,6 +21,14 @@ less the median reading and dropping of the same batch made in the training proc
 whose `__next__` is the loading the workers take over). Then a least-squares fit of the worker rows:
 ms per batch = base + per_tensor x tensors + per_mb x MB. The load average is printed beside every row:
 on a shared 2-core machine the receipt waits for the worker's threads to be scheduled.
+
+`--train` checks the model where it matters, in a training loop: a small CNN on MNIST-shaped items
+(28 x 28 bytes, converted and normalised per item as torchvision's ToTensor and Normalize do), batches of
+`--batch-size`, `num_workers=0` and `num_workers=2` (persistent) alternated `--pairs` times, each run's
+mean step after 10 warm-up steps, the median time in `__next__` and the median compute per step. Where
+the workers keep up, PD002's model says the step falls by the time in `__next__` with 0 workers less the
+receipt, and that the time in `__next__` with workers is the receipt; the compute's change is what the
+workers took from the training thread.
 """
 
 from __future__ import annotations
@@ -87,6 +96,70 @@ def per_batch_ms(tensors: int, nbytes: int, workers: int, batches: int,
     return statistics.median(take[skip:]), statistics.median(use[skip:]), statistics.median(cpu[skip:])
 
 
+class MnistLike(Dataset):
+    """28 x 28 bytes per item, made a normalised float tensor per item (ToTensor + Normalize's work)."""
+
+    def __init__(self, n: int):
+        g = torch.Generator().manual_seed(0)
+        self.x = torch.randint(0, 256, (n, 28, 28), dtype=torch.uint8, generator=g)
+        self.y = torch.randint(0, 10, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple:
+        return self.x[i].float().div(255).sub(0.1307).div(0.3081).unsqueeze(0), int(self.y[i])
+
+
+def train_run(workers: int, batch_size: int, steps: int = 70) -> dict:
+    """One training run: mean step after 10 warm-up steps, median __next__ and median compute (ms)."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Conv2d(16, 32, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                          nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(MnistLike(batch_size * (steps + 5)), batch_size=batch_size, shuffle=True,
+                        num_workers=workers, persistent_workers=workers > 0)
+    it = iter(loader)
+    take, compute, step = [], [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        x, y = next(it)
+        t1 = time.perf_counter()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        t2 = time.perf_counter()
+        take.append((t1 - t0) * 1e3)
+        compute.append((t2 - t1) * 1e3)
+        step.append((t2 - t0) * 1e3)
+    del it
+    return {"workers": workers, "step_ms": round(statistics.fmean(step[10:]), 3),
+            "next_ms": round(statistics.median(take[10:]), 3), "compute_ms": round(statistics.median(compute[10:]), 3),
+            "load": round(os.getloadavg()[0], 2)}
+
+
+def train(pairs: int, batch_size: int) -> dict:
+    """0 and 2 workers alternated: the saving, and the parts PD002's model names."""
+    runs = [train_run(w, batch_size) for _ in range(pairs) for w in (0, 2)]
+    for r in runs:
+        print(json.dumps(r), flush=True)
+
+    def mean(w: int, k: str) -> float:
+        return statistics.fmean(r[k] for r in runs if r["workers"] == w)
+
+    item = MnistLike(1)[0][0]
+    nbytes = batch_size * (item.nelement() * item.element_size() + 8)
+    out = {"batch_size": batch_size, "batch_bytes": nbytes, "saving_ms": mean(0, "step_ms") - mean(2, "step_ms"),
+           "wait_0_ms": mean(0, "next_ms"), "wait_2_ms (the receipt, where the workers keep up)": mean(2, "next_ms"),
+           "compute_change_ms": mean(2, "compute_ms") - mean(0, "compute_ms"), "runs": runs}
+    print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1))
+    return out
+
+
 def fit(rows: list[dict], key: str = "receipt_ms") -> dict:
     """ms = base + per_tensor x tensors + per_mb x MB, least squares over the worker rows."""
     x = torch.tensor([[1.0, r["tensors"], r["bytes"] / 2**20] for r in rows], dtype=torch.float64)
@@ -103,8 +176,16 @@ def main() -> int:
     ap.add_argument("--batches", type=int, default=120)
     ap.add_argument("--compute-ms", type=float, default=8.0)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--train", action="store_true", help="the receipt in a small training loop, 0 and 2 workers")
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--batch-size", type=int, default=64)
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.train:
+        got = train(args.pairs, args.batch_size)
+        if args.json:
+            args.json.write_text(json.dumps(got, indent=1))
+        return 0
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, sharing strategy "
           f"{torch.multiprocessing.get_sharing_strategy()}, load {os.getloadavg()[0]:.2f}")
     rows = []
