@@ -386,6 +386,18 @@ def test_too_many_workers_measured_by_the_training_threads_wait(tmp_path):
     assert "8 DataLoader workers on 2 usable CPUs" in f.title
 
 
+def test_a_cuda_scripts_workers_on_a_cpu_run_are_judged_for_its_gpu_machine(tmp_path):
+    """The same crowded loader, on a CPU run of a script that targets CUDA: its 8 workers were chosen
+    for the GPU machine, whose CPUs this run cannot see (pytorch-fm's examples/main.py on 2 cores):
+    no finding, rather than advice to use this box's 2."""
+    probes = {"dataloaders": _crowded_loader(8), "cpu_wait": _cpu_wait()}
+    r = load_run(make_run(tmp_path, wall=lambda i: 20.0, probes=probes))
+    assert r.facts.value("device.type") == "cpu"
+    assert judge(r.facts, RULES, user_files=r.user_files)  # as a CPU script: PD018, measured
+    r.facts.add("script.targets_cuda", True, "", "static")
+    assert not judge(r.facts, RULES, user_files=r.user_files)
+
+
 def test_as_many_workers_as_cpus_is_quiet(tmp_path):
     probes = {"dataloaders": _crowded_loader(2), "cpu_wait": _cpu_wait()}
     r, fs = findings(make_run(tmp_path, wall=lambda i: 20.0, probes=probes))
