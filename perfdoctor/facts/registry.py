@@ -134,14 +134,14 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("memory.headroom_bytes", "bytes", "run", "the device's (CPU: the machine's) memory less the peak"),
     ("compute.flops_per_step", "number", "run/trace", "FLOPs per step, forward and backward: a run's counted by "
      "FlopCounterMode on one step (matmuls, convolutions, attention), else a trace's recorded matmuls (mm, addmm, "
-     "bmm, baddbmm: 2*M*K*N; convolutions not counted)"),
+     "bmm, baddbmm: 2*M*K*N) and convolutions (from their backward's shapes)"),
     ("memory.loss_holders", "count", "run", "containers keeping losses with their graphs (PD006's): a known holder of growth"),
     ("memory.kept_bytes_per_step", "bytes", "trace", "allocator blocks a recorded step allocated and the trace's end "
      "still holds, per step (profile_memory)"),
     ("memory.step_transient_bytes", "bytes", "trace", "the allocator's highest total within a step less its total at "
      "the step's start (median over the recorded steps): activations kept for backward and temporaries"),
-    ("compute.conv_flops_per_step", "number", "run", "of compute.flops_per_step, the convolutions' (forward and "
-     "backward), as FlopCounterMode counted them"),
+    ("compute.conv_flops_per_step", "number", "run/trace", "of compute.flops_per_step, the convolutions' (forward "
+     "and backward), as FlopCounterMode counted them, else from their backward's shapes in the trace"),
     ("target_gpu.reference", "str", "trace", "a CPU run of a CUDA-targeting script: the reference GPU its step is "
      "estimated for, with the rates used (facts/trace/flops.py REFERENCE_GPU, PEAKS, HOST_US_PER_OP)"),
     ("target_gpu.math_ms", "ms", "trace", "the fp32 part of the step's counted FLOPs at the reference GPU's datasheet "

@@ -5,10 +5,11 @@ FLOPs are counted as `torch.utils.flop_counter.FlopCounterMode` counts them: 2*M
 `aten::mm` and `aten::addmm` ([M, K] x [K, N]; the bias add is not counted), 2*B*M*K*N for
 `aten::bmm` and `aten::baddbmm`, forward and backward alike (the backward's matmuls are in the trace
 as `aten::mm`). Only those leaf operators are counted (`aten::linear` and `aten::matmul` call them, so
-counting them too would count twice). Convolutions are not counted: the trace records their input
-and weight shapes but not their strides and padding, so their output size, hence their FLOPs, is not
-known; where the trace has convolutions, the matmuls' FLOPs are given with the convolutions counted
-(`compute.uncounted_convs_per_step`) and no FLOP/s or MFU is computed (it would be far too low).
+counting them too would count twice). A convolution's forward records its input and weight shapes
+but not its strides and padding, so not its output size: it is counted from its backward
+(`aten::convolution_backward`, whose grad_output is that output), 3x its forward (the forward and
+its two gradients). Where convolutions ran without a backward, the FLOPs are given with those
+counted (`compute.uncounted_convs_per_step`) and no FLOP/s or MFU is computed (it would be too low).
 
 MFU = FLOPs per step / step time / peak FLOP/s, with the step time the run's median unprofiled step
 where the trace comes from a run folder (the profiler slows the recorded steps), else the trace's.
@@ -73,7 +74,7 @@ def _bmm(dims: list) -> int:
 _FLOPS: dict[str, tuple[Callable[[list], int], int]] = {  # op -> (its FLOPs from the operands' dims, first operand)
     "aten::mm": (_mm, 0), "aten::addmm": (_mm, 1), "aten::bmm": (_bmm, 0), "aten::baddbmm": (_bmm, 1),
 }
-_CONVS = ("aten::convolution", "aten::_convolution", "aten::conv2d", "aten::conv1d", "aten::conv3d")
+_CONV, _CONV_BACKWARD = "aten::convolution", "aten::convolution_backward"
 
 
 def device_peak(name: str | None, dtype: str) -> tuple[float, str] | None:
@@ -90,44 +91,68 @@ def device_peak(name: str | None, dtype: str) -> tuple[float, str] | None:
     return None
 
 
+def _conv_backward(dims: list) -> int:
+    """The forward FLOPs of the convolution whose backward has these operand dims: grad_output
+    [N, C_out, *out] and weight [C_out, C_in / groups, *kernel], 2 * N * C_out * prod(out) * C_in / groups
+    * prod(kernel), as FlopCounterMode counts a convolution."""
+    out, weight = dims[0], dims[2]
+    flops = 2
+    for d in [*out, *weight[1:]]:
+        flops *= d
+    return flops
+
+
 def _count(ctx: TraceContext) -> tuple[float, float] | None:
-    """(FLOPs per step, their 16-bit share) from the trace's recorded matmul shapes; None where none
-    were recorded or where convolutions leave the step's FLOPs unknown (then the count is a fact, with
-    the convolutions not counted, and no rate follows)."""
+    """(FLOPs per step, their 16-bit share) from the trace's recorded matmul and convolution shapes;
+    None where none were recorded or where convolutions leave the step's FLOPs unknown (then the count
+    is a fact, with those convolutions not counted, and no rate follows). A convolution is counted from
+    its backward (`aten::convolution_backward`, whose operands give the output size the forward's do
+    not: strides and padding are not recorded): its forward and its two gradients, 3x the forward, as
+    FlopCounterMode counts them; one that ran without a backward is not counted."""
     t = ctx.trace
     strings, name, kind = t.strings, t.name, t.kind
-    total = sixteen = 0
-    counted = convs = 0
+    total = sixteen = conv_total = 0
+    counted = convs = backwards = 0
     for i in t.shapes:
         if kind[i] != CPU_OP:
             continue
         nm = strings[name[i]]
         spec = _FLOPS.get(nm)
-        if spec is None:
-            convs += nm in _CONVS
+        if spec is None and nm != _CONV_BACKWARD:
+            convs += nm == _CONV
             continue
         types, dims = t.shape(i)
         try:
-            flops = spec[0](dims[spec[1]:])
+            flops = 3 * _conv_backward(dims) if spec is None else spec[0](dims[spec[1]:])
         except (IndexError, TypeError):
             continue  # shapes not recorded as expected: not counted
         if not isinstance(flops, int) or flops <= 0:
             continue
         total += flops
-        counted += 1
-        if len(types) > spec[1] and types[spec[1]] in _SIXTEEN:
+        if spec is None:
+            conv_total += flops
+            backwards += 1
+        else:
+            counted += 1
+        first = 0 if spec is None else spec[1]
+        if len(types) > first and types[first] in _SIXTEEN:
             sixteen += flops
     if not total:
         return None
     per_step = total / ctx.per_step
-    left_out = f"; {convs // ctx.per_step} convolution(s) per step not counted (their output size is not recorded)" \
-        if convs else ""
+    uncounted = max(0, convs - backwards)
+    left_out = f"; {uncounted // ctx.per_step} convolution(s) per step not counted (no backward gives their output size)" \
+        if uncounted else ""
+    with_convs = f" and {backwards // ctx.per_step} convolution(s) (from their backward: 3x the forward)" if backwards else ""
     ctx.put("compute.flops_per_step", per_step, "number",
             f"2*M*K*N over {counted // ctx.per_step} matmul(s) per step (mm, addmm, bmm, baddbmm; forward and backward)"
-            + left_out)
-    if convs:  # the step's FLOPs are not known: no FLOP/s and no MFU, rather than a figure far too low
-        ctx.put("compute.uncounted_convs_per_step", convs / ctx.per_step, "count",
-                "convolutions per step whose FLOPs the trace does not give (strides and padding not recorded)")
+            + with_convs + left_out)
+    if backwards:
+        ctx.put("compute.conv_flops_per_step", conv_total / ctx.per_step, "number",
+                "the convolutions' FLOPs from their backward's recorded shapes, forward and backward")
+    if uncounted:  # the step's FLOPs are not known: no FLOP/s and no MFU, rather than a figure far too low
+        ctx.put("compute.uncounted_convs_per_step", uncounted / ctx.per_step, "count",
+                "convolutions per step whose FLOPs the trace does not give (no backward recorded their output size)")
         return None
     return per_step, sixteen / total
 

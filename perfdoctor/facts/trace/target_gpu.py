@@ -8,7 +8,8 @@ From what the run observed:
   leave convolutions out: then no estimate where the trace had convolutions), of them the
   convolutions' (`compute.conv_flops_per_step`);
 - the aten ops per step no other aten op encloses, each of which launches one kernel or more on a
-  GPU, with an optimizer step's ops counted once per operator (`target_gpu.ops_per_step`);
+  GPU (not a DataLoader's own), with an optimizer step's ops counted once per operator
+  (`target_gpu.ops_per_step`);
 - how the source sets TF32 (`script.tf32_matmul`, `script.tf32_conv`, facts/static/tf32.py).
 
 The estimate, for the reference GPU (facts/trace/flops.py `REFERENCE_GPU`, its datasheet rates in
@@ -28,6 +29,7 @@ larger than counted (perfdoctor cannot know the batch the script would use on th
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 
 from perfdoctor.facts import registry
@@ -46,7 +48,8 @@ def _rate(dtype: str) -> float:
 
 def gpu_ops_per_step(ctx: TraceContext) -> float | None:
     """The aten ops per step that no other aten op encloses (forward, backward, optimizer: the ops that
-    launch a CUDA step's kernels; an autograd node's wrapper is not one), those inside an optimizer
+    launch a CUDA step's kernels; an autograd node's wrapper is not one), not those a DataLoader's
+    `__next__` runs (its transforms stay on the host on a GPU too), those inside an optimizer
     step (`Optimizer.step#...`) once per operator and optimizer step: torch's optimizers loop over
     the parameters on a CPU and run each operator once over all of them in their foreach form, CUDA's
     default. None without steps."""
@@ -56,7 +59,10 @@ def gpu_ops_per_step(ctx: TraceContext) -> float | None:
     ts, dur, name = t.ts, t.dur, t.name
     aten = t.names_where(lambda s: s.startswith("aten::"))
     steps = t.names_where(lambda s: s.startswith("Optimizer.step#"))
+    loading = t.names_where(lambda s: s.startswith("enumerate(DataLoader)"))
     spans = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in steps)
+    batches = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in loading)
+    starts = [a for a, _ in batches]
     by_track: dict[int, list[int]] = defaultdict(list)
     for i in t.indices(CPU_OP):
         if name[i] in aten:
@@ -72,6 +78,9 @@ def gpu_ops_per_step(ctx: TraceContext) -> float | None:
     times, seen = [], set()
     k = 0
     for i in sorted(outer, key=ts.__getitem__):
+        j = bisect_right(starts, ts[i]) - 1
+        if j >= 0 and ts[i] < batches[j][1]:
+            continue  # the DataLoader's own work (a transform's ops): the host's, on a GPU too
         while k < len(spans) and spans[k][1] <= ts[i]:
             k += 1
         if k < len(spans) and spans[k][0] <= ts[i]:
