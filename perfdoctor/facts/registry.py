@@ -356,6 +356,7 @@ SUBJECT_FACTS.update({
         ("bytes_per_step", "bytes", "trace", "bytes allocated at this line per recorded step and never freed by the trace's end"),
         ("count_per_step", "count", "trace", "such blocks per step"),
         ("block_bytes", "bytes", "trace", "the median block's size"),
+        ("steps", "count", "trace", "recorded steps that left such a block (1: one step's tensor outlived the window)"),
     ]),
     "misaligned": _declare("misaligned", [
         ("layer", "str", "run", "the layer class (Linear, Conv2d...) built at this line"),

@@ -6,8 +6,9 @@ Kept: a block allocated during a recorded step other than the last and never fre
 (a step's activations, temporaries and outputs are freed by the next step; what lives on past that is
 held by something: a list, a dict, an attribute). Grouped by the innermost user frame around the
 allocation (the Python stack the profiler recorded), per step: one `kept_alloc` subject per line
-(`kept_alloc.bytes_per_step`, `count_per_step`, `block_bytes`), and `memory.kept_bytes_per_step` in
-all. The allocator judged is the device's the trace ran on (CUDA on a GPU trace, else the CPU's).
+(`kept_alloc.bytes_per_step`, `count_per_step`, `block_bytes`, and `steps`: how many of the recorded
+steps left such a block, 1 where one step's tensor outlived the window and nothing repeats), and
+`memory.kept_bytes_per_step` in all. The allocator judged is the device's the trace ran on (CUDA on a GPU trace, else the CPU's).
 
 `memory.step_transient_bytes`: the median over the recorded steps of the allocator's highest total
 within the step less its total at the step's start: the activations kept for backward and the
@@ -16,6 +17,7 @@ temporaries, on any device (on a CPU run the RSS cannot tell them apart)."""
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 import statistics
 from pathlib import Path
@@ -75,6 +77,10 @@ def add(ctx: TraceContext) -> None:
               f"{len(idx)} block(s), {kept:,} bytes, allocated at this line in {steps} recorded step(s) and never freed")
         s.add("count_per_step", len(idx) / steps, "count", "trace")
         s.add("block_bytes", sizes[len(sizes) // 2], "bytes", "trace", "the median block's size")
+        starts = [w[0] for w in windows]
+        kept_in = {bisect.bisect_right(starts, ts[i]) for i in idx}
+        s.add("steps", len(kept_in), "count", "trace",
+              f"recorded steps (of {steps}) that left a block from this line alive at the trace's end")
     return
 
 
