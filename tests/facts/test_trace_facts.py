@@ -227,3 +227,13 @@ def test_convolution_flops_from_their_backward_shapes():
     forward = 2 * 32 * 32 * 40 * 40 * 1 * 9 + 2 * 32 * 64 * 20 * 20 * 32 * 9
     assert f.value("compute.conv_flops_per_step") == 3 * forward
     assert f.value("compute.flops_per_step") > 3 * forward and "compute.uncounted_convs_per_step" not in f
+
+
+def test_convolutions_without_a_backward_leave_a_lower_bound_not_no_estimate():
+    """A momentum encoder's or an evaluation's convolutions run without a backward: the trace cannot
+    count them, and the counted FLOPs are a lower bound on the step's math, still an estimate (BYOL's
+    target network left the corpus's BYOL without one)."""
+    f = _cuda_script_facts()
+    f.add("compute.uncounted_convs_per_step", 4.0, "count", "trace")
+    add_trace_facts(load_trace(CPU), f)
+    assert f.value("target_gpu.math_ms") == pytest.approx((1e9 / 156e12 + 3e9 / 19.5e12) * 1000, abs=1e-4)

@@ -4,9 +4,10 @@ step on the GPU the script targets, or is that step bound by its kernel launches
 
 From what the run observed:
 - the FLOPs of one real step, forward and backward, and their 16-bit share (`compute.flops_per_step`: FlopCounterMode's count
-  of matmuls, convolutions and attention, facts/run/compute.py; else the trace's matmul shapes, which
-  leave convolutions out: then no estimate where the trace had convolutions), of them the
-  convolutions' (`compute.conv_flops_per_step`);
+  of matmuls, convolutions and attention, facts/run/compute.py; else the trace's matmul and
+  convolution shapes, facts/trace/flops.py, which leave out a convolution that ran without a backward,
+  a momentum encoder's or an evaluation's: the math is then a lower bound), of them the convolutions'
+  (`compute.conv_flops_per_step`);
 - the aten ops per step no other aten op encloses, each of which launches one kernel or more on a
   GPU (not a DataLoader's own), with an optimizer step's ops counted once per operator
   (`target_gpu.ops_per_step`);
@@ -101,8 +102,6 @@ def add(ctx: TraceContext) -> None:
     ops = gpu_ops_per_step(ctx)
     if not ops:
         return
-    if facts.get("compute.uncounted_convs_per_step") is not None:
-        return  # the trace's count leaves the convolutions out: the math is not known
     convs = facts.value("compute.conv_flops_per_step")
     conv_flops = min(float(convs), float(flops)) if isinstance(convs, (int, float)) else 0.0
     sixteen = facts.value("compute.sixteen_bit_share")
