@@ -153,6 +153,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("target_gpu.step_ms", "ms", "trace", "the estimated GPU step: target_gpu.launch_ms + target_gpu.math_ms + the "
      "16-bit FLOPs at the 16-bit rate"),
     ("target_gpu.math_share", "ratio", "trace", "target_gpu.math_ms / target_gpu.step_ms"),
+    ("target_gpu.batch_scale", "ratio", "trace", "the training loader's batch by default (dataloader.default_batch_size) "
+     "over this run's, where larger: the FLOPs per step of the estimate are scaled by it"),
     ("target_gpu.amp_saving_ms", "ms", "trace", "the math time bf16 autocast would save on the reference GPU: "
      "target_gpu.math_ms less the same FLOPs at its bf16 rate"),
     ("compute.sixteen_bit_share", "ratio", "run", "the share of the counted FLOPs run on float16 or bfloat16 operands"),
@@ -194,6 +196,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("pin_memory", "bool", "run/static", "pin_memory as given"),
         ("persistent_workers", "bool", "run/static", "persistent_workers as given"),
         ("batch_size", "count", "run/static", "batch_size as given"),
+        ("default_batch_size", "count", "static", "the batch size the script gives it unless the user changes it, "
+                                                  "where it reads an option: the literal default of that argparse option"),
         ("prefetch_factor", "count", "run", "prefetch_factor as given"),
         ("multiprocessing_context", "str", "run", "multiprocessing_context as given"),
         ("kwargs_style", "str", "run/static", "how the call passes its arguments: literal, dict or mixed"),

@@ -1716,6 +1716,33 @@ def test_dataparallel_behind_a_multi_gpu_flag_parsed_in_another_file(tmp_path):
     assert got[5].get("opt_in") is True and "opt_in" not in got[7]
 
 
+def test_a_loaders_default_batch_from_the_option_it_reads(tmp_path):
+    """The batch a DataLoader gets unless the user changes it: the argparse default of the option it
+    reads (parsed in this file or in another of the project's), or of the one a name is bound to (a
+    literal is `batch_size` itself)."""
+    opts = tmp_path / "options.py"
+    opts.write_text(textwrap.dedent("""\
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--batch-size', type=int, default=128)
+        parser.add_argument('--eval_bs', default='big')
+        """))
+    train = tmp_path / "train.py"
+    train.write_text(textwrap.dedent("""\
+        from torch.utils.data import DataLoader
+        a = DataLoader(ds, batch_size=args.batch_size)
+        bs = opt.batch_size
+        b = DataLoader(ds, batch_size=bs)
+        c = DataLoader(ds, batch_size=64)
+        d = DataLoader(ds, batch_size=args.eval_bs)
+        e = DataLoader(ds, batch_size=args.unknown)
+        """))
+    facts = Facts()
+    analyse_files([opts, train], facts)
+    got = {line: v.get("default_batch_size") for line, v in by_line(facts, "dataloader").items()}
+    assert got == {2: 128, 4: 128, 5: None, 6: None, 7: None}
+
+
 def test_host_reads_of_tensors_the_step_made_on_the_host_before_moving_them(tmp_path):
     """ncrfpp-lstmcrf: batchify builds the lengths with torch.LongTensor(...) and reads them (`.max()
     .item()`, `seqlen.item()` over `zip(..., lengths)`) before `if gpu: lengths = lengths.cuda()`:

@@ -202,6 +202,30 @@ def test_target_gpu_estimate_of_a_cpu_trace_of_a_cuda_script():
     assert not [n for n in cpu_only.as_mapping() if n.startswith("target_gpu.")]
 
 
+def test_target_gpu_estimate_at_the_scripts_own_batch():
+    """timm's train.py runs at `--batch-size 128` by default; the corpus's CPU run passes 8. The GPU
+    step it is judged for runs 128: 16 times the FLOPs, the same launches. A loader only evaluation
+    uses, or a run at the default batch, scales nothing."""
+    def facts(ran, default, trains=True):
+        f = _cuda_script_facts()
+        s = f.subject("dataloader", "train.py:40")
+        s.add("batch_size", ran, "count", "run")
+        s.add("default_batch_size", default, "count", "static")
+        s.add("trains", trains, "", "static")
+        add_trace_facts(load_trace(CPU), f)
+        return f
+    base = _cuda_script_facts()
+    add_trace_facts(load_trace(CPU), base)
+    scaled = facts(8, 128)
+    assert scaled.value("target_gpu.batch_scale") == 16
+    assert scaled.value("target_gpu.math_ms") == pytest.approx(16 * base.value("target_gpu.math_ms"), rel=1e-3)
+    assert scaled.value("target_gpu.launch_ms") == base.value("target_gpu.launch_ms")
+    assert scaled.value("target_gpu.math_share") > base.value("target_gpu.math_share")
+    for same in (facts(128, 128), facts(256, 128), facts(8, 128, trains=False)):
+        assert "target_gpu.batch_scale" not in same
+        assert same.value("target_gpu.math_ms") == pytest.approx(base.value("target_gpu.math_ms"), rel=1e-3)
+
+
 def test_a_cpu_runs_ops_are_the_ops_its_cuda_step_launches():
     """The ops a CPU run counts for the GPU step are those a CUDA trace of the same script shows: the
     optimizer's per-parameter loop on the CPU counts once per operator (CUDA's foreach form)."""

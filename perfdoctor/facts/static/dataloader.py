@@ -31,6 +31,7 @@ from collections.abc import Callable
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
 from perfdoctor.facts.static.index.devices import UNKNOWN
+from perfdoctor.facts.static.index.settings import first_value, option_default
 from perfdoctor.facts.static.index.syntax import dotted, has_star_kwargs, kwarg, root_name, walk_scope
 from perfdoctor.usercode import kwargs_style
 
@@ -76,6 +77,9 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
                 put(s, name, value, "count" if typ is int else "")
         elif default is not None and not star_kw and not star_args:
             put(s, name, default, "count" if typ is int else "")
+    default_batch = _default_batch(index, given.get("batch_size"))
+    if default_batch is not None:
+        put(s, "default_batch_size", default_batch, "count")
     on_cuda = pin_memory_on_cuda(index, call)
     if isinstance(on_cuda, bool):
         put(s, "pin_memory_on_cuda", on_cuda)
@@ -106,6 +110,16 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     elif not loops and _eval_named(names):
         # iterated in no file read (a helper module's `get_dataloaders` returns it): its name says
         put(s, "trains", False)
+
+
+def _default_batch(index: SourceIndex, given: ast.expr | None) -> int | None:
+    """The batch size a loader gets unless the user changes it, where it reads a user's option: the
+    literal default of the argparse option it reads (`batch_size=args.batch_size`, `self.args.batch_size`, or a name bound
+    to one), in this file or where the project parses its arguments."""
+    if isinstance(given, ast.Name):
+        given = first_value(index, given)
+    value = option_default(index, given.attr) if isinstance(given, ast.Attribute) else None
+    return value if type(value) is int and value > 0 else None
 
 
 def _eval_named(names: list[LoaderName]) -> bool:

@@ -34,6 +34,7 @@ from bisect import bisect_right
 from collections import defaultdict
 
 from perfdoctor.facts import registry
+from perfdoctor.facts.model import Facts
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.flops import HOST_US_PER_OP, REFERENCE_GPU, device_peak
 from perfdoctor.facts.trace.intervals import count_in
@@ -92,6 +93,26 @@ def gpu_ops_per_step(ctx: TraceContext) -> float | None:
     return median(count_in(times, windows))
 
 
+def batch_scale(facts: Facts) -> tuple[float, str]:
+    """The script's own batch over this run's, for the training loader: a CPU run is often given a
+    smaller batch (`--batch_size 8`) than the script uses on its GPU (`default=128`), and the estimate
+    is for the GPU. 1 where the run's batch is the default, larger, or either is unknown."""
+    best: tuple[float, str] = (1.0, "")
+    for s in facts.of_kind("dataloader"):
+        f = s.facts
+        if f.get("dataloader.trains") is not None and f["dataloader.trains"].value is False:
+            continue
+        ran, default = f.get("dataloader.batch_size"), f.get("dataloader.default_batch_size")
+        if ran is None or default is None or ran.source == "static":
+            continue
+        if isinstance(ran.value, int) and ran.value > 0 and isinstance(default.value, int) and default.value > ran.value:
+            scale = default.value / ran.value
+            if scale > best[0]:
+                best = (scale, f"the script's batch of {default.value} (its default) over this run's {ran.value}: "
+                               "the FLOPs per step scaled by it, the launches not")
+    return best
+
+
 def add(ctx: TraceContext) -> None:
     facts = ctx.facts
     if ctx.gpu or not registry.derive("run.cuda_on_cpu", facts.value):
@@ -104,6 +125,10 @@ def add(ctx: TraceContext) -> None:
         return
     convs = facts.value("compute.conv_flops_per_step")
     conv_flops = min(float(convs), float(flops)) if isinstance(convs, (int, float)) else 0.0
+    scale, why = batch_scale(facts)
+    if scale > 1:  # the GPU runs the script's own batch: its math scales with it, its launches do not
+        flops, conv_flops = flops * scale, conv_flops * scale
+        ctx.put("target_gpu.batch_scale", scale, "ratio", why)
     sixteen = facts.value("compute.sixteen_bit_share")
     fp32 = 1.0 - (min(1.0, max(0.0, float(sixteen))) if isinstance(sixteen, (int, float)) else 0.0)
     conv_dtype = "fp32" if facts.value("script.tf32_conv") is False else "tf32"

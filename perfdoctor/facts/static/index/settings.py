@@ -73,27 +73,41 @@ def on_by_default(index: Syntax, dest: str) -> bool:
     `action="store_false"`): then `args.<dest>` is on unless the user turns it off. The option is
     looked for in this file, then in the project's other files (`Loops.peers`: run.py parses the
     arguments, the experiment class reads `self.args.use_multi_gpu`)."""
+    call = option(index, dest)
+    if call is None:
+        return False
+    action, default = kwarg(call, "action"), kwarg(call, "default")
+    if isinstance(action, ast.Constant) and action.value == "store_false":
+        return True
+    return isinstance(default, ast.Constant) and bool(default.value)
+
+
+def option_default(index: Syntax, dest: str) -> object:
+    """The literal default of the argparse option stored in `dest` (`default=128`), in this file or
+    the project's other files; None where there is no such option or its default is no literal."""
+    call = option(index, dest)
+    default = kwarg(call, "default") if call is not None else None
+    try:
+        return ast.literal_eval(default) if default is not None else None
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return None
+
+
+def option(index: Syntax, dest: str) -> ast.Call | None:
+    """The `add_argument` call of the option stored in `dest`: in this file, else in the project's
+    other files."""
     loops = getattr(index, "loops", None)
-    files = [index, *(peer.syntax for peer in getattr(loops, "peers", ()))]
-    return next((on for f in files if (on := _option_default(f, dest)) is not None), False)
-
-
-def _option_default(index: Syntax, dest: str) -> bool | None:
-    """Whether this file's argparse option stored in `dest` is on by default; None: no such option here."""
-    for call in index.calls:
-        f = call.func
-        if not (isinstance(f, ast.Attribute) and f.attr == "add_argument") or not call.args:
-            continue
-        flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
-        d = kwarg(call, "dest")
-        name = d.value if isinstance(d, ast.Constant) else next(
-            (x.lstrip("-").replace("-", "_") for x in flags if x.startswith("--")), None)
-        if name != dest:
-            continue
-        action, default = kwarg(call, "action"), kwarg(call, "default")
-        if isinstance(action, ast.Constant) and action.value == "store_false":
-            return True
-        return isinstance(default, ast.Constant) and bool(default.value)
+    for f in [index, *(peer.syntax for peer in getattr(loops, "peers", ()))]:
+        for call in f.calls:
+            fn = call.func
+            if not (isinstance(fn, ast.Attribute) and fn.attr == "add_argument") or not call.args:
+                continue
+            flags = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            d = kwarg(call, "dest")
+            name = d.value if isinstance(d, ast.Constant) else next(
+                (x.lstrip("-").replace("-", "_") for x in flags if x.startswith("--")), None)
+            if name == dest:
+                return call
     return None
 
 
