@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from perfdoctor.contracts.run import HostTensorRecord, Probes
+from perfdoctor.contracts.run import HostTensorRecord, Probes, Site
 from perfdoctor.facts.model import Subject, also_at, site_subject
 from perfdoctor.facts.run.context import RunContext
 
@@ -31,13 +31,7 @@ def factory_lines(probes: Probes) -> dict[str, frozenset[int]] | None:
     None where the run cannot say: fewer than MIN_WATCHED_LINES steps watched, more lines than the
     probe kept, or a compiled region (its factories run in the graph, unseen by the probe)."""
     w = probes.host_factories
-    if w is None or w.watched < MIN_WATCHED_LINES or not w.complete or (
-            probes.compile is not None and probes.compile.frames):
-        return None
-    out: dict[str, set[int]] = {}
-    for site in w.made:
-        out.setdefault(os.path.realpath(site.file), set()).add(site.line)
-    return {f: frozenset(v) for f, v in out.items()}
+    return _watched_lines(probes, w.made if w is not None else [], w is not None and w.complete)
 
 
 def move_lines(probes: Probes) -> dict[str, frozenset[int]] | None:
@@ -46,11 +40,16 @@ def move_lines(probes: Probes) -> dict[str, frozenset[int]] | None:
     line of the user's not among them did not run in the training step. None where the run cannot say,
     as for `factory_lines`."""
     w = probes.host_factories
-    if w is None or w.watched < MIN_WATCHED_LINES or not w.moves_complete or (
+    return _watched_lines(probes, w.moved if w is not None else [], w is not None and w.moves_complete)
+
+
+def _watched_lines(probes: Probes, sites: list[Site], complete: bool) -> dict[str, frozenset[int]] | None:
+    w = probes.host_factories
+    if w is None or w.watched < MIN_WATCHED_LINES or not complete or (
             probes.compile is not None and probes.compile.frames):
         return None
     out: dict[str, set[int]] = {}
-    for site in w.moved:
+    for site in sites:
         out.setdefault(os.path.realpath(site.file), set()).add(site.line)
     return {f: frozenset(v) for f, v in out.items()}
 
