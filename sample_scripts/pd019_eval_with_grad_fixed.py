@@ -21,8 +21,8 @@ def evaluate(model, x, y):
 def main():
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Dropout(0.1),
-                          nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10)).to(device)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Dropout(0.1),
+                          nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)).to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     inputs = torch.randn(4096, 256, device=device)
     targets = torch.randint(0, 10, (4096,), device=device)

@@ -196,6 +196,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("pin_memory", "bool", "run/static", "pin_memory as given"),
         ("persistent_workers", "bool", "run/static", "persistent_workers as given"),
         ("batch_size", "count", "run/static", "batch_size as given"),
+        ("workers_follow_cpus", "bool", "static", "num_workers is computed from the machine's CPUs (os.cpu_count(), "
+                                                  "len(os.sched_getaffinity(0)) ...): as many on any machine as its CPUs make it"),
         ("default_batch_size", "count", "static", "the batch size the script gives it unless the user changes it, "
                                                   "where it reads an option: the literal default of that argparse option"),
         ("prefetch_factor", "count", "run", "prefetch_factor as given"),

@@ -1716,6 +1716,21 @@ def test_dataparallel_behind_a_multi_gpu_flag_parsed_in_another_file(tmp_path):
     assert got[5].get("opt_in") is True and "opt_in" not in got[7]
 
 
+def test_a_worker_count_computed_from_the_machines_cpus(tmp_path):
+    facts, _ = analyse(tmp_path, """\
+        import os, multiprocessing
+        from torch.utils.data import DataLoader
+        workers = 4 * len(os.sched_getaffinity(0))
+        a = DataLoader(ds, num_workers=workers)
+        b = DataLoader(ds, num_workers=os.cpu_count() // 2)
+        c = DataLoader(ds, num_workers=multiprocessing.cpu_count())
+        d = DataLoader(ds, num_workers=16)
+        e = DataLoader(ds, num_workers=args.workers)
+        """)
+    got = {line: v.get("workers_follow_cpus") for line, v in by_line(facts, "dataloader").items()}
+    assert got == {4: True, 5: True, 6: True, 7: None, 8: None}
+
+
 def test_a_loaders_default_batch_from_the_option_it_reads(tmp_path):
     """The batch a DataLoader gets unless the user changes it: the argparse default of the option it
     reads (parsed in this file or in another of the project's), or of the one a name is bound to (a

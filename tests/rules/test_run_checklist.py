@@ -396,6 +396,11 @@ def test_a_cuda_scripts_workers_on_a_cpu_run_are_judged_for_its_gpu_machine(tmp_
     assert judge(r.facts, RULES, user_files=r.user_files)  # as a CPU script: PD018, measured
     r.facts.add("script.targets_cuda", True, "", "static")
     assert not judge(r.facts, RULES, user_files=r.user_files)
+    # a count the script computes from the machine's CPUs (the PD018 sample's 4 per usable CPU) is as
+    # crowded on the GPU machine: judged here
+    for s in r.facts.of_kind("dataloader"):
+        s.add("workers_follow_cpus", True, "", "static")
+    assert [f.rule for f in judge(r.facts, RULES, user_files=r.user_files)] == ["PD018"]
 
 
 def test_as_many_workers_as_cpus_is_quiet(tmp_path):

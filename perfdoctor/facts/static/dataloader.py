@@ -77,6 +77,8 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
                 put(s, name, value, "count" if typ is int else "")
         elif default is not None and not star_kw and not star_args:
             put(s, name, default, "count" if typ is int else "")
+    if _follows_cpus(index, given.get("num_workers")):
+        put(s, "workers_follow_cpus", True)
     default_batch = _default_batch(index, given.get("batch_size"))
     if default_batch is not None:
         put(s, "default_batch_size", default_batch, "count")
@@ -110,6 +112,19 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     elif not loops and _eval_named(names):
         # iterated in no file read (a helper module's `get_dataloaders` returns it): its name says
         put(s, "trains", False)
+
+
+_CPU_COUNTS = frozenset({"os.cpu_count", "os.sched_getaffinity", "os.process_cpu_count", "multiprocessing.cpu_count",
+                         "psutil.cpu_count", "torch.get_num_threads"})
+
+
+def _follows_cpus(index: SourceIndex, given: ast.expr | None) -> bool:
+    """Whether a worker count is computed from the machine's CPUs (`4 * len(os.sched_getaffinity(0))`,
+    `os.cpu_count() // 2`, or a name bound to such a value): it is as many on the GPU machine as its
+    CPUs make it, so this machine's count judges it too."""
+    values = index.assigned.get(given.id, []) if isinstance(given, ast.Name) else [given] if given else []
+    return any(isinstance(n, ast.Call) and index.qual(n.func) in _CPU_COUNTS
+               for v in values for n in ast.walk(v))
 
 
 def _default_batch(index: SourceIndex, given: ast.expr | None) -> int | None:
