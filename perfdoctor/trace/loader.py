@@ -80,6 +80,7 @@ class Args(msgspec.Struct, gc=False):
     # kept as raw JSON (no lists built per op); copied out for the few ops whose shapes facts need
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input type")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Dims")
+    input_strides: msgspec.Raw = msgspec.field(default=msgspec.Raw(), name="Input Strides")
     py_id: int | None = msgspec.field(default=-1, name="Python id")
     py_parent: int | None = msgspec.field(default=-1, name="Python parent id")
     call_stack: str | None = msgspec.field(default=None, name="Call stack")
@@ -275,10 +276,10 @@ class _Builder:
         want = self.want_shape
         for j in [j for j in ops if want[names[j]] and args[j] is not _NO_ARGS]:
             a = args[j]
-            if len(a.input_type) + len(a.input_dims) <= MAX_STRING:
+            if len(a.input_type) + len(a.input_dims) + len(a.input_strides) <= MAX_STRING:
                 types = bytes(a.input_type)
                 if types[:1] == b"[":
-                    t.shapes[base + j] = (types, bytes(a.input_dims))
+                    t.shapes[base + j] = (types, bytes(a.input_dims), bytes(a.input_strides))
                 if a.in_nelems is not None or a.collective is not None:
                     t.comm[base + j] = {"in_nelems": a.in_nelems, "out_nelems": a.out_nelems,
                                         "dtype": a.dtype[:MAX_STRING] if a.dtype else a.dtype,

@@ -85,7 +85,7 @@ class Trace:
     nbytes: array = field(default_factory=lambda: array("q"))  # memcpy/memset bytes, memory event bytes
 
     # Sparse per-event args, keyed by event index (only the events that carry them).
-    shapes: dict[int, tuple[bytes, bytes]] = field(default_factory=dict)  # raw JSON: see shape()
+    shapes: dict[int, tuple[bytes, bytes, bytes]] = field(default_factory=dict)  # raw JSON: see shape(), strides()
     call_stack: dict[int, int] = field(default_factory=dict)  # legacy "Call stack" (string index)
     # autograd's sequence number of an operator (sparse): a forward op and the backward node
     # (`autograd::engine::evaluate_function: ...`) made from it share it
@@ -116,8 +116,20 @@ class Trace:
         raw = self.shapes.get(i)
         if raw is None:
             return [], []
-        types, dims = (_json_value(b) for b in raw)
+        types, dims = (_json_value(b) for b in raw[:2])
         return (types if isinstance(types, list) else []), (dims if isinstance(dims, list) else [])
+
+    def sparse_operand(self, i: int) -> bool:
+        """Whether an operand of event i is a sparse tensor (COO, CSR): torch.profiler records a tensor's
+        dims and, for a strided one, its strides; a sparse tensor has dims and no strides ([]). False
+        where the trace has no "Input Strides" (older profilers) or the shapes were not kept."""
+        raw = self.shapes.get(i)
+        if raw is None or not raw[2]:
+            return False
+        dims, strides = _json_value(raw[1]), _json_value(raw[2])
+        if not isinstance(dims, list) or not isinstance(strides, list):
+            return False
+        return any(isinstance(d, list) and d and k < len(strides) and strides[k] == [] for k, d in enumerate(dims))
 
     def indices(self, *kinds: int) -> list[int]:
         """Indices of the events of these kinds, in file order. One pass over the trace files the

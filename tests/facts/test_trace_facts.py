@@ -261,3 +261,28 @@ def test_convolutions_without_a_backward_leave_a_lower_bound_not_no_estimate():
     f.add("compute.uncounted_convs_per_step", 4.0, "count", "trace")
     add_trace_facts(load_trace(CPU), f)
     assert f.value("target_gpu.math_ms") == pytest.approx((1e9 / 156e12 + 3e9 / 19.5e12) * 1000, abs=1e-4)
+
+
+def test_a_matmul_with_a_sparse_operand_is_not_counted_as_dense(tmp_path):
+    """A graph net's `torch.sparse.mm(adjacency, x)` is recorded as aten::addmm with the dense product's
+    dims ([1000, 1000] x [1000, 64]) and the sparse operand's strides empty: counted as dense it was
+    128 MFLOP a step where 3 non-zeros do 384 FLOPs (lightgcn: a false PD007 on 56 GFLOP a step). Only
+    the dense linear's matmuls count (forward and its two gradients)."""
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        adj = torch.sparse_coo_tensor(torch.tensor([[0, 1, 2], [1, 2, 0]]), torch.ones(3), (1000, 1000)).coalesce()
+    emb = torch.nn.Parameter(torch.randn(1000, 64))
+    lin = torch.nn.Linear(64, 32, bias=False)
+    path = tmp_path / "sparse.pt.trace.json"
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=2)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True,
+                                schedule=schedule, on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+        for _ in range(3):
+            lin(torch.sparse.mm(adj, emb)).sum().backward()
+            prof.step()
+    f, _ = facts_of(path)
+    assert f.value("compute.flops_per_step") == 3 * 2 * 1000 * 64 * 32

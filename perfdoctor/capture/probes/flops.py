@@ -8,7 +8,9 @@ the FLOPs of the ones in torch's FLOP registry (matmuls, convolutions, attention
 each ran in (`torch.utils.module_tracker.ModuleTracker`: global module forward hooks and, on the
 tensors an operator made that need gradients, multi-grad hooks that say which module's backward runs
 (never on a leaf: there the hook would make the script's `autograd.grad(..., inputs=leaf)` raise); all
-removed at the mode's exit). What it costs: every operator of that step goes through Python, so the step is
+removed at the mode's exit). An operator with a sparse operand (COO, CSR: `torch.sparse.mm` of a graph's
+adjacency) is not counted: the registry counts it as the dense product (2*M*K*N, where the work is
+2*nnz*N), and autocast does not run it in 16 bits. What it costs: every operator of that step goes through Python, so the step is
 slower; it is a warm-up step (`stats.warmup_steps` drops at least the first two), never a steady one.
 
 Not counted (no record): a step that torch.compile's code runs, or any step once dynamo has seen a
@@ -87,9 +89,12 @@ class FlopProbe:
             return
         probe = self
         in_backward = self.torch._C._current_graph_task_id
+        strided, tensor = self.torch.strided, self.torch.Tensor
 
         class Counter(FlopCounterMode):
             def _count_flops(self, func_packet: Any, out: Any, args: Any, kwargs: Any) -> Any:
+                if any(isinstance(a, tensor) and a.layout != strided for a in args):
+                    return out  # a sparse operand: FlopCounterMode would count the dense product's FLOPs
                 glob = self.flop_counts["Global"]
                 before = glob.get(func_packet, 0)
                 res = super()._count_flops(func_packet, out, args, kwargs)

@@ -5,7 +5,9 @@ FLOPs are counted as `torch.utils.flop_counter.FlopCounterMode` counts them: 2*M
 `aten::mm` and `aten::addmm` ([M, K] x [K, N]; the bias add is not counted), 2*B*M*K*N for
 `aten::bmm` and `aten::baddbmm`, forward and backward alike (the backward's matmuls are in the trace
 as `aten::mm`). Only those leaf operators are counted (`aten::linear` and `aten::matmul` call them, so
-counting them too would count twice). A convolution's forward records its input and weight shapes
+counting them too would count twice). One with a sparse operand (`torch.sparse.mm`: its recorded dims
+are the dense product's, its work 2*nnz*N) is not counted, as the run's count leaves it out
+(capture/probes/flops.py). A convolution's forward records its input and weight shapes
 but not its strides and padding, so not its output size: it is counted from its backward
 (`aten::convolution_backward`, whose grad_output is that output), 3x its forward (the forward and
 its two gradients). Where convolutions ran without a backward, the FLOPs are given with those
@@ -121,6 +123,8 @@ def _count(ctx: TraceContext) -> tuple[float, float] | None:
         if spec is None and nm != _CONV_BACKWARD:
             convs += nm == _CONV
             continue
+        if t.sparse_operand(i):
+            continue  # a sparse operand (torch.sparse.mm's adjacency): not the dense product's FLOPs
         types, dims = t.shape(i)
         try:
             flops = 3 * _conv_backward(dims) if spec is None else spec[0](dims[spec[1]:])
