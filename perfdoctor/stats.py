@@ -1,5 +1,6 @@
 """Statistics shared by the facts, the report and the gate, one definition each: quantiles and the
-median, the step-time summary and breakdown, and the steady-state steps of a run."""
+median, the step-time summary and breakdown, the steady-state steps of a run, and the CPUs the machine's
+other processes kept busy during them."""
 
 from __future__ import annotations
 
@@ -98,3 +99,13 @@ def step_series(ms: list[float], steady: list[int], window: list[int] | None) ->
         else:
             runs.append([i, i])
     return StepSeriesDoc(ms=[round(v, 3) for v in ms], steady=runs, window=window)
+
+
+def others_cpus(machine_ms: Sequence[float], tree_ms: Sequence[float], wall_ms: Sequence[float]) -> float | None:
+    """The CPUs the machine's other processes kept busy over a run's steps: the CPU time every process
+    on the machine used (/proc/stat, in clock ticks: noisy per step, so summed over the steps) less the
+    script's process tree's, over the steps' wall time. 1.0: one CPU's worth of other work all along.
+    None where a series is missing or the steps took no time."""
+    if not wall_ms or len(machine_ms) != len(wall_ms) or len(tree_ms) != len(wall_ms) or sum(wall_ms) <= 0:
+        return None
+    return max(0.0, (sum(machine_ms) - sum(tree_ms)) / sum(wall_ms))

@@ -439,6 +439,7 @@ GLOBAL_FACTS.update(_declare(GLOBAL, [
     ("step.work_ms", "ms", "run", "median over the steady steps of the step's wall time less the training thread's wait for a CPU: the step as a host without other processes would time it (where the wait was measured)"),
     ("cpu.tree_ms", "ms", "run", "CPU time per steady step of the process tree: every thread of the training process plus the DataLoader workers (mean)"),
     ("host.cpu_pressure", "ratio", "run", "share of the steady steps' wall time in which some runnable task on the host waited for a CPU (/proc/pressure/cpu, where the kernel has it)"),
+    ("host.others_cpus", "number", "run", "the CPUs the machine's other processes kept busy during the steady steps: all CPUs' time (/proc/stat) less this process tree's, over the steps' wall time (1.0: one CPU's worth)"),
     ("host.steal_ms", "ms", "run", "time per steady step a hypervisor gave this VM's CPUs to other guests, all CPUs (/proc/stat steal, mean)"),
     ("host.load_avg", "number", "run", "the host's 1-minute load average when the run started"),
     ("gpu.sm_clock_mhz", "number", "run", "the GPU's SM clock in MHz (NVML, read at step ends a few times a second; median over the steady steps)"),

@@ -39,7 +39,7 @@ from perfdoctor.contracts.run import read as read_run_file
 from perfdoctor.contracts.source import read_source
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
-from perfdoctor.stats import steady_steps, warmup_steps
+from perfdoctor.stats import others_cpus, steady_steps, warmup_steps
 
 MIN_STEPS = 6  # fewer steady steps than this give no interval (the block bootstrap needs a series)
 # Counters from the trace that do not depend on machine noise; the gate compares them tightly.
@@ -264,16 +264,15 @@ def _contention(run_dir: Path, steps: list[int], wall_ms: list[float], cpus: int
 
 
 def others_busy(machine_ms: list[float], tree_ms: list[float], wall_ms: list[float], cpus: int | None) -> float | None:
-    """How busy the machine's other CPUs were over a run's steps: the CPU time every process on the
-    machine used (/proc/stat, in clock ticks: noisy per step, so summed over the steps) less the
-    script's process tree's, over (`cpus` - 1) x the steps' wall time. 1: one CPU's worth of other
-    work per other CPU; above 1 (at most cpus / (cpus - 1)) the others also ran on the script's own
-    CPU while it waited. `cpus` is the run's usable CPUs: where its affinity leaves some of the
-    machine's out, their work counts too. None with one CPU or where a series is missing."""
-    if not cpus or cpus < 2 or not wall_ms or len(machine_ms) != len(wall_ms) or len(tree_ms) != len(wall_ms):
+    """How busy the machine's other CPUs were over a run's steps: the CPUs its other processes kept
+    busy (`stats.others_cpus`) over (`cpus` - 1). 1: one CPU's worth of other work per other CPU; above
+    1 (at most cpus / (cpus - 1)) the others also ran on the script's own CPU while it waited. `cpus` is
+    the run's usable CPUs: where its affinity leaves some of the machine's out, their work counts too.
+    None with one CPU or where a series is missing."""
+    others = others_cpus(machine_ms, tree_ms, wall_ms)
+    if not cpus or cpus < 2 or others is None:
         return None
-    others = sum(machine_ms) - sum(tree_ms)
-    return min(max(others / ((cpus - 1) * sum(wall_ms)), 0.0), cpus / (cpus - 1))
+    return min(others / (cpus - 1), cpus / (cpus - 1))
 
 
 REPEAT_PREFIX = "repeat-"  # `perfdoctor run --out-dir DIR` with several runs writes DIR/repeat-1, repeat-2, ...

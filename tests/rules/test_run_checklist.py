@@ -5,6 +5,8 @@ DataLoader workers for the CPUs), PD019 (eval-mode forwards recording autograd),
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from perfdoctor.facts.run import load_run
@@ -482,19 +484,35 @@ def test_contention_is_measured_said_and_shown_apart_in_the_breakdown(tmp_path):
     # the training thread waits 34.3 ms of every 51.2 ms step (67 %): other processes on its cores
     n = 40
     probes = {"cpu_wait": {"wait_ms": [34.3] * n, "run_ms": [16.6] * n, "tree_ms": [18.0] * n,
-                           "steal_ms": [0.0] * n, "pressure_ms": [40.0] * n, "pressure": True,
+                           "machine_ms": [18.0 + 51.2 * 1.5] * n, "steal_ms": [0.0] * n, "pressure_ms": [40.0] * n, "pressure": True,
                            "loadavg": [5.2, 3.0, 1.0], "loadavg_end": [6.1, 3.2, 1.1]}}
     r, _ = findings(make_run(tmp_path, wall=lambda i: 51.2, probes=probes))
     assert r.facts.value("cpu.wait_share") == pytest.approx(34.3 / 51.2)
     assert r.facts.value("cpu.contended") is True and r.facts.value("cpu.tree_ms") == pytest.approx(18.0)
     assert r.facts.value("host.cpu_pressure") == pytest.approx(40.0 / 51.2)
     assert r.facts.value("host.load_avg") == 5.2
+    assert r.facts.value("host.others_cpus") == pytest.approx(1.5)  # what the machine used beyond the tree
     c = r.summary.contention
     assert c and c.inflated and "waited 34 ms per step for a CPU, 67% of the step" in c.sentence
     assert "step times are inflated" in r.notes[0]
     parts = {b.category: b.ms for b in r.summary.breakdown}
     assert parts["waiting for a CPU"] == pytest.approx(51.2 * 34.3 / 51.2, abs=1e-3)
     assert sum(parts.values()) == pytest.approx(51.2, abs=1e-3)  # work and wait apart, adding up to the step
+
+
+def test_a_rank_sharing_its_node_counts_no_other_processes(tmp_path):
+    # one of two ranks on the node: the other rank's CPU time is in the machine's; cpu.count is this
+    # rank's share already, so the CPUs other processes kept busy are not measured for it
+    n = 40
+    probes = {"cpu_wait": {"wait_ms": [0.1] * n, "run_ms": [9.8] * n, "tree_ms": [10.0] * n,
+                           "machine_ms": [20.0] * n}}
+    run = make_run(tmp_path / "single", wall=lambda i: 10.0, probes=probes)
+    assert load_run(run).facts.value("host.others_cpus") == pytest.approx(1.0)
+    ranked = make_run(tmp_path / "rank", wall=lambda i: 10.0, probes=probes)
+    meta = json.loads((ranked / "meta.json").read_text())
+    meta["rank"] = {"rank": 1, "local_rank": 1, "world_size": 2, "local_world_size": 2, "cpu_share": 1}
+    (ranked / "meta.json").write_text(json.dumps(meta))
+    assert "host.others_cpus" not in load_run(ranked).facts
 
 
 def test_a_quiet_host_says_nothing_of_contention(tmp_path):

@@ -3,8 +3,8 @@ cpu.stat) -> `cpu.wait_ms` and `cpu.run_ms` (the training thread's wait for a CP
 each DataLoader's share of that wait its workers caused (`contention_ms`, PD018), the CPU
 cgroup's throttling (`cpu.throttled_*`): straggler causes in the rank table; and how far other
 processes inflated the step times (`contention`: `cpu.wait_share`, `cpu.contended`, the process
-tree's CPU time, the host's CPU pressure, steal time and load), with the report's sentence and a
-step breakdown that shows the wait apart from the work."""
+tree's CPU time, the CPUs the machine's other processes kept busy, the host's CPU pressure, steal time
+and load), with the report's sentence and a step breakdown that shows the wait apart from the work."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import statistics
 from perfdoctor.contracts.report import BreakdownDoc, ContentionDoc, SummaryDoc
 from perfdoctor.facts.model import site_subject
 from perfdoctor.facts.run.context import RunContext
+from perfdoctor.stats import others_cpus
 
 MIN_BASE = 3  # steady steps without crowding workers that PD018's contention is measured against
 # The steady steps' wall time the training thread spent waiting for a CPU beyond which the step
@@ -30,8 +31,8 @@ def add(ctx: RunContext) -> None:
 def contention(ctx: RunContext) -> None:
     """How far other processes inflated the steady steps: the training thread's wait for a CPU as a
     share of their wall time (`cpu.wait_share`; `cpu.contended` at CONTENTION_SHARE or more), the
-    process tree's CPU time per step, the host's CPU pressure (PSI), the VM's steal time and the load
-    average. The summary's `contention` holds them; where the wait is material, a sentence in the
+    process tree's CPU time per step, the CPUs the other processes kept busy (`host.others_cpus`), the
+    host's CPU pressure (PSI), the VM's steal time and the load average. The summary's `contention` holds them; where the wait is material, a sentence in the
     notes says so, and the step's breakdown shows the wait as a part of its own (each step's parts
     scaled by its share of time not waiting, the wait its own share: the parts still add up)."""
     facts, w, steady = ctx.facts, ctx.probes.cpu_wait, ctx.steady
@@ -60,6 +61,14 @@ def contention(ctx: RunContext) -> None:
         facts.add("cpu.tree_ms", tree, "ms", detail=f"this process's threads and its DataLoader workers, mean over {n} "
                   "steady steps")
         doc.tree_ms = round(tree, 3)
+        # one of several ranks on a node: its siblings are among the machine's other processes, and its
+        # CPUs are its share already (cpu.count): the figure would count them twice
+        shared = ctx.rank is not None and (ctx.rank.local_world_size or 1) > 1
+        others = others_cpus([w.machine_ms[k] for k in at], [w.tree_ms[k] for k in at], walls) \
+            if len(w.machine_ms) == len(w.wait_ms) and not shared else None
+        if others is not None:
+            facts.add("host.others_cpus", others, "number", detail=f"the machine's CPU time (/proc/stat) less this process "
+                      f"tree's, over the wall time of {n} steady steps")
     if w.pressure and len(w.pressure_ms) == len(w.wait_ms):
         pressure = min(1.0, sum(w.pressure_ms[k] for k in at) / total)
         facts.add("host.cpu_pressure", pressure, "ratio", detail=f"/proc/pressure/cpu 'some' over {n} steady steps")
