@@ -257,6 +257,8 @@ class DataLoaderRecord(Struct, kw_only=True):
     # what a batch from a worker costs the training process to receive (PD002)
     batch_tensors: int | None = None
     batch_bytes: int | None = None
+    # the user lines that drew an epoch's first batch from it: the loops over it, in any file
+    draw_sites: list[Site] = []
 
     @property
     def judged_site(self) -> Site | None:

@@ -55,3 +55,33 @@ def test_a_batchs_tensors_and_bytes_are_counted_for_pd002s_receipt():
     assert (lrec.batch_tensors, lrec.batch_bytes) == (3, 280)
     rec = lrec.record()
     assert (rec.batch_tensors, rec.batch_bytes) == (3, 280)
+
+
+def _epoch(loader):  # a helper's loop over a loader it was handed (another file's training loop)
+    for (x,) in loader:
+        x.sum()
+
+
+def test_the_lines_that_draw_each_epochs_first_batch_are_kept_once(monkeypatch):
+    """Where the loops over a loader are, whatever file built it: the user line that drew each epoch's
+    first batch (a `for` over it, a `next(iter(loader))` peek), once per line."""
+    import types
+
+    monkeypatch.setattr("perfdoctor.capture.sites.is_user_file", lambda f: f == __file__)
+    clock = Clock()
+    clock.before_batch, clock.in_batch, clock.data = (lambda: None), 0, 0.0  # type: ignore[attr-defined]
+    ds = torch.utils.data.TensorDataset(torch.randn(32, 4))
+    probe = DataLoaderProbe(torch, clock, types.SimpleNamespace(active=False), ErrorLog())  # type: ignore[arg-type]
+    probe.install()
+    try:
+        loader = torch.utils.data.DataLoader(ds, batch_size=8)
+        next(iter(loader))  # a peek at one batch
+        for _ in range(3):  # three epochs of one loop
+            _epoch(loader)
+    finally:
+        probe.uninstall()
+    (rec,) = probe.records()
+    assert [(s.function, s.code) for s in rec.draw_sites] == [
+        ("test_the_lines_that_draw_each_epochs_first_batch_are_kept_once", "next(iter(loader))  # a peek at one batch"),
+        ("_epoch", "for (x,) in loader:"),
+    ]

@@ -705,6 +705,55 @@ def test_cpu_to_device_in_function_called_from_loop(tmp_path):
 
 
 # -- dataloader ------------------------------------------------------------------------------
+def test_dataloader_drawn_by_a_loop_of_another_file_that_moves_it_to_cuda(tmp_path):
+    """aaron-xichen/pytorch-playground, HobbitLong/RepDistiller: a helper module builds the loaders
+    (`**kwargs` from its caller) and returns them; the training loop of another file iterates one and
+    moves its batch with `.cuda()` only when CUDA is available, which a CPU run never executes. No name
+    links the loop to the construction: the run's draw sites do (`loader_draws`), and the loop's move
+    makes the loader `feeds_cuda`. With no `pin_memory` anywhere in the files, torch's default (False)
+    is the CUDA path's value too."""
+    helper = tmp_path / "dataset.py"
+    helper.write_text(textwrap.dedent("""\
+        import torch
+        def get(batch_size, **kwargs):
+            kwargs.setdefault('num_workers', 1)
+            train_loader = torch.utils.data.DataLoader(
+                make_set(), batch_size=batch_size, shuffle=True, **kwargs)
+            return train_loader
+        """))
+    train = tmp_path / "train.py"
+    train.write_text(textwrap.dedent("""\
+        import torch
+        import dataset
+        cuda = torch.cuda.is_available()
+        train_loader = dataset.get(batch_size=64, num_workers=1)
+        for epoch in range(10):
+            for batch_idx, (data, target) in enumerate(train_loader):
+                if cuda:
+                    data, target = data.cuda(), target.cuda()
+                optimizer.zero_grad()
+                loss = model(data).sum()
+                loss.backward()
+                optimizer.step()
+        """))
+    key = f"{helper}:4"
+    facts = Facts()
+    analyse_files([helper, train], facts, loader_draws={key: [(str(train), 6)]})
+    got = by_line(facts, "dataloader")[4]
+    assert got["feeds_cuda"] is True and got["non_blocking"] is False
+    assert got["pin_memory_on_cuda"] is False
+    # without the run's draw sites nothing links them; a draw at a line whose loop moves nothing says nothing
+    for draws in (None, {key: [(str(train), 3)]}):
+        other = Facts()
+        analyse_files([helper, train], other, loader_draws=draws)
+        assert "feeds_cuda" not in by_line(other, "dataloader")[4]
+    # a file that names pin_memory (set on some path the source may not say) leaves it unknown
+    train.write_text(train.read_text().replace("num_workers=1)", "num_workers=1, pin_memory=cuda)"))
+    named = Facts()
+    analyse_files([helper, train], named, loader_draws={key: [(str(train), 6)]})
+    assert "pin_memory_on_cuda" not in by_line(named, "dataloader")[4]
+
+
 def test_dataloader_literal_kwargs_and_feeds_cuda(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -25,6 +25,7 @@ from perfdoctor.contracts.run import DataLoaderKwargs, DataLoaderRecord, Site
 
 MAX_EPOCHS = 1000  # first-batch times kept per loader
 BATCH_SHAPE_SAMPLES = 3  # batches per loader whose tensors and bytes are counted (PD002's receipt cost)
+MAX_DRAW_SITES = 8  # user lines kept per loader that drew an epoch's first batch (the loops over it)
 _MAX_BATCH_DEPTH = 6  # nesting of tuples, lists and dicts walked in a batch
 _MAX_BATCH_ITEMS = 10_000  # objects walked in one batch
 _MAX_ORIGIN_DEPTH = 8  # frames above a DataLoader's construction searched for the loader it wraps
@@ -35,7 +36,7 @@ class LoaderState:
 
     __slots__ = ("id", "site", "kwargs", "style", "dataset", "batches", "waits", "cur", "to_cuda",
                  "non_blocking", "constructed", "cuda_seen", "sampler", "sharded", "first_batch_ms",
-                 "first_batch_step", "length", "origin", "batch_tensors", "batch_bytes")
+                 "first_batch_step", "length", "origin", "batch_tensors", "batch_bytes", "draw_sites")
 
     def __init__(self, i: int, site: Site | None):
         self.id, self.site = i, site
@@ -57,6 +58,7 @@ class LoaderState:
         self.length: int | None = None  # len(loader): batches per epoch
         self.batch_tensors: int | None = None  # the largest of the first batches: its tensors and their bytes
         self.batch_bytes: int | None = None
+        self.draw_sites: list[Site] = []  # the user lines that drew an epoch's first batch: the loops over it
 
     def record(self) -> DataLoaderRecord:
         return DataLoaderRecord(id=self.id, site=self.site, kwargs=self.kwargs, kwargs_style=self.style,
@@ -67,7 +69,7 @@ class LoaderState:
                                 first_batch_ms=[round(x, 4) for x in self.first_batch_ms],
                                 first_batch_step=self.first_batch_step, length=self.length,
                                 origin=self.origin, batch_tensors=self.batch_tensors,
-                                batch_bytes=self.batch_bytes)
+                                batch_bytes=self.batch_bytes, draw_sites=self.draw_sites)
 
 
 class DataLoaderProbe:
@@ -118,6 +120,8 @@ class DataLoaderProbe:
                     if len(lrec.first_batch_ms) < MAX_EPOCHS:
                         lrec.first_batch_ms.append((clock.pc() - t0) * 1e3)
                         lrec.first_batch_step.append(len(clock.steps) + 1)
+                    if len(lrec.draw_sites) < MAX_DRAW_SITES:
+                        probe._draw_site(lrec, sys._getframe(1))
                 lrec.batches += 1
                 if lrec.batches <= BATCH_SHAPE_SAMPLES:
                     try:
@@ -161,6 +165,19 @@ class DataLoaderProbe:
 
     def uninstall(self) -> None:
         self.patches.undo()
+
+    def _draw_site(self, lrec: LoaderState, frame: Any) -> None:
+        """Keep the user line that drew an epoch's first batch (the `for` over the loader, a `next(it)`),
+        once: where the run's loops over this loader are, in whatever file (a loader a helper module
+        builds and returns, iterated by the training loop of another)."""
+        t = self.clock.pc()
+        try:
+            site = sites.site_of(sites.user_frame(frame))
+            if site is not None and all((d.file, d.line) != (site.file, site.line) for d in lrec.draw_sites):
+                lrec.draw_sites.append(site)
+        except Exception as e:  # noqa: BLE001
+            self.err("dataloader", e)
+        self.clock.exclude(t)
 
     def _on_loader(self, loader: Any, frame: Any) -> None:
         uf = sites.user_frame(frame)

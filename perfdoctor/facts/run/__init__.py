@@ -77,6 +77,9 @@ class RunData:
     # per user file (its real path), the first lines of the functions cProfile saw called in the
     # window's profiled steps; None where the run cannot say (`hotspots.functions_called`)
     functions_called: dict[str, frozenset[int]] | None = None
+    # per DataLoader subject key ("<file>:<line>" of its judged site), the user lines (file, line) that
+    # drew an epoch's first batch from it: the loops over it, in whatever file (`dataloader.draw_sites`)
+    loader_draws: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
 
 
 def load_run(run_dir: Path) -> RunData:
@@ -93,7 +96,8 @@ def load_run(run_dir: Path) -> RunData:
                    decided=modules.decided(ctx.probes.forward), step_chain=list(ctx.probes.step_chain),
                    factory_lines=host_tensors.factory_lines(ctx.probes),
                    move_lines=host_tensors.move_lines(ctx.probes),
-                   functions_called=hotspots.functions_called(ctx))
+                   functions_called=hotspots.functions_called(ctx),
+                   loader_draws=dataloader.draw_sites(ctx.probes))
 
 
 def _user_files(ctx: RunContext) -> list[Path]:

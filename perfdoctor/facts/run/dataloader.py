@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 
-from perfdoctor.contracts.run import Env
+from perfdoctor.contracts.run import Env, Probes
 from perfdoctor.facts.model import Facts, Subject, also_at, site_subject
 from perfdoctor.facts.run.context import RunContext
 
@@ -81,6 +81,18 @@ def add(ctx: RunContext) -> None:
             s.add("feeds_cuda", dl.to_cuda, detail="a batch was moved to a CUDA device")
             s.add("non_blocking", dl.non_blocking)
     worker_startup(ctx)
+
+
+def draw_sites(probes: Probes) -> dict[str, list[tuple[str, int]]]:
+    """Per DataLoader subject key (its judged site, as `add` keys it), the user lines that drew an epoch's
+    first batch from it: where the loops over it are, for the static read to judge what those loops do
+    with its batches (`perfdoctor.facts.static.dataloader.drawn_moves`)."""
+    out: dict[str, list[tuple[str, int]]] = {}
+    for dl in probes.dataloaders:
+        site = dl.judged_site
+        if site is not None and site.file and dl.draw_sites:
+            out.setdefault(f"{site.file}:{site.line}", []).extend((d.file, d.line) for d in dl.draw_sites)
+    return out
 
 
 def _receipt(s: Subject, tensors: int, nbytes: int, per_step: float) -> None:

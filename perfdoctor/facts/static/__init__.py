@@ -70,7 +70,8 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
                   decided: frozenset[str] = frozenset(), step_chain: Sequence[Site] = (),
                   script: Path | None = None, factory_lines: dict[str, frozenset[int]] | None = None,
                   functions_called: dict[str, frozenset[int]] | None = None,
-                  move_lines: dict[str, frozenset[int]] | None = None) -> None:
+                  move_lines: dict[str, frozenset[int]] | None = None,
+                  loader_draws: dict[str, list[tuple[str, int]]] | None = None) -> None:
     """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped.
     `model_classes`: the classes of the models a run called ("<absolute file>:<qualname>", their
     bases included), where a run knows them: the detectors of model code judge only those
@@ -85,7 +86,9 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     run cannot say. `functions_called`: per file, the first lines of the functions the run's profiled
     steps called (`index.functions_called`, with `index.chain_lines`: the step chain's lines in the
     file); None where the run cannot say. `move_lines`: per file, the lines that moved a tensor to a
-    device in the steps the host-tensor probe watched (`index.moves_ran`); None where the run cannot say. Each file's read and each detector on it is one family
+    device in the steps the host-tensor probe watched (`index.moves_ran`); None where the run cannot say.
+    `loader_draws`: per DataLoader subject key, the user lines that drew an epoch's first batch from it
+    (`dataloader.drawn_moves`). Each file's read and each detector on it is one family
     of facts (`Facts.family`): a bug in one leaves the others' facts."""
     detectors = [d for d in DETECTORS if d.__module__.rsplit(".", 1)[-1] not in decided]
     indexes = []
@@ -123,6 +126,9 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
         for detect in detectors:
             with facts.family(f"the static {detect.__module__.rsplit('.', 1)[-1]} detector on {Path(index.file).name}"):
                 detect(index, facts)
+    if loader_draws and "dataloader" not in decided:
+        with facts.family("the loops that drew the loaders' batches"):
+            dataloader.drawn_moves(indexes, facts, loader_draws)
 
 
 def _same_file(a: Path, b: Path) -> bool:

@@ -25,6 +25,7 @@ only where CUDA is used): a CPU run of a CUDA script is judged with the workers 
 from __future__ import annotations
 
 import ast
+import os
 import re
 from collections.abc import Callable
 
@@ -353,6 +354,54 @@ def batch_moves(index: SourceIndex, dl_call: ast.Call, loops: list[tuple[ast.AST
                     and root_name(n.func.value) in tracked and _is_move(index, n)):
                 moves.append((n, loop))
     return moves
+
+
+def drawn_moves(indexes: list[SourceIndex], facts: Facts, draws: dict[str, list[tuple[str, int]]]) -> None:
+    """What the loops that drew a loader's batches do with them, where the run says which loops those
+    were (`draws`: per loader subject key, the user lines that drew an epoch's first batch) and the
+    static read of its construction found no move: a helper module builds the loader and returns it
+    (`train_loader, test_loader = dataset.get(...)`), or a training function of another file takes it
+    as a parameter (`def train(epoch, train_loader, model, ...)`), so no name links the two. Those
+    loops are read as `batch_moves` reads the loops over a loader it can name; a move of their batches
+    to CUDA (`input.cuda()` under `if torch.cuda.is_available():`, which a CPU run never executes)
+    makes the loader `feeds_cuda`.
+
+    And where no user file names `pin_memory` at all, every loader has torch's default (False) on the
+    CUDA path too: a loader built with `**kwargs`, whose CUDA-path value the source cannot otherwise
+    say, gets `pin_memory_on_cuda` False."""
+    by_file = {os.path.realpath(index.file): index for index in indexes}
+    pin_named = any("pin_memory" in line for index in indexes for line in index.lines)
+    for s in facts.of_kind("dataloader"):
+        if not pin_named and "dataloader.pin_memory_on_cuda" not in s.facts and s.key in draws:
+            put(s, "pin_memory_on_cuda", False)
+        if "dataloader.feeds_cuda" in s.facts:
+            continue
+        moves: list[tuple[ast.Call, ast.AST]] = []
+        for file, line in draws.get(s.key, []):
+            index = by_file.get(os.path.realpath(file))
+            if index is not None:
+                moves += batch_moves(index, None, _loops_drawing_at(index, line))  # type: ignore[arg-type]
+        if moves:
+            put(s, "feeds_cuda", True)
+            put(s, "non_blocking", all(
+                isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m, _ in moves))
+
+
+def _loops_drawing_at(index: SourceIndex, line: int) -> list[tuple[ast.AST, set[str]]]:
+    """The loops that draw a batch at `line`, each with the names the batch is bound to: a `for` whose
+    header spans it (`for i, (x, y) in enumerate(loader):`), or the loop around a `batch = next(it)` there."""
+    out: list[tuple[ast.AST, set[str]]] = []
+    for loop in index.nodes_of(ast.For, ast.AsyncFor):
+        if loop.lineno <= line <= (loop.iter.end_lineno or loop.lineno):
+            out.append((loop, {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}))
+    for n in index.nodes_of(ast.Assign):
+        if not (isinstance(n, ast.Assign) and n.lineno <= line <= (n.end_lineno or n.lineno)
+                and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) and n.value.func.id == "next"):
+            continue
+        loop = index.loops.enclosing_loop(n)
+        if loop is not None:
+            out.append((loop, {m.id for t in n.targets for m in ast.walk(t) if isinstance(m, ast.Name)}))
+    return out
 
 
 def _is_move(index: SourceIndex, call: ast.Call) -> bool:
