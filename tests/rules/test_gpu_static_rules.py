@@ -432,6 +432,33 @@ def test_pd025_cpu_run_quiet_without_a_small_model(tmp_path, params):
     assert findings(facts, tmp_path, "PD025") == []
 
 
+DEFAULT_BATCH = """\
+import argparse
+parser = argparse.ArgumentParser()
+parser.add_argument('--batch-size', type=int, default=BATCH)
+args = parser.parse_args()
+loader = DataLoader(ds, batch_size=args.batch_size, pin_memory=True)
+for x, y in loader:
+    x = x.to(device, non_blocking=True)
+"""
+
+
+@pytest.mark.parametrize("default,fires", [(128, False), (4, True)])
+def test_pd025_cpu_run_is_judged_at_the_scripts_default_batch(tmp_path, default, fires):
+    """ritheshkumar95/pytorch-vqvae run with --batch-size 8 to keep a CPU run short: its GPU trains at
+    the option's default of 128, not launch-bound; a script whose own default is tiny still is."""
+    facts = with_model(machine(Facts()), 9610)
+    s = facts.subject("dataloader", f"{tmp_path / 'train.py'}:9")
+    s.add("batch_size", 8, "count", "run")
+    facts, _ = analyse(tmp_path, DEFAULT_BATCH.replace("BATCH", str(default)), facts)
+    [s] = facts.of_kind("dataloader")
+    assert s.facts["dataloader.default_batch_size"].value == default
+    got = findings(facts, tmp_path, "PD025")
+    assert bool(got) is fires
+    if fires:
+        assert got[0].title.startswith(f"The batch ({default} samples")
+
+
 @pytest.mark.parametrize("peak_gb,fires", [(4, True), (20, False)])
 def test_pd025_gpu_run_needs_memory_headroom(tmp_path, peak_gb, fires):
     facts = machine(Facts(), "cuda", 8.0)
