@@ -469,3 +469,30 @@ def test_a_factory_buffer_the_host_fills_with_its_data_is_a_batch(probe):
     got = {(r.loader, r.factory): r for r in probe.records()}
     assert set(got) == {(0, ""), (None, "zeros")}
     assert got[None, "zeros"].site.line == _line(_mask, "torch.zeros")
+
+
+def _square_mask(sz):
+    mask = (torch.triu(torch.ones(sz, sz)) == 1).transpose(0, 1)  # made on the host every call
+    return mask.float().masked_fill(mask == 0, float("-inf")).masked_fill(mask == 1, 0.0)
+
+
+def test_a_mask_built_from_a_factorys_tensor_and_a_batch_made_contiguous_are_followed(probe):
+    """pytorch-book's poetry model: every step builds the causal mask on the host (`torch.triu` of
+    `torch.ones`, compared, transposed, cast, `masked_fill`ed) and moves it (PD004 at the factory), and
+    moves its loader's batch as `data_.long().transpose(1, 0).contiguous()` (the data path: PD003).
+    A mask computed from the loader's batch alone stays untracked."""
+    loader = torch.utils.data.DataLoader(torch.randint(0, 9, (8, 6), dtype=torch.int32), batch_size=2)
+    probe.end_step(1)
+    for i, data_ in enumerate(loader, 2):
+        probe.tag(data_, 3)
+        data_ = data_.long().transpose(1, 0).contiguous()
+        data_ = data_.to("cpu")
+        src_mask = _square_mask(data_.shape[0] - 1)
+        src_mask.to("cpu")
+        (data_ == 8).permute(1, 0).contiguous().to("cpu")  # made from the batch on the device: nothing
+        probe.end_step(i)
+    got = {(r.loader, r.factory): r for r in probe.records()}
+    assert set(got) == {(3, ""), (None, "ones")}
+    assert got[None, "ones"].site.line == _line(_square_mask, "torch.ones")
+    assert got[3, ""].steps == got[None, "ones"].steps == min(4, WATCH_STEPS)
+    assert torch.equal(_square_mask(2), torch.tensor([[0.0, float("-inf")], [0.0, 0.0]]))

@@ -20,7 +20,10 @@ static read's PD004 candidate there stands down). A dtype cast on the host (`.fl
 `.to(torch.float32)`: `CASTS`) returns a new tensor that is still the same data: it inherits what
 made its input, so `batch_x.float().to(device)` is the loader's batch moved; host arithmetic with a
 factory's tensor (`img + torch.randn(img.size()) * 0.2`: `ARITHMETIC`) returns one that carries that
-factory's, so the sum's move is the factory's. A factory's tensor the host then fills with values it
+factory's, so the sum's move is the factory's; so do the ops that build a mask out of it (comparisons,
+`~`, `&`, `masked_fill`, `torch.triu` / `tril`: `MASKING`; a causal mask made from `torch.ones` every
+step and moved). A copy in another layout (`.contiguous()`, `.clone()`, `.reshape()`: `COPIES`) is the
+same data, followed as a cast is (a loader's batch transposed and made contiguous, then moved). A factory's tensor the host then fills with values it
 computed (`t[idx] = v`: a host array or tensor no factory of the step made, or more than one distinct
 number: ymfa's generator, `src = torch.zeros(L, B)` then `src[j, i] = vocab[word]` per token) is a
 buffer carrying the host's data, as `torch.tensor(data)` is: its move is that data crossing, noted as a
@@ -76,6 +79,16 @@ CASTS = ("float", "double", "half", "bfloat16", "long", "int", "short", "char", 
 # autoencoder draws `noise = torch.randn(img.size()) * 0.2`, adds it to the loader's batch on the
 # host and moves the sum (`(img + noise).view(-1, 784).to(device)`)
 ARITHMETIC = ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__", "__rtruediv__")
+# Tensor methods that return the same data in a new tensor, on the host still (a copy where the layout
+# asks for one): followed as a cast is, for a factory's tensor and a loader's batch alike (pytorch-book's
+# poetry model moves `data_.long().transpose(1, 0).contiguous()`, its loader's batch)
+COPIES = ("contiguous", "clone", "reshape", "flatten", "repeat")
+# Tensor methods and torch functions that build a mask or a pattern out of a tensor: the result carries
+# a factory's tensor to its move, as arithmetic does (a causal mask made every step,
+# `(torch.triu(torch.ones(n, n)) == 1).transpose(0, 1).float().masked_fill(...)`, then `.to(device)`)
+MASKING = ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "__invert__", "__and__", "__or__",
+           "logical_not", "masked_fill", "triu", "tril")
+MASKING_FUNCTIONS = ("triu", "tril")  # torch's own, installed with the factories
 MAX_PAIRS = 200  # (factory line, move line) pairs kept
 MIN_KEPT_STEPS = 2  # watched steps on which one host tensor kept across steps is moved at a line
 MAX_KEPT = 16  # host tensors followed per move line
@@ -149,11 +162,19 @@ class HostTensorProbe:
                 return out
             return wrapper
 
-        for name in FACTORIES:
+        def derive(orig: Any) -> Any:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                out = orig(*args, **kwargs)
+                if args and probe.made and not compiling() and get_ident() == probe.main:
+                    probe._arithmetic(args[0], None, out)
+                return out
+            return wrapper
+
+        for name in FACTORIES + MASKING_FUNCTIONS:
             orig = getattr(torch, name, None)
             if orig is None:
                 continue
-            wrapper = wrap(orig, name)
+            wrapper = derive(orig) if name in MASKING_FUNCTIONS else wrap(orig, name)
             self.patches.replace(torch, name, wrapper)
             _KEEP.append(wrapper)
             if register is not None:
@@ -257,10 +278,10 @@ class HostTensorProbe:
             return method
 
         def arithmetic(orig: Any) -> Any:
-            def method(t: Any, other: Any) -> Any:
-                out = orig(t, other)
+            def method(t: Any, *args: Any, **kwargs: Any) -> Any:
+                out = orig(t, *args, **kwargs)
                 if probe.made and not compiling():
-                    probe._arithmetic(t, other, out)
+                    probe._arithmetic(t, args[0] if args else None, out)
                 return out
             setattr(method, "__wrapped__", orig)  # noqa: B010
             return method
@@ -278,11 +299,11 @@ class HostTensorProbe:
         self.methods.replace(T, "__setitem__", setitem)
         self.methods.replace(T, "cuda", cuda)
         self.methods.replace(T, "type_as", type_as)
-        for name in CASTS:
+        for name in CASTS + COPIES:
             orig = getattr(T, name, None)
             if orig is not None:
                 self.methods.replace(T, name, cast(orig))
-        for name in ARITHMETIC:
+        for name in ARITHMETIC + MASKING:
             orig = getattr(T, name, None)
             if orig is not None:
                 self.methods.replace(T, name, arithmetic(orig))
