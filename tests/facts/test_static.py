@@ -342,6 +342,42 @@ def test_cpu_to_device_whose_move_the_watched_steps_never_ran(tmp_path):
     assert sorted(by_line(watched, "cpu_to_device")) == [12, 15, 17]
 
 
+def test_cpu_to_device_joined_factories_moved_later_in_an_accelerator_if(tmp_path):
+    """DGI: the labels are two factories' tensors joined on the host every step and moved by the second
+    statement of `if torch.cuda.is_available():` (a CPU run ran the factories, never the move): one
+    candidate at the join, the move beside it. A join of data the host had, or a name touched before
+    the move in the `if`'s body, is not one."""
+    source = """\
+        import numpy as np
+        import torch
+
+        for epoch in range(100):
+            idx = np.random.permutation(10)
+            shuf = features[:, idx, :]
+            lbl_1 = torch.ones(1, 10)
+            lbl_2 = torch.zeros(1, 10)
+            lbl = torch.cat((lbl_1, lbl_2), 1)
+            both = torch.cat((lbl_1, batch), 1)
+            if torch.cuda.is_available():
+                shuf = shuf.cuda()
+                lbl = lbl.cuda()
+            if torch.cuda.is_available():
+                print(both)
+                both = both.cuda()
+            loss = model(features, shuf, lbl)
+        """
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(source))
+    real = str(path.resolve())
+    facts = Facts()
+    analyse_files([path], facts, factory_lines={real: frozenset({7, 8})}, move_lines={real: frozenset()})
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [9]
+    assert got[9]["factory"] == "ones" and got[9]["in_loop"] is True and "host_data" not in got[9]
+    s = facts.of_kind("cpu_to_device")[0]
+    assert [loc.line for loc in s.locations] == [9, 13]
+
+
 def test_cpu_to_device_negatives(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -9,7 +9,9 @@ environment's observation, a numpy array) and must cross to the device however t
 Three shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`, through views and
 dtype casts: `torch.LongTensor(range(L)).expand_as(w).to(device)`), keyed on the call;
 two statements (`x = torch.randn(...)` then, a few statements later in the same block,
-`x = x.to(device)`), keyed on the factory line with the move line as the second location; and host
+`x = x.to(device)`, or in the body of an `if use_cuda:` there), keyed on the factory line with the move
+line as the second location (a `torch.cat`/`torch.stack` of names bound only to factories is a
+factory's tensor, keyed on the join); and host
 data given to a legacy CUDA tensor type (`Tensor(np.random.normal(...))` with
 `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`: numpy fills the array on the host,
 the constructor copies it to the GPU), keyed on the call. A legacy type given sizes
@@ -391,9 +393,14 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                 continue
             made = _wrapped(index, stmt.value)
             fac = _factory(index, made)
+            sources: list[ast.expr] = [made]
+            if fac is None:
+                joined = _joined_factories(index, made)
+                if joined:
+                    fac, sources = _factory(index, joined[0]), list(joined)
             host = None if fac else _host_copy(index, made)
             if not (fac or host) or not index.module_ran(stmt) or (host and not _copied_every_step(index, stmt)) or (
-                    fac and _not_run(index, made, fac)):
+                    fac and all(_not_run(index, m, _factory(index, m) or fac) for m in sources)):
                 continue
             name = stmt.targets[0].id
             between: set[str] = set()  # names assigned between the two statements
@@ -404,7 +411,7 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                     dev_names = {n.id for n in ast.walk(move) if isinstance(n, ast.Name)} - {name}
                     if target is not None and not dev_names & between and not _move_not_run(index, move):
                         s = index.subject(facts, "cpu_to_device", stmt)
-                        index.locate(s, later)
+                        index.locate(s, move)
                         put(s, "factory", fac or host)
                         put(s, "target", target)
                         put(s, "in_loop", _per_step(index, stmt) if fac else True)
@@ -430,12 +437,40 @@ def _rebind_move(stmt: ast.stmt, name: str) -> ast.Call | None:
 
 
 def _guarded_move(stmt: ast.stmt, name: str) -> ast.Call | None:
-    """The move of `if use_cuda: name = name.cuda()` (the old scripts' way to the GPU: the `if`'s
-    first statement moves the tensor just made), else None."""
-    if isinstance(stmt, ast.If) and stmt.body and not any(
+    """The move of `if use_cuda: name = name.cuda()` (the old scripts' way to the GPU: a statement of
+    the `if`'s body moves the tensor just made, the statements before it in the body not touching it:
+    DGI's `if torch.cuda.is_available(): shuf_fts = shuf_fts.cuda(); lbl = lbl.cuda()`), else None."""
+    if not (isinstance(stmt, ast.If) and stmt.body) or any(
             isinstance(n, ast.Name) and n.id == name for n in ast.walk(stmt.test)):
-        return _rebind_move(stmt.body[0], name)
+        return None
+    for inner in stmt.body:
+        move = _rebind_move(inner, name)
+        if move is not None:
+            return move
+        if any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(inner)):
+            return None
     return None
+
+
+def _joined_factories(index: SourceIndex, node: ast.expr) -> list[ast.Call]:
+    """The factory calls a `torch.cat` / `torch.stack` of names joins, where every name its function
+    binds only to a CPU factory call (DGI's `lbl_1 = torch.ones(b, n)`, `lbl_2 = torch.zeros(b, n)`,
+    `lbl = torch.cat((lbl_1, lbl_2), 1)`): the join is made on the host from factories' tensors, a
+    factory's tensor too (not host data); else []."""
+    if not (isinstance(node, ast.Call) and node.args and index.qual(node.func) in ("torch.cat", "torch.stack")
+            and isinstance(node.args[0], (ast.List, ast.Tuple)) and node.args[0].elts):
+        return []
+    scope = index.context(node)[0]
+    out: list[ast.Call] = []
+    for e in node.args[0].elts:
+        if not isinstance(e, ast.Name):
+            return []
+        values = [v for v in index.assigned.get(e.id, []) if index.context(v)[0] is scope]
+        made = [_wrapped(index, v) for v in values]
+        if not made or not all(isinstance(m, ast.Call) and _factory(index, m) is not None for m in made):
+            return []
+        out.extend(m for m in made if isinstance(m, ast.Call))
+    return out
 
 
 def _wrapped(index: SourceIndex, node: ast.expr) -> ast.expr:
