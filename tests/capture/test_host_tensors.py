@@ -496,3 +496,22 @@ def test_a_mask_built_from_a_factorys_tensor_and_a_batch_made_contiguous_are_fol
     assert got[None, "ones"].site.line == _line(_square_mask, "torch.ones")
     assert got[3, ""].steps == got[None, "ones"].steps == min(4, WATCH_STEPS)
     assert torch.equal(_square_mask(2), torch.tensor([[0.0, float("-inf")], [0.0, 0.0]]))
+
+
+def test_kept_rows_selected_by_a_kept_index_and_moved_every_step(probe):
+    """GCNII: labels and idx_train stay on the host; every step moves labels[idx_train] (the same rows):
+    a kept host tensor moved every step, at the move's line. Rows a new index draws each step (a
+    replay buffer's) and a moving slice are another selection every step: not kept."""
+    labels, idx_train = torch.randint(0, 7, (50,)), torch.arange(10)
+    store = torch.randn(50, 3)
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        moved = labels[idx_train].to("cpu")  # the same rows every step
+        store[torch.from_numpy(__import__("numpy").random.randint(0, 50, 4))].to("cpu")  # new rows
+        store[i:i + 4].to("cpu")
+        assert torch.equal(moved, labels[:10])
+        probe.end_step(i)
+    recs = probe.records()
+    assert [(r.kept, r.moved.line, r.nbytes) for r in recs] == [
+        (True, _line(test_kept_rows_selected_by_a_kept_index_and_moved_every_step, "labels[idx_train].to"), 10 * 8)]
+    assert recs[0].steps == WATCH_STEPS

@@ -43,7 +43,10 @@ table in a new, unregistered Parameter each call (`Parameter.__new__` notes the 
 move counts as that tensor's), and `x.new_tensor(self.offsets)` turns a host array (numpy or a tensor)
 kept across steps into a tensor on the device of `x`, a copy every call where `x` is the model's
 computation or a tensor the step moved to its device (pytorch-fm's field offsets: the run notes what
-`.to(device)` / `.cuda()` return while watching). The factory wrappers stay installed, inert, until the run ends (TorchScript knows them
+`.to(device)` / `.cuda()` return while watching). So does a selection of a kept host tensor by a kept
+host index (`labels[idx_train].to(device)` in every step, GCNII's, both left on the host: one
+`_Selection` object per (tensor, index) pair stands for the rows, so the same rows moved on every step
+are kept; a new index every step, a replay buffer's random rows, is a new selection each time). The factory wrappers stay installed, inert, until the run ends (TorchScript knows them
 as the aten ops they wrap: `torch.jit.script` of code calling `torch.randn` still compiles); the
 Tensor methods are put back when the watch ends.
 """
@@ -120,6 +123,16 @@ class _Kept:
         self.non_blocking = True
 
 
+class _Selection:
+    """The rows a kept host index selects from a kept host tensor (`labels[idx_train]`): one object per
+    (tensor, index) pair across the steps, so that moving the selection on every step is a kept move."""
+
+    __slots__ = ("nbytes", "__weakref__")
+
+    def __init__(self, nbytes: int):
+        self.nbytes = nbytes
+
+
 class HostTensorProbe:
     def __init__(self, torch: Any, err: ErrorLog):
         self.torch = torch
@@ -145,6 +158,7 @@ class HostTensorProbe:
         self.lines_complete = True
         self.move_lines: set[tuple[int, int]] = set()  # (id of a code, line) of every move of the user's
         self.moves_complete = True
+        self.selections: dict[tuple, tuple[Any, list, _Selection]] = {}  # (id of a table, ids of its index) -> refs, selection
 
     # -- the factories (installed for the whole run, active while watching) ----------------------
     def install(self) -> None:
@@ -258,9 +272,13 @@ class HostTensorProbe:
             return out
 
         def getitem(t: Any, idx: Any) -> Any:
-            if probe.made and not compiling():
+            if compiling():
+                return orig_getitem(t, idx)
+            if probe.made:
                 probe._indexed(t, idx, getframe(1))
-            return orig_getitem(t, idx)
+            out = orig_getitem(t, idx)
+            probe._selected(t, idx, out)
+            return out
 
         def setitem(t: Any, idx: Any, value: Any) -> Any:
             if probe.made and not compiling():
@@ -427,6 +445,36 @@ class HostTensorProbe:
                 if isinstance(x, T) and x.is_cpu and self._entry(x) is not None:
                     self._moved(x, frame, "index")
                     return  # one copy per call: `idx[0], idx[1]` of one host tensor is one move
+        except Exception as e:  # noqa: BLE001
+            self.err("host_tensors", e)
+
+    def _selected(self, t: Any, idx: Any, out: Any) -> None:
+        """`out = t[idx]` on the host, where `t` is a host tensor the step did not make (a table kept
+        across steps) and the index host tensors the step did not make either (full slices and `...`
+        beside them): a move of `out` counts as a move of that selection, one object per (table, index)
+        pair, so the same rows moved on every step are a kept host tensor moved every step (GCNII's
+        `labels[idx_train].to(device)`, both left on the host: move them once). A new index every step
+        (random rows of a store) is a new selection every step; a moving slice is left alone."""
+        try:
+            T = self.torch.Tensor
+            if (not isinstance(out, T) or not out.is_cpu or not t.is_cpu or t.requires_grad
+                    or threading.get_ident() != self.main or len(self.alias) >= MAX_ALIASES):
+                return
+            parts = idx if isinstance(idx, tuple) else (idx,)
+            kept = [x for x in parts if isinstance(x, T)]
+            if not kept or any(not (isinstance(x, T) or x is Ellipsis or (
+                    isinstance(x, slice) and x.start is None and x.stop is None and x.step is None)) for x in parts):
+                return
+            if any(not x.is_cpu or self._entry(x) is not None for x in kept) or self._entry(t) is not None:
+                return
+            key = (id(t), *(id(x) for x in kept))
+            sel = self.selections.get(key)
+            if sel is None or sel[0]() is not t or any(r() is not x for r, x in zip(sel[1], kept, strict=True)):
+                if len(self.selections) >= MAX_ALIASES:
+                    return
+                sel = self.selections[key] = (weakref.ref(t), [weakref.ref(x) for x in kept],
+                                              _Selection(int(out.numel() * out.element_size())))
+            self.alias[id(out)] = (weakref.ref(out), sel[2])
         except Exception as e:  # noqa: BLE001
             self.err("host_tensors", e)
 
