@@ -515,3 +515,23 @@ def test_kept_rows_selected_by_a_kept_index_and_moved_every_step(probe):
     assert [(r.kept, r.moved.line, r.nbytes) for r in recs] == [
         (True, _line(test_kept_rows_selected_by_a_kept_index_and_moved_every_step, "labels[idx_train].to"), 10 * 8)]
     assert recs[0].steps == WATCH_STEPS
+
+
+def test_numpy_index_arrays_into_the_models_computation_are_a_move(probe):
+    """SASRec: `indices = np.where(pos != 0)` on the host, then `pos_logits[indices]` of the model's
+    output: on a GPU torch copies the numpy index arrays to the device on every call. The same index
+    into a host tensor with no autograd (data on the host) copies nothing."""
+    np = pytest.importorskip("numpy")
+    w = torch.randn(4, 6, requires_grad=True)
+    data = torch.randn(4, 6)
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        pos = np.random.randint(0, 3, (4, 6))
+        indices = np.where(pos != 0)
+        picked = (w * 2)[indices]
+        data[indices]
+        assert picked.shape[0] == len(indices[0])
+        probe.end_step(i)
+    (r,) = probe.records()
+    line = _line(test_numpy_index_arrays_into_the_models_computation_are_a_move, "(w * 2)[indices]")
+    assert (r.factory, r.how, r.site.line, r.moved.line, r.steps) == ("numpy", "index", line, line, WATCH_STEPS)

@@ -51,3 +51,10 @@ def test_pd004_a_kept_host_tensor_moved_every_step():
     (finding,) = _judged(Location("sched.py", 30, "a = self.alphas.to(x.device)[t]"), "run", kept=True, in_loop=True)
     assert finding.title == "The same host tensor is copied to the device on every step"
     assert "Move it to the device once" in finding.message and "Pass device=" not in finding.message
+
+
+def test_pd004_numpy_index_arrays_into_the_models_computation():
+    (finding,) = _judged(Location("main.py", 110, "loss = bce(pos_logits[indices], pos_labels[indices])"), "run",
+                         factory="numpy", in_loop=True)
+    assert finding.title.startswith("Numpy arrays index a tensor on the device")
+    assert "Build the index on the device" in finding.message and "Pass device=" not in finding.message

@@ -3,7 +3,8 @@
 returns `torch.randint(...)`, its caller's `.to(device)`; `torch.arange(L).expand_as(w).to(device)`
 in an attention call; `torch.randn(...).type_as(imgs)`; an index made on the host into the model's
 computation, `idx = torch.triu_indices(t, t)` then `scores[..., idx[0], idx[1]] = -inf`: indexing a
-GPU tensor with a host index copies the index on every call).
+GPU tensor with a host index copies the index on every call; so do numpy index arrays, SASRec's
+`pos_logits[np.where(pos != 0)]`: a pair of their own, factory "numpy", at the indexing line).
 
 A CPU run moves nothing (the device is the CPU), but the script's `.to(device)` / `.cuda()` /
 `.type_as(batch)` on the tensor is the copy its GPU runs pay on every step. Watched from the end of
@@ -274,7 +275,7 @@ class HostTensorProbe:
         def getitem(t: Any, idx: Any) -> Any:
             if compiling():
                 return orig_getitem(t, idx)
-            if probe.made:
+            if probe.made or isinstance(idx, tuple) or type(idx).__module__ == "numpy":
                 probe._indexed(t, idx, getframe(1))
             out = orig_getitem(t, idx)
             probe._selected(t, idx, out)
@@ -441,12 +442,38 @@ class HostTensorProbe:
             if not (t.requires_grad or t.grad_fn is not None):
                 return
             T = self.torch.Tensor
-            for x in idx if isinstance(idx, (tuple, list)) else (idx,):
+            parts = idx if isinstance(idx, (tuple, list)) else (idx,)
+            for x in parts:
                 if isinstance(x, T) and x.is_cpu and self._entry(x) is not None:
                     self._moved(x, frame, "index")
                     return  # one copy per call: `idx[0], idx[1]` of one host tensor is one move
+            arrays = [x for x in parts if type(x).__module__ == "numpy" and getattr(x, "ndim", 0) >= 1
+                      and getattr(getattr(x, "dtype", None), "kind", "") in ("i", "u", "b")]
+            if arrays:
+                self._numpy_index(arrays, frame)
         except Exception as e:  # noqa: BLE001
             self.err("host_tensors", e)
+
+    def _numpy_index(self, arrays: list, frame: Any) -> None:
+        """Numpy index arrays into the model's computation at the user's line (SASRec's
+        `pos_logits[np.where(pos != 0)]`): torch makes host index tensors of them and copies them to the
+        device on every call. The indexing line is both the pair's site and its move ("numpy")."""
+        code = frame.f_code
+        if threading.get_ident() != self.main or not is_user_file(code.co_filename):
+            return
+        line = (id(code), frame.f_lineno)
+        p = self.pairs.get((("numpy", *line), line))
+        if p is None:
+            if len(self.pairs) >= MAX_PAIRS:
+                return
+            self.codes[id(code)] = code
+            site = self._site(*line)
+            p = self.pairs[(("numpy", *line), line)] = _Pair(site, site, "numpy", "index",
+                                                            sum(int(a.nbytes) for a in arrays), None)
+        p.moves += 1
+        if p.last != self.step:
+            p.last = self.step
+            p.steps += 1
 
     def _selected(self, t: Any, idx: Any, out: Any) -> None:
         """`out = t[idx]` on the host, where `t` is a host tensor the step did not make (a table kept
