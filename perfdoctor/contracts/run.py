@@ -458,6 +458,8 @@ class EvalGradRecord(Struct, kw_only=True):
     ms_by_step: list[list[float]] = []  # [step, ms in those forwards, calls], steps with a call only
     saved_bytes: list[int] = []  # per measured call: bytes of the tensors autograd saved for a backward
     backward: int = 0  # measured calls whose graph a backward then ran through
+    # per measured call: the first dimension of its first tensor argument (the batch), 0 where none
+    batch: list[int] = []
 
 
 class GraphBreakRecord(Struct, kw_only=True):

@@ -414,6 +414,9 @@ SUBJECT_FACTS.update({
         ("saved_bytes", "bytes", "run", "tensors autograd saved for a backward per call (median; parameters not counted)"),
         ("measured", "count", "run", "calls whose saved tensors were counted"),
         ("backward_share", "ratio", "run", "share of the measured calls whose graph a backward then used"),
+        ("batch", "count", "run", "the batch of the measured calls (their input's first dimension, median)"),
+        ("default_batch", "count", "static", "the batch the script evaluates with unless the user changes it: the default "
+         "batch (dataloader.default_batch_size) of the one evaluation loader whose batch in this run was eval_grad.batch"),
         ("in_source", "bool", "static",
          "the call follows model.eval() in a function with no backward, with no no_grad/inference_mode around it or its calls"),
     ]),

@@ -134,6 +134,7 @@ def test_eval_forward_with_grad_measured_without_changing_it(forward):
     m(x)  # training mode: not one either
     (eval_site, trained_site) = sorted(forward.eval_grad_records(), key=lambda r: r.site.line)
     assert eval_site.calls == 1 and eval_site.backward == 0 and eval_site.saved_bytes[0] > 64 * 16 * 4
+    assert eval_site.batch == [64]  # its input's first dimension
     assert trained_site.calls == 1 and trained_site.backward == 1
     assert vars(m).keys() == vars(_model()).keys() and b"perfdoctor" not in pickle.dumps(m)
     forward.uninstall()

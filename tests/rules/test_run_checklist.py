@@ -280,6 +280,42 @@ def test_eval_forward_with_grad_is_flagged_with_its_memory(tmp_path):
     assert f.fix is not None and f.fix.after == "    with torch.no_grad():\n        out = model(x)"
 
 
+def test_eval_forward_judged_at_the_evaluation_loaders_default_batch(tmp_path):
+    # a CPU run given --test-batch-size 64 of a default 200 (corpi's playground-mnist): 0.58 MiB saved
+    # per call at 64 is under the 1 MiB floor, 1.8 MiB at the batch the script evaluates with
+    from perfdoctor.facts.static import analyse_files
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text(
+        "import argparse\nfrom torch.utils.data import DataLoader\n"
+        "p = argparse.ArgumentParser()\np.add_argument('--test_batch_size', type=int, default=200)\n"
+        "args = p.parse_args()\ntest_loader = DataLoader(ds, batch_size=args.test_batch_size)\n"
+        "def evaluate(model, x):\n    model.eval()\n    out = model(x)\n    return out\n")
+    probes = _eval_grad(saved=(int(0.58 * (1 << 20)),) * 20)
+    probes["eval_grad"][0]["site"] = {"file": str(src / "train.py"), "line": 9, "code": "out = model(x)",
+                                      "function": "evaluate"}
+    probes["eval_grad"][0]["batch"] = [64] * 20
+
+    def judged(loader_batch):
+        r = load_run(make_run(tmp_path / f"run{loader_batch}", wall=lambda i: 20.0, probes=probes))
+        loader = r.facts.subject("dataloader", f"{src / 'train.py'}:6")
+        loader.add("dataloader.batch_size", loader_batch, "count", "run")
+        loader.add("dataloader.trains", False, "", "run")
+        analyse_files([src / "train.py"], r.facts)
+        return r.facts, judge(r.facts, RULES, user_files=[src / "train.py"])
+
+    facts, fs = judged(64)
+    (s,) = facts.of_kind("eval_grad")
+    assert s.facts["eval_grad.batch"].value == 64 and s.facts["eval_grad.default_batch"].value == 200
+    (f,) = [f for f in fs if f.rule == "PD019"]
+    assert "1.8 MiB" in f.title.replace("MB", "MiB") and "default batch of 200" in f.title
+    # the loader of another batch fed these calls: nothing says which default applies, judged as run
+    facts, fs = judged(32)
+    assert "eval_grad.default_batch" not in facts.of_kind("eval_grad")[0].facts
+    assert not [f for f in fs if f.rule == "PD019"]
+
+
 def test_eval_forward_seen_in_the_source_only(tmp_path):
     from perfdoctor.facts.model import Facts
     from perfdoctor.facts.static import analyse_files

@@ -103,7 +103,8 @@ class ForwardProbe:
                     clock.fwd += dt
                     clock.forwards += 1
                 if eg is not None:
-                    eg.done(dt, saved, len(clock.steps) + 1 if clock.kind is not None else 0)
+                    eg.done(dt, saved, len(clock.steps) + 1 if clock.kind is not None else 0,
+                            _batch(probe.torch.Tensor, args) if saved is not None else 0)
 
         self.patches.replace(Module, "__call__", __call__)
 
@@ -196,6 +197,18 @@ def _user_classes(mod: Any) -> list[str]:
     return sorted(out)
 
 
+def _batch(tensor: Any, args: tuple) -> int:
+    """The first dimension of a forward's first tensor argument (its batch), 0 where it has none: the
+    shape is read, nothing else."""
+    try:
+        for a in args:
+            if isinstance(a, tensor):
+                return int(a.shape[0]) if a.dim() else 0
+    except Exception:  # noqa: BLE001  (a tensor subclass without a shape: none)
+        pass
+    return 0
+
+
 class SavedTensors:
     """One forward's tensors saved for backward, counted as autograd packs them (pack returns the
     tensor with this counter, unpack hands the tensor back and notes that a backward used it): the
@@ -245,6 +258,7 @@ class EvalGrad:
         self.calls = 0
         self.by_step: dict[int, list[float]] = {}  # step -> [ms, calls]
         self.saved: list[SavedTensors] = []
+        self.batch: list[int] = []  # per measured call, its input's first dimension
 
     def measure(self) -> SavedTensors | None:
         if len(self.saved) >= self.MEASURED:
@@ -263,15 +277,17 @@ class EvalGrad:
             return None
         return SavedTensors()
 
-    def done(self, dt: float, saved: SavedTensors | None, step: int) -> None:
+    def done(self, dt: float, saved: SavedTensors | None, step: int, batch: int) -> None:
         self.calls += 1
         cur = self.by_step.setdefault(step, [0.0, 0])
         cur[0] += dt * 1e3
         cur[1] += 1
         if saved is not None:
             self.saved.append(saved)
+            self.batch.append(batch)
 
     def record(self) -> EvalGradRecord:
         return EvalGradRecord(site=self.site, module=self.module, calls=self.calls,
                               ms_by_step=[[i, round(ms, 4), n] for i, (ms, n) in sorted(self.by_step.items()) if i],
-                              saved_bytes=[s.bytes for s in self.saved], backward=sum(s.used for s in self.saved))
+                              saved_bytes=[s.bytes for s in self.saved], backward=sum(s.used for s in self.saved),
+                              batch=list(self.batch))

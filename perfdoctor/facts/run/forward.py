@@ -54,6 +54,10 @@ def eval_grad(ctx: RunContext) -> None:
                   detail=f"median over the first {n} calls of the tensors autograd saved for a backward "
                          "(activations and inputs; parameters not counted)")
             s.add("backward_share", r.backward / n, "ratio", detail=f"{r.backward} of {n} measured calls")
+            batches = [b for b in r.batch if b > 0]
+            if batches:
+                s.add("batch", int(statistics.median(batches)), "count",
+                      detail=f"the first dimension of the input, median over {len(batches)} measured calls")
 
 
 def model_classes(forward: list[ForwardRecord]) -> set[str] | None:

@@ -129,6 +129,8 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     if loader_draws and "dataloader" not in decided:
         with facts.family("the loops that drew the loaders' batches"):
             dataloader.drawn_moves(indexes, facts, loader_draws)
+    with facts.family("the evaluation's default batch"):
+        loader_model.eval_batch(facts)  # every file's loaders read: the one beside an evaluation may be in another
 
 
 def _same_file(a: Path, b: Path) -> bool:
