@@ -202,7 +202,18 @@ def test_worker_startup_measured_on_the_epoch_start_steps(tmp_path):
     (dl,) = r.facts.of_kind("dataloader")
     assert dl.facts["dataloader.startup_ms"].value == pytest.approx(200.0)
     (finding,) = fs
-    assert finding.ms_per_step == pytest.approx(200.0 * 4 / 40)
+    assert finding.ms_per_step == pytest.approx(200.0 / 8)  # one restart every 8 training steps
+
+
+def test_worker_startup_per_pass_counts_the_steps_between_passes(tmp_path):
+    # passes of 32 steps, the run cut short 8 steps into the second (playground-mnist, corpi): the run's
+    # 40 steps over its 2 passes made a pass 20 steps, each restart dearer; a pass is 32 steps
+    probes = _loader(first=(400.0, 300.0))
+    probes["dataloaders"][0]["first_batch_step"] = [1, 33]
+    r, _ = findings(make_run(tmp_path, wall=lambda i: 240.0 if i == 33 else 40.0, probes=probes))
+    (dl,) = r.facts.of_kind("dataloader")
+    assert dl.facts["dataloader.steps_per_pass"].value == 32
+    assert dl.facts["dataloader.startup_ms_per_step"].value == pytest.approx(200.0 / 32)
 
 
 def test_worker_startup_of_an_evaluation_loader_is_per_training_step(tmp_path):

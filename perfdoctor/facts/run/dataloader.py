@@ -164,9 +164,19 @@ def worker_startup(ctx: RunContext) -> None:
             detail = f"median time to the first batch of epochs 2..{len(first)} less the median steady wait"
         s.add("startup_ms", startup, "ms", detail=detail, per_step=tuple(extra))
         # per training step of the run, not per batch of this loader: an evaluation loader of 10 batches
-        # restarted once per 1000-step epoch costs a training step startup_ms / 1000, not / 10
+        # restarted once per 1000-step epoch costs a training step startup_ms / 1000, not / 10. A pass is
+        # the training steps between two passes' first batches (the last pass of a run cut short is only
+        # partly watched: the run's steps over its passes would make passes too short and each restart
+        # dearer); where those steps are not known, the run's steps over its passes
+        starts = dl.first_batch_step
+        gaps = [b - a for a, b in zip(starts, starts[1:]) if b > a] if len(starts) == len(first) else []
         steps = len(ctx.run_steps)
-        if steps:
+        if gaps:
+            per_pass = statistics.median(gaps)
+            s.add("steps_per_pass", per_pass, "count",
+                  detail=f"median training steps between the first batches of {len(starts)} passes over this loader")
+            s.add("startup_ms_per_step", startup / per_pass, "ms", detail="startup_ms, once every steps_per_pass training steps")
+        elif steps:
             s.add("steps_per_pass", steps / len(first), "count",
                   detail=f"{steps} training steps over {len(first)} passes over this loader")
             s.add("startup_ms_per_step", startup * (len(first) - 1) / steps, "ms",
