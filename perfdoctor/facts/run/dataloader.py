@@ -168,13 +168,13 @@ def worker_startup(ctx: RunContext) -> None:
         # the training steps between two passes' first batches (the last pass of a run cut short is only
         # partly watched: the run's steps over its passes would make passes too short and each restart
         # dearer); where those steps are not known, the run's steps over its passes
-        starts = dl.first_batch_step
-        gaps = [b - a for a, b in zip(starts, starts[1:]) if b > a] if len(starts) == len(first) else []
+        firsts = dl.first_batch_step
+        gaps = [b - a for a, b in zip(firsts, firsts[1:]) if b > a] if len(firsts) == len(first) else []
         steps = len(ctx.run_steps)
         if gaps:
             per_pass = statistics.median(gaps)
             s.add("steps_per_pass", per_pass, "count",
-                  detail=f"median training steps between the first batches of {len(starts)} passes over this loader")
+                  detail=f"median training steps between the first batches of {len(firsts)} passes over this loader")
             s.add("startup_ms_per_step", startup / per_pass, "ms", detail="startup_ms, once every steps_per_pass training steps")
         elif steps:
             s.add("steps_per_pass", steps / len(first), "count",
