@@ -109,3 +109,27 @@ def test_arbitrary_text_never_escapes(src):
     except (Missing, RuleError):
         return
     assert isinstance(value, (int, float, str, bool, tuple))
+
+
+def test_the_time_limit_is_cpu_time_not_the_wait_of_a_busy_machine():
+    """A rule's expression that runs away is stopped after MAX_EVAL_S of CPU time; a thread kept off
+    the CPU for longer by other processes (here: a lookup that sleeps) is not stopped: under load a
+    wall-clock limit failed the whole report ('rule PD002: ... evaluation took over 0.25 s')."""
+    import time
+
+    from perfdoctor.rules.expr import MAX_EVAL_S, evaluate
+
+    def slow(name: str) -> float:
+        time.sleep(MAX_EVAL_S * 1.5)
+        return 1.0
+
+    assert evaluate("a + b", slow) == 2.0
+
+    def busy(name: str) -> float:
+        end = time.thread_time() + MAX_EVAL_S * 1.5
+        while time.thread_time() < end:
+            pass
+        return 1.0
+
+    with pytest.raises(RuleError, match="took over"):
+        evaluate("a + b", busy)
