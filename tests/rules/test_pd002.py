@@ -156,13 +156,12 @@ def test_pd002_cpu_bound_counts_the_receipt():
 
 def test_pd002_cpu_bound_leaves_the_cpus_other_processes_keep():
     # 2 CPUs and a loading wait of 8 ms in a 20 ms step, the tree busy 20 ms: on a quiet machine two
-    # workers save all 8 ms (20 - 20 / 2 = 10 is no bound). Other processes busy on the machine take
-    # their share: the tree gets the CPUs they leave or, where they compete, its fair share among the
-    # runnable threads (the training thread and 2 workers against the others' busy CPUs). ignite-mnist
-    # beside another process: the workers saved nothing, or made the step slower (docs/verify.md)
-    def run(others: float | None, tree: float = 20.0) -> Facts:
+    # workers save all 8 ms (20 - 20 / 2 = 10 is no bound). Where another process kept one CPU busy all
+    # along, the tree has the other one only: the step cannot fall below 20 ms, nothing is saved and the
+    # finding is minor (ignite-mnist under load: the workers made the step 4-6 ms slower, docs/verify.md)
+    def run(others: float | None) -> Facts:
         f = cpu_run(step_ms=20.0, cpus=2)
-        f.add("cpu.tree_ms", tree, "ms", "run")
+        f.add("cpu.tree_ms", 20.0, "ms", "run")
         if others is not None:
             f.add("host.others_cpus", others, "number", "run")
         loader(f, workers=0, wait_ms=8.0)
@@ -170,16 +169,13 @@ def test_pd002_cpu_bound_leaves_the_cpus_other_processes_keep():
 
     (quiet,) = judge(run(0.0), PD002)
     assert quiet.ms_per_step == pytest.approx(8.0)
-    (light,) = judge(run(0.5), PD002)  # 1.5 CPUs left, 1.71 its fair share: 20 - 20 / 1.71 = 8.3, no bound
-    assert light.ms_per_step == pytest.approx(8.0)
-    (one,) = judge(run(1.0), PD002)  # one CPU busy all along: 3 threads of 4 get 1.5 CPUs
-    assert one.ms_per_step == pytest.approx(20 - 20 / 1.5)
-    assert {e.name: e.value for e in one.evidence}["host.others_cpus"] == 1.0
-    (full,) = judge(run(2.0), PD002)  # both busy: 3 of 5 threads, 1.2 CPUs
-    assert full.ms_per_step == pytest.approx(20 - 20 / 1.2)
-    # a tree already using 1.5 CPUs (intra-op threads) beside a busy machine: nothing to gain, minor
-    (saturated,) = judge(run(2.0, tree=30.0), PD002)
-    assert saturated.ms_per_step == 0.0 and saturated.severity == "low"
+    (half,) = judge(run(0.5), PD002)  # 1.5 CPUs left: 20 - 20 / 1.5 = 6.7 ms at most
+    assert half.ms_per_step == pytest.approx(20 - 20 / 1.5)
+    (busy,) = judge(run(1.0), PD002)
+    assert busy.ms_per_step == 0.0 and busy.severity == "low"
+    assert {e.name: e.value for e in busy.evidence}["host.others_cpus"] == 1.0
+    (over,) = judge(run(1.7), PD002)  # never fewer CPUs than the tree had: 1 of them
+    assert over.ms_per_step == 0.0
 
 
 def test_pd002_projection_keeps_the_receipt():
