@@ -778,6 +778,12 @@ def test_dataloader_drawn_by_a_loop_of_another_file_that_moves_it_to_cuda(tmp_pa
     got = by_line(facts, "dataloader")[4]
     assert got["feeds_cuda"] is True and got["non_blocking"] is False
     assert got["pin_memory_on_cuda"] is False
+    # the run saw the loader pin its batches (a config file's "pin_memory": true, the PD002 config
+    # sample): no file sets it apart for CUDA, so the CUDA path pins too
+    seen = Facts()
+    seen.subject("dataloader", key).add("dataloader.pin_memory", True, "", "run")
+    analyse_files([helper, train], seen, loader_draws={key: [(str(train), 6)]})
+    assert by_line(seen, "dataloader")[4]["pin_memory_on_cuda"] is True
     # without the run's draw sites nothing links them; a draw at a line whose loop moves nothing says nothing
     for draws in (None, {key: [(str(train), 3)]}):
         other = Facts()

@@ -366,14 +366,17 @@ def drawn_moves(indexes: list[SourceIndex], facts: Facts, draws: dict[str, list[
     to CUDA (`input.cuda()` under `if torch.cuda.is_available():`, which a CPU run never executes)
     makes the loader `feeds_cuda`.
 
-    And where no user file names `pin_memory` at all, every loader has torch's default (False) on the
-    CUDA path too: a loader built with `**kwargs`, whose CUDA-path value the source cannot otherwise
-    say, gets `pin_memory_on_cuda` False."""
+    And where no user file names `pin_memory` at all, no code sets it apart for the CUDA path: a loader
+    built with `**kwargs`, whose CUDA-path value the source cannot otherwise say, gets `pin_memory_on_cuda`
+    as the run saw it (a config file's value: the PD002 config sample's `"pin_memory": true`), else
+    torch's default (False)."""
     by_file = {os.path.realpath(index.file): index for index in indexes}
     pin_named = any("pin_memory" in line for index in indexes for line in index.lines)
     for s in facts.of_kind("dataloader"):
         if not pin_named and "dataloader.pin_memory_on_cuda" not in s.facts and s.key in draws:
-            put(s, "pin_memory_on_cuda", False)
+            # no file can set it apart for CUDA: the value the run saw (a config file's), else torch's default
+            ran = s.facts.get("dataloader.pin_memory")
+            put(s, "pin_memory_on_cuda", bool(ran.value) if ran is not None and ran.source == "run" else False)
         if "dataloader.feeds_cuda" in s.facts:
             continue
         moves: list[tuple[ast.Call, ast.AST]] = []
