@@ -85,7 +85,7 @@ class Trace:
     nbytes: array = field(default_factory=lambda: array("q"))  # memcpy/memset bytes, memory event bytes
 
     # Sparse per-event args, keyed by event index (only the events that carry them).
-    shapes: dict[int, tuple[bytes, bytes, bytes]] = field(default_factory=dict)  # raw JSON: see shape(), strides()
+    shapes: dict[int, tuple[bytes, bytes, bytes]] = field(default_factory=dict)  # raw JSON (types, dims, strides): see shape(), sparse_operand()
     call_stack: dict[int, int] = field(default_factory=dict)  # legacy "Call stack" (string index)
     # autograd's sequence number of an operator (sparse): a forward op and the backward node
     # (`autograd::engine::evaluate_function: ...`) made from it share it
