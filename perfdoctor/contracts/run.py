@@ -291,6 +291,7 @@ class ConvGroup(Struct, kw_only=True):
     dims: int = 2  # spatial dimensions
     count: int = 0
     bias: int = 0  # of them, built with a bias
+    pointwise: int = 0  # of them, with a kernel of one element (1x1): a matmul, whatever cuDNN algorithm runs it
     params: int = 0
     in_channels: int = 0  # the smallest input channel count among them
     weights_channels_last: int = 0  # 4-D weights in torch.channels_last (strictly: not also NCHW-contiguous)

@@ -97,6 +97,9 @@ def test_forward_dataflow_pairs_only_a_biased_conv_into_an_affine_bn(probes):
         g = by_line[_line(_Block.__init__, text)]
         assert (g.bias_into_norm, g.norm) == (0, None)
     assert by_line[_line(_Block.__init__, "self.nobias = ")].bias == 0
+    # the 1x1 ones are pointwise (a matmul: PD016's search has nothing to choose), the 3x3 one is not
+    assert [by_line[_line(_Block.__init__, t)].pointwise for t in ("self.conv = ", "self.plain = ", "self.nobias = ")] \
+        == [0, 1, 1]
 
 
 LIBRARY = '''
@@ -203,12 +206,14 @@ def test_run_facts_count_every_conv_and_pair_conv_bias_at_the_building_line():
     from perfdoctor.facts.run.context import RunContext
 
     lib = _group(21, direct=False, count=4, bias=0, fed=0)
+    lib.pointwise = 1  # a downsampling 1x1 beside three 3x3
     ctx = RunContext(probes=Probes(forward=[_tree_record([_group(16)]), _tree_record([lib], module="ResNet")]))
     modules.add(ctx)
     nets = {s.key: s for s in ctx.facts.subjects["conv_net"]}
     vgg, resnet = nets["/p/models.py:16"], nets["/p/models.py:21"]
     assert (vgg.facts["conv_net.convs"].value, vgg.facts["conv_net.model"].value, vgg.facts["conv_net.dims"].value) == (8, "VGG", 2)
     assert resnet.facts["conv_net.convs"].value == 4 and resnet.facts["conv_net.convs"].source == "run"
+    assert (vgg.facts["conv_net.spatial_convs"].value, resnet.facts["conv_net.spatial_convs"].value) == (8, 3)
     (cb,) = ctx.facts.subjects["conv_bias"]  # the library's layers are not the user's to change
     assert cb.key == "/p/models.py:16" and (cb.facts["conv_bias.count"].value, cb.facts["conv_bias.norm"].value) == (8, "BatchNorm2d")
     assert ctx.facts.value("layout.channels_last") is False

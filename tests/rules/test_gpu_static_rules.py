@@ -88,13 +88,37 @@ model = nn.Sequential(
 
 def test_pd016_static_on_a_cpu_run_with_the_fix(tmp_path):
     facts, path = analyse(tmp_path, CONV_NET, machine(Facts()))
-    assert lines(facts, "conv_net") == {6: {"layer": "nn.Conv2d", "dims": 2, "convs": 2}}
+    assert lines(facts, "conv_net") == {6: {"layer": "nn.Conv2d", "dims": 2, "convs": 2, "spatial_convs": 2}}
     assert "cudnn.benchmark" not in facts
     [f] = findings(facts, tmp_path, "PD016")
     assert f.ms_per_step is None and "GPU" in f.saving_basis  # GPU-only: no invented number
     assert f.locations[0].line == 6 and f.confidence == "medium"
     assert f.fix is not None and not f.fix.example
     assert f.fix.after.startswith("torch.backends.cudnn.benchmark = True\nmodel = nn.Sequential(")
+
+
+POINTWISE = """\
+ffn = nn.Sequential(
+    nn.Conv1d(64, 64, kernel_size=1), nn.ReLU(),
+    nn.Conv1d(64, 64, 1), nn.Dropout(0.1),
+).to(device)
+"""
+
+
+def test_pd016_quiet_where_every_convolution_is_pointwise(tmp_path):
+    """SASRec's position-wise feed-forward as two Conv1d(kernel_size=1): a 1x1 convolution is a matmul,
+    with no algorithm for cuDNN's search to choose. One 3-wide kernel beside them is a conv net again."""
+    facts, _ = analyse(tmp_path, POINTWISE, machine(Facts()))
+    assert lines(facts, "conv_net") == {6: {"layer": "nn.Conv1d", "dims": 1, "convs": 2, "spatial_convs": 0}}
+    assert findings(facts, tmp_path, "PD016") == []
+    facts, _ = analyse(tmp_path, POINTWISE.replace("nn.Conv1d(64, 64, 1)", "nn.Conv1d(64, 64, (3,), padding=1)"),
+                       machine(Facts()))
+    assert len(findings(facts, tmp_path, "PD016")) == 1
+    # the run's module tree decides where it read one: its count of convolutions with a larger kernel
+    facts, _ = analyse(tmp_path, CONV_NET, machine(Facts()))
+    (net,) = facts.of_kind("conv_net")
+    net.add("spatial_convs", 0, "count", "run")
+    assert findings(facts, tmp_path, "PD016") == []
 
 
 def test_pd016_is_one_finding_for_the_process(tmp_path):

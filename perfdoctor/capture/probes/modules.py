@@ -104,6 +104,7 @@ class ModuleProbe:
                                                 in_channels=int(getattr(m, "in_channels", 0) or 0))
                 g.count += 1
                 g.bias += getattr(m, "bias", None) is not None
+                g.pointwise += all(k == 1 for k in getattr(m, "kernel_size", (0,)))
                 g.in_channels = min(g.in_channels, int(getattr(m, "in_channels", 0) or 0))
                 g.params += _numel(m)
                 g.weights_channels_last += self._channels_last(getattr(m, "weight", None))

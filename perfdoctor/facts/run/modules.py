@@ -55,6 +55,8 @@ def _conv_net(ctx: RunContext, f: ForwardRecord, t: ModuleTree) -> None:
     s.add("layer", t.convs[0].layer, detail=f"the first convolution of {f.module}, built at {where}")
     s.add("dims", max(g.dims for g in t.convs), "count")
     s.add("convs", n, "count", detail=f"convolution modules in {f.module}'s tree, as the run called it")
+    s.add("spatial_convs", n - sum(g.pointwise for g in t.convs), "count",
+          detail="of them, with a kernel of more than one element (not 1x1)")
     s.add("model", f.module)
     s.add("conv_params", sum(g.params for g in t.convs), "count")
     s.add("min_in_channels", min(g.in_channels for g in t.convs), "count")
