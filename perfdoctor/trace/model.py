@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import add
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -60,6 +60,25 @@ def gc_paused():
             gc.enable()
 
 
+class Operands(NamedTuple):
+    """An op's recorded operands: their types and dims (parsed), their strides (raw JSON, parsed on demand)."""
+    types: list
+    dims: list
+    strides_json: bytes
+
+    @property
+    def sparse(self) -> bool:
+        """Whether an operand is a sparse tensor (COO, CSR): torch.profiler records a tensor's dims and,
+        for a strided one, its strides; a sparse tensor has dims and no strides ([]). False where the
+        trace has no "Input Strides" (older profilers) or the shapes were not kept."""
+        if not self.strides_json or not self.dims:
+            return False
+        strides = _json_value(self.strides_json)
+        if not isinstance(strides, list):
+            return False
+        return any(isinstance(d, list) and d and k < len(strides) and strides[k] == [] for k, d in enumerate(self.dims))
+
+
 @dataclass
 class Trace:
     """One trace file (one rank). Per-event columns are parallel arrays indexed by event number."""
@@ -85,7 +104,7 @@ class Trace:
     nbytes: array = field(default_factory=lambda: array("q"))  # memcpy/memset bytes, memory event bytes
 
     # Sparse per-event args, keyed by event index (only the events that carry them).
-    shapes: dict[int, tuple[bytes, bytes, bytes]] = field(default_factory=dict)  # raw JSON (types, dims, strides): see shape(), sparse_operand()
+    shapes: dict[int, tuple[bytes, bytes, bytes]] = field(default_factory=dict)  # raw JSON (types, dims, strides): see shape()
     call_stack: dict[int, int] = field(default_factory=dict)  # legacy "Call stack" (string index)
     # autograd's sequence number of an operator (sparse): a forward op and the backward node
     # (`autograd::engine::evaluate_function: ...`) made from it share it
@@ -110,26 +129,14 @@ class Trace:
     def track_of(self, i: int) -> str:
         return self.strings[self.track[i]]
 
-    def shape(self, i: int) -> tuple[list, list]:
-        """(Input type, Input Dims) of event i, for the ops whose shapes the loader kept (matmuls,
-        convs, collectives; see loader._SHAPE_WORDS); ([], []) for the others."""
+    def shape(self, i: int) -> Operands:
+        """The operands of event i (Input type, Input Dims, the raw Input Strides), for the ops whose
+        shapes the loader kept (matmuls, convs, collectives; see loader._SHAPE_WORDS); empty for the others."""
         raw = self.shapes.get(i)
         if raw is None:
-            return [], []
+            return Operands([], [], b"")
         types, dims = (_json_value(b) for b in raw[:2])
-        return (types if isinstance(types, list) else []), (dims if isinstance(dims, list) else [])
-
-    def sparse_operand(self, i: int) -> bool:
-        """Whether an operand of event i is a sparse tensor (COO, CSR): torch.profiler records a tensor's
-        dims and, for a strided one, its strides; a sparse tensor has dims and no strides ([]). False
-        where the trace has no "Input Strides" (older profilers) or the shapes were not kept."""
-        raw = self.shapes.get(i)
-        if raw is None or not raw[2]:
-            return False
-        dims, strides = _json_value(raw[1]), _json_value(raw[2])
-        if not isinstance(dims, list) or not isinstance(strides, list):
-            return False
-        return any(isinstance(d, list) and d and k < len(strides) and strides[k] == [] for k, d in enumerate(dims))
+        return Operands(types if isinstance(types, list) else [], dims if isinstance(dims, list) else [], raw[2])
 
     def indices(self, *kinds: int) -> list[int]:
         """Indices of the events of these kinds, in file order. One pass over the trace files the

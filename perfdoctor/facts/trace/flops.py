@@ -123,9 +123,10 @@ def _count(ctx: TraceContext) -> tuple[float, float] | None:
         if spec is None and nm != _CONV_BACKWARD:
             convs += nm == _CONV
             continue
-        if t.sparse_operand(i):
+        ops = t.shape(i)
+        if ops.sparse:
             continue  # a sparse operand (torch.sparse.mm's adjacency): not the dense product's FLOPs
-        types, dims = t.shape(i)
+        types, dims = ops.types, ops.dims
         try:
             flops = 3 * _conv_backward(dims) if spec is None else spec[0](dims[spec[1]:])
         except (IndexError, TypeError):
