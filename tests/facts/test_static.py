@@ -1849,6 +1849,42 @@ def test_a_loaders_default_batch_from_the_option_it_reads(tmp_path):
     assert got == {2: 128, 4: 128, 5: None, 6: None, 7: None}
 
 
+def test_a_loaders_default_batch_through_the_parameter_its_callers_fill(tmp_path):
+    """playground-mnist: dataset.py's `get(batch_size, ...)` builds the loaders with
+    `batch_size=batch_size`; train.py calls `dataset.get(batch_size=args.batch_size)`, whose option
+    defaults to 200. A helper whose callers pass different options, or pass nothing, has no one
+    default; a name bound in the helper is what it is bound to, as before."""
+    data = tmp_path / "dataset.py"
+    data.write_text(textwrap.dedent("""\
+        import torch
+        def get(batch_size, data_root='/tmp', train=True, **kwargs):
+            train_loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, shuffle=True, **kwargs)
+            return train_loader
+        def get_eval(bs):
+            return torch.utils.data.DataLoader(ds, batch_size=bs)
+        def get_other(batch_size):
+            return torch.utils.data.DataLoader(ds, batch_size=batch_size)
+        """))
+    train = tmp_path / "train.py"
+    train.write_text(textwrap.dedent("""\
+        import argparse
+        import dataset
+        from dataset import get_eval
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--batch_size', type=int, default=200)
+        parser.add_argument('--test_batch', type=int, default=1000)
+        args = parser.parse_args()
+        train_loader = dataset.get(batch_size=args.batch_size, data_root='x', num_workers=1)
+        test_loader = get_eval(args.test_batch)
+        a = dataset.get_other(args.batch_size)
+        b = dataset.get_other(args.test_batch)
+        """))
+    facts = Facts()
+    analyse_files([data, train], facts)
+    got = {line: v.get("default_batch_size") for line, v in by_line(facts, "dataloader").items()}
+    assert got == {3: 200, 6: 1000, 8: None}
+
+
 def test_host_reads_of_tensors_the_step_made_on_the_host_before_moving_them(tmp_path):
     """ncrfpp-lstmcrf: batchify builds the lengths with torch.LongTensor(...) and reads them (`.max()
     .item()`, `seqlen.item()` over `zip(..., lengths)`) before `if gpu: lengths = lengths.cuda()`:

@@ -80,7 +80,7 @@ def _dataloader(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
             put(s, name, default, "count" if typ is int else "")
     if _follows_cpus(index, given.get("num_workers")):
         put(s, "workers_follow_cpus", True)
-    default_batch = _default_batch(index, given.get("batch_size"))
+    default_batch = _default_batch(index, given.get("batch_size"), call)
     if default_batch is not None:
         put(s, "default_batch_size", default_batch, "count")
     on_cuda = pin_memory_on_cuda(index, call)
@@ -128,14 +128,51 @@ def _follows_cpus(index: SourceIndex, given: ast.expr | None) -> bool:
                for v in values for n in ast.walk(v))
 
 
-def _default_batch(index: SourceIndex, given: ast.expr | None) -> int | None:
+def _default_batch(index: SourceIndex, given: ast.expr | None, call: ast.Call) -> int | None:
     """The batch size a loader gets unless the user changes it, where it reads a user's option: the
     literal default of the argparse option it reads (`batch_size=args.batch_size`, `self.args.batch_size`, or a name bound
-    to one), in this file or where the project parses its arguments."""
+    to one), in this file or where the project parses its arguments; or, for a parameter of the function
+    that builds the loader, the option every caller fills it from, in this file or the project's others
+    (`def get(batch_size, ...)` in dataset.py, `dataset.get(batch_size=args.batch_size)` in train.py)."""
+    values: list[ast.expr | None] = [given]
     if isinstance(given, ast.Name):
-        given = first_value(index, given)
-    value = option_default(index, given.attr) if isinstance(given, ast.Attribute) else None
+        bound = first_value(index, given)
+        values = [bound] if bound is not None else _arguments(index, given.id, call)
+    defaults = {option_default(index, v.attr) if isinstance(v, ast.Attribute) else None for v in values}
+    if len(defaults) != 1:
+        return None
+    (value,) = defaults
     return value if type(value) is int and value > 0 else None
+
+
+def _arguments(index: SourceIndex, param: str, call: ast.Call) -> list[ast.expr | None]:
+    """What the callers of the function around `call` pass for its parameter `param`: this file's calls
+    of it, and the project's other files' calls of `<this module>.name(...)` or of the name they import
+    (`Loops.peers`); [] where the function has no such parameter or no caller passes it."""
+    scope, _ = index.context(call)
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return []
+    params = [a.arg for a in (*scope.args.posonlyargs, *scope.args.args)]
+    if param not in params and param not in [a.arg for a in scope.args.kwonlyargs]:
+        return []
+    module = os.path.splitext(os.path.basename(index.file))[0]
+    calls = list(index.callers(scope.name))
+    for peer in getattr(getattr(index, "loops", None), "peers", ()):
+        calls += [c for c in peer.syntax.calls_named(scope.name)
+                  if isinstance(c.func, ast.Name) and peer.syntax.qual(c.func) is not None
+                  and peer.syntax.qual(c.func).rsplit(".", 1)[0].endswith(module)
+                  or isinstance(c.func, ast.Attribute) and dotted(c.func.value) is not None
+                  and str(dotted(c.func.value)).rsplit(".", 1)[-1] == module]
+    out: list[ast.expr | None] = []
+    for c in calls:
+        if any(isinstance(a, ast.Starred) for a in c.args) or has_star_kwargs(c):
+            return []  # what it passes cannot be told
+        v = kwarg(c, param)
+        if v is None and param in params:
+            i = params.index(param) - (1 if params and params[0] in ("self", "cls") else 0)
+            v = c.args[i] if 0 <= i < len(c.args) else None
+        out.append(v)
+    return out
 
 
 def _eval_named(names: list[LoaderName]) -> bool:
