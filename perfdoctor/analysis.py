@@ -115,7 +115,8 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
     analyse_files(user_files, facts, data.model_classes, data.decided, data.step_chain,
                   script=Path(script) if isinstance(script, str) and script else None,
                   factory_lines=data.factory_lines, functions_called=data.functions_called,
-                  move_lines=data.move_lines, loader_draws=data.loader_draws)
+                  move_lines=data.move_lines, loader_draws=data.loader_draws,
+                  function_shares=data.function_shares)
     trace_summary: SummaryDoc | None = None
     dropped: dict[str, int] = {}
     if data.trace_path is not None and Path(data.trace_path).is_file():

@@ -219,6 +219,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("feeds_cuda", "bool", "run/static", "its batches are moved to a CUDA device (absent, never False, "
                                                "in a static read without a move)"),
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),
+        ("source", "str", "static", "no DataLoader: the batch source of the user's the training loop draws from on the "
+                                    "training thread (a generator, an iterator's __next__; facts/static/batch_source.py)"),
         ("trains", "bool", "run/static", "its batches reach the training step (a run: moved to a device on at least "
                                          "half the watched steps); a static read: a loop over its batches takes a "
                                          "training step, False where none does while another loop of the file does, "

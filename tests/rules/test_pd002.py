@@ -185,3 +185,19 @@ def test_pd002_projection_keeps_the_receipt():
     f.of_kind("dataloader")[0].add("receipt_ms", 0.8, "ms")
     (finding,) = judge(f, PD002)
     assert finding.ms_per_step == pytest.approx(4.2)
+
+
+def test_pd002_on_a_batch_source_of_the_user_s_advises_a_dataloader_and_saves_alike():
+    """A generator the training loop draws from (dataloader.source, facts/static/batch_source.py): the
+    same wait model and saving as a num_workers=0 DataLoader's, the advice to wrap it in one."""
+    f = cpu_run(step_ms=20.0, cpus=4)
+    s = loader(f, workers=0, wait_ms=8.0)
+    plain = judge(f, RULES)
+    s.add("source", "Corpus.batches(), a generator of the script's on the training thread", "", "static")
+    (finding,) = judge(f, RULES)
+    assert finding.rule == "PD002" and finding.ms_per_step == pytest.approx(plain[0].ms_per_step)
+    assert finding.message.startswith("Batches come from Corpus.batches()")
+    assert "DataLoader over an IterableDataset" in finding.message and "num_workers=4" in finding.message
+    cheap = cpu_run(step_ms=20.0, cpus=4)
+    loader(cheap, workers=0, wait_ms=1.0).add("source", "g(), a generator", "", "static")  # 5 % of the step
+    assert "PD002" not in ids(judge(cheap, RULES))

@@ -77,6 +77,10 @@ class RunData:
     # per user file (its real path), the first lines of the functions cProfile saw called in the
     # window's profiled steps; None where the run cannot say (`hotspots.functions_called`)
     functions_called: dict[str, frozenset[int]] | None = None
+    # per user file (its real path), per function's first line: (its cumulative time's share of the
+    # profiled steps' wall time, its calls per profiled step); None where the run cannot say
+    # (`hotspots.function_shares`)
+    function_shares: dict[str, dict[int, tuple[float, float]]] | None = None
     # per DataLoader subject key ("<file>:<line>" of its judged site), the user lines (file, line) that
     # drew an epoch's first batch from it: the loops over it, in whatever file (`dataloader.draw_sites`)
     loader_draws: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
@@ -97,6 +101,7 @@ def load_run(run_dir: Path) -> RunData:
                    factory_lines=host_tensors.factory_lines(ctx.probes),
                    move_lines=host_tensors.move_lines(ctx.probes),
                    functions_called=hotspots.functions_called(ctx),
+                   function_shares=hotspots.function_shares(ctx),
                    loader_draws=dataloader.draw_sites(ctx.probes))
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 
-from perfdoctor.contracts.run import Env, Probes
+from perfdoctor.contracts.run import Probes
 from perfdoctor.facts.model import Facts, Subject, also_at, site_subject
 from perfdoctor.facts.run.context import RunContext
 
@@ -76,7 +76,7 @@ def add(ctx: RunContext) -> None:
             steps = len(ctx.run_steps)
             _receipt(s, dl.batch_tensors, dl.batch_bytes, dl.batches / steps if steps and dl.batches else 1.0)
         if ws and dl.batches and kw.num_workers == 0 and median is not None:
-            _project_to_gpu(facts, s, statistics.fmean(ws), median, env)
+            project_to_gpu(facts, s, statistics.fmean(ws), median, env.device)
         if env.device == "cuda":
             s.add("feeds_cuda", dl.to_cuda, detail="a batch was moved to a CUDA device")
             s.add("non_blocking", dl.non_blocking)
@@ -108,13 +108,15 @@ def _receipt(s: Subject, tensors: int, nbytes: int, per_step: float) -> None:
                  f"{mb:.2f} MB) per batch x {per_step:.2f} batches per step; {RECEIPT_BASIS}")
 
 
-def _project_to_gpu(facts: Facts, s: Subject, load: float, step: float, env: Env) -> None:
-    """A loader with num_workers=0: the loop's wait in its __next__ is the cost of loading the batch
-    (`load_ms`, the mean: every step pays it). On a CPU run, what a GPU would see: the step's
-    compute (the step less that loading) divided by GPU_SPEEDUP, and the share of such a GPU step
-    the loading would take (PD002 judges it for scripts that target CUDA)."""
-    s.add("load_ms", load, "ms", detail="mean wait in DataLoader __next__ with num_workers=0 over the steady steps")
-    if env.device != "cpu":
+def project_to_gpu(facts: Facts, s: Subject, load: float, step: float, device: str | None,
+                   basis: str = "mean wait in DataLoader __next__ with num_workers=0 over the steady steps") -> None:
+    """A loader with num_workers=0 (or a batch source of the user's on the training thread,
+    `facts.static.batch_source`): the loop's wait for it is the cost of loading the batch (`load_ms`,
+    the mean: every step pays it; `basis` says how it was measured). On a CPU run, what a GPU would
+    see: the step's compute (the step less that loading) divided by GPU_SPEEDUP, and the share of such
+    a GPU step the loading would take (PD002 judges it for scripts that target CUDA)."""
+    s.add("load_ms", load, "ms", detail=basis)
+    if device != "cpu":
         return
     gpu = max(0.0, step - load) / GPU_SPEEDUP
     facts.add("step.gpu_speedup", GPU_SPEEDUP, "number", detail=GPU_SPEEDUP_BASIS)

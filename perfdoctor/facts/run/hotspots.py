@@ -45,6 +45,27 @@ def functions_called(ctx: RunContext) -> dict[str, frozenset[int]] | None:
     return {f: frozenset(v) for f, v in out.items()}
 
 
+def function_shares(ctx: RunContext) -> dict[str, dict[int, tuple[float, float]]] | None:
+    """Per user file (its real path), per function's first line: (its cumulative time's share of the
+    profiled steps' wall time, its calls per profiled step), from cProfile. A generator's every resume
+    is a call, so a generator the training loop draws its batches from has its batch making as its
+    cumulative time, and about one call per step. The share, not the milliseconds: cProfile slows
+    Python code, so its times are the profiled steps' (read against their wall time, in steps.json),
+    not a steady step's. None where the run cannot say (`functions_called`'s cases, or no wall time
+    for the profiled steps)."""
+    h, window = ctx.hotspot_file, ctx.window
+    if functions_called(ctx) is None or window is None or window.skip is None:
+        return None
+    first, last = window.skip + 1, window.skip + h.steps
+    wall_ms = sum(s.wall_ms for s in ctx.run_steps if first <= s.i <= last)
+    if wall_ms <= 0:
+        return None
+    out: dict[str, dict[int, tuple[float, float]]] = {}
+    for f in h.functions:
+        out.setdefault(os.path.realpath(f.file), {})[f.line] = (f.cumtime_s * 1e3 / wall_ms, f.ncalls / h.steps)
+    return out
+
+
 def _function_spans(file: str) -> list[tuple[int, int, int]]:
     """(def line, first body line, end line) of every function in `file` (a user file the run names:
     contracts.source reads it), outer ones first."""

@@ -1,0 +1,213 @@
+"""A plain Python batch source on the training thread (PD002): no DataLoader, the training loop draws
+its batches from a generator of the user's (`for batch in dataset.batches(): ...`,
+`batch = next(train_gen)`) or from an object of a user class whose `__iter__` is a generator or
+whose `__next__` makes the batch (`for batch in SentPairDataLoader(...)`). Every step waits while it
+reads, tokenises and fills tensors; a DataLoader with workers over the same code (an IterableDataset)
+would make the next batches while the model computes.
+
+Decided from what the run observed, tied to the source by the static read:
+- the source: a function of the user's files that is a generator (a `yield` in its own body) or a
+  `__next__` method, that cProfile saw called at least `MIN_CALLS_PER_STEP` times per profiled step
+  (a generator's every resume is a call, its cumulative time is the batch making the step waited
+  for), that turns host data into tensors (a torch call in it or in the functions of its file it
+  calls, or the run's factory lines there: the factory probe leaves out `torch.tensor(data)`): the
+  step's input is host data turned into tensors, not a rollout that steps an environment (`Loops.in_rollout`: the
+  algorithm's own work, which a DataLoader cannot take over);
+- the draw: a `for` loop whose own body takes the training step (not an epoch loop) over the source,
+  or a `next(source)` in such a step; what the loop iterates is followed to the call that made it
+  (through `enumerate` / `iter` / `tqdm`, assignments, and the arguments a function's or a class's
+  callers pass for its parameter, across the user's files): a call of the generator function, or a
+  construction of the class. A draw the run saw take a DataLoader's batches (`loader_draws`), or a
+  source that draws them itself, is that loader's wait, measured by the DataLoader probe already.
+
+The subject is a `dataloader` at the call that made the source (the draw and the source's own
+function are further locations) with `num_workers` 0, `source` (what it is, for PD002's message),
+`trains`, and the wait: the source's cumulative time's share of the profiled steps' wall time
+(`wait_fraction`; cProfile slows Python code, so its milliseconds are not a steady step's) times
+the median steady step (`wait_ms`), and, on a CPU run, the GPU projection PD002 reads
+(`facts.run.dataloader.project_to_gpu`).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Sequence
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.run.dataloader import project_to_gpu
+from perfdoctor.facts.static.dataloader import DATALOADER
+from perfdoctor.facts.static.index import SourceIndex
+from perfdoctor.facts.static.index.syntax import dotted, walk_scope
+
+# a source resumed on about every step (a generator drawn once per step over a few profiled steps)
+MIN_CALLS_PER_STEP = 0.5
+# the calls a loop's iterable passes through to the source (`enumerate(tqdm(source))`)
+_PASS_THROUGH = frozenset({"enumerate", "iter", "tqdm"})
+_DEPTH = 4  # assignments and parameters followed
+
+Function = ast.FunctionDef | ast.AsyncFunctionDef
+
+
+def add_sources(indexes: Sequence[SourceIndex], facts: Facts,
+           shares: dict[str, dict[int, tuple[float, float]]],
+           loader_draws: dict[str, list[tuple[str, int]]]) -> None:
+    """`shares`: per file (its real path), per function's first line, (cumulative time over the
+    profiled steps' wall time, calls per profiled step); `loader_draws`: the DataLoaders' draw lines."""
+    draws = {(os.path.realpath(f), line) for sites in loader_draws.values() for f, line in sites}
+    sources = [x for index in indexes for x in _sources(index, shares, draws)]
+    if not sources:
+        return
+    done: set[tuple[str, int]] = set()
+    for index in indexes:
+        for draw, expr in _draw_points(index):
+            if (os.path.realpath(index.file), draw.lineno) in draws or _iterates_dataloader(index, expr):
+                continue
+            for made_in, call in _made_by(indexes, index, expr, 0) or []:
+                name = _callee(call)
+                for src_index, fn, cls, share in sources:
+                    if name is None or name != (cls if fn.name in ("__iter__", "__next__") else fn.name):
+                        continue
+                    key = (str(made_in.file), call.lineno)
+                    if key not in done:
+                        done.add(key)
+                        _subject(facts, made_in, call, index, draw, src_index, fn, cls, share)
+
+
+def _sources(index: SourceIndex, shares: dict[str, dict[int, tuple[float, float]]],
+             draws: set[tuple[str, int]]) -> list[tuple[SourceIndex, Function, str | None, float]]:
+    """This file's batch sources the run saw: (index, function, its class's name, its share)."""
+    real = os.path.realpath(index.file)
+    times = shares.get(real)
+    if not times:
+        return []
+    out = []
+    for defs in index.functions.values():
+        for fn in defs:
+            first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+            share, calls = times.get(first, (0.0, 0.0))
+            if calls < MIN_CALLS_PER_STEP or share <= 0:
+                continue
+            body = list(walk_scope(fn.body))
+            if not (fn.name == "__next__" or any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in body)):
+                continue
+            end = fn.end_lineno or fn.lineno
+            if any(f == real and fn.lineno <= line <= end for f, line in draws):
+                continue  # it draws a DataLoader's batches: that loader's wait
+            if any(index.loops.in_rollout(stmt) for stmt in fn.body):
+                continue  # it steps an environment: the algorithm's rollout, not data loading
+            if not _makes_tensors(index, fn, body):
+                continue
+            parent = index.parents.get(fn)
+            out.append((index, fn, parent.name if isinstance(parent, ast.ClassDef) else None, share))
+    return out
+
+
+def _makes_tensors(index: SourceIndex, fn: Function, body: list[ast.AST]) -> bool:
+    """It turns host data into tensors: in `fn` or in a function of its file it calls, the run saw a
+    torch factory make a host tensor (`index.factories_ran`), or a torch function is called (the
+    factory probe leaves out `torch.tensor(data)`, the usual way, whose data is not a factory's)."""
+    fns = [fn] + [d for n in body if isinstance(n, ast.Call) and (callee := index.local_callee(n))
+                  for d in index.functions.get(callee, []) if d is not fn]
+    ran = index.factories_ran or frozenset()
+    return any(f.lineno <= line <= (f.end_lineno or f.lineno) for f in fns for line in ran) or any(
+        isinstance(n, ast.Call) and (index.qual(n.func) or "").startswith("torch.")
+        for f in fns for n in ast.walk(f))
+
+
+def _draw_points(index: SourceIndex) -> list[tuple[ast.For | ast.AsyncFor | ast.Call, ast.expr]]:
+    """(the draw, what it draws from): a `for` loop whose own body takes the training step, and a
+    `next(x)` run once per training step."""
+    loops = index.loops
+    out: list[tuple[ast.For | ast.AsyncFor | ast.Call, ast.expr]] = []
+    for node in index.nodes_of(ast.For, ast.AsyncFor):
+        if node.body and loops.trains(node) and loops.per_step(node.body[0]):
+            out.append((node, node.iter))
+    for call in index.calls:
+        if (isinstance(call.func, ast.Name) and call.func.id == "next" and call.args
+                and loops.in_training_step(call) is True and loops.per_step(call)):
+            out.append((call, call.args[0]))
+    return out
+
+
+def _callee(call: ast.Call) -> str | None:
+    f = call.func
+    return f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+
+
+def _iterates_dataloader(index: SourceIndex, expr: ast.expr) -> bool:
+    """The file builds a DataLoader and binds it to the name iterated (a static read where the run
+    recorded no draw)."""
+    while isinstance(expr, ast.Call) and _callee(expr) in _PASS_THROUGH and expr.args:
+        expr = expr.args[0]
+    return any(index.qual(c.func) in DATALOADER for c in index.bound_calls(expr))
+
+
+def _made_by(indexes: Sequence[SourceIndex], index: SourceIndex, expr: ast.expr, depth: int
+             ) -> list[tuple[SourceIndex, ast.Call]] | None:
+    """The calls that made what `expr` stands for, with their files: `expr` itself (through the
+    pass-through calls), the calls assigned to its name, the values assigned to it (`self.it = it`),
+    and for a parameter of its function the arguments the function's callers pass (a method's and a
+    constructor's callers by name in any of the user's files); None where nothing is found."""
+    while isinstance(expr, ast.Call) and _callee(expr) in _PASS_THROUGH and expr.args:
+        expr = expr.args[0]
+    if isinstance(expr, ast.Call):
+        return [(index, expr)]
+    if depth >= _DEPTH:
+        return None
+    name = dotted(expr)
+    if name is None:
+        return None
+    out: list[tuple[SourceIndex, ast.Call]] = []
+    for node in index.nodes_of(ast.Assign):
+        for target in node.targets:
+            # `x = value`, and `a, x = a_value, value`
+            pairs = list(zip(target.elts, node.value.elts)) if isinstance(target, ast.Tuple) and isinstance(
+                node.value, ast.Tuple) and len(target.elts) == len(node.value.elts) else [(target, node.value)]
+            out += [m for t, v in pairs if dotted(t) == name and v is not expr
+                    for m in _made_by(indexes, index, v, depth + 1) or []]
+    if out:
+        return out
+    fn = next((p for p in index.ancestors(expr) if isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if fn is None or not isinstance(expr, ast.Name):
+        return None  # an attribute never assigned in this file, or a module-level name
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if expr.id not in params and expr.id not in [a.arg for a in fn.args.kwonlyargs]:
+        return None
+    cls = index.parents.get(fn)
+    method = isinstance(cls, ast.ClassDef)
+    called = cls.name if method and fn.name == "__init__" else fn.name  # type: ignore[union-attr]
+    pos = params.index(expr.id) - (1 if method and params and params[0] in ("self", "cls") else 0) \
+        if expr.id in params else None
+    for other in indexes:
+        for call in other.calls_named(called):
+            arg = next((k.value for k in call.keywords if k.arg == expr.id), None)
+            if arg is None and pos is not None and 0 <= pos < len(call.args) and not any(
+                    isinstance(a, ast.Starred) for a in call.args[:pos + 1]):
+                arg = call.args[pos]
+            if arg is not None:
+                out += _made_by(indexes, other, arg, depth + 1) or []
+    return out or None
+
+
+def _subject(facts: Facts, made_in: SourceIndex, call: ast.Call, index: SourceIndex, draw: ast.For | ast.AsyncFor | ast.Call,
+             src_index: SourceIndex, fn: Function, cls: str | None, share: float) -> None:
+    s = made_in.subject(facts, "dataloader", call)
+    index.locate(s, draw)
+    src_index.locate(s, fn)
+    what = (f"{cls}.{fn.name}" if cls else fn.name) + ("()" if fn.name != "__next__" else "")
+    kind = "a generator" if fn.name != "__next__" else "an iterator's __next__"
+    s.add("source", f"{what}, {kind} of the script's on the training thread", source="static",
+          detail=f"{src_index.file}:{fn.lineno}; the training loop draws from it at {index.file}:{draw.lineno}")
+    s.add("num_workers", 0, "count", source="static", detail="no DataLoader: the training process makes every batch")
+    s.add("trains", True, source="static", detail="a loop that takes the training step draws its batches")
+    step = facts.get("step.time_ms")
+    s.add("wait_fraction", share, "ratio",
+          detail=f"cProfile: {what}'s cumulative time over the profiled steps' wall time")
+    if step is None or not isinstance(step.value, (int, float)):
+        return
+    wait = share * step.value
+    s.add("wait_ms", wait, "ms", detail=f"wait_fraction x the median step ({step.value:.1f} ms)")
+    device = facts.get("device.type")
+    project_to_gpu(facts, s, wait, step.value, device.value if device is not None else None,
+                   basis=f"{what}'s share of the profiled steps (cProfile) x the median step")

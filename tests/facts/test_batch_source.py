@@ -1,0 +1,184 @@
+"""A plain Python batch source on the training thread (perfdoctor/facts/static/batch_source.py, PD002):
+a generator or a user iterator the training loop draws from, tied to the loop by the static read and
+timed by cProfile's share of the profiled steps (`function_shares`)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from perfdoctor.facts.model import Facts
+from perfdoctor.facts.static import analyse_files
+from perfdoctor.rules.engine import judge
+from tests.facts.test_static import by_line
+from tests.rules.builders import RULES, ids
+
+DATA = """\
+import torch
+class Corpus:
+    def __init__(self, rows):
+        self.rows = rows
+    def batches(self, size):
+        while True:
+            t = torch.zeros(size, 8, dtype=torch.long)
+            for i, row in enumerate(self.rows[:size]):
+                for j, w in enumerate(row):
+                    t[i, j] = w
+            yield t
+"""
+
+# ymfa-summarizer's shape: the generator made in main, passed as a parameter, drawn with next() per step
+TRAIN = """\
+import torch
+from data import Corpus
+def train(gen, model, opt, n):
+    for i in range(n):
+        batch = next(gen)
+        loss = model(batch.float()).sum()
+        loss.backward()
+        opt.step()
+def main():
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    corpus = Corpus([[1, 2, 3]] * 64)
+    train_gen = corpus.batches(16)
+    train(train_gen, model, opt, 10)
+main()
+"""
+
+
+def _files(tmp_path: Path, data: str = DATA, train: str = TRAIN) -> tuple[Path, Path]:
+    d, t = tmp_path / "data.py", tmp_path / "train.py"
+    d.write_text(textwrap.dedent(data))
+    t.write_text(textwrap.dedent(train))
+    return d, t
+
+
+def _facts(step_ms: float = 100.0, device: str = "cpu") -> Facts:
+    f = Facts()
+    f.add("step.time_ms", step_ms, "ms")
+    f.add("cpu.count", 4, "count", "machine")
+    f.add("device.type", device, "", "machine")
+    return f
+
+
+def _shares(path: Path, line: int, share: float, calls: float = 1.0) -> dict[str, dict[int, tuple[float, float]]]:
+    return {str(path.resolve()): {line: (share, calls)}}
+
+
+def test_a_generator_drawn_by_next_through_a_parameter(tmp_path):
+    data, train = _files(tmp_path)
+    f = _facts()
+    analyse_files([data, train], f, script=train, function_shares=_shares(data, 5, 0.4))
+    got = by_line(f, "dataloader")[13]  # the call that made it: train_gen = corpus.batches(16)
+    assert got["num_workers"] == 0 and got["trains"] is True
+    assert got["wait_fraction"] == pytest.approx(0.4) and got["wait_ms"] == pytest.approx(40.0)
+    assert "Corpus.batches()" in got["source"]
+    (s,) = f.of_kind("dataloader")
+    assert {(Path(l.file).name, l.line) for l in s.locations} >= {("train.py", 13), ("train.py", 5), ("data.py", 5)}
+    (finding,) = [x for x in judge(f, RULES) if x.rule == "PD002"]
+    assert "wrap that code in a DataLoader over an IterableDataset" in finding.message
+    assert finding.ms_per_step > 0
+    # nothing of the DataLoader's other rules judges it
+    assert ids(judge(f, RULES)) == ["PD002"]
+
+
+def test_a_user_iterator_class_iterated_through_an_attribute_and_enumerate(tmp_path):
+    """pytorchicbert's shape: a class whose __iter__ is a generator, built in one file, given to a
+    trainer of another that keeps it as `self.data_iter` and iterates `enumerate(tqdm(...))`."""
+    data = """\
+    import torch
+    class PairLoader:
+        def __init__(self, n):
+            self.n = n
+        def __iter__(self):
+            while True:
+                yield [torch.tensor([i] * 8) for i in range(self.n)]
+    """
+    trainer = """\
+    import torch
+    from tqdm import tqdm
+    class Trainer:
+        def __init__(self, model, data_iter, opt):
+            self.model, self.data_iter, self.opt = model, data_iter, opt
+        def train(self):
+            for i, batch in enumerate(tqdm(self.data_iter)):
+                loss = self.model(batch[0].float()).sum()
+                loss.backward()
+                self.opt.step()
+    """
+    main = """\
+    import torch
+    from data import PairLoader
+    from trainer import Trainer
+    model = torch.nn.Linear(8, 1)
+    it = PairLoader(4)
+    Trainer(model, it, torch.optim.SGD(model.parameters(), lr=0.1)).train()
+    """
+    d, t, m = tmp_path / "data.py", tmp_path / "trainer.py", tmp_path / "main.py"
+    for p, src in ((d, data), (t, trainer), (m, main)):
+        p.write_text(textwrap.dedent(src))
+    f = _facts()
+    analyse_files([d, t, m], f, script=m, function_shares=_shares(d, 5, 0.3))
+    got = by_line(f, "dataloader")[5]  # it = PairLoader(4)
+    assert "PairLoader.__iter__()" in got["source"] and got["wait_ms"] == pytest.approx(30.0)
+
+
+@pytest.mark.parametrize("why", ["cheap", "rare", "unprofiled", "dataloader_draw", "wraps_dataloader", "rollout",
+                                 "no_tensors"])
+def test_quiet_cases(tmp_path, why):
+    data, train = DATA, TRAIN
+    shares_line, share, calls = 5, 0.4, 1.0
+    draws: dict[str, list[tuple[str, int]]] = {}
+    if why == "cheap":
+        share = 0.02  # 2 % of the step: under PD002's own threshold
+    elif why == "rare":
+        calls = 0.1  # resumed once in ten steps: not the step's batch
+    elif why == "unprofiled":
+        shares_line = 3  # cProfile saw another function, not the generator
+    elif why == "dataloader_draw":
+        draws = {"loader.py:1": [(str((tmp_path / "train.py").resolve()), 5)]}  # the run drew a DataLoader there
+    elif why == "wraps_dataloader":
+        draws = {"loader.py:1": [(str((tmp_path / "data.py").resolve()), 8)]}  # a DataLoader drawn inside it
+    elif why == "rollout":
+        data = """\
+        import torch
+        class Corpus:
+            def __init__(self, env):
+                self.env = env
+            def batches(self, size):
+                obs = self.env.reset()
+                while True:
+                    obs, reward, done, trunc, info = self.env.step(0)
+                    yield torch.tensor(obs)
+        """
+    elif why == "no_tensors":
+        data = DATA.replace("t = torch.zeros(size, 8, dtype=torch.long)", "t = [[0] * 8 for _ in range(size)]")
+    d, t = _files(tmp_path, data, train)
+    f = _facts()
+    analyse_files([d, t], f, script=t, function_shares=_shares(d, shares_line, share, calls), loader_draws=draws)
+    if why == "cheap":
+        assert by_line(f, "dataloader")[13]["wait_fraction"] == pytest.approx(0.02)
+    else:
+        assert not f.of_kind("dataloader")
+    assert "PD002" not in ids(judge(f, RULES))
+
+
+def test_without_the_run_s_times_nothing_is_judged(tmp_path):
+    d, t = _files(tmp_path)
+    f = _facts()
+    analyse_files([d, t], f, script=t)
+    assert not f.of_kind("dataloader")
+
+
+def test_a_cpu_run_of_a_cuda_script_is_projected_to_the_gpu(tmp_path):
+    """A source that is 5 % of a CPU step is a real share of a GPU step 10x faster."""
+    d, t = _files(tmp_path)
+    f = _facts(step_ms=200.0)
+    f.add("script.targets_cuda", True, "", "static")
+    analyse_files([d, t], f, script=t, function_shares=_shares(d, 5, 0.05))
+    got = by_line(f, "dataloader")[13]
+    assert got["load_ms"] == pytest.approx(10.0) and got["gpu_wait_fraction"] == pytest.approx(10 / (10 + 19))
+    assert "PD002" in ids(judge(f, RULES))
