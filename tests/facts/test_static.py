@@ -873,6 +873,37 @@ def test_dataloader_batches_through_a_progress_bar_bound_to_a_name(tmp_path):
     assert "feeds_cuda" not in got[6]
 
 
+def test_dataloader_batches_through_variable_and_dtype_methods(tmp_path):
+    """VDSR: the loader goes to `train(loader, ...)`, whose loop wraps the batch in `Variable(...)` (an
+    identity since torch 0.4) and moves it with `.cuda()` only under `if opt.cuda:`: the loader feeds
+    CUDA on the script's GPU path. `x.float()` is the batch too; a model's output is not."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.autograd import Variable
+        from torch.utils.data import DataLoader
+
+        def train(training_data_loader, model):
+            for iteration, batch in enumerate(training_data_loader, 1):
+                input, target = Variable(batch[0]), Variable(batch[1], requires_grad=False)
+                if opt.cuda:
+                    input = input.cuda()
+
+        def other(loader, model):
+            for x, y in loader:
+                x = x.float()
+                out = Variable(model(x)).cuda()
+
+        def main():
+            training_data_loader = DataLoader(ds, batch_size=128)
+            train(training_data_loader, model)
+            plain = DataLoader(ds2)
+            other(plain, model)
+        """)
+    got = by_line(facts, "dataloader")
+    assert got[17]["feeds_cuda"] is True and got[17]["non_blocking"] is False
+    assert "feeds_cuda" not in got[19]
+
+
 def test_dataloader_no_feeds_cuda_without_a_device_move(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -381,7 +381,7 @@ def batch_moves(index: SourceIndex, dl_call: ast.Call, loops: list[tuple[ast.AST
         body = list(walk_scope(loop.body))  # type: ignore[attr-defined]
         for _ in range(3):  # names derived from the batch: `x, y = batch`, `v` in `for k, v in batch.items()`
             for n in body:
-                if isinstance(n, ast.Assign) and _derived(n.value, tracked):
+                if isinstance(n, ast.Assign) and _derived(index, n.value, tracked):
                     for t in n.targets:
                         tracked |= {m.id for m in ast.walk(t) if isinstance(m, ast.Name)}
                 elif isinstance(n, ast.comprehension) and root_name(n.iter) in tracked:
@@ -482,12 +482,23 @@ def _passed_to(index: SourceIndex, name: str, scope: ast.AST | None) -> list[tup
     return out
 
 
-def _derived(value: ast.expr, tracked: set[str]) -> bool:
-    """`batch`, `batch[0]`, `batch.x`, `(batch[0], batch[1])`, `x.to(d)`: plain views of the batch."""
+# what returns the batch itself, or the same data in another dtype or shape: `Variable(batch[0])` (an
+# identity since torch 0.4), `x.float()`, `x.contiguous()`, `x.unsqueeze(1)`
+_WRAPS_BATCH = frozenset({"torch.autograd.Variable", "torch.autograd.variable.Variable"})
+_BATCH_METHODS = frozenset({"to", "cuda", "type", "values", "items", "float", "double", "half", "bfloat16",
+                            "long", "int", "contiguous", "view", "reshape", "squeeze", "unsqueeze",
+                            "permute", "transpose", "clone", "detach"})
+
+
+def _derived(index: SourceIndex, value: ast.expr, tracked: set[str]) -> bool:
+    """`batch`, `batch[0]`, `batch.x`, `(batch[0], batch[1])`, `x.to(d)`, `x.float()`,
+    `Variable(batch[0])`: plain views of the batch."""
     if isinstance(value, (ast.Tuple, ast.List)):
-        return bool(value.elts) and all(_derived(e, tracked) for e in value.elts)
+        return bool(value.elts) and all(_derived(index, e, tracked) for e in value.elts)
     if isinstance(value, ast.Call):
-        return (isinstance(value.func, ast.Attribute) and value.func.attr in ("to", "cuda", "type", "values", "items")
+        if index.qual(value.func) in _WRAPS_BATCH:
+            return bool(value.args) and _derived(index, value.args[0], tracked)
+        return (isinstance(value.func, ast.Attribute) and value.func.attr in _BATCH_METHODS
                 and root_name(value.func.value) in tracked)
     return isinstance(value, (ast.Name, ast.Attribute, ast.Subscript)) and root_name(value) in tracked
 
