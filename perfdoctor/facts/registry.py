@@ -199,7 +199,9 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("workers_follow_cpus", "bool", "static", "num_workers is computed from the machine's CPUs (os.cpu_count(), "
                                                   "len(os.sched_getaffinity(0)) ...): as many on any machine as its CPUs make it"),
         ("default_batch_size", "count", "static", "the batch size the script gives it unless the user changes it, "
-                                                  "where it reads an option: the literal default of that argparse option"),
+                                                  "where it reads an option: the literal default of that argparse option (given directly, "
+                                                  "through a name, or through a parameter of the helper that builds the "
+                                                  "loader, which every caller fills from that option)"),
         ("prefetch_factor", "count", "run", "prefetch_factor as given"),
         ("multiprocessing_context", "str", "run", "multiprocessing_context as given"),
         ("kwargs_style", "str", "run/static", "how the call passes its arguments: literal, dict or mixed"),
