@@ -249,3 +249,52 @@ def test_window_ends_inside_one_long_forward_and_its_stop_is_not_forward_time(fo
     assert forward.clock.fwd < wall - 0.15  # the stop is not the forward's time
     forward.uninstall()
     assert torch.equal(out, m(x))
+
+
+def _shared_forward(m, x):
+    return m(x)  # the helper both the training step and the evaluation call
+
+
+def test_eval_forward_through_a_training_helper_is_placed_at_the_evaluation(forward):
+    m, x = _model(), torch.randn(4, 16)
+    for _ in range(2):
+        m.train()
+        _shared_forward(m, x).sum().backward()  # training: through the helper
+        m.eval()
+        evaluated = inspect.currentframe().f_lineno + 1
+        _shared_forward(m, x)  # evaluation without no_grad: through the same helper
+    m.eval()
+    direct = inspect.currentframe().f_lineno + 1
+    m(x)  # an evaluation calling the model itself
+    by_line = {r.site.line: r for r in forward.eval_grad_records()}
+    # not the helper's line, where torch.no_grad() would turn off the training's autograd too
+    assert sorted(by_line) == sorted([evaluated, direct])
+    assert by_line[evaluated].calls == 2 and by_line[evaluated].site.function.startswith("test_eval_forward_through")
+
+
+def test_modules_evaluated_through_one_line_make_one_record(forward):
+    import torch._dynamo.utils as dynamo_utils
+
+    dynamo_utils.counters.clear()  # what earlier tests compiled: this process then counts as compiling
+    dynamo_utils._compilation_metrics.clear()
+
+    class Scorer:  # a plain class whose method calls two modules, each a top-level call
+        def __init__(self):
+            self.body, self.head = _model(), torch.nn.Linear(16, 4)
+
+        def score(self, x):
+            return self.head(self.body(x))
+
+    s, x = Scorer(), torch.randn(8, 16)
+    s.body.eval(), s.head.eval()
+    line = inspect.currentframe().f_lineno + 1
+    s.score(x)
+    s.score(x)
+    (r,) = forward.eval_grad_records()
+    assert r.site.function == "score" and line  # both calls are at score's one line
+    assert r.module == "Sequential" and r.calls == 2
+    body_only = _model().eval()
+    forward.eval_grad.clear()
+    body_only(x)
+    (b,) = forward.eval_grad_records()
+    assert r.saved_bytes[0] > b.saved_bytes[0]  # the head's saved input counted with the body's

@@ -54,6 +54,8 @@ class ForwardProbe:
         self.forward: list[ForwardRecord] = []
         # (id() of the module, the calling line's code object, its line) -> the eval-mode forwards there
         self.eval_grad: dict[tuple[int, Any, int], EvalGrad] = {}
+        # (code object, line) of the user's frames on the stacks of training-mode forwards with grad on
+        self.train_lines: set[tuple[Any, int]] = set()
         self.poll: Callable[[], None] = lambda: None  # set by the coordinator: the window's time budget
         self.unwatched: dict[int, ForwardRecord] = {}  # id() of a followed module whose forward was not watched yet
         self.watching: Watch | None = None  # the watch of the forward running now, if any
@@ -80,8 +82,13 @@ class ForwardProbe:
                 w = probe.watching
                 return orig(self, *args, **kwargs) if w is None else w.call(orig, self, args, kwargs)
             followed = probe._enter(self)
-            # an eval-mode forward that records autograd (PD019)
-            eg = probe._eval_grad(self) if not self.training and grad_enabled() else None
+            # an eval-mode forward that records autograd (PD019); a training one marks its lines
+            eg = None
+            if self.training:
+                if grad_enabled():
+                    probe._trains()
+            elif grad_enabled():
+                eg = probe._eval_grad(self)
             if not followed and eg is None:
                 return orig(self, *args, **kwargs)
             probe.busy = True
@@ -150,17 +157,35 @@ class ForwardProbe:
             return bool(torch.is_autocast_enabled() or (dev == "cpu" and torch.is_autocast_cpu_enabled()))
 
     def _eval_grad(self, mod: Any) -> EvalGrad | None:
-        """The bookkeeping of an eval-mode forward with grad mode on, at the line calling it."""
+        """The bookkeeping of an eval-mode forward with grad mode on, at the line calling it, with
+        the user's frames it was called through (read once per line)."""
         try:
             f = sys._getframe(2)  # the caller of Module.__call__
             key = (id(mod), f.f_code, f.f_lineno)
             e = self.eval_grad.get(key)
             if e is None or e.ref() is not mod:
-                e = self.eval_grad[key] = EvalGrad(mod, sites.caller_site(2), self.torch._C._autograd)
+                e = self.eval_grad[key] = EvalGrad(mod, sites.caller_site(2), self.torch._C._autograd,
+                                                   _user_stack(f))
             return e
         except Exception as e:  # noqa: BLE001
             self.err("forward", e)
             return None
+
+    def _trains(self) -> None:
+        """Note the user's lines a training-mode forward with grad on was called through, from its
+        caller outwards, up to the first line already noted (the same path again costs one lookup)."""
+        try:
+            f: Any = sys._getframe(2)
+            seen = self.train_lines
+            while f is not None:
+                if is_user_file(f.f_code.co_filename):
+                    key = (f.f_code, f.f_lineno)
+                    if key in seen:
+                        return
+                    seen.add(key)
+                f = f.f_back
+        except Exception as e:  # noqa: BLE001
+            self.err("forward", e)
 
     def _watch(self, mod: Any) -> Watch | None:
         """A watch of this forward's submodule calls where `mod`'s were never watched (its tree is
@@ -183,7 +208,13 @@ class ForwardProbe:
         return [msgspec.structs.replace(r, autocast=r.autocast_calls * 2 >= r.calls > 0) for r in self.forward]
 
     def eval_grad_records(self) -> list[EvalGradRecord]:
-        return [e.record() for e in self.eval_grad.values()]
+        """One record per evaluation line: the modules called through it (a model's forward, then
+        the Linear layers a `compute_scores` method calls, each a top-level call) merged."""
+        by_site: dict[Any, list[EvalGradRecord]] = {}
+        for e in self.eval_grad.values():
+            r = e.record(self.train_lines)
+            by_site.setdefault((r.site.file, r.site.line) if r.site is not None else id(r), []).append(r)
+        return [_merged(rs) for rs in by_site.values()]
 
 
 def _user_classes(mod: Any) -> list[str]:
@@ -195,6 +226,36 @@ def _user_classes(mod: Any) -> list[str]:
         if f and is_user_file(f):
             out.add(f"{os.path.realpath(f)}:{cls.__qualname__}")
     return sorted(out)
+
+
+def _merged(rs: list[EvalGradRecord]) -> EvalGradRecord:
+    """The eval-mode forwards of several modules at one line as one: per measured call the bytes all
+    of them saved, per step their time; the module, calls and batch of the one that saved the most."""
+    if len(rs) == 1:
+        return rs[0]
+    main = max(rs, key=lambda r: (sum(r.saved_bytes), r.calls))
+    measured = [r.saved_bytes for r in rs if r.saved_bytes]
+    n = min((len(b) for b in measured), default=0)
+    steps: dict[int, list[float]] = {}
+    for r in rs:
+        for row in r.ms_by_step:
+            cur = steps.setdefault(int(row[0]), [0.0, 0])
+            cur[0] += row[1]
+            cur[1] = max(cur[1], row[2] if len(row) > 2 else 1)
+    return msgspec.structs.replace(
+        main, calls=max(r.calls for r in rs), backward=max(r.backward for r in rs),
+        saved_bytes=[sum(b[i] for b in measured) for i in range(n)], batch=main.batch[:n],
+        ms_by_step=[[i, round(ms, 4), c] for i, (ms, c) in sorted(steps.items())])
+
+
+def _user_stack(frame: Any, limit: int = 64) -> list[tuple[Any, int, Any]]:
+    """(code object, line, site) of each user frame from `frame` outwards."""
+    out: list[tuple[Any, int, Any]] = []
+    while frame is not None and len(out) < limit:
+        if is_user_file(frame.f_code.co_filename):
+            out.append((frame.f_code, frame.f_lineno, sites.site_of(frame)))
+        frame = frame.f_back
+    return out
 
 
 def _batch(tensor: Any, args: tuple) -> int:
@@ -250,10 +311,11 @@ class EvalGrad:
 
     MEASURED = 20
 
-    def __init__(self, mod: Any, site: Any, autograd: Any):
+    def __init__(self, mod: Any, site: Any, autograd: Any, stack: list[tuple[Any, int, Any]] | None = None):
         self.autograd = autograd  # torch._C._autograd
         self.ref = weakref.ref(mod)
         self.site = site
+        self.stack = stack or []  # the user's frames of the first call, innermost first
         self.module = type(mod).__name__
         self.calls = 0
         self.by_step: dict[int, list[float]] = {}  # step -> [ms, calls]
@@ -286,8 +348,20 @@ class EvalGrad:
             self.saved.append(saved)
             self.batch.append(batch)
 
-    def record(self) -> EvalGradRecord:
-        return EvalGradRecord(site=self.site, module=self.module, calls=self.calls,
+    def where(self, train_lines: set[tuple[Any, int]]) -> Any:
+        """The evaluation's own line: from the calling line outwards, the first user line that no
+        training forward ran through. A helper that both the training step and the evaluation call
+        (`hidden = model(x)` in a `forward(model, batch)` both loops use, an encoder's layer call) is
+        not where torch.no_grad() can go; the evaluation loop's line calling it is. The calling line
+        where no training forward was seen (or every line is shared)."""
+        for code, line, site in self.stack:
+            if (code, line) not in train_lines:
+                return site
+        return self.site
+
+    def record(self, train_lines: set[tuple[Any, int]] | None = None) -> EvalGradRecord:
+        site = self.where(train_lines) if train_lines else self.site
+        return EvalGradRecord(site=site, module=self.module, calls=self.calls,
                               ms_by_step=[[i, round(ms, 4), n] for i, (ms, n) in sorted(self.by_step.items()) if i],
                               saved_bytes=[s.bytes for s in self.saved], backward=sum(s.used for s in self.saved),
                               batch=list(self.batch))
