@@ -116,7 +116,7 @@ def _run_report(run_dir: Path, settings: Settings, rules: list[Rule], changes: d
                   script=Path(script) if isinstance(script, str) and script else None,
                   factory_lines=data.factory_lines, functions_called=data.functions_called,
                   move_lines=data.move_lines, loader_draws=data.loader_draws,
-                  function_shares=data.function_shares)
+                  function_shares=data.function_shares, model_calls=data.model_calls)
     trace_summary: SummaryDoc | None = None
     dropped: dict[str, int] = {}
     if data.trace_path is not None and Path(data.trace_path).is_file():

@@ -182,3 +182,71 @@ def test_a_cpu_run_of_a_cuda_script_is_projected_to_the_gpu(tmp_path):
     got = by_line(f, "dataloader")[13]
     assert got["load_ms"] == pytest.approx(10.0) and got["gpu_wait_fraction"] == pytest.approx(10 / (10 + 19))
     assert "PD002" in ids(judge(f, RULES))
+
+
+# NGCF's shape: no loop iterable makes the batch; a function called once per step draws it in Python
+SAMPLER = """\
+import random
+class Data:
+    def __init__(self, n):
+        self.n = n
+    def sample(self):
+        users = [random.randrange(self.n) for _ in range(64)]
+        return users, [u + 1 for u in users]
+"""
+
+COUNTED = """\
+import torch
+from data import Data
+data = Data(100)
+model = torch.nn.Embedding(200, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for epoch in range(2):
+    for i in range(10):
+        users, items = data.sample()
+        out = model(torch.tensor(users))
+        loss = out.sum()
+        loss.backward()
+        opt.step()
+"""
+
+
+def _counted(tmp_path: Path, train: str = COUNTED, data: str = SAMPLER, share: float = 0.3, calls: float = 1.0,
+             model_lines: tuple[tuple[str, int], ...] = (("train.py", 9),),
+             draws: dict[str, list[tuple[str, int]]] | None = None) -> Facts:
+    d, t = _files(tmp_path, data, train)
+    f = _facts()
+    analyse_files([d, t], f, script=t, function_shares=_shares(d, 5, share, calls), loader_draws=draws,
+                  model_calls=[(str(tmp_path / name), line) for name, line in model_lines])
+    return f
+
+
+def test_a_function_called_once_per_step_whose_result_the_model_takes(tmp_path):
+    f = _counted(tmp_path)
+    got = by_line(f, "dataloader")[8]  # users, items = data.sample()
+    assert "Data.sample()" in got["source"] and got["wait_ms"] == pytest.approx(30.0)
+    (s,) = f.of_kind("dataloader")
+    assert [(Path(l.file).name, l.line) for l in s.locations] == [("train.py", 8), ("data.py", 5)]
+    assert "PD002" in ids(judge(f, RULES))
+
+
+@pytest.mark.parametrize("why", ["no_model_call", "model_takes_other", "loop_draws_a_loader", "iterates_batches",
+                                 "steps_an_env", "twice_per_step", "calls_the_model"])
+def test_a_function_called_once_per_step_quiet_cases(tmp_path, why):
+    train, data, kw = COUNTED, SAMPLER, {}
+    if why == "no_model_call":
+        kw = {"model_lines": (("train.py", 3),)}  # the run saw no model called in that loop
+    elif why == "model_takes_other":
+        train = COUNTED.replace("model(torch.tensor(users))", "model(torch.arange(64))")
+    elif why == "loop_draws_a_loader":
+        kw = {"draws": {"loader.py:1": [(str((tmp_path / "train.py").resolve()), 10)]}}
+    elif why == "iterates_batches":
+        train = COUNTED.replace("for i in range(10):", "for i in loader:")
+    elif why == "steps_an_env":
+        data = SAMPLER + "def roll(env):\n    obs, reward, done, trunc, info = env.step(0)\n"
+    elif why == "twice_per_step":
+        kw = {"calls": 2.0}
+    elif why == "calls_the_model":
+        kw = {"model_lines": (("train.py", 9), ("data.py", 6))}  # a model (an encoder) called inside it
+    f = _counted(tmp_path, train, data, **kw)  # type: ignore[arg-type]
+    assert not f.of_kind("dataloader")

@@ -81,6 +81,8 @@ class RunData:
     # profiled steps' wall time, its calls per profiled step); None where the run cannot say
     # (`hotspots.function_shares`)
     function_shares: dict[str, dict[int, tuple[float, float]]] | None = None
+    # where the run saw the script call its models: (file, line) of each top-level model's call site
+    model_calls: list[tuple[str, int]] = field(default_factory=list)
     # per DataLoader subject key ("<file>:<line>" of its judged site), the user lines (file, line) that
     # drew an epoch's first batch from it: the loops over it, in whatever file (`dataloader.draw_sites`)
     loader_draws: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
@@ -102,6 +104,8 @@ def load_run(run_dir: Path) -> RunData:
                    move_lines=host_tensors.move_lines(ctx.probes),
                    functions_called=hotspots.functions_called(ctx),
                    function_shares=hotspots.function_shares(ctx),
+                   model_calls=[(fw.site.file, fw.site.line) for fw in ctx.probes.forward
+                                if fw.site is not None and fw.site.file],
                    loader_draws=dataloader.draw_sites(ctx.probes))
 
 

@@ -73,7 +73,8 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
                   functions_called: dict[str, frozenset[int]] | None = None,
                   move_lines: dict[str, frozenset[int]] | None = None,
                   loader_draws: dict[str, list[tuple[str, int]]] | None = None,
-                  function_shares: dict[str, dict[int, tuple[float, float]]] | None = None) -> None:
+                  function_shares: dict[str, dict[int, tuple[float, float]]] | None = None,
+                  model_calls: Sequence[tuple[str, int]] = ()) -> None:
     """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped.
     `model_classes`: the classes of the models a run called ("<absolute file>:<qualname>", their
     bases included), where a run knows them: the detectors of model code judge only those
@@ -92,7 +93,9 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     `loader_draws`: per DataLoader subject key, the user lines that drew an epoch's first batch from it
     (`dataloader.drawn_moves`). `function_shares`: per file, per function's first line, its cumulative
     time's share of the profiled steps and its calls per step (cProfile): a batch source of the user's
-    on the training thread (`batch_source`); None where the run cannot say. Each file's read and each detector on it is one family
+    on the training thread (`batch_source`); None where the run cannot say. `model_calls`: the (file,
+    line) where the run saw the script call its models (`batch_source`: a function whose result the
+    model's call takes). Each file's read and each detector on it is one family
     of facts (`Facts.family`): a bug in one leaves the others' facts."""
     detectors = [d for d in DETECTORS if d.__module__.rsplit(".", 1)[-1] not in decided]
     indexes = []
@@ -135,7 +138,7 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
             dataloader.drawn_moves(indexes, facts, loader_draws)
     if function_shares and "dataloader" not in decided:
         with facts.family("the batch sources of the user's on the training thread"):
-            batch_source.add_sources(indexes, facts, function_shares, loader_draws or {})
+            batch_source.add_sources(indexes, facts, function_shares, loader_draws or {}, model_calls)
     with facts.family("the evaluation's default batch"):
         loader_model.eval_batch(facts)  # every file's loaders read: the one beside an evaluation may be in another
 

@@ -42,6 +42,8 @@ from perfdoctor.facts.static.index.syntax import dotted, walk_scope
 
 # a source resumed on about every step (a generator drawn once per step over a few profiled steps)
 MIN_CALLS_PER_STEP = 0.5
+# a function called once per step: over 3 profiled steps a step boundary inside a call makes 4/3
+MAX_CALLS_PER_STEP = 1.5
 # the calls a loop's iterable passes through to the source (`enumerate(tqdm(source))`)
 _PASS_THROUGH = frozenset({"enumerate", "iter", "tqdm"})
 _DEPTH = 4  # assignments and parameters followed
@@ -50,16 +52,16 @@ Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 def add_sources(indexes: Sequence[SourceIndex], facts: Facts,
-           shares: dict[str, dict[int, tuple[float, float]]],
-           loader_draws: dict[str, list[tuple[str, int]]]) -> None:
+                shares: dict[str, dict[int, tuple[float, float]]],
+                loader_draws: dict[str, list[tuple[str, int]]],
+                model_calls: Sequence[tuple[str, int]] = ()) -> None:
     """`shares`: per file (its real path), per function's first line, (cumulative time over the
-    profiled steps' wall time, calls per profiled step); `loader_draws`: the DataLoaders' draw lines."""
+    profiled steps' wall time, calls per profiled step); `loader_draws`: the DataLoaders' draw lines;
+    `model_calls`: the (file, line) where the run saw the script call its models."""
     draws = {(os.path.realpath(f), line) for sites in loader_draws.values() for f, line in sites}
     sources = [x for index in indexes for x in _sources(index, shares, draws)]
-    if not sources:
-        return
     done: set[tuple[str, int]] = set()
-    for index in indexes:
+    for index in indexes if sources else []:
         for draw, expr in _draw_points(index):
             if (os.path.realpath(index.file), draw.lineno) in draws or _iterates_dataloader(index, expr):
                 continue
@@ -71,7 +73,79 @@ def add_sources(indexes: Sequence[SourceIndex], facts: Facts,
                     key = (str(made_in.file), call.lineno)
                     if key not in done:
                         done.add(key)
-                        _subject(facts, made_in, call, index, draw, src_index, fn, cls, share)
+                        kind = "a generator" if fn.name != "__next__" else "an iterator's __next__"
+                        _subject(facts, made_in, call, index, draw, src_index, fn, cls, share,
+                                 f"{kind} of the script's on the training thread")
+    _called_sources(indexes, facts, shares, draws, model_calls, done)
+
+
+def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[str, dict[int, tuple[float, float]]],
+                    draws: set[tuple[str, int]], model_calls: Sequence[tuple[str, int]],
+                    done: set[tuple[str, int]]) -> None:
+    """No loop iterable makes the batch: a loop that counts the steps (`for i in range(n)`, a
+    `while`) calls a function of the user's once per step whose result the model's call then takes
+    (NGCF's `users, pos, neg = data_generator.sample()`, then `model(users, pos, neg)`). The model's
+    call is the run's (the forward probe's call site of a top-level model, in the same loop body,
+    after it); the function is one cProfile saw called about once per profiled step (not a
+    generator: those are the draws above), that calls no model itself (the run's model calls are not
+    in it: a frozen encoder's features are compute) and takes no training step. Not in a loop that
+    draws a DataLoader's batches anywhere in its body (its batch is the loader's, a function on it a
+    transform), nor in a project that steps an environment (a replay buffer's sample is the
+    reinforcement-learning algorithm's own work)."""
+    if any(index.loops.env_steps for index in indexes):
+        return
+    models = {(os.path.realpath(f), line) for f, line in model_calls}
+    for index in indexes:
+        real = os.path.realpath(index.file)
+        mine = [m for m in index.calls if (real, m.lineno) in models]
+        if not mine:
+            continue
+        loops = index.loops
+        for stmt in index.nodes_of(ast.Assign):
+            call = stmt.value
+            name = _callee(call) if isinstance(call, ast.Call) else None
+            loop = loops.enclosing_loop(stmt)
+            if name is None or loop is None or not isinstance(call, ast.Call) or not _counts_steps(loop):
+                continue
+            end = loop.end_lineno or loop.lineno  # type: ignore[attr-defined]
+            if any(f == real and loop.lineno <= line <= end for f, line in draws):  # type: ignore[attr-defined]
+                continue
+            if loops.in_training_step(call) is not True or not loops.per_step(call) or loops.takes_step(call):
+                continue
+            results = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if not any(m.lineno > stmt.lineno and loops.enclosing_loop(m) is loop and any(
+                    isinstance(n, ast.Name) and n.id in results
+                    for a in [*m.args, *(k.value for k in m.keywords)] for n in ast.walk(a)) for m in mine):
+                continue
+            for other in indexes:
+                other_real = os.path.realpath(other.file)
+                for fn in other.functions.get(name, []):
+                    first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+                    share, calls = shares.get(other_real, {}).get(first, (0.0, 0.0))
+                    fn_end = fn.end_lineno or fn.lineno
+                    if (not MIN_CALLS_PER_STEP <= calls <= MAX_CALLS_PER_STEP or share <= 0
+                            or any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in walk_scope(fn.body))
+                            or any(f == other_real and fn.lineno <= line <= fn_end for f, line in models | draws)
+                            or any(other.loops.takes_step(n) for n in walk_scope(fn.body))):
+                        continue
+                    key = (str(index.file), stmt.lineno)
+                    if key not in done:
+                        done.add(key)
+                        parent = other.parents.get(fn)
+                        _subject(facts, index, call, index, call, other, fn,
+                                 parent.name if isinstance(parent, ast.ClassDef) else None, share,
+                                 "called once per step on the training thread, its result the model's input")
+
+
+def _counts_steps(loop: ast.AST) -> bool:
+    """A loop whose iteration draws no batch: a `while`, or a `for` over `range(...)` (through the
+    pass-through calls)."""
+    if isinstance(loop, ast.While):
+        return True
+    it = getattr(loop, "iter", None)
+    while isinstance(it, ast.Call) and _callee(it) in _PASS_THROUGH and it.args:
+        it = it.args[0]
+    return isinstance(it, ast.Call) and _callee(it) in ("range", "trange")
 
 
 def _sources(index: SourceIndex, shares: dict[str, dict[int, tuple[float, float]]],
@@ -191,13 +265,12 @@ def _made_by(indexes: Sequence[SourceIndex], index: SourceIndex, expr: ast.expr,
 
 
 def _subject(facts: Facts, made_in: SourceIndex, call: ast.Call, index: SourceIndex, draw: ast.For | ast.AsyncFor | ast.Call,
-             src_index: SourceIndex, fn: Function, cls: str | None, share: float) -> None:
+             src_index: SourceIndex, fn: Function, cls: str | None, share: float, kind: str) -> None:
     s = made_in.subject(facts, "dataloader", call)
     index.locate(s, draw)
     src_index.locate(s, fn)
     what = (f"{cls}.{fn.name}" if cls else fn.name) + ("()" if fn.name != "__next__" else "")
-    kind = "a generator" if fn.name != "__next__" else "an iterator's __next__"
-    s.add("source", f"{what}, {kind} of the script's on the training thread", source="static",
+    s.add("source", f"{what}, {kind}", source="static",
           detail=f"{src_index.file}:{fn.lineno}; the training loop draws from it at {index.file}:{draw.lineno}")
     s.add("num_workers", 0, "count", source="static", detail="no DataLoader: the training process makes every batch")
     s.add("trains", True, source="static", detail="a loop that takes the training step draws its batches")
