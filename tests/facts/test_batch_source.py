@@ -231,7 +231,7 @@ def test_a_function_called_once_per_step_whose_result_the_model_takes(tmp_path):
 
 
 @pytest.mark.parametrize("why", ["no_model_call", "model_takes_other", "loop_draws_a_loader", "iterates_batches",
-                                 "steps_an_env", "twice_per_step", "calls_the_model"])
+                                 "steps_an_env", "twice_per_step", "calls_the_model", "evaluation_loop"])
 def test_a_function_called_once_per_step_quiet_cases(tmp_path, why):
     train, data, kw = COUNTED, SAMPLER, {}
     if why == "no_model_call":
@@ -248,5 +248,22 @@ def test_a_function_called_once_per_step_quiet_cases(tmp_path, why):
         kw = {"calls": 2.0}
     elif why == "calls_the_model":
         kw = {"model_lines": (("train.py", 9), ("data.py", 6))}  # a model (an encoder) called inside it
+    elif why == "evaluation_loop":
+        # nanoGPT's estimate_loss: an evaluation loop over range() in a function the training loop
+        # calls every N steps, the same batch function and a model call the run saw
+        train = COUNTED + """\
+def estimate():
+    for k in range(5):
+        u, v = data.sample()
+        model(torch.tensor(u))
+for it in range(100):
+    if it % 10 == 0:
+        estimate()
+    loss = model(torch.arange(64)).sum()
+    loss.backward()
+    opt.step()
+"""
+        train = train.replace("users, items = data.sample()", "users, items = [1], [2]")
+        kw = {"model_lines": (("train.py", 16),)}
     f = _counted(tmp_path, train, data, **kw)  # type: ignore[arg-type]
     assert not f.of_kind("dataloader")

@@ -83,7 +83,8 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                     draws: set[tuple[str, int]], model_calls: Sequence[tuple[str, int]],
                     done: set[tuple[str, int]]) -> None:
     """No loop iterable makes the batch: a loop that counts the steps (`for i in range(n)`, a
-    `while`) calls a function of the user's once per step whose result the model's call then takes
+    `while`) and takes the training step in its own body (not an evaluation loop in a function the
+    training loop calls every N steps: nanoGPT's `estimate_loss`) calls a function of the user's once per step whose result the model's call then takes
     (NGCF's `users, pos, neg = data_generator.sample()`, then `model(users, pos, neg)`). The model's
     call is the run's (the forward probe's call site of a top-level model, in the same loop body,
     after it); the function is one cProfile saw called about once per profiled step (not a
@@ -110,7 +111,7 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
             end = loop.end_lineno or loop.lineno  # type: ignore[attr-defined]
             if any(f == real and loop.lineno <= line <= end for f, line in draws):  # type: ignore[attr-defined]
                 continue
-            if loops.in_training_step(call) is not True or not loops.per_step(call) or loops.takes_step(call):
+            if not loops.trains(loop) or not loops.per_step(call) or loops.takes_step(call):
                 continue
             results = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
             if not any(m.lineno > stmt.lineno and loops.enclosing_loop(m) is loop and any(
