@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.facts.model import Facts
+from perfdoctor.facts.run.hotspots import FunctionShare
 from perfdoctor.facts.static import analyse_files
 from perfdoctor.rules.engine import judge
 from tests.facts.test_static import by_line
@@ -64,8 +65,9 @@ def _facts(step_ms: float = 100.0, device: str = "cpu") -> Facts:
     return f
 
 
-def _shares(path: Path, line: int, share: float, calls: float = 1.0) -> dict[str, dict[int, tuple[float, float]]]:
-    return {str(path.resolve()): {line: (share, calls)}}
+def _shares(path: Path, line: int, share: float, calls: float = 1.0, own: float | None = None
+            ) -> dict[str, dict[int, FunctionShare]]:
+    return {str(path.resolve()): {line: FunctionShare(share, calls, share if own is None else own)}}
 
 
 def test_a_generator_drawn_by_next_through_a_parameter(tmp_path):
@@ -212,11 +214,13 @@ for epoch in range(2):
 
 
 def _counted(tmp_path: Path, train: str = COUNTED, data: str = SAMPLER, share: float = 0.3, calls: float = 1.0,
+             own: float | None = None,
              model_lines: tuple[tuple[str, int], ...] = (("train.py", 9),),
              draws: dict[str, list[tuple[str, int]]] | None = None) -> Facts:
+    tmp_path.mkdir(exist_ok=True)
     d, t = _files(tmp_path, data, train)
     f = _facts()
-    analyse_files([d, t], f, script=t, function_shares=_shares(d, 5, share, calls), loader_draws=draws,
+    analyse_files([d, t], f, script=t, function_shares=_shares(d, 5, share, calls, own), loader_draws=draws,
                   model_calls=[(str(tmp_path / name), line) for name, line in model_lines])
     return f
 
@@ -267,3 +271,20 @@ for it in range(100):
         kw = {"model_lines": (("train.py", 16),)}
     f = _counted(tmp_path, train, data, **kw)  # type: ignore[arg-type]
     assert not f.of_kind("dataloader")
+
+
+def test_a_function_that_waits_for_batches_other_processes_make_is_no_source(tmp_path):
+    """SASRec's WarpSampler: worker processes fill a queue, `next_batch()` only takes from it: its
+    time is the queue's (library code), not the user's Python making a batch on the training thread."""
+    data = """\
+    import queue
+    class Sampler:
+        def __init__(self):
+            self.q = queue.Queue()
+        def sample(self):
+            return self.q.get()
+    """
+    f = _counted(tmp_path, data=data, own=0.001)
+    assert not f.of_kind("dataloader")
+    # the same wait spent in its own Python is a source
+    assert _counted(tmp_path / "x", data=data, own=0.2).of_kind("dataloader")

@@ -42,6 +42,7 @@ from perfdoctor.facts.run import (
     steps,
 )
 from perfdoctor.facts.run.context import RunContext
+from perfdoctor.facts.run.hotspots import FunctionShare
 from perfdoctor.model import Hotspot
 
 __all__ = ["FAMILIES", "RunContext", "RunData", "load_run"]
@@ -77,10 +78,10 @@ class RunData:
     # per user file (its real path), the first lines of the functions cProfile saw called in the
     # window's profiled steps; None where the run cannot say (`hotspots.functions_called`)
     functions_called: dict[str, frozenset[int]] | None = None
-    # per user file (its real path), per function's first line: (its cumulative time's share of the
-    # profiled steps' wall time, its calls per profiled step); None where the run cannot say
+    # per user file (its real path), per function's first line: its cumulative time's share of the
+    # profiled steps' wall time, its calls per profiled step, its own time's share; None where the run cannot say
     # (`hotspots.function_shares`)
-    function_shares: dict[str, dict[int, tuple[float, float]]] | None = None
+    function_shares: dict[str, dict[int, FunctionShare]] | None = None
     # where the run saw the script call its models: (file, line) of each top-level model's call site
     model_calls: list[tuple[str, int]] = field(default_factory=list)
     # per DataLoader subject key ("<file>:<line>" of its judged site), the user lines (file, line) that

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from typing import NamedTuple
 
 from perfdoctor.capture.window import MAX_FUNCTIONS
 from perfdoctor.contracts.report import HotLineDoc
@@ -45,9 +46,16 @@ def functions_called(ctx: RunContext) -> dict[str, frozenset[int]] | None:
     return {f: frozenset(v) for f, v in out.items()}
 
 
-def function_shares(ctx: RunContext) -> dict[str, dict[int, tuple[float, float]]] | None:
-    """Per user file (its real path), per function's first line: (its cumulative time's share of the
-    profiled steps' wall time, its calls per profiled step), from cProfile. A generator's every resume
+class FunctionShare(NamedTuple):
+    """A user function in cProfile's profiled steps (`function_shares`)."""
+    share: float  # its cumulative time over the profiled steps' wall time
+    calls: float  # its calls per profiled step
+    own: float  # its own time (callees not counted) over that wall time
+
+
+def function_shares(ctx: RunContext) -> dict[str, dict[int, FunctionShare]] | None:
+    """Per user file (its real path), per function's first line: its cumulative time's share of the
+    profiled steps' wall time, its calls per profiled step and its own time's share, from cProfile. A generator's every resume
     is a call, so a generator the training loop draws its batches from has its batch making as its
     cumulative time, and about one call per step. The share, not the milliseconds: cProfile slows
     Python code, so its times are the profiled steps' (read against their wall time, in steps.json),
@@ -60,9 +68,10 @@ def function_shares(ctx: RunContext) -> dict[str, dict[int, tuple[float, float]]
     wall_ms = sum(s.wall_ms for s in ctx.run_steps if first <= s.i <= last)
     if wall_ms <= 0:
         return None
-    out: dict[str, dict[int, tuple[float, float]]] = {}
+    out: dict[str, dict[int, FunctionShare]] = {}
     for f in h.functions:
-        out.setdefault(os.path.realpath(f.file), {})[f.line] = (f.cumtime_s * 1e3 / wall_ms, f.ncalls / h.steps)
+        out.setdefault(os.path.realpath(f.file), {})[f.line] = FunctionShare(
+            f.cumtime_s * 1e3 / wall_ms, f.ncalls / h.steps, f.tottime_s * 1e3 / wall_ms)
     return out
 
 

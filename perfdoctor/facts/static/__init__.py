@@ -19,6 +19,7 @@ from pathlib import Path
 
 from perfdoctor.contracts.run import Site
 from perfdoctor.facts.model import Facts
+from perfdoctor.facts.run.hotspots import FunctionShare
 from perfdoctor.facts.static import (
     backend_flags,
     batch_copy,
@@ -73,7 +74,7 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
                   functions_called: dict[str, frozenset[int]] | None = None,
                   move_lines: dict[str, frozenset[int]] | None = None,
                   loader_draws: dict[str, list[tuple[str, int]]] | None = None,
-                  function_shares: dict[str, dict[int, tuple[float, float]]] | None = None,
+                  function_shares: dict[str, dict[int, FunctionShare]] | None = None,
                   model_calls: Sequence[tuple[str, int]] = ()) -> None:
     """Add static subjects and facts for the user's files. Unreadable or unparsable files are skipped.
     `model_classes`: the classes of the models a run called ("<absolute file>:<qualname>", their

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.run.dataloader import project_to_gpu
+from perfdoctor.facts.run.hotspots import FunctionShare
 from perfdoctor.facts.static.dataloader import DATALOADER
 from perfdoctor.facts.static.index import SourceIndex
 from perfdoctor.facts.static.index.syntax import dotted, walk_scope
@@ -52,7 +53,7 @@ Function = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 def add_sources(indexes: Sequence[SourceIndex], facts: Facts,
-                shares: dict[str, dict[int, tuple[float, float]]],
+                shares: dict[str, dict[int, FunctionShare]],
                 loader_draws: dict[str, list[tuple[str, int]]],
                 model_calls: Sequence[tuple[str, int]] = ()) -> None:
     """`shares`: per file (its real path), per function's first line, (cumulative time over the
@@ -79,7 +80,7 @@ def add_sources(indexes: Sequence[SourceIndex], facts: Facts,
     _called_sources(indexes, facts, shares, draws, model_calls, done)
 
 
-def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[str, dict[int, tuple[float, float]]],
+def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[str, dict[int, FunctionShare]],
                     draws: set[tuple[str, int]], model_calls: Sequence[tuple[str, int]],
                     done: set[tuple[str, int]]) -> None:
     """No loop iterable makes the batch: a loop that counts the steps (`for i in range(n)`, a
@@ -122,9 +123,11 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                 other_real = os.path.realpath(other.file)
                 for fn in other.functions.get(name, []):
                     first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
-                    share, calls = shares.get(other_real, {}).get(first, (0.0, 0.0))
+                    times = shares.get(other_real, {})
+                    fs = times.get(first)
                     fn_end = fn.end_lineno or fn.lineno
-                    if (not MIN_CALLS_PER_STEP <= calls <= MAX_CALLS_PER_STEP or share <= 0
+                    if (fs is None or not MIN_CALLS_PER_STEP <= fs.calls <= MAX_CALLS_PER_STEP or fs.share <= 0
+                            or not _works_here(other, fn, fs, times)
                             or any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in walk_scope(fn.body))
                             or any(f == other_real and fn.lineno <= line <= fn_end for f, line in models | draws)
                             or any(other.loops.takes_step(n) for n in walk_scope(fn.body))):
@@ -134,8 +137,23 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                         done.add(key)
                         parent = other.parents.get(fn)
                         _subject(facts, index, call, index, call, other, fn,
-                                 parent.name if isinstance(parent, ast.ClassDef) else None, share,
+                                 parent.name if isinstance(parent, ast.ClassDef) else None, fs.share,
                                  "called once per step on the training thread, its result the model's input")
+
+
+def _works_here(index: SourceIndex, fn: Function, fs: FunctionShare, times: dict[int, FunctionShare]) -> bool:
+    """The function makes the batch on the training thread: at least half its time is Python of the
+    user's (its own time and the cumulative time of the functions of its file it calls or defines,
+    cProfile's), or it calls torch (tensors made from the host's data). Not a function that waits
+    for a batch other processes or threads make (SASRec's `WarpSampler.next_batch()`:
+    `return self.result_queue.get()`, fed by worker processes: its time is the queue's)."""
+    names = {_callee(n) for n in ast.walk(fn) if isinstance(n, ast.Call)}
+    inner = [d for d in ast.walk(fn) if isinstance(d, (ast.FunctionDef, ast.AsyncFunctionDef)) and d is not fn]
+    callees = {id(d): d for d in inner + [d for name in names if name for d in index.functions.get(name, []) if d is not fn]}
+    user = fs.own + sum(t.share for d in callees.values()
+                        if (t := times.get(min([d.lineno, *(x.lineno for x in d.decorator_list)]))) is not None)
+    return user >= fs.share / 2 or any(isinstance(n, ast.Call) and (index.qual(n.func) or "").startswith("torch.")
+                                       for n in ast.walk(fn))
 
 
 def _counts_steps(loop: ast.AST) -> bool:
@@ -149,7 +167,7 @@ def _counts_steps(loop: ast.AST) -> bool:
     return isinstance(it, ast.Call) and _callee(it) in ("range", "trange")
 
 
-def _sources(index: SourceIndex, shares: dict[str, dict[int, tuple[float, float]]],
+def _sources(index: SourceIndex, shares: dict[str, dict[int, FunctionShare]],
              draws: set[tuple[str, int]]) -> list[tuple[SourceIndex, Function, str | None, float]]:
     """This file's batch sources the run saw: (index, function, its class's name, its share)."""
     real = os.path.realpath(index.file)
@@ -160,9 +178,10 @@ def _sources(index: SourceIndex, shares: dict[str, dict[int, tuple[float, float]
     for defs in index.functions.values():
         for fn in defs:
             first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
-            share, calls = times.get(first, (0.0, 0.0))
-            if calls < MIN_CALLS_PER_STEP or share <= 0:
+            fs = times.get(first)
+            if fs is None or fs.calls < MIN_CALLS_PER_STEP or fs.share <= 0:
                 continue
+            share = fs.share
             body = list(walk_scope(fn.body))
             if not (fn.name == "__next__" or any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in body)):
                 continue
