@@ -1917,6 +1917,54 @@ def test_a_loaders_default_batch_through_the_parameter_its_callers_fill(tmp_path
     assert got == {3: 200, 6: 1000, 8: None}
 
 
+def test_pin_memory_on_cuda_through_the_parameter_its_callers_fill(tmp_path):
+    """LynnHo's DCGAN: data.py's `make_dataset(..., pin_memory=False)` builds the loader with
+    `pin_memory=pin_memory`; train.py passes `pin_memory=use_gpu`, with `use_gpu =
+    torch.cuda.is_available()` there: pinned on CUDA. A helper nobody calls, callers that disagree,
+    and a caller that passes nothing (the parameter's default) say what the source says."""
+    data = tmp_path / "data.py"
+    data.write_text(textwrap.dedent("""\
+        from torch.utils.data import DataLoader
+        def make_dataset(ds, batch_size, num_workers=4, pin_memory=False):
+            return DataLoader(ds, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
+        def make_unused(ds, pin_memory=False):
+            return DataLoader(ds, pin_memory=pin_memory)
+        def make_mixed(ds, pin_memory):
+            return DataLoader(ds, pin_memory=pin_memory)
+        def make_default(ds, pin_memory=False):
+            return DataLoader(ds, pin_memory=pin_memory)
+        """))
+    train = tmp_path / "train.py"
+    train.write_text(textwrap.dedent("""\
+        import torch
+        import data
+        use_gpu = torch.cuda.is_available()
+        loader = data.make_dataset(ds, 64, pin_memory=use_gpu)
+        a = data.make_mixed(ds, use_gpu)
+        b = data.make_mixed(ds, True)
+        c = data.make_mixed(ds, flag)
+        d = data.make_default(ds)
+        device = torch.device("cuda" if use_gpu else "cpu")
+        for epoch in range(10):
+            for x_real in loader:
+                x_real = x_real.to(device)
+                loss = model(x_real).sum()
+                loss.backward()
+                optimizer.step()
+        """))
+    facts = Facts()
+    analyse_files([data, train], facts)
+    got = {line: v.get("pin_memory_on_cuda") for line, v in by_line(facts, "dataloader").items()}
+    assert got == {3: True, 5: None, 7: None, 9: False}
+    assert not facts.of_kind("batch_copy")  # no name links the loop in train.py to the loader in data.py
+    # the run's draw site does: the move of the pinned batch is a blocking copy (PD017)
+    drawn = Facts()
+    analyse_files([data, train], drawn, loader_draws={f"{data}:3": [(str(train), 11)]})
+    copies = {s.locations[0].line: {k.split(".", 1)[1]: f.value for k, f in s.facts.items()}
+              for s in drawn.of_kind("batch_copy")}
+    assert copies == {12: {"pinned": True, "non_blocking": False}}
+
+
 def test_host_reads_of_tensors_the_step_made_on_the_host_before_moving_them(tmp_path):
     """ncrfpp-lstmcrf: batchify builds the lengths with torch.LongTensor(...) and reads them (`.max()
     .item()`, `seqlen.item()` over `zip(..., lengths)`) before `if gpu: lengths = lengths.cuda()`:

@@ -4,27 +4,20 @@ on a CUDA device (`pin_memory=True`, `pin_memory=use_cuda`, a kwargs dict that s
 accelerator path: `dataloader.pin_memory_on_cuda`), keyed on the move's line, with `non_blocking` as
 passed. From pinned memory a copy can run asynchronously; without `non_blocking=True` the host still
 waits for it. Moves in an evaluation loop beside the training loop (a loop with no training step
-where another loop of the file takes them) are left out: they are not on the training step."""
+where another loop of the file takes them) are left out: they are not on the training step. A loader
+built in one file whose batches another file's loop moves is read where the run saw them drawn
+(`dataloader.drawn_moves`)."""
 
 from __future__ import annotations
 
-import ast
-
 from perfdoctor.facts.model import Facts
-from perfdoctor.facts.static.dataloader import DATALOADER, batch_moves, pin_memory_on_cuda
-from perfdoctor.facts.static.index import SourceIndex, put
-from perfdoctor.facts.static.index.syntax import kwarg
+from perfdoctor.facts.static.dataloader import DATALOADER, batch_moves, pin_memory_on_cuda, pinned_copy
+from perfdoctor.facts.static.index import SourceIndex
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
-    trains_somewhere = index.loops.has_training_loop()
     for call in index.calls:
         if index.qual(call.func) not in DATALOADER or pin_memory_on_cuda(index, call) is not True:
             continue
         for move, loop in batch_moves(index, call):
-            if trains_somewhere and not index.loops.trains(loop):
-                continue
-            nb = kwarg(move, "non_blocking")
-            s = index.subject(facts, "batch_copy", move)
-            put(s, "pinned", True)
-            put(s, "non_blocking", isinstance(nb, ast.Constant) and nb.value is True)
+            pinned_copy(index, facts, move, loop)

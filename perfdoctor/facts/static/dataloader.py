@@ -31,9 +31,9 @@ from collections.abc import Callable
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
-from perfdoctor.facts.static.index.devices import UNKNOWN
+from perfdoctor.facts.static.index.devices import UNKNOWN, Devices
 from perfdoctor.facts.static.index.settings import first_value, option_default
-from perfdoctor.facts.static.index.syntax import dotted, has_star_kwargs, kwarg, root_name, walk_scope
+from perfdoctor.facts.static.index.syntax import Syntax, dotted, has_star_kwargs, kwarg, root_name, walk_scope
 from perfdoctor.usercode import kwargs_style
 
 # words of evaluation rather than training: in a function's name (`evaluate`, `eval_split`, `test`,
@@ -149,6 +149,12 @@ def _arguments(index: SourceIndex, param: str, call: ast.Call) -> list[ast.expr 
     """What the callers of the function around `call` pass for its parameter `param`: this file's calls
     of it, and the project's other files' calls of `<this module>.name(...)` or of the name they import
     (`Loops.peers`); [] where the function has no such parameter or no caller passes it."""
+    return [v for v, _ in _arguments_in(index, param, call)]
+
+
+def _arguments_in(index: SourceIndex, param: str, call: ast.Call) -> list[tuple[ast.expr | None, Syntax]]:
+    """`_arguments`, each with the file (its `Syntax`) whose call passes it: a name there reads by that
+    file's assignments (`use_gpu = torch.cuda.is_available()` in train.py, the loader in data.py)."""
     scope, _ = index.context(call)
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return []
@@ -156,23 +162,50 @@ def _arguments(index: SourceIndex, param: str, call: ast.Call) -> list[ast.expr 
     if param not in params and param not in [a.arg for a in scope.args.kwonlyargs]:
         return []
     module = os.path.splitext(os.path.basename(index.file))[0]
-    calls = list(index.callers(scope.name))
+    calls: list[tuple[ast.Call, Syntax]] = [(c, index) for c in index.callers(scope.name)]
     for peer in getattr(getattr(index, "loops", None), "peers", ()):
-        calls += [c for c in peer.syntax.calls_named(scope.name)
+        calls += [(c, peer.syntax) for c in peer.syntax.calls_named(scope.name)
                   if isinstance(c.func, ast.Name) and peer.syntax.qual(c.func) is not None
                   and peer.syntax.qual(c.func).rsplit(".", 1)[0].endswith(module)
                   or isinstance(c.func, ast.Attribute) and dotted(c.func.value) is not None
                   and str(dotted(c.func.value)).rsplit(".", 1)[-1] == module]
-    out: list[ast.expr | None] = []
-    for c in calls:
+    out: list[tuple[ast.expr | None, Syntax]] = []
+    for c, where in calls:
         if any(isinstance(a, ast.Starred) for a in c.args) or has_star_kwargs(c):
             return []  # what it passes cannot be told
         v = kwarg(c, param)
         if v is None and param in params:
             i = params.index(param) - (1 if params and params[0] in ("self", "cls") else 0)
             v = c.args[i] if 0 <= i < len(c.args) else None
-        out.append(v)
+        out.append((v, where))
     return out
+
+
+def _parameter_on_cuda(index: SourceIndex, param: str, call: ast.Call) -> object:
+    """A parameter of the function that builds the loader (`def make_dataset(..., pin_memory=False)`,
+    `DataLoader(..., pin_memory=pin_memory)`) on a CUDA device: what every caller passes for it, read in
+    the caller's file (`make_dataset(..., pin_memory=use_gpu)` with `use_gpu = torch.cuda.is_available()`),
+    the parameter's default where a caller passes nothing; UNKNOWN where the callers disagree, pass
+    what the source does not decide, or there are none."""
+    scope, _ = index.context(call)
+    passed = _arguments_in(index, param, call)
+    if not passed or not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return UNKNOWN
+    positional = [*scope.args.posonlyargs, *scope.args.args]
+    defaults = dict(zip([a.arg for a in positional][len(positional) - len(scope.args.defaults):], scope.args.defaults))
+    defaults.update({a.arg: d for a, d in zip(scope.args.kwonlyargs, scope.args.kw_defaults) if d is not None})
+    values = set()
+    for value, where in passed:
+        if value is None:
+            value, where = defaults.get(param), index
+            if value is None:
+                return UNKNOWN
+        devices = index.devices if where is index else Devices(where)
+        v = devices.on_cuda(value)
+        if v is UNKNOWN or not isinstance(v, (bool, int, str)):
+            return UNKNOWN
+        values.add(v)
+    return values.pop() if len(values) == 1 else UNKNOWN
 
 
 def _eval_named(names: list[LoaderName]) -> bool:
@@ -416,15 +449,32 @@ def drawn_moves(indexes: list[SourceIndex], facts: Facts, draws: dict[str, list[
             put(s, "pin_memory_on_cuda", bool(ran.value) if ran is not None and ran.source == "run" else False)
         if "dataloader.feeds_cuda" in s.facts:
             continue
-        moves: list[tuple[ast.Call, ast.AST]] = []
+        moves: list[tuple[SourceIndex, ast.Call, ast.AST]] = []
         for file, line in draws.get(s.key, []):
             index = by_file.get(os.path.realpath(file))
             if index is not None:
-                moves += batch_moves(index, None, _loops_drawing_at(index, line))  # type: ignore[arg-type]
+                moves += [(index, m, loop) for m, loop in
+                          batch_moves(index, None, _loops_drawing_at(index, line))]  # type: ignore[arg-type]
         if moves:
             put(s, "feeds_cuda", True)
             put(s, "non_blocking", all(
-                isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for m, _ in moves))
+                isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for _, m, _ in moves))
+            pinned = s.facts.get("dataloader.pin_memory_on_cuda")
+            if pinned is not None and pinned.value is True:
+                for index, move, loop in moves:
+                    pinned_copy(index, facts, move, loop)
+
+
+def pinned_copy(index: SourceIndex, facts: Facts, move: ast.Call, loop: ast.AST) -> None:
+    """The `batch_copy` subject (PD017) of a move of a pinned loader's batch, keyed on the move's line,
+    with `non_blocking` as passed; none for a move in an evaluation loop beside the training loop (a loop
+    with no training step where another loop of the file takes them): it is not on the training step."""
+    if index.loops.has_training_loop() and not index.loops.trains(loop):
+        return
+    nb = kwarg(move, "non_blocking")
+    s = index.subject(facts, "batch_copy", move)
+    put(s, "pinned", True)
+    put(s, "non_blocking", isinstance(nb, ast.Constant) and nb.value is True)
 
 
 def _loops_drawing_at(index: SourceIndex, line: int) -> list[tuple[ast.AST, set[str]]]:
@@ -525,7 +575,11 @@ def on_cuda_path(index: SourceIndex, call: ast.Call, name: str, default: object)
     given = _given(call)
     star = has_star_kwargs(call) or any(isinstance(a, ast.Starred) for a in call.args)
     if name in given:
-        return index.devices.on_cuda(given[name])
+        arg = given[name]
+        value = index.devices.on_cuda(arg)
+        if value is UNKNOWN and isinstance(arg, ast.Name) and first_value(index, arg) is None:
+            return _parameter_on_cuda(index, arg.id, call)
+        return value
     dicts = [k.value for k in call.keywords if k.arg is None]
     if not star:
         return default
