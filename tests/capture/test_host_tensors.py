@@ -535,3 +535,27 @@ def test_numpy_index_arrays_into_the_models_computation_are_a_move(probe):
     (r,) = probe.records()
     line = _line(test_numpy_index_arrays_into_the_models_computation_are_a_move, "(w * 2)[indices]")
     assert (r.factory, r.how, r.site.line, r.moved.line, r.steps) == ("numpy", "index", line, line, WATCH_STEPS)
+
+
+def test_python_list_indices_into_the_models_computation_are_a_move(probe):
+    """HGCN: a split kept as a Python list (`idx_train = list(range(140))`) or a range indexes the
+    model's output every step: on a GPU torch makes a host index tensor of it and copies it each call.
+    A few positions written in the code (`[:, [2, 1, 0]]`) are not an index array; a list of tensors
+    is a tuple index; host data indexed by the list copies nothing."""
+    w = torch.randn(200, 6, requires_grad=True)
+    data = torch.randn(200, 6)
+    idx_train, idx_val = list(range(140)), range(140, 200)
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        out = w * 2
+        out[idx_train].sum()
+        out[idx_val]
+        out[:, [2, 1, 0]]
+        data[idx_train]
+        probe.end_step(i)
+    recs = sorted(probe.records(), key=lambda r: r.site.line)
+    train = _line(test_python_list_indices_into_the_models_computation_are_a_move, "out[idx_train].sum()")
+    val = _line(test_python_list_indices_into_the_models_computation_are_a_move, "out[idx_val]")
+    assert [(r.factory, r.how, r.site.line, r.moved.line, r.steps) for r in recs] == [
+        ("list", "index", train, train, WATCH_STEPS), ("list", "index", val, val, WATCH_STEPS)]
+    assert recs[0].nbytes == 140 * 8

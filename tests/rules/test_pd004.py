@@ -58,3 +58,10 @@ def test_pd004_numpy_index_arrays_into_the_models_computation():
                          factory="numpy", in_loop=True)
     assert finding.title.startswith("Numpy arrays index a tensor on the device")
     assert "Build the index on the device" in finding.message and "Pass device=" not in finding.message
+
+
+def test_pd004_python_list_indices_into_the_models_computation():
+    (finding,) = _judged(Location("models/base_models.py", 75, "return F.log_softmax(output[idx], dim=1)"), "run",
+                         factory="list", in_loop=True)
+    assert finding.title.startswith("Python lists of indices index a tensor on the device")
+    assert "Make the index a tensor once" in finding.message and "Pass device=" not in finding.message

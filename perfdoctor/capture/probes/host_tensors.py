@@ -275,7 +275,7 @@ class HostTensorProbe:
         def getitem(t: Any, idx: Any) -> Any:
             if compiling():
                 return orig_getitem(t, idx)
-            if probe.made or isinstance(idx, tuple) or type(idx).__module__ == "numpy":
+            if probe.made or isinstance(idx, (tuple, list, range)) or type(idx).__module__ == "numpy":
                 probe._indexed(t, idx, getframe(1))
             out = orig_getitem(t, idx)
             probe._selected(t, idx, out)
@@ -442,34 +442,40 @@ class HostTensorProbe:
             if not (t.requires_grad or t.grad_fn is not None):
                 return
             T = self.torch.Tensor
-            parts = idx if isinstance(idx, (tuple, list)) else (idx,)
+            # a list holding tensors is torch's old spelling of a tuple index; a list of numbers is one index
+            parts = idx if isinstance(idx, tuple) or (
+                isinstance(idx, list) and any(isinstance(x, T) for x in idx[:8])) else (idx,)
             for x in parts:
                 if isinstance(x, T) and x.is_cpu and self._entry(x) is not None:
                     self._moved(x, frame, "index")
                     return  # one copy per call: `idx[0], idx[1]` of one host tensor is one move
             arrays = [x for x in parts if type(x).__module__ == "numpy" and getattr(x, "ndim", 0) >= 1
                       and getattr(getattr(x, "dtype", None), "kind", "") in ("i", "u", "b")]
-            if arrays:
-                self._numpy_index(arrays, frame)
+            lists = [x for x in parts if _index_list(x)]
+            if arrays or lists:
+                self._numpy_index(arrays, frame, lists)
         except Exception as e:  # noqa: BLE001
             self.err("host_tensors", e)
 
-    def _numpy_index(self, arrays: list, frame: Any) -> None:
+    def _numpy_index(self, arrays: list, frame: Any, lists: list | None = None) -> None:
         """Numpy index arrays into the model's computation at the user's line (SASRec's
-        `pos_logits[np.where(pos != 0)]`): torch makes host index tensors of them and copies them to the
-        device on every call. The indexing line is both the pair's site and its move ("numpy")."""
+        `pos_logits[np.where(pos != 0)]`), or Python lists and ranges of indices (HGCN's
+        `output[idx_train]`, a split kept as a list): torch makes host index tensors of them and copies
+        them to the device on every call. The indexing line is both the pair's site and its move
+        (factory "numpy", or "list" where only lists index)."""
         code = frame.f_code
         if threading.get_ident() != self.main or not is_user_file(code.co_filename):
             return
         line = (id(code), frame.f_lineno)
-        p = self.pairs.get((("numpy", *line), line))
+        kind = "numpy" if arrays else "list"
+        p = self.pairs.get(((kind, *line), line))
         if p is None:
             if len(self.pairs) >= MAX_PAIRS:
                 return
             self.codes[id(code)] = code
             site = self._site(*line)
-            p = self.pairs[(("numpy", *line), line)] = _Pair(site, site, "numpy", "index",
-                                                            sum(int(a.nbytes) for a in arrays), None)
+            nbytes = sum(int(a.nbytes) for a in arrays) + 8 * sum(len(x) for x in lists or ())
+            p = self.pairs[((kind, *line), line)] = _Pair(site, site, kind, "index", nbytes, None)
         p.moves += 1
         if p.last != self.step:
             p.last = self.step
@@ -708,6 +714,19 @@ def _stored_back(code: str) -> bool:
         return False
     source = ast.unparse(f.value)
     return any(ast.unparse(t) == source for t in node.targets)
+
+
+# entries a Python list or range must have to count as an index array the data gave (a split's
+# indices), not a few positions written in the code (`x[:, [2, 1, 0]]`)
+MIN_LIST_INDEX = 16
+
+
+def _index_list(x: Any) -> bool:
+    """A Python list of integers (or a range) long enough to be an index array (`MIN_LIST_INDEX`)."""
+    if isinstance(x, range):
+        return len(x) >= MIN_LIST_INDEX
+    return (isinstance(x, list) and len(x) >= MIN_LIST_INDEX
+            and all(type(v) in (int, bool) or type(v).__module__ == "numpy" for v in x[:8]))
 
 
 def _non_blocking(args: tuple, kwargs: dict) -> bool:

@@ -91,7 +91,8 @@ def _factory(ctx: RunContext, r: HostTensorRecord) -> None:
         return
     _also_at(s, r)
     s.add("factory", r.factory, detail=f"numpy index arrays ({r.nbytes:,} bytes) at this line" if r.factory == "numpy"
-          else f"torch.{r.factory} at this line made the tensor on the host")
+          else f"Python lists of indices (about {r.nbytes:,} bytes as an index tensor) at this line"
+          if r.factory == "list" else f"torch.{r.factory} at this line made the tensor on the host")
     how = ("used as an index into the model's computation (copied to its device each call)" if r.how == "index"
            else f"moved with .{r.how}()")
     s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
