@@ -461,6 +461,8 @@ class EvalGradRecord(Struct, kw_only=True):
     backward: int = 0  # measured calls whose graph a backward then ran through
     # per measured call: the first dimension of its first tensor argument (the batch), 0 where none
     batch: list[int] = []
+    # the module also ran training-mode forwards with grad on in this run (the script trains it elsewhere)
+    trained: bool = False
 
 
 class GraphBreakRecord(Struct, kw_only=True):

@@ -420,6 +420,8 @@ SUBJECT_FACTS.update({
         ("saved_bytes", "bytes", "run", "tensors autograd saved for a backward per call (median; parameters not counted)"),
         ("measured", "count", "run", "calls whose saved tensors were counted"),
         ("backward_share", "ratio", "run", "share of the measured calls whose graph a backward then used"),
+        ("trained", "bool", "run", "the module also ran training-mode forwards with grad on: the script trains it "
+         "elsewhere, so its eval-mode forwards are an evaluation even where a backward runs through them"),
         ("batch", "count", "run", "the batch of the measured calls (their input's first dimension, median)"),
         ("default_batch", "count", "static", "the batch the script evaluates with unless the user changes it: the default "
          "batch (dataloader.default_batch_size) of the one evaluation loader whose batch in this run was eval_grad.batch"),

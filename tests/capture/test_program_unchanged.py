@@ -270,6 +270,7 @@ def test_eval_forward_through_a_training_helper_is_placed_at_the_evaluation(forw
     # not the helper's line, where torch.no_grad() would turn off the training's autograd too
     assert sorted(by_line) == sorted([evaluated, direct])
     assert by_line[evaluated].calls == 2 and by_line[evaluated].site.function.startswith("test_eval_forward_through")
+    assert all(r.trained for r in by_line.values())  # the module also ran in train mode with grad on
 
 
 def test_modules_evaluated_through_one_line_make_one_record(forward):
@@ -292,7 +293,7 @@ def test_modules_evaluated_through_one_line_make_one_record(forward):
     s.score(x)
     (r,) = forward.eval_grad_records()
     assert r.site.function == "score" and line  # both calls are at score's one line
-    assert r.module == "Sequential" and r.calls == 2
+    assert r.module == "Sequential" and r.calls == 2 and not r.trained
     body_only = _model().eval()
     forward.eval_grad.clear()
     body_only(x)

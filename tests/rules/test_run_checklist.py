@@ -291,6 +291,27 @@ def test_eval_forward_with_grad_is_flagged_with_its_memory(tmp_path):
     assert f.fix is not None and f.fix.after == "    with torch.no_grad():\n        out = model(x)"
 
 
+def test_eval_forward_with_a_backward_of_a_module_trained_in_train_mode(tmp_path):
+    # the Annotated Transformer's evaluation: model.eval(), then SimpleLossCompute(opt=None) still calls
+    # loss.backward() on every evaluation batch; the run saw the same module trained in train mode
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "train.py").write_text("def evaluate(model, x):\n    model.eval()\n    out = model(x)\n    return out\n")
+
+    def judged(trained):
+        probes = _eval_grad(backward=20)
+        probes["eval_grad"][0]["site"] = {"file": str(src / "train.py"), "line": 3, "code": "out = model(x)",
+                                          "function": "evaluate"}
+        probes["eval_grad"][0]["trained"] = trained
+        r = load_run(make_run(tmp_path / f"run{trained}", wall=lambda i: 20.0, probes=probes))
+        return judge(r.facts, RULES, user_files=[src / "train.py"])
+
+    (f,) = judged(True)
+    assert f.rule == "PD019" and "a backward through it in an evaluation" in f.title
+    assert "drop that backward before wrapping" in f.message
+    assert not judged(False)  # a model kept in eval mode while it trains (frozen BatchNorm): not flagged
+
+
 def test_eval_forward_judged_at_the_evaluation_loaders_default_batch(tmp_path):
     # a CPU run given --test-batch-size 64 of a default 200 (corpi's playground-mnist): 0.58 MiB saved
     # per call at 64 is under the 1 MiB floor, 1.8 MiB at the batch the script evaluates with

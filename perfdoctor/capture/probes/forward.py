@@ -56,6 +56,7 @@ class ForwardProbe:
         self.eval_grad: dict[tuple[int, Any, int], EvalGrad] = {}
         # (code object, line) of the user's frames on the stacks of training-mode forwards with grad on
         self.train_lines: set[tuple[Any, int]] = set()
+        self.trained: set[int] = set()  # id() of the modules called in training mode with grad on
         self.poll: Callable[[], None] = lambda: None  # set by the coordinator: the window's time budget
         self.unwatched: dict[int, ForwardRecord] = {}  # id() of a followed module whose forward was not watched yet
         self.watching: Watch | None = None  # the watch of the forward running now, if any
@@ -86,7 +87,7 @@ class ForwardProbe:
             eg = None
             if self.training:
                 if grad_enabled():
-                    probe._trains()
+                    probe._trains(self)
             elif grad_enabled():
                 eg = probe._eval_grad(self)
             if not followed and eg is None:
@@ -171,10 +172,12 @@ class ForwardProbe:
             self.err("forward", e)
             return None
 
-    def _trains(self) -> None:
-        """Note the user's lines a training-mode forward with grad on was called through, from its
-        caller outwards, up to the first line already noted (the same path again costs one lookup)."""
+    def _trains(self, mod: Any) -> None:
+        """Note the module, and the user's lines a training-mode forward with grad on was called
+        through, from its caller outwards, up to the first line already noted (the same path again
+        costs one lookup)."""
         try:
+            self.trained.add(id(mod))
             f: Any = sys._getframe(2)
             seen = self.train_lines
             while f is not None:
@@ -212,7 +215,8 @@ class ForwardProbe:
         the Linear layers a `compute_scores` method calls, each a top-level call) merged."""
         by_site: dict[Any, list[EvalGradRecord]] = {}
         for e in self.eval_grad.values():
-            r = e.record(self.train_lines)
+            mod = e.ref()
+            r = e.record(self.train_lines, mod is not None and id(mod) in self.trained)
             by_site.setdefault((r.site.file, r.site.line) if r.site is not None else id(r), []).append(r)
         return [_merged(rs) for rs in by_site.values()]
 
@@ -243,7 +247,7 @@ def _merged(rs: list[EvalGradRecord]) -> EvalGradRecord:
             cur[0] += row[1]
             cur[1] = max(cur[1], row[2] if len(row) > 2 else 1)
     return msgspec.structs.replace(
-        main, calls=max(r.calls for r in rs), backward=max(r.backward for r in rs),
+        main, calls=max(r.calls for r in rs), backward=max(r.backward for r in rs), trained=any(r.trained for r in rs),
         saved_bytes=[sum(b[i] for b in measured) for i in range(n)], batch=main.batch[:n],
         ms_by_step=[[i, round(ms, 4), c] for i, (ms, c) in sorted(steps.items())])
 
@@ -359,9 +363,9 @@ class EvalGrad:
                 return site
         return self.site
 
-    def record(self, train_lines: set[tuple[Any, int]] | None = None) -> EvalGradRecord:
+    def record(self, train_lines: set[tuple[Any, int]] | None = None, trained: bool = False) -> EvalGradRecord:
         site = self.where(train_lines) if train_lines else self.site
-        return EvalGradRecord(site=site, module=self.module, calls=self.calls,
+        return EvalGradRecord(site=site, module=self.module, calls=self.calls, trained=trained,
                               ms_by_step=[[i, round(ms, 4), n] for i, (ms, n) in sorted(self.by_step.items()) if i],
                               saved_bytes=[s.bytes for s in self.saved], backward=sum(s.used for s in self.saved),
                               batch=list(self.batch))

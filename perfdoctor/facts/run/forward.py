@@ -58,6 +58,8 @@ def eval_grad(ctx: RunContext) -> None:
             if batches:
                 s.add("batch", int(statistics.median(batches)), "count",
                       detail=f"the first dimension of the input, median over {len(batches)} measured calls")
+        s.add("trained", r.trained, detail="the module also ran training-mode forwards with grad on in this run"
+              if r.trained else "no training-mode forward of the module in this run")
 
 
 def model_classes(forward: list[ForwardRecord]) -> set[str] | None:
