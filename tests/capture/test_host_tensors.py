@@ -529,12 +529,14 @@ def test_numpy_index_arrays_into_the_models_computation_are_a_move(probe):
         pos = np.random.randint(0, 3, (4, 6))
         indices = np.where(pos != 0)
         picked = (w * 2)[indices]
+        (w * 2)[list(indices)]  # the same arrays in a list: torch's old spelling of the tuple
         data[indices]
         assert picked.shape[0] == len(indices[0])
         probe.end_step(i)
-    (r,) = probe.records()
+    r, listed = sorted(probe.records(), key=lambda r: r.site.line)
     line = _line(test_numpy_index_arrays_into_the_models_computation_are_a_move, "(w * 2)[indices]")
     assert (r.factory, r.how, r.site.line, r.moved.line, r.steps) == ("numpy", "index", line, line, WATCH_STEPS)
+    assert (listed.factory, listed.site.line) == ("numpy", line + 1)
 
 
 def test_python_list_indices_into_the_models_computation_are_a_move(probe):

@@ -442,9 +442,10 @@ class HostTensorProbe:
             if not (t.requires_grad or t.grad_fn is not None):
                 return
             T = self.torch.Tensor
-            # a list holding tensors is torch's old spelling of a tuple index; a list of numbers is one index
-            parts = idx if isinstance(idx, tuple) or (
-                isinstance(idx, list) and any(isinstance(x, T) for x in idx[:8])) else (idx,)
+            # a list holding tensors or arrays is torch's old spelling of a tuple index; a list of numbers is one index
+            parts = idx if isinstance(idx, tuple) or (isinstance(idx, list) and any(
+                isinstance(x, T) or type(x).__module__ == "numpy" and getattr(x, "ndim", 0) >= 1
+                for x in idx[:8])) else (idx,)
             for x in parts:
                 if isinstance(x, T) and x.is_cpu and self._entry(x) is not None:
                     self._moved(x, frame, "index")
