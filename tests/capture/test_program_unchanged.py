@@ -299,3 +299,31 @@ def test_modules_evaluated_through_one_line_make_one_record(forward):
     body_only(x)
     (b,) = forward.eval_grad_records()
     assert r.saved_bytes[0] > b.saved_bytes[0]  # the head's saved input counted with the body's
+
+
+def test_a_wrapped_tensor_getitem_leaves_tensors_no_sequences():
+    """A Python `__getitem__` on torch.Tensor (the host-tensors probe's, while it watches) gave the class
+    a sequence slot: torch's constructors then took a 0-d tensor in a list for a sequence and
+    `torch.tensor([a.sum(), b.sum()])` raised "len() of a 0-d tensor", during the watch and after it."""
+    from perfdoctor.capture.patches import Patches
+
+    w = torch.arange(4.0)
+    bare = torch.tensor([w.sum(), w[1:].sum()])
+    seen = []
+    patches = Patches()
+    orig = torch.Tensor.__getitem__
+
+    def getitem(t, idx):
+        seen.append(idx)
+        return orig(t, idx)
+
+    patches.replace(torch.Tensor, "__getitem__", getitem)
+    patches.replace(torch.Tensor, "__setitem__", torch.Tensor.__setitem__)
+    try:
+        assert torch.equal(torch.tensor([w.sum(), w[1:].sum()]), bare)  # watched: the same program
+        assert torch.equal(torch.Tensor([w.sum(), w.sum()]), torch.Tensor([6.0, 6.0]))
+        assert seen  # and the wrapper sees the indexing
+    finally:
+        patches.undo()
+    assert "__getitem__" not in vars(torch.Tensor)
+    assert torch.equal(torch.tensor([w.sum(), w[1:].sum()]), bare)  # and after
