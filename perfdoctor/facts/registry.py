@@ -420,6 +420,8 @@ SUBJECT_FACTS.update({
         ("saved_bytes", "bytes", "run", "tensors autograd saved for a backward per call (median; parameters not counted)"),
         ("measured", "count", "run", "calls whose saved tensors were counted"),
         ("backward_share", "ratio", "run", "share of the measured calls whose graph a backward then used"),
+        ("step_share", "ratio", "run", "share of the steady steps that called this line: an evaluation runs at some "
+         "steps, work on every training step is part of training"),
         ("trained", "bool", "run", "the module also ran training-mode forwards with grad on: the script trains it "
          "elsewhere, so its eval-mode forwards are an evaluation even where a backward runs through them"),
         ("batch", "count", "run", "the batch of the measured calls (their input's first dimension, median)"),

@@ -293,23 +293,32 @@ def test_eval_forward_with_grad_is_flagged_with_its_memory(tmp_path):
 
 def test_eval_forward_with_a_backward_of_a_module_trained_in_train_mode(tmp_path):
     # the Annotated Transformer's evaluation: model.eval(), then SimpleLossCompute(opt=None) still calls
-    # loss.backward() on every evaluation batch; the run saw the same module trained in train mode
+    # loss.backward() on every evaluation batch, all of them between two training steps; the run saw the
+    # same module trained in train mode
     src = tmp_path / "src"
     src.mkdir()
     (src / "train.py").write_text("def evaluate(model, x):\n    model.eval()\n    out = model(x)\n    return out\n")
 
-    def judged(trained):
+    def judged(trained, every_step=False):
         probes = _eval_grad(backward=20)
         probes["eval_grad"][0]["site"] = {"file": str(src / "train.py"), "line": 3, "code": "out = model(x)",
                                           "function": "evaluate"}
         probes["eval_grad"][0]["trained"] = trained
-        r = load_run(make_run(tmp_path / f"run{trained}", wall=lambda i: 20.0, probes=probes))
-        return judge(r.facts, RULES, user_files=[src / "train.py"])
+        if not every_step:
+            probes["eval_grad"][0]["ms_by_step"] = [[20, 100.0, 40]]  # the evaluation: 40 calls at one step
+        r = load_run(make_run(tmp_path / f"run{trained}{every_step}", wall=lambda i: 20.0, probes=probes))
+        return r, judge(r.facts, RULES, user_files=[src / "train.py"])
 
-    (f,) = judged(True)
+    r, (f,) = judged(True)
     assert f.rule == "PD019" and "a backward through it in an evaluation" in f.title
     assert "drop that backward before wrapping" in f.message
-    assert not judged(False)  # a model kept in eval mode while it trains (frozen BatchNorm): not flagged
+    (s,) = r.facts.of_kind("eval_grad")
+    assert 0 < s.facts["eval_grad.step_share"].value < 0.1
+    assert not judged(False)[1]  # a model kept in eval mode while it trains (frozen BatchNorm): not flagged
+    # a GAN's generator step through a discriminator it keeps in eval mode (trained in train mode in its own
+    # step): a backward through eval-mode forwards on every training step is training, not an evaluation
+    r, fs = judged(True, every_step=True)
+    assert r.facts.of_kind("eval_grad")[0].facts["eval_grad.step_share"].value == 1.0 and not fs
 
 
 def test_eval_forward_judged_at_the_evaluation_loaders_default_batch(tmp_path):

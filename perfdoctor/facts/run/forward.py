@@ -47,6 +47,8 @@ def eval_grad(ctx: RunContext) -> None:
                   detail=f"mean over {len(idx)} steady steps; {r.calls} calls in the run")
             s.add("ms", statistics.fmean(series), "ms", detail=f"time in these forwards, mean over {len(idx)} steady steps",
                   per_step=series)
+            on = sum(1 for i in idx if per.get(i, (0.0, 0))[1] > 0)
+            s.add("step_share", on / len(idx), "ratio", detail=f"{on} of {len(idx)} steady steps called this line")
         if r.saved_bytes:
             n = len(r.saved_bytes)
             s.add("measured", n, "count")
