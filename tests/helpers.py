@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,16 @@ def expected_findings(script: Path) -> set[tuple[str, int]]:
         if m:
             out |= {(rule, n) for rule in re.findall(r"PD\d{3}", m.group(1))}
     return out
+
+
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+# Popen arguments for a process started as a terminal's foreground job: a session of its own, and
+# SIGINT at its default even where the tests inherited it ignored (a CI job started with `&` by a
+# shell without job control, or under nohup: its children ignore Ctrl-C, as perfdoctor rightly keeps)
+TERMINAL_JOB: dict = {"start_new_session": True, "preexec_fn": _sigint_default}
 
 
 def run_cli(*args: str, cwd: Path | None = None, timeout: float = 180,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, TERMINAL_JOB, run_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -140,7 +140,7 @@ def _ctrl_c(tmp_path: Path, args: list[str], when) -> tuple[subprocess.Completed
     err = tmp_path / f"stderr-{len(list(tmp_path.glob('stderr-*')))}.txt"
     with open(err, "w") as fh:
         p = subprocess.Popen([sys.executable, "-m", "perfdoctor", *args], cwd=tmp_path, env=_env(),
-                             stdout=subprocess.PIPE, stderr=fh, text=True, start_new_session=True)
+                             stdout=subprocess.PIPE, stderr=fh, text=True, **TERMINAL_JOB)
         seen: set[int] = set()
         t0 = time.monotonic()
         while not when(err.read_text()):

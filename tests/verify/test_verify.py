@@ -27,7 +27,7 @@ from perfdoctor.report.formats import FORMATS, render
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.fixes import render_fix
 from perfdoctor.stats import warmup_steps
-from tests.helpers import REPO, SAMPLES, run_cli
+from tests.helpers import REPO, SAMPLES, TERMINAL_JOB, run_cli
 
 SERIES = json.loads((REPO / "tests" / "data" / "verify" / "pd027_gc_series.json").read_text())
 
@@ -236,7 +236,7 @@ def test_verify_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.Popen([sys.executable, "-m", "perfdoctor", "verify", str(script), "--steps", "12", "--format",
                              "json", "--out-dir", str(proj / "run")], cwd=proj, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, **TERMINAL_JOB)
     err: list[str] = []
     try:
         assert proc.stderr is not None
