@@ -39,7 +39,7 @@ from perfdoctor.facts.run.dataloader import project_to_gpu
 from perfdoctor.facts.run.hotspots import FunctionShare
 from perfdoctor.facts.static.dataloader import DATALOADER
 from perfdoctor.facts.static.index import SourceIndex
-from perfdoctor.facts.static.index.syntax import dotted, walk_scope
+from perfdoctor.facts.static.index.syntax import argument, dotted, walk_scope
 
 # a source resumed on about every step (a generator drawn once per step over a few profiled steps)
 MIN_CALLS_PER_STEP = 0.5
@@ -271,14 +271,9 @@ def _made_by(indexes: Sequence[SourceIndex], index: SourceIndex, expr: ast.expr,
     cls = index.parents.get(fn)
     method = isinstance(cls, ast.ClassDef)
     called = cls.name if method and fn.name == "__init__" else fn.name  # type: ignore[union-attr]
-    pos = params.index(expr.id) - (1 if method and params and params[0] in ("self", "cls") else 0) \
-        if expr.id in params else None
     for other in indexes:
         for call in other.calls_named(called):
-            arg = next((k.value for k in call.keywords if k.arg == expr.id), None)
-            if arg is None and pos is not None and 0 <= pos < len(call.args) and not any(
-                    isinstance(a, ast.Starred) for a in call.args[:pos + 1]):
-                arg = call.args[pos]
+            arg = argument(call, fn, expr.id, bound=method)
             if arg is not None:
                 out += _made_by(indexes, other, arg, depth + 1) or []
     return out or None

@@ -33,7 +33,7 @@ from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
 from perfdoctor.facts.static.index.devices import UNKNOWN, Devices
 from perfdoctor.facts.static.index.settings import first_value, option_default
-from perfdoctor.facts.static.index.syntax import Syntax, dotted, has_star_kwargs, kwarg, root_name, walk_scope
+from perfdoctor.facts.static.index.syntax import Syntax, argument, dotted, has_star_kwargs, kwarg, root_name, walk_scope
 from perfdoctor.usercode import kwargs_style
 
 # words of evaluation rather than training: in a function's name (`evaluate`, `eval_split`, `test`,
@@ -173,11 +173,7 @@ def _arguments_in(index: SourceIndex, param: str, call: ast.Call) -> list[tuple[
     for c, where in calls:
         if any(isinstance(a, ast.Starred) for a in c.args) or has_star_kwargs(c):
             return []  # what it passes cannot be told
-        v = kwarg(c, param)
-        if v is None and param in params:
-            i = params.index(param) - (1 if params and params[0] in ("self", "cls") else 0)
-            v = c.args[i] if 0 <= i < len(c.args) else None
-        out.append((v, where))
+        out.append((argument(c, scope, param, bound=True), where))
     return out
 
 

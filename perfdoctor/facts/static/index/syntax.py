@@ -64,6 +64,22 @@ def kwarg(call: ast.Call, name: str) -> ast.expr | None:
     return None
 
 
+def argument(call: ast.Call, fn: ast.FunctionDef | ast.AsyncFunctionDef, param: str, bound: bool) -> ast.expr | None:
+    """What `call` passes for the parameter `param` of `fn`: by keyword, else by position (`bound`: a
+    method called on its object, whose first parameter `self`/`cls` the call does not pass); None where
+    it passes nothing for it, or a starred argument comes before it."""
+    v = kwarg(call, param)
+    if v is not None:
+        return v
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    if param not in params:
+        return None
+    i = params.index(param) - (1 if bound and params[0] in ("self", "cls") else 0)
+    if not 0 <= i < len(call.args) or any(isinstance(a, ast.Starred) for a in call.args[:i + 1]):
+        return None
+    return call.args[i]
+
+
 def has_star_kwargs(call: ast.Call) -> bool:
     return any(k.arg is None for k in call.keywords)
 
