@@ -10,7 +10,9 @@ from tests.helpers import TESTS
 
 DATA = TESTS / "data" / "traces"
 SAMPLES = ["clean", "pd002_dataloader_workers", "pd003_pin_memory", "pd004_cpu_tensor_to_device",
-           "pd005_empty_cache", "pd007_fp32_without_amp", "pd017_copy_not_async", "pd021_optimizer_not_fused"]
+           "pd005_empty_cache", "pd007_fp32_without_amp", "pd017_copy_not_async", "pd021_optimizer_not_fused",
+           # recorded by a second GPU session (2026-11-26, 23:37 UTC)
+           "pd013_anomaly_detection", "pd016_cudnn_benchmark", "pd022_tf32_disabled"]
 
 
 def trace(sample: str):
@@ -70,3 +72,11 @@ def test_the_data_wait_is_pd002_on_a_gpu_too(reports):
     r = reports["pd002_dataloader_workers"]
     assert rules_of(r)[0] == "PD002"
     assert r.findings[0].fraction_of_step > 0.5
+
+
+def test_anomaly_modes_nan_checks_on_cuda(reports):
+    # each gradient's check is isnan, any and a device-to-host read inside the engine's node evaluation
+    share = reports["pd013_anomaly_detection"].facts["autograd.nan_check_fraction"].value
+    assert 0.01 < share < 0.5
+    assert all("autograd.nan_check_fraction" not in reports[s].facts for s in SAMPLES if s != "pd013_anomaly_detection")
+
