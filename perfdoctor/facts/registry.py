@@ -97,6 +97,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("autograd.anomaly_enabled", "bool", "run", "set_detect_anomaly(True) / detect_anomaly() seen"),
     ("autograd.nan_check_fraction", "ratio", "trace", "share of the profiled step in anomaly mode's NaN checks of "
                                                       "the backward's gradients (facts/trace/anomaly.py)"),
+    ("optimizer_loop.saving_share", "ratio", "trace", "share of the profiled step a per-tensor optimizer update spends "
+                                                      "repeating its operators tensor by tensor (facts/trace/optimizer_loop.py)"),
     ("matmul.ms", "ms", "trace", "GEMM and convolution time per step"),
     ("matmul.fp32_share", "ratio", "trace", "share of the GEMM/convolution time in fp32 (no tensor cores)"),
     # syncs, copies, counters
@@ -387,6 +389,8 @@ SUBJECT_FACTS.update({
         ("name", "str", "static", "the torch.optim class (e.g. AdamW)"),
         ("foreach", "bool", "static", "foreach as given (absent: torch's default)"),
         ("fused", "bool", "static", "fused as given (absent: torch's default)"),
+        ("loop_saving_share", "ratio", "trace",
+         "its class's optimizer_loop.saving_share, split over the optimizers of that class built per tensor"),
     ]),
     "zero_grad": _declare("zero_grad", [
         ("set_to_none", "bool", "static", "set_to_none as given"),

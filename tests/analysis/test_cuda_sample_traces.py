@@ -80,3 +80,7 @@ def test_anomaly_modes_nan_checks_on_cuda(reports):
     assert 0.01 < share < 0.5
     assert all("autograd.nan_check_fraction" not in reports[s].facts for s in SAMPLES if s != "pd013_anomaly_detection")
 
+
+def test_a_per_tensor_optimizer_step_is_timed_only_where_it_runs_per_tensor(reports):
+    assert reports["pd021_optimizer_not_fused"].facts["optimizer_loop.saving_share"].value > 0.1
+    assert all("optimizer_loop.saving_share" not in reports[s].facts for s in SAMPLES if s != "pd021_optimizer_not_fused")

@@ -34,6 +34,7 @@ from perfdoctor.facts.trace import (
     gpu,
     layout,
     matmul,
+    optimizer_loop,
     sync,
     target_gpu,
 )
@@ -60,7 +61,7 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
         families: list[tuple[Any, tuple[Any, ...]]] = [(device.add, ())]
         if ctx.gpu:
             families += [(gpu.add, (steps.gpu_parts, summary)), (sync.add, ()), (copies.add, ()), (empty_cache.add, ()),
-                         (layout.add, ())]
+                         (layout.add, ()), (optimizer_loop.add, ())]
         families += [(matmul.add, ()), (conv_shapes.add, ()), (flops.add, (summary,)), (allocations.add, ()), (comm.add, ()),
                      (dataparallel.add, ()), (ddp_sync.add, ()),
                      (dataloader.add, (steps.data_loading,)), (counters.add, ()), (target_gpu.add, ()),
