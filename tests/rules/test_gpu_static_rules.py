@@ -314,6 +314,27 @@ def test_pd022_found_in_the_source(tmp_path):
     assert all(f.ms_per_step is None and "8.0" in f.saving_basis for f in found)
 
 
+@pytest.mark.parametrize("stmt,after", [
+    ("torch.backends.cuda.matmul.allow_tf32 = False  # exact", "torch.backends.cuda.matmul.allow_tf32 = True  # exact"),
+    ("torch.backends.cudnn.allow_tf32 = False", "torch.backends.cudnn.allow_tf32 = True"),
+    ("torch.set_float32_matmul_precision('highest')", "torch.set_float32_matmul_precision('high')"),
+    ("x = 1; torch.backends.cudnn.allow_tf32 = False", "x = 1; torch.backends.cudnn.allow_tf32 = True"),
+])
+def test_pd022_fix_turns_the_users_statement_on(tmp_path, stmt, after):
+    # a fix against the user's own line (verify applies it), not an example written in the rule
+    facts, path = analyse(tmp_path, stmt + "\n", machine(Facts()))
+    [f] = findings(facts, tmp_path, "PD022")
+    assert not f.fix.example and f.fix.before == stmt and f.fix.after == after
+    from perfdoctor.rules.fixes import apply_fix
+    assert after in apply_fix(path.read_text(), f.fix)
+
+
+def test_pd022_fix_in_words_where_the_setting_is_not_a_literal(tmp_path):
+    facts, _ = analyse(tmp_path, "torch.backends.cuda.matmul.allow_tf32 = args.tf32 and False\n", machine(Facts()))
+    for f in findings(facts, tmp_path, "PD022"):
+        assert f.fix is None or not f.fix.before
+
+
 @pytest.mark.parametrize("body,matmul,conv", [
     (TF32_OFF, True, True),  # a setting per path: the one that lets TF32 run wins
     ("torch.backends.cuda.matmul.allow_tf32 = False\ntorch.backends.cudnn.allow_tf32 = False\n", False, False),
