@@ -115,6 +115,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("ops.calls_per_step", "count", "trace", "top-level aten ops per step (noise-free: the CI gate compares it)"),
     ("kernels.launches_per_step", "count", "trace", "kernel launches per step (noise-free)"),
     ("empty_cache.free_calls_per_step", "count", "trace", "cudaFree/hipFree calls per step"),
+    ("empty_cache.cost_share", "ratio", "trace", "share of the profiled step in torch's empty_cache calls and the "
+                                                 "step's cudaMalloc/cudaFree calls (facts/trace/empty_cache.py)"),
     ("dataloader.num_workers", "count", "trace",
      "0 where the trace shows a single-process DataLoader iterator (read where no subject has it)"),
     # memory
@@ -259,6 +261,7 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
     ]),
     "empty_cache": _declare("empty_cache", [
         ("calls_per_step", "count", "run/trace", "torch.cuda.empty_cache() calls per step"),
+        ("cost_share", "ratio", "trace", "its calls' part of empty_cache.cost_share (by calls per step)"),
         ("in_loop", "bool", "run/trace/static", "called on every training step (static: in the step loop, not behind a periodic guard)"),
         ("calls", "count", "run", "calls in the whole run"),
         ("free_calls_per_step", "count", "trace", "cudaFree/hipFree calls per step"),

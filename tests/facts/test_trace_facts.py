@@ -165,6 +165,35 @@ def test_anomaly_nan_checks_share_of_the_step(tmp_path):
     assert "autograd.nan_check_fraction" not in f
 
 
+def test_empty_cache_cost_is_torchs_call_and_the_steps_allocations(tmp_path):
+    """empty_cache.cost_share: torch's own empty_cache frame (not a wrapper's) and the step's cudaMalloc /
+    cudaFree calls outside it, as a share of each profiled step; nothing where no call is in a step."""
+    def x(cat, name, ts, dur, **kw):
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, **kw}
+
+    ev = [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 5, "dur": 1, "args": {"device": 0}}]
+    for k in range(4):  # steps of 1000 µs: a wrapper (100 µs) around torch's call (60 µs, a 20 µs cudaFree
+        s = 10_000 * k  # inside), then a 40 µs cudaMalloc later in the step
+        ev += [x("user_annotation", f"ProfilerStep#{k}", s, 1000),
+               x("python_function", "wrap.py(3): empty_cache", s + 100, 100),
+               x("python_function", "torch/cuda/memory.py(212): empty_cache", s + 120, 60),
+               x("cuda_runtime", "cudaFree", s + 130, 20), x("cuda_runtime", "cudaMalloc", s + 500, 40),
+               x("cuda_runtime", "cudaLaunchKernel", s + 600, 5)]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": ev, "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}]}))
+    f = Facts()
+    f.subject("empty_cache", "train.py:27").add("calls_per_step", 1.0, "count", "run")
+    add_trace_facts(load_trace(p), f)
+    assert f.value("empty_cache.cost_share") == pytest.approx(100 / 1000)
+    subs = [s for s in f.of_kind("empty_cache") if "empty_cache.cost_share" in s.facts]
+    assert sum(s.facts["empty_cache.cost_share"].value for s in subs) == pytest.approx(0.1, abs=1e-4)
+    p.write_text(json.dumps({"traceEvents": [e for e in ev if "empty_cache" not in e["name"]],
+                             "deviceProperties": [{"id": 0, "name": "NVIDIA H200"}]}))
+    f = Facts()
+    add_trace_facts(load_trace(p), f)
+    assert "empty_cache.cost_share" not in f  # allocations alone are not empty_cache's
+
+
 def _cuda_script_facts(flops=4e9, convs=1e9, **static):
     f = Facts()
     f.add("script.targets_cuda", True, "bool", "static")

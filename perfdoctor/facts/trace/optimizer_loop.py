@@ -71,7 +71,11 @@ def add(ctx: TraceContext) -> None:
     share: dict[str, float] = {}
     for cls, rows in saved.items():
         per = [sum(x for a, x in rows if s <= a < e) / ((e - s) or 1.0) for s, e in ctx.windows]
-        share[cls] = median(per)
+        m = median(per)
+        if m is not None:
+            share[cls] = m
+    if not share:
+        return
     total = sum(share.values())
     ctx.put("optimizer_loop.saving_share", total, "ratio",
             "share of the profiled step that a per-tensor optimizer update spends on repeating its operators "
