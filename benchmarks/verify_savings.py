@@ -156,13 +156,24 @@ def twin_of(t: Target, finding: dict) -> tuple[Path, Path] | None:
 # -- verify -------------------------------------------------------------------------------------------------
 def one(t: Target, twin: bool, twin_pairs: int, work: Path, budget: list[str] | None = None) -> list[dict]:
     l0 = load()
-    p = subprocess.run([sys.executable, "-m", "perfdoctor", "verify", *t.launch, str(t.script), "--steps", str(t.steps),
-                        *(budget or []), "--format", "json", "--out-dir", str(work / "run"), "--", *t.args],
-                       cwd=t.cwd, env=t.env, capture_output=True, text=True, timeout=t.timeout * 20)
+    # verify's progress lines ("verifying PD021 2/2: run 3 of 6") pass through as they come: a call cut
+    # off by a time limit still shows how far each fix got
+    out, tail = work / "verify.json", []
+    with out.open("w") as stdout, subprocess.Popen(
+            [sys.executable, "-m", "perfdoctor", "verify", *t.launch, str(t.script), "--steps", str(t.steps),
+             *(budget or []), "--format", "json", "--out-dir", str(work / "run"), "--", *t.args],
+            cwd=t.cwd, env=t.env, stdout=stdout, stderr=subprocess.PIPE, text=True) as p:
+        assert p.stderr is not None
+        for line in p.stderr:
+            tail = (tail + [line.rstrip()])[-5:]
+            if line.startswith("perfdoctor: verifying"):
+                print(f"{t.name}: {line.rstrip()}", file=sys.stderr, flush=True)
+        rc = p.wait(timeout=t.timeout * 20)
     l1 = load()
-    if p.returncode not in (0, 1) or not p.stdout.strip():
-        return [{"script": t.name, "rule": "-", "error": (p.stderr.strip().splitlines() or ["?"])[-1][:160]}]
-    doc = json.loads(p.stdout)
+    text = out.read_text()
+    if rc not in (0, 1) or not text.strip():
+        return [{"script": t.name, "rule": "-", "error": (tail or ["?"])[-1][:160]}]
+    doc = json.loads(text)
     rows = []
     for f in doc["findings"]:
         v = f.get("verification") or {}
