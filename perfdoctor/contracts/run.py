@@ -500,13 +500,23 @@ class CpuWaitRecord(Struct, kw_only=True):
     machine_ms: list[float] = []  # CPU time every process on the machine used (/proc/stat, all CPUs)
     process_ms: list[float] = []  # CPU time this process used, all its threads (/proc/self/stat)
     # the process tree's CPU time within the step: this process's threads (CLOCK_PROCESS_CPUTIME_ID)
-    # plus the workers' time on a CPU since the previous step end
+    # less perfdoctor's own threads (own_ms), plus the workers' time on a CPU since the previous step end
     tree_ms: list[float] = []
+    # perfdoctor's own threads' time on a CPU within the step (the `perfdoctor-*` threads' schedstat: the
+    # stall sampler, the profiled window's sampler): the script's tree does not have them
+    own_ms: list[float] = []
     steal_ms: list[float] = []  # the VM's steal time, all CPUs (/proc/stat; 0 on bare metal)
     pressure_ms: list[float] = []  # the host's CPU pressure: ms some runnable task waited for a CPU (PSI)
     pressure: bool = False  # /proc/pressure/cpu was readable (pressure_ms is measured)
     loadavg: list[float] = []  # the host's 1, 5 and 15 min load averages at the run's start
     loadavg_end: list[float] = []  # ... and at its end
+
+    def whole_tree_ms(self) -> list[float]:
+        """tree_ms with perfdoctor's own threads added back: what this process tree took from the machine
+        (the machine's other processes are the rest). tree_ms itself where own_ms was not recorded."""
+        if len(self.own_ms) != len(self.tree_ms):
+            return list(self.tree_ms)
+        return [a + b for a, b in zip(self.tree_ms, self.own_ms)]
 
 
 class GpuClockRecord(Struct, kw_only=True):

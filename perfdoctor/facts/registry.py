@@ -457,7 +457,7 @@ GLOBAL_FACTS.update(_declare(GLOBAL, [
     ("cpu.wait_share", "ratio", "run", "the training thread's wait for a CPU over the steady steps' wall time (sum over sum): how far other processes inflated the step times"),
     ("cpu.contended", "bool", "run", "the training thread waited for a CPU for at least CONTENTION_SHARE of the steady steps (facts/run/cpu_wait.py): step times are inflated"),
     ("step.work_ms", "ms", "run", "median over the steady steps of the step's wall time less the training thread's wait for a CPU: the step as a host without other processes would time it (where the wait was measured)"),
-    ("cpu.tree_ms", "ms", "run", "CPU time per steady step of the process tree: every thread of the training process plus the DataLoader workers (mean)"),
+    ("cpu.tree_ms", "ms", "run", "CPU time per steady step of the process tree: every thread of the training process but perfdoctor's own, plus the DataLoader workers (mean)"),
     ("host.cpu_pressure", "ratio", "run", "share of the steady steps' wall time in which some runnable task on the host waited for a CPU (/proc/pressure/cpu, where the kernel has it)"),
     ("host.others_cpus", "number", "run", "the CPUs the machine's other processes kept busy during the steady steps: all CPUs' time (/proc/stat) less this process tree's, over the steps' wall time (1.0: one CPU's worth)"),
     ("host.steal_ms", "ms", "run", "time per steady step a hypervisor gave this VM's CPUs to other guests, all CPUs (/proc/stat steal, mean)"),

@@ -260,7 +260,7 @@ def _contention(run_dir: Path, steps: list[int], wall_ms: list[float], cpus: int
     cpu = [a + b for a, b in zip(run, workers)] if run and len(workers) == len(run) else []
     return {"wait_ms": at(w.wait_ms), "cpu_ms": cpu,
             "loadavg": [w.loadavg[0], w.loadavg_end[0]] if w.loadavg and w.loadavg_end else [],
-            "others_busy": others_busy(at(w.machine_ms), at(w.tree_ms), wall_ms, cpus)}
+            "others_busy": others_busy(at(w.machine_ms), at(w.whole_tree_ms()), wall_ms, cpus)}
 
 
 def others_busy(machine_ms: list[float], tree_ms: list[float], wall_ms: list[float], cpus: int | None) -> float | None:

@@ -11,6 +11,7 @@ import gc
 import os
 import subprocess
 import sys
+import threading
 import time
 import traceback
 import types
@@ -153,6 +154,42 @@ def test_cpu_wait_reads_the_training_thread_and_the_workers():
     assert rec.pressure == Path("/proc/pressure/cpu").exists()
     assert len(rec.loadavg) == len(rec.loadavg_end) == 3
     assert probe.fd is None and not probe.workers
+
+
+@pytest.mark.skipif(not Path(f"/proc/self/task/{os.getpid()}/schedstat").exists(), reason="no schedstat")
+def test_cpu_wait_leaves_perfdoctors_own_threads_out_of_the_scripts_tree():
+    # a `perfdoctor-*` thread spins 40 ms of each step while the training thread sleeps: its time is
+    # perfdoctor's (own_ms), not the script's (tree_ms); the whole tree, for the host's other processes, has it
+    go, done = threading.Event(), threading.Event()
+
+    def spin():
+        while not done.is_set():
+            if go.wait(0.01):
+                t = time.thread_time()
+                while time.thread_time() - t < 0.04:
+                    pass
+                go.clear()
+
+    burner = threading.Thread(target=spin, name="perfdoctor-test-burner", daemon=True)
+    burner.start()
+    probe = CpuWaitProbe(ErrorLog())
+    probe.install()
+    try:
+        for i in range(1, 5):
+            probe.begin_step()
+            go.set()
+            while go.is_set():
+                time.sleep(0.005)
+            probe.end_step(i)
+        rec = probe.records()
+    finally:
+        done.set()
+        probe.uninstall()
+    assert rec is not None and len(rec.own_ms) == len(rec.tree_ms) == 4
+    assert all(35 < x < 60 for x in rec.own_ms), rec.own_ms
+    assert all(t < 20 for t in rec.tree_ms), rec.tree_ms  # the training thread slept
+    assert rec.whole_tree_ms() == [a + b for a, b in zip(rec.tree_ms, rec.own_ms)]
+    assert not probe.own
 
 
 def _frame(file, line, name="forward"):

@@ -15,7 +15,9 @@ and of this process (/proc/self/stat), both in clock ticks, tell the workers' sh
 training thread competed with; the steal ticks of /proc/stat are the time a hypervisor gave this
 VM's CPUs to other guests. Over the step, as the training thread's: this process's CPU time, all its
 threads (CLOCK_PROCESS_CPUTIME_ID, nanoseconds); with the workers' time on a CPU it is the process
-tree's CPU time per step (`tree_ms`), what the gate judges beside the wall time on a loaded host.
+tree's CPU time per step (`tree_ms`), what the gate judges beside the wall time on a loaded host,
+less perfdoctor's own threads' time on a CPU (`own_ms`: the `perfdoctor-*` threads' schedstat; a
+script's tree does not have them, and PD002's bound on a CPU run must not count them as its work).
 The host's CPU pressure (`/proc/pressure/cpu`, PSI: the time at least one runnable task waited for
 a CPU, anywhere on the machine), where the kernel has it, and the load average at the run's start
 and end tell how busy the host was. One `pread` per file, each opened once (a few microseconds).
@@ -32,6 +34,8 @@ from pathlib import Path
 
 from perfdoctor.capture.patches import ErrorLog
 from perfdoctor.contracts.run import CpuWaitRecord
+
+OWN_THREADS = "perfdoctor-"  # perfdoctor's own threads' names start so (the stall sampler, the window's sampler)
 
 
 def cgroup_cpu_stat(proc_cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> Path | None:
@@ -79,6 +83,8 @@ class CpuWaitProbe:
         self.pressure_fd: int | None = None
         self.last_pressure = 0.0  # ms of the host's CPU pressure ("some" total) so far
         self.last_cpu = 0.0  # this process's CPU time (ms) at the step's start
+        # perfdoctor's own threads (`perfdoctor-*`): native id -> (fd of its schedstat, on-CPU ns at the step's start)
+        self.own: dict[int, tuple[int, int]] = {}
         self.rec = _empty()
 
     def install(self) -> None:
@@ -110,9 +116,9 @@ class CpuWaitProbe:
             self.uninstall()
 
     def uninstall(self) -> None:
-        for fd in [w[0] for w in self.workers.values()] + list(self.ticks.values()):
+        for fd in [w[0] for w in self.workers.values()] + list(self.ticks.values()) + [o[0] for o in self.own.values()]:
             os.close(fd)
-        self.workers, self.ticks = {}, {}
+        self.workers, self.ticks, self.own = {}, {}, {}
         if self.pressure_fd is not None:
             os.close(self.pressure_fd)
             self.pressure_fd = None
@@ -134,7 +140,7 @@ class CpuWaitProbe:
             r = self.rec
             while len(r.wait_ms) < i - 1:  # steps missed: nothing known of them
                 for xs in (r.wait_ms, r.run_ms, r.throttled_ms, r.workers_wait_ms, r.workers_run_ms, r.machine_ms,
-                           r.process_ms, r.tree_ms, r.steal_ms, r.pressure_ms):
+                           r.process_ms, r.tree_ms, r.own_ms, r.steal_ms, r.pressure_ms):
                     xs.append(0.0)
                 r.workers.append(0)
                 r.throttled_periods.append(0)
@@ -150,7 +156,9 @@ class CpuWaitProbe:
             r.workers_run_ms.append(round(on / 1e6, 4))
             r.workers_wait_ms.append(round(wait / 1e6, 4))
             r.workers.append(n)
-            r.tree_ms.append(round(cpu - self.last_cpu + on / 1e6, 4))
+            own = self._own(start=False)
+            r.own_ms.append(round(own / 1e6, 4))
+            r.tree_ms.append(round(cpu - self.last_cpu - own / 1e6 + on / 1e6, 4))
             ticks = self._ticks()
             r.machine_ms.append(round((ticks[0] - self.last_ticks[0]) * self.tick_ms, 1))
             r.process_ms.append(round((ticks[1] - self.last_ticks[1]) * self.tick_ms, 1))
@@ -171,6 +179,7 @@ class CpuWaitProbe:
         try:
             self.last = _read(self.fd)
             self.last_cpu = _process_cpu_ms()
+            self._own(start=True)
             self.last_throttled = self._throttled()
         except (OSError, ValueError, IndexError) as e:
             self.err("cpu_wait", e)
@@ -182,6 +191,29 @@ class CpuWaitProbe:
         if self.cgroup_fd is None:
             return None
         return throttling(os.pread(self.cgroup_fd, 4096, 0).decode())
+
+    def _own(self, start: bool) -> int:
+        """perfdoctor's own threads' on-CPU ns since the step's start (`start`: take the start's readings,
+        0). A thread seen first at the step's end counts from then (nothing); one that ended is dropped."""
+        alive = {t.native_id for t in threading.enumerate() if t.name.startswith(OWN_THREADS) and t.native_id}
+        for tid in list(self.own):
+            if tid not in alive:
+                os.close(self.own.pop(tid)[0])
+        total = 0
+        for tid in alive:
+            try:
+                o = self.own.get(tid)
+                fd = o[0] if o is not None else os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY)
+                now = _read(fd)[0]
+            except (OSError, ValueError, IndexError):  # it just ended
+                if o is None:
+                    continue
+                os.close(self.own.pop(tid)[0])
+                continue
+            if o is not None and not start:
+                total += now - o[1]
+            self.own[tid] = (fd, now) if start or o is None else o
+        return total
 
     def _workers(self) -> tuple[int, int, int]:
         """The workers' on-CPU and run-queue ns since the last step end (a new worker: since it
@@ -241,8 +273,8 @@ class CpuWaitProbe:
 
 def _empty() -> CpuWaitRecord:
     return CpuWaitRecord(wait_ms=[], run_ms=[], throttled_ms=[], throttled_periods=[], workers_wait_ms=[],
-                         workers_run_ms=[], workers=[], machine_ms=[], process_ms=[], tree_ms=[], steal_ms=[],
-                         pressure_ms=[])
+                         workers_run_ms=[], workers=[], machine_ms=[], process_ms=[], tree_ms=[], own_ms=[],
+                         steal_ms=[], pressure_ms=[])
 
 
 def _process_cpu_ms() -> float:

@@ -58,13 +58,14 @@ def contention(ctx: RunContext) -> None:
         doc.run_ms = round(statistics.fmean(w.run_ms[k] for k in at), 3)
     if len(w.tree_ms) == len(w.wait_ms):
         tree = statistics.fmean(w.tree_ms[k] for k in at)
-        facts.add("cpu.tree_ms", tree, "ms", detail=f"this process's threads and its DataLoader workers, mean over {n} "
+        facts.add("cpu.tree_ms", tree, "ms", detail=f"this process's threads (not perfdoctor's) and its DataLoader workers, mean over {n} "
                   "steady steps")
         doc.tree_ms = round(tree, 3)
         # one of several ranks on a node: its siblings are among the machine's other processes, and its
         # CPUs are its share already (cpu.count): the figure would count them twice
         shared = ctx.rank is not None and (ctx.rank.local_world_size or 1) > 1
-        others = others_cpus([w.machine_ms[k] for k in at], [w.tree_ms[k] for k in at], walls) \
+        whole = w.whole_tree_ms()  # perfdoctor's own threads are this tree's, not the machine's other processes'
+        others = others_cpus([w.machine_ms[k] for k in at], [whole[k] for k in at], walls) \
             if len(w.machine_ms) == len(w.wait_ms) and not shared else None
         if others is not None:
             facts.add("host.others_cpus", others, "number", detail=f"the machine's CPU time (/proc/stat) less this process "
