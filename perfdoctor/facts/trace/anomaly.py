@@ -9,7 +9,7 @@ the rest (to first order)."""
 from __future__ import annotations
 
 from perfdoctor.facts.trace.context import TraceContext
-from perfdoctor.facts.trace.intervals import merge, per_window, subtract
+from perfdoctor.facts.trace.intervals import merge, share_per_window, subtract
 from perfdoctor.stats import median
 from perfdoctor.trace.model import CPU_OP
 
@@ -32,8 +32,7 @@ def add(ctx: TraceContext) -> None:
     found = subtract(found, subtract(found, inside))  # the checks that ran inside a node's evaluation
     if not found:
         return
-    at_step = per_window(found, ctx.windows)
-    shares = [c / ((e - s) or 1.0) for c, (s, e) in zip(at_step, ctx.windows)]
+    shares = share_per_window(found, ctx.windows)
     ctx.put("autograd.nan_check_fraction", median(shares), "ratio",
             "share of the profiled step in anomaly mode's NaN checks of the backward's gradients",
             per_step=tuple(round(v, 4) for v in shares))

@@ -13,7 +13,7 @@ cost of emptying its cache (or of memory still growing). On the H200 the pd005 s
 from __future__ import annotations
 
 from perfdoctor.facts.trace.context import SRC, TraceContext
-from perfdoctor.facts.trace.intervals import count_in, merge, per_window
+from perfdoctor.facts.trace.intervals import count_in, merge, share_per_window
 from perfdoctor.facts.trace.stacks import location
 from perfdoctor.stats import median
 from perfdoctor.trace.model import DRIVER, PYFUNC, RUNTIME
@@ -64,7 +64,7 @@ def _cost(ctx: TraceContext, calls: set[int]) -> None:
     allocs = t.names_where(_ALLOC_CALLS.__contains__)
     outside = [(ts[i], ts[i] + dur[i]) for i in t.indices(RUNTIME, DRIVER) if name[i] in allocs]
     spans = merge(frames + outside)  # a cudaFree inside a frame counts once
-    shares = [c / ((e - s) or 1.0) for c, (s, e) in zip(per_window(spans, ctx.windows), ctx.windows)]
+    shares = share_per_window(spans, ctx.windows)
     share = median(shares)
     ctx.put("empty_cache.cost_share", share, "ratio",
             "share of the profiled step in torch's empty_cache calls and the step's cudaMalloc/cudaFree calls",

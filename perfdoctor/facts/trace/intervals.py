@@ -65,6 +65,11 @@ def per_window(iv: list[list[float]], windows: list[tuple[float, float]]) -> lis
     return out
 
 
+def share_per_window(iv: list[list[float]], windows: list[tuple[float, float]]) -> list[float]:
+    """The share of each window that the disjoint sorted intervals `iv` cover (an empty window: 0)."""
+    return [c / (e - s) if e > s else 0.0 for c, (s, e) in zip(per_window(iv, windows), windows)]
+
+
 def count_in(times: list[float], windows: list[tuple[float, float]]) -> list[int]:
     """How many of `times` fall inside each window [start, end)."""
     times = sorted(times)
