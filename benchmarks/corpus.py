@@ -3,6 +3,8 @@
 
     python benchmarks/corpus.py [--only ID ...] [--steps N] [--bare] [--site DIR ...]
                                 [--mirror DIR] [--work DIR] [--json PATH] [--line-slack N]
+    python benchmarks/corpus.py --reanalyse --work DIR [--split dev] [--json PATH]   # an analysis change, scored
+                                                                                     # on DIR's kept run folders
 
 For each script: copy it (and the sibling files it needs) out of a snapshot of its repository at the
 recorded commit into a scratch folder (`--work`, default /tmp/perfdoctor-corpus/<id>/), build its tiny
@@ -433,6 +435,8 @@ def run_script(script: dict, repos: dict, args: argparse.Namespace) -> dict:
         return {**result, "status": "no-snapshot", "error": str(e)}
 
     work = args.work / sid
+    if args.reanalyse:
+        return reanalyse(script, result, work, args)
     shutil.rmtree(work, ignore_errors=True)
     root = work / "repo"
     root.mkdir(parents=True)
@@ -537,6 +541,29 @@ def run_script(script: dict, repos: dict, args: argparse.Namespace) -> dict:
             "error": f"perfdoctor exit {code}, no report",
             "log_tail": tail(work / "perfdoctor.log"),
         }
+    return scored(script, result, report, code, work, args)
+
+
+def reanalyse(script: dict, result: dict, work: Path, args: argparse.Namespace) -> dict:
+    """`--reanalyse`: the script's kept run folder (WORK/ID/run, from an earlier scoring with the same --work)
+    judged again by this perfdoctor (`perfdoctor report RUN`) and scored: what a change to the analysis
+    (facts, rules) does, in seconds a script, without running anything. A change to the capture needs a run."""
+    run_dir = work / "run"
+    if not (run_dir / "meta.json").is_file():
+        return {**result, "status": "no-run-folder", "error": f"{run_dir} has no run (score with this --work first)"}
+    report = work / "report.reanalysed.json"
+    report.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "perfdoctor", "report", str(run_dir), "--format", "json", "--output", str(report)]
+    code, wall = run_timed(cmd, work, dict(os.environ), args.timeout or 300, work / "reanalyse.log")
+    result.update({"command": " ".join(cmd), "exit": code, "wall_s": round(wall, 2)})
+    if not report.exists():
+        return {**result, "status": "crashed", "error": f"perfdoctor report exit {code}, no report",
+                "log_tail": tail(work / "reanalyse.log")}
+    return scored(script, result, report, 0 if code in (0, 1) else code, work, args)
+
+
+def scored(script: dict, result: dict, report: Path, code: int | None, work: Path, args: argparse.Namespace) -> dict:
+    """The run's report matched against the script's labels."""
     try:
         data = json.loads(report.read_text())
     except ValueError as e:
@@ -805,6 +832,12 @@ def main() -> int:
         type=int,
         default=0,
         help="accept a finding this many lines off a label",
+    )
+    ap.add_argument(
+        "--reanalyse",
+        action="store_true",
+        help="judge each script's kept run folder under --work again (perfdoctor report) and score it: "
+        "an analysis change in seconds a script, nothing run",
     )
     ap.add_argument(
         "--prepare-only",
