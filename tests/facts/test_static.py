@@ -2173,6 +2173,54 @@ def test_cpu_to_device_guarded_move_in_a_model_file_the_step_reaches(tmp_path):
 
 
 
+def test_optimizer_and_evaluation_of_a_module_class_the_run_never_ran(tmp_path):
+    """DomainBed keeps all its algorithms in one file, each an nn.Module that builds its own optimizer
+    (some with foreach=False) and predicts in eval mode. The run trained ERM: the other classes' models
+    never ran and none of their methods did in the profiled steps (`module_ran`), so their optimizer
+    and evaluation forwards are not the run's (no PD021, no static PD019). Without a run, every class
+    is judged."""
+    path = tmp_path / "algorithms.py"
+    path.write_text(textwrap.dedent("""\
+        import torch
+        import torch.nn as nn
+        class ERM(nn.Module):
+            def __init__(self, net):
+                super().__init__()
+                self.network = net
+                self.optimizer = torch.optim.Adam(self.network.parameters(), foreach=False)
+            def update(self, x, y):
+                loss = nn.functional.cross_entropy(self.network(x), y)
+                loss.backward()
+                self.optimizer.step()
+            def predict(self, x):
+                self.network.eval()
+                return self.network(x)
+        class Other(nn.Module):
+            def __init__(self, net):
+                super().__init__()
+                self.network = net
+                self.optimizer = torch.optim.Adam(self.network.parameters(), foreach=False)
+            def update(self, x, y):
+                loss = nn.functional.cross_entropy(self.network(x), y)
+                loss.backward()
+                self.optimizer.step()
+            def predict(self, x):
+                self.network.eval()
+                return self.network(x)
+        def evaluate(algorithm, x):
+            return algorithm.predict(x)
+        """))
+    real = str(path.resolve())
+    unrun, everything = Facts(), Facts()
+    analyse_files([path], everything)
+    analyse_files([path], unrun, model_classes={"/elsewhere/networks.py:MNIST_CNN"},
+                  functions_called={real: frozenset({8})})
+    assert sorted(by_line(everything, "optimizer")) == [7, 19]
+    assert sorted(by_line(everything, "eval_grad")) == [14, 26]
+    assert by_line(unrun, "optimizer") == {7: {"name": "Adam", "foreach": False}}
+    assert sorted(by_line(unrun, "eval_grad")) == [14]
+
+
 def test_a_model_class_whose_methods_ran_ran(tmp_path):
     """NCRFpp's CRF is never called as a module: the model's loss method calls its methods directly, so
     the run's module trees do not hold it. cProfile saw those methods called in the profiled steps

@@ -11,7 +11,10 @@ where the steps are, that takes no step and runs in none (`Loops.in_training_ste
 backward in it, calling a model an optimizer trains (`optim.SGD(net.parameters())`: `net`) with no
 no_grad around the call, its function or that function's calls (dragen1860's lesson28:
 `for data, target in test_loader: logits = net(data)` after each epoch). The run's probe sees only
-eval-mode forwards, so the source speaks for these."""
+eval-mode forwards, so the source speaks for these.
+Neither inside an `nn.Module` class the run's models never held and none of whose methods its steps
+called (`SourceIndex.module_ran`: DomainBed's other algorithms, each an nn.Module, beside the ERM the
+run trains): code the run never executed is no cost of its steps."""
 
 from __future__ import annotations
 
@@ -66,7 +69,8 @@ def _evaluation_loops(index: SourceIndex, facts: Facts) -> None:
         calls = [n for n in walk_scope(loop.body) if isinstance(n, ast.Call)]  # type: ignore[attr-defined]
         if any(isinstance(c.func, ast.Attribute) and c.func.attr in BACKWARD for c in calls):
             continue
-        forwards = [c for c in calls if dotted(c.func) in models and not _under_no_grad(index, c, None)]
+        forwards = [c for c in calls if dotted(c.func) in models and not _under_no_grad(index, c, None)
+                    and index.module_ran(c)]
         fn = index.context(loop)[0]
         if not forwards or (isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
                 _no_grad_decorated(index, fn) or any(_under_no_grad(index, c, None) for c in index.calls_named(fn.name)))):
@@ -107,7 +111,7 @@ def _function(index: SourceIndex, facts: Facts, fn: ast.FunctionDef | ast.AsyncF
     if not evals:
         return
     forwards = [c for c in calls if (name := dotted(c.func)) is not None and name in evals
-                and c.lineno > evals[name] and not _under_no_grad(index, c, fn)]
+                and c.lineno > evals[name] and not _under_no_grad(index, c, fn) and index.module_ran(c)]
     if not forwards:
         return
     callers = index.calls_named(fn.name)
