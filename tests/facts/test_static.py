@@ -796,6 +796,49 @@ def test_dataloader_drawn_by_a_loop_of_another_file_that_moves_it_to_cuda(tmp_pa
     assert "pin_memory_on_cuda" not in by_line(named, "dataloader")[4]
 
 
+def test_dataloader_drawn_by_a_loop_that_hands_the_batch_to_a_step_method(tmp_path):
+    """yihong-chen/neural-collaborative-filtering: the loop draws the batch and hands its parts to
+    `self.train_single_batch(user, item, rating)`, whose body moves them with `.cuda()` when the config
+    says so (never on a CPU run). The move one call deep is the loop's: the loader feeds CUDA. A method
+    that moves only its other parameters says nothing."""
+    data = tmp_path / "data.py"
+    data.write_text(textwrap.dedent("""\
+        from torch.utils.data import DataLoader
+        def make_loader(dataset, batch_size):
+            return DataLoader(dataset, batch_size=batch_size, shuffle=True)
+        """))
+    engine = tmp_path / "engine.py"
+    source = """\
+        class Engine:
+            def train_single_batch(self, users, items, ratings, scale=1.0):
+                if self.config['use_cuda'] is True:
+                    users, items, ratings = users.cuda(), items.cuda(), ratings.cuda()
+                self.opt.zero_grad()
+                loss = self.crit(self.model(users, items).view(-1), ratings) * scale
+                loss.backward()
+                self.opt.step()
+                return loss.item()
+            def train_an_epoch(self, train_loader):
+                for batch_id, batch in enumerate(train_loader):
+                    user, item, rating = batch[0], batch[1], batch[2]
+                    rating = rating.float()
+                    loss = self.train_single_batch(user, item, rating)
+        """
+    engine.write_text(textwrap.dedent(source))
+    key = f"{data}:3"
+    facts = Facts()
+    analyse_files([data, engine], facts, loader_draws={key: [(str(engine), 11)]})
+    got = by_line(facts, "dataloader")[3]
+    assert got["feeds_cuda"] is True and got["non_blocking"] is False
+    assert got["pin_memory_on_cuda"] is False
+    # the method moves only a parameter the loop gives no batch to
+    engine.write_text(textwrap.dedent(source).replace(
+        "users, items, ratings = users.cuda(), items.cuda(), ratings.cuda()", "scale = scale.cuda()"))
+    other = Facts()
+    analyse_files([data, engine], other, loader_draws={key: [(str(engine), 11)]})
+    assert "feeds_cuda" not in by_line(other, "dataloader")[3]
+
+
 def test_dataloader_literal_kwargs_and_feeds_cuda(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch

@@ -404,22 +404,64 @@ def _iter_of(node: ast.AST, is_loader: Callable[[ast.AST, ast.AST], bool], where
 def batch_moves(index: SourceIndex, dl_call: ast.Call, loops: list[tuple[ast.AST, set[str]]] | None = None
                 ) -> list[tuple[ast.Call, ast.AST]]:
     """(move, loop) for each `.cuda()` / `.to(device)` / `.type(<CUDA tensor type>)` of this
-    loader's batches in the loops over it (`loops`, else `batch_loops`)."""
+    loader's batches in the loops over it (`loops`, else `batch_loops`), and in a function of this file
+    the loop hands them to (`loss = self.train_single_batch(user, item, rating)`, whose body moves
+    its parameters with `users.cuda()`): one call deep, the loop is still the move's."""
     moves: list[tuple[ast.Call, ast.AST]] = []
     for loop, tracked in (batch_loops(index, dl_call) if loops is None else loops):
         body = list(walk_scope(loop.body))  # type: ignore[attr-defined]
-        for _ in range(3):  # names derived from the batch: `x, y = batch`, `v` in `for k, v in batch.items()`
-            for n in body:
-                if isinstance(n, ast.Assign) and _derived(index, n.value, tracked):
-                    for t in n.targets:
-                        tracked |= {m.id for m in ast.walk(t) if isinstance(m, ast.Name)}
-                elif isinstance(n, ast.comprehension) and root_name(n.iter) in tracked:
-                    tracked |= {m.id for m in ast.walk(n.target) if isinstance(m, ast.Name)}
-        for n in body:
-            if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                    and root_name(n.func.value) in tracked and _is_move(index, n)):
-                moves.append((n, loop))
+        tracked |= _derived_names(index, body, tracked)
+        moves += [(m, loop) for m in _moves_of(index, body, tracked)]
+        for call in body:
+            if isinstance(call, ast.Call):
+                for fn, params in _handed_to(index, call, tracked):
+                    inner = list(walk_scope(fn.body))
+                    moves += [(m, loop) for m in _moves_of(index, inner, _derived_names(index, inner, params))]
     return moves
+
+
+def _moves_of(index: SourceIndex, body: list[ast.AST], tracked: set[str]) -> list[ast.Call]:
+    """The moves in `body` of the names in `tracked`."""
+    return [n for n in body if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and root_name(n.func.value) in tracked and _is_move(index, n)]
+
+
+def _derived_names(index: SourceIndex, body: list[ast.AST], tracked: set[str]) -> set[str]:
+    """`tracked` and the names `body` derives from them."""
+    tracked = set(tracked)
+    for _ in range(3):  # names derived from the batch: `x, y = batch`, `v` in `for k, v in batch.items()`
+        for n in body:
+            if isinstance(n, ast.Assign) and _derived(index, n.value, tracked):
+                for t in n.targets:
+                    tracked |= {m.id for m in ast.walk(t) if isinstance(m, ast.Name)}
+            elif isinstance(n, ast.comprehension) and root_name(n.iter) in tracked:
+                tracked |= {m.id for m in ast.walk(n.target) if isinstance(m, ast.Name)}
+    return tracked
+
+
+def _handed_to(index: SourceIndex, call: ast.Call, tracked: set[str]
+               ) -> list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, set[str]]]:
+    """The functions of this file named as `call` calls them (`step(x, y)`, `self.step(x, y)`), each with
+    its parameters that receive a name derived from the batch (positionally, a method's `self` skipped,
+    or by keyword). Names only: a call that computes its argument hands on something else."""
+    name = call.func.attr if isinstance(call.func, ast.Attribute) else (
+        call.func.id if isinstance(call.func, ast.Name) else None)
+    given = [(i, a.id) for i, a in enumerate(call.args) if isinstance(a, ast.Name)]
+    named = [(k.arg, k.value.id) for k in call.keywords if k.arg is not None and isinstance(k.value, ast.Name)]
+    if name is None or not (given or named) or any(isinstance(a, ast.Starred) for a in call.args):
+        return []
+    out: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, set[str]]] = []
+    for fn in index.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name != name:
+            continue
+        params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+        if isinstance(call.func, ast.Attribute) and params[:1] in (["self"], ["cls"]):
+            params = params[1:]
+        got = {params[i] for i, v in given if i < len(params) and v in tracked}
+        got |= {k for k, v in named if v in tracked and k in params + [a.arg for a in fn.args.kwonlyargs]}
+        if got:
+            out.append((fn, got))
+    return out
 
 
 def drawn_moves(indexes: list[SourceIndex], facts: Facts, draws: dict[str, list[tuple[str, int]]]) -> None:
