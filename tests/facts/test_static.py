@@ -557,6 +557,31 @@ def test_cpu_to_device_host_batch_copied_every_training_step(tmp_path):
     assert [loc.line for loc in s.locations] == [19, 20]  # the copy, then its move
 
 
+def test_cpu_to_device_host_batch_of_a_comprehension_over_drawn_rows(tmp_path):
+    """weihua916/powerful-gnns (GIN): each step samples graphs by index from the in-memory list and makes
+    the labels from them in a comprehension (`torch.LongTensor([g.label for g in batch_graph])`),
+    copied to the device every step: rows drawn from a host store (`host_data`). A comprehension over
+    something not drawn (the environment's values as they came) stays the data's own copy."""
+    facts, _ = analyse(tmp_path, """\
+        import numpy as np
+        import torch
+        def train(model, train_graphs, optimizer, device):
+            for pos in range(50):
+                selected_idx = np.random.permutation(len(train_graphs))[:32]
+                batch_graph = [train_graphs[idx] for idx in selected_idx]
+                output = model(batch_graph)
+                labels = torch.LongTensor([graph.label for graph in batch_graph]).to(device)
+                rewards = torch.FloatTensor([r for r in env.rewards()]).to(device)
+                loss = criterion(output, labels) + rewards.sum()
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [8]
+    assert got[8] == {"factory": "LongTensor", "target": "device", "in_loop": True, "host_data": True}
+
+
 def test_cpu_to_device_cat_of_a_tensor_the_step_already_moved_is_on_the_device(tmp_path):
     """Time-Series-Library's decoder input: batch_y is moved first, then joined with zeros_like of it;
     the torch.cat runs on the device and its .to(device) is a no-op, not a host batch copied."""

@@ -188,9 +188,13 @@ def _moved_name(index: SourceIndex, node: ast.expr) -> bool:
 def _drawn(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
     """Rows drawn from a store by an index (`self.obs_buf[idxs]`, `state_arr[batch]`), or a name this
     file binds only to such draws: a sampled batch, which `torch.cat`/`torch.stack` of stored rows is
-    too. Not a value as it came (`torch.Tensor(next_obs)`) nor a fixed slice (`arr[0]`, `arr[:, 1:]`)."""
+    too; and a comprehension over such draws or of them (GIN's `[graph.label for graph in batch_graph]`,
+    `batch_graph = [train_graphs[idx] for idx in selected_idx]`). Not a value as it came
+    (`torch.Tensor(next_obs)`) nor a fixed slice (`arr[0]`, `arr[:, 1:]`)."""
     if isinstance(node, ast.Subscript):
         return not _fixed(node.slice)
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp)) and depth < 3:
+        return _drawn(index, node.elt, depth + 1) or any(_drawn(index, g.iter, depth + 1) for g in node.generators)
     if isinstance(node, ast.Name) and depth < 2:
         values = index.assigned.get(node.id, [])
         return bool(values) and all(_drawn(index, v, depth + 1) for v in values)
