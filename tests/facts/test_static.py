@@ -2174,6 +2174,52 @@ def test_an_evaluation_loop_that_never_calls_eval_records_autograd(tmp_path):
     assert got == {16: {"in_source": True}, 26: {"in_source": True}}
 
 
+def test_a_prediction_loop_over_the_script_s_own_batches_records_autograd(tmp_path):
+    """Zhenye-Na/DA-RNN: `test()` predicts the whole series batch by batch (no DataLoader, no `.eval()`),
+    reading each prediction out with `.cpu().data.numpy()`, without no_grad: both forwards of the trained
+    encoder and decoder record autograd for nothing. A rollout whose outputs stay in the graph for a
+    later backward (REINFORCE's log-probs), the training loop, and a loop under no_grad are no such
+    prediction."""
+    facts, _ = analyse(tmp_path, """\
+        import numpy as np
+        import torch
+        class DA_RNN:
+            def __init__(self):
+                self.enc_opt = torch.optim.Adam(self.Encoder.parameters())
+                self.dec_opt = torch.optim.Adam(params=filter(lambda p: p.requires_grad, self.Decoder.parameters()))
+            def train(self, x, y):
+                for epoch in range(10):
+                    idx = 0
+                    while idx < 100:
+                        loss = ((self.Decoder(self.Encoder(x)) - y) ** 2).mean()
+                        loss.backward()
+                        self.enc_opt.step()
+                        idx += 1
+                    if epoch % 10 == 0:
+                        y_pred = self.test()
+            def test(self):
+                y_pred = np.zeros(100)
+                i = 0
+                while i < 100:
+                    enc = self.Encoder(torch.zeros(8, 3))
+                    y_pred[i:i + 8] = self.Decoder(enc).cpu().data.numpy()[:, 0]
+                    i += 8
+                return y_pred
+            def rollout(self, env):
+                log_probs = []
+                for t in range(200):
+                    probs = self.Encoder(torch.zeros(1, 3))
+                    log_probs.append(probs.log())
+                    env.step(probs.detach().numpy())
+                return log_probs
+            def quiet(self):
+                with torch.no_grad():
+                    for i in range(10):
+                        out = self.Decoder(self.Encoder(torch.zeros(8, 3))).cpu().numpy()
+        """)
+    assert sorted(by_line(facts, "eval_grad")) == [21, 22]
+
+
 def test_cpu_to_device_guarded_move_in_a_model_file_the_step_reaches(tmp_path):
     """jiesutd/NCRFpp: the CRF (crf.py) builds `Variable(torch.zeros(b, t)).long()` and
     `torch.LongTensor(seq_len, batch_size)` on the host and moves them with `if self.gpu: x = x.cuda()`

@@ -12,6 +12,12 @@ backward in it, calling a model an optimizer trains (`optim.SGD(net.parameters()
 no_grad around the call, its function or that function's calls (dragen1860's lesson28:
 `for data, target in test_loader: logits = net(data)` after each epoch). The run's probe sees only
 eval-mode forwards, so the source speaks for these.
+Also a prediction loop over the script's own batches (no DataLoader, no `.eval()`): a loop in a
+function with no backward, that takes no training step and runs in none the source can show
+(`Loops.in_training_step` not True), calling a model an optimizer trains with no no_grad around it, and
+reading a forward's output out of autograd at once (`.detach()`, `.data`, `.cpu()`, `.numpy()`,
+`.item()`, `.tolist()` on the call): DA-RNN's `test()` predicting the whole series batch by batch,
+`self.Decoder(...).cpu().data.numpy()`. A forward whose output is read out there can feed no backward.
 Neither inside an `nn.Module` class the run's models never held and none of whose methods its steps
 called (`SourceIndex.module_ran`: DomainBed's other algorithms, each an nn.Module, beside the ERM the
 run trains): code the run never executed is no cost of its steps."""
@@ -23,7 +29,7 @@ import ast
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.dataloader import DATALOADER, batch_loops
 from perfdoctor.facts.static.index import SourceIndex, put
-from perfdoctor.facts.static.index.syntax import dotted, walk_scope
+from perfdoctor.facts.static.index.syntax import LOOPS, dotted, walk_scope
 
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
                      "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode",
@@ -36,6 +42,7 @@ def detect(index: SourceIndex, facts: Facts) -> None:
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _no_grad_decorated(index, fn):
             _function(index, facts, fn)
     _evaluation_loops(index, facts)
+    _read_out_loops(index, facts)
 
 
 def _trained_models(index: SourceIndex) -> set[str]:
@@ -77,6 +84,42 @@ def _evaluation_loops(index: SourceIndex, facts: Facts) -> None:
             continue
         for c in forwards:
             put(index.subject(facts, "eval_grad", c), "in_source", True)
+
+
+READ_OUT = frozenset({"detach", "data", "cpu", "numpy", "item", "tolist"})
+
+
+def _read_out_loops(index: SourceIndex, facts: Facts) -> None:
+    if not index.loops.has_training_loop():
+        return
+    models = _trained_models(index)
+    if not models:
+        return
+    for fn in index.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef):
+        if _no_grad_decorated(index, fn):
+            continue
+        scope = list(walk_scope(fn.body))
+        if any(isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr in BACKWARD
+               for c in scope):
+            continue
+        if any(_under_no_grad(index, c, None) for c in index.calls_named(fn.name)):
+            continue
+        for loop in scope:
+            if not isinstance(loop, LOOPS) or index.loops.trains(loop) or index.loops.in_training_step(loop) is True:
+                continue
+            body = [n for n in walk_scope(loop.body) if isinstance(n, ast.Call)]  # type: ignore[attr-defined]
+            forwards = [c for c in body if dotted(c.func) in models and not _under_no_grad(index, c, None)
+                        and index.module_ran(c)]
+            if not any(_read_out(index, c) for c in forwards):
+                continue
+            for c in forwards:
+                put(index.subject(facts, "eval_grad", c), "in_source", True)
+
+
+def _read_out(index: SourceIndex, call: ast.Call) -> bool:
+    """`call`'s value goes out of autograd at once: `model(x).detach()`, `.cpu().data.numpy()`, `.item()`."""
+    parent = index.parents.get(call)
+    return isinstance(parent, ast.Attribute) and parent.value is call and parent.attr in READ_OUT
 
 
 def _is_no_grad(index: SourceIndex, node: ast.AST) -> bool:
