@@ -107,7 +107,7 @@ def _read_out_loops(index: SourceIndex, facts: Facts) -> None:
         for loop in scope:
             if not isinstance(loop, LOOPS) or index.loops.trains(loop) or index.loops.in_training_step(loop) is True:
                 continue
-            body = [n for n in walk_scope(loop.body) if isinstance(n, ast.Call)]  # type: ignore[attr-defined]
+            body = [n for n in walk_scope(loop.body) if isinstance(n, ast.Call)]
             forwards = [c for c in body if dotted(c.func) in models and not _under_no_grad(index, c, None)
                         and index.module_ran(c)]
             if not any(_read_out(index, c) for c in forwards):
