@@ -226,7 +226,8 @@ def corpus_target(script: dict, repos: dict, work: Path, site: list[Path], steps
     """A corpus script materialised and prepared by benchmarks/corpus.py, or why it could not be."""
     import corpus
 
-    ns = argparse.Namespace(mirror=corpus.DEFAULT_MIRROR, work=work, site=site, timeout=None, prepare_only=True)
+    ns = argparse.Namespace(mirror=corpus.DEFAULT_MIRROR, work=work, site=site, timeout=None, prepare_only=True,
+                            reanalyse=False)
     r = corpus.run_script(script, repos, ns)
     if r["status"] != "prepared":
         return {"script": script["id"], "rule": "-", "error": f"{r['status']}: {r.get('error', '')}"[:160]}
