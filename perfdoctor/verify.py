@@ -62,6 +62,7 @@ from perfdoctor.gate.baseline import MIN_STEPS, meta_and_steps
 from perfdoctor.gate.compare import LEVEL
 from perfdoctor.model import Finding, Fix, Location, Report, Verification
 from perfdoctor.rules.catalog import Rule
+from perfdoctor.rules.engine import PROJECTED
 from perfdoctor.rules.fixes import apply_fix, render_fix
 from perfdoctor.stats import profiler_steps, quantile, warmup_steps
 
@@ -318,6 +319,9 @@ def plan(finding: Finding, rule: Rule | None, gpu_only_here: bool) -> Change | V
     if gpu_only_here and rule is not None and rule.gpu_only:
         return Verification("not-verifiable-here", "fix", "a GPU-only problem on a CPU run of a CUDA-targeting "
                             "script: its cost exists only on a GPU; verify it on one")
+    if gpu_only_here and finding.saving_basis.startswith(PROJECTED):
+        return Verification("not-verifiable-here", "fix", "the saving is projected for the GPU the script targets; "
+                            "this CPU run's step is not that step: verify it on one")
     loc = finding.locations[0] if finding.locations else None
     statistic = "mean" if rule is not None and rule.spread_over_steps else "median"
     # a fix in words (before = after = "": "num_workers comes from `workers`: give it 2 where that value is

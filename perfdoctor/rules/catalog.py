@@ -71,6 +71,10 @@ class Rule:
     # the saving is paid on some steps only (an epoch start, every Nth step) and spread over all of
     # them: the median step does not hold it, so its share is of the median step plus the saving
     spread_over_steps: bool = False
+    # an expression: where true, the saving is projected for the GPU a CPU run's script targets (PD002's
+    # loading as a share of an estimated GPU step), not this machine's; the basis says so and verify,
+    # which measures this machine, leaves it to a GPU (engine.PROJECTED)
+    projected_for_gpu: str | None = None
     # one finding per run however many subjects show it: the fix is one setting for the process
     # (PD016's cudnn.benchmark), so the other subjects' locations follow the first's
     once: bool = False
@@ -259,6 +263,8 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         if "title_group" in data:
             used["title_group"] = template_names(str(data["title_group"])) - {GROUP_COUNT}
         used["unmeasured"] = template_names(str(data.get("unmeasured", "")))
+        if data.get("projected_for_gpu") is not None:
+            used["projected_for_gpu"] = names_in(_req(data, "projected_for_gpu", where))
     except RuleError as e:
         raise RuleError(f"{where}: {e.message}") from None
     thresholds = data.get("thresholds", {})
@@ -322,6 +328,7 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
         title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
         subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread, once=once,
+        projected_for_gpu=data.get("projected_for_gpu"),
         title_group=title_group,
         severity_unmeasured=severity_unmeasured,
         subject_optional=bool(data.get("subject_optional", False)), ablation=ablation,

@@ -25,6 +25,7 @@ SOURCE_WORDS = {"run": "measured in this run", "trace": "measured in this trace"
 MINOR_FRACTION = 0.01  # of the step
 MINOR_MS = 0.2
 GPU_ONLY = "GPU-only, not measured on this run"
+PROJECTED = "projected for the GPU the script targets, not this machine's step"
 
 
 def make_lookup(facts: Facts, subject: Subject | None, thresholds: dict[str, Any],
@@ -184,6 +185,13 @@ def gpu_only_context(facts: Facts) -> str | None:
     return None
 
 
+def _true(expr: str, lookup: Callable[[str], Any]) -> bool:
+    try:
+        return evaluate(expr, lookup) is True
+    except Missing:
+        return False
+
+
 def _severity(rule: Rule, ms: float | None, frac: float | None, gpu_only: bool) -> str:
     if ms is not None and (ms < MINOR_MS or (frac is not None and frac < MINOR_FRACTION)):
         return "low"
@@ -289,6 +297,8 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
             basis += f": {rule.saving_note}"
         if rule.saving_ms:
             spread = saving_range(rule.saving_ms, saving_names, facts, subject, lookup, rule.lets)
+        if rule.projected_for_gpu and _true(rule.projected_for_gpu, lookup):
+            basis = f"{PROJECTED}; from what was {basis}"
 
     used = rule.reads(names_in(rule.when)) | saving_names | set(rule.evidence)
     evidence = [f for n in sorted(used) if not n.startswith("threshold.") and (f := _fact(facts, subject, n))]

@@ -11,7 +11,7 @@ import pytest
 from perfdoctor.facts.model import Facts
 from perfdoctor.model import Location
 from perfdoctor.rules.config import Settings
-from perfdoctor.rules.engine import judge
+from perfdoctor.rules.engine import PROJECTED, judge
 from tests.rules.builders import RULES, cpu_run, ids, loader
 
 PD002 = [r for r in RULES if r.id == "PD002"]
@@ -82,6 +82,8 @@ def test_pd002_projects_a_cpu_run_onto_a_gpu():
     assert evidence["step.gpu_compute_ms"] == pytest.approx(19.5) and evidence["step.gpu_speedup"] == 10.0
     # with 4 workers the GPU step hides 5/4 ms of loading behind 19.5 ms of compute: all 5 ms saved
     assert finding.ms_per_step == pytest.approx(5.0)
+    # that GPU's saving, not this CPU's: said so, and verify leaves it to a GPU
+    assert finding.saving_basis.startswith(PROJECTED)
     assert judge(_cpu_run_of_gpu_script(5.0, 200.0, targets_cuda=False), PD002) == []
     assert judge(_cpu_run_of_gpu_script(0.5, 20.0), PD002) == []  # below 1 ms: in-memory data
 

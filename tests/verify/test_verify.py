@@ -25,6 +25,7 @@ from perfdoctor.errors import InputError
 from perfdoctor.model import Finding, Fix, Location, Report, Verification
 from perfdoctor.report.formats import FORMATS, render
 from perfdoctor.rules.catalog import load_rules
+from perfdoctor.rules.engine import PROJECTED
 from perfdoctor.rules.fixes import render_fix
 from perfdoctor.stats import warmup_steps
 from tests.helpers import REPO, SAMPLES, TERMINAL_JOB, run_cli
@@ -125,6 +126,12 @@ def test_plans(tmp_path: Path) -> None:
     words = verify.plan(_finding("PD018", loc, Fix("", "", "num_workers comes from `workers`: give it 2")),
                         rules["PD018"], False)
     assert isinstance(words, Verification) and words.verdict == "not-verifiable-here" and "words" in words.why
+    # PD002 projected for the GPU a CPU run's script targets: that GPU's saving, not this CPU's step
+    projected = _finding("PD002", loc, fix)
+    projected.saving_basis = f"{PROJECTED}; from what was measured in this run"
+    off = verify.plan(projected, rules["PD002"], True)
+    assert isinstance(off, Verification) and off.verdict == "not-verifiable-here" and "projected" in off.why
+    assert isinstance(verify.plan(projected, rules["PD002"], False), verify.Change)  # a GPU run: measured there
 
 
 def test_the_patch_applies_with_git(tmp_path: Path) -> None:
