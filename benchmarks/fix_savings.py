@@ -80,7 +80,8 @@ def one(sample: str, rule: str, steps: int, repeats: int, work: Path) -> dict:
     row["predicted_ms"] = saving["ms_per_step"] if saving else None
     row["basis"] = found["saving_basis"]
     fx = found["fix"]
-    fixed = apply_fix(script.read_text(), Fix(fx["before"], fx["after"], fx["note"], fx["example"]))
+    line = (found.get("locations") or [{}])[0].get("line")
+    fixed = apply_fix(script.read_text(), Fix(fx["before"], fx["after"], fx["note"], fx["example"]), line)
     if fixed is None:
         row["error"] = "the fix's `before` is not in the sample"
         return row

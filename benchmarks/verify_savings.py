@@ -146,7 +146,7 @@ def twin_of(t: Target, finding: dict) -> tuple[Path, Path] | None:
     shutil.rmtree(dest, ignore_errors=True)
     shutil.copytree(root, dest, symlinks=True)
     target = dest / Path(loc["file"]).relative_to(root)
-    new = apply_fix(target.read_text(), Fix(fix["before"], fix["after"], fix.get("note", ""), False))
+    new = apply_fix(target.read_text(), Fix(fix["before"], fix["after"], fix.get("note", ""), False), loc.get("line"))
     if new is None:
         return None
     target.write_text(new)

@@ -329,7 +329,7 @@ def plan(finding: Finding, rule: Rule | None, gpu_only_here: bool) -> Change | V
     words = finding.fix is not None and not finding.fix.before and not finding.fix.after
     if finding.fix is not None and not finding.fix.example and not words and loc is not None:
         source = _read(Path(loc.file))
-        fixed = apply_fix(source, finding.fix) if source is not None else None
+        fixed = apply_fix(source, finding.fix, loc.line) if source is not None else None
         if fixed is None:
             return Verification("did-not-hold", "fix", f"the fix does not apply: its `before` is not in {loc.file}")
         return Change(finding, "fix", "the fix applied", {Path(loc.file): fixed}, statistic=statistic)
@@ -344,7 +344,7 @@ def plan(finding: Finding, rule: Rule | None, gpu_only_here: bool) -> Change | V
         return Verification("not-verifiable-here", "ablation", f"{what}: the finding names no line to change")
     fix = _removed_call(loc, ablation.get("callee") if kind == "remove-call" else None)
     source = _read(Path(loc.file))
-    changed = apply_fix(source, fix) if fix is not None and source is not None else None
+    changed = apply_fix(source, fix, loc.line) if fix is not None and source is not None else None
     if changed is None:
         return Verification("not-verifiable-here", "ablation", f"{what}: the line is not a call statement that can "
                             f"be left out safely")
@@ -504,7 +504,8 @@ def diff(project: Project, changes: list[Change]) -> str:
             fix = c.finding.fix
             if src is None or fix is None:
                 continue
-            new = apply_fix(src, fix)
+            loc = c.finding.locations[0] if c.finding.locations else None
+            new = apply_fix(src, fix, loc.line if loc is not None and Path(loc.file) == path else None)
             if new is not None:
                 originals.setdefault(path, _read(path) or "")
                 texts[path] = new

@@ -338,6 +338,13 @@ def test_apply_fix_replaces_the_statement_and_removes_a_line(tmp_path):
     assert apply_fix(src, Fix("    x = 1", "    x = 3")) == src.replace("x = 1", "x = 3")
     assert apply_fix(src, Fix("    z = 1", "")) is None
     assert apply_fix(src, Fix("    x = 1", "    x = 3", example=True)) is None
+    # the same text at two places (a training forward, and the evaluation's after it): the flagged line's
+    twice = "for x in train:\n    y = net(x)\n    y.sum().backward()\nfor x in test:\n    y = net(x)\n"
+    wrapped = Fix("    y = net(x)", "    with torch.no_grad():\n        y = net(x)")
+    assert apply_fix(twice, wrapped, 5).splitlines()[1:3] == ["    y = net(x)", "    y.sum().backward()"]
+    assert apply_fix(twice, wrapped, 5).splitlines()[4] == "    with torch.no_grad():"
+    assert apply_fix(twice, wrapped, 2).splitlines()[1] == "    with torch.no_grad():"
+    assert apply_fix(twice, wrapped).splitlines()[1] == "    with torch.no_grad():"  # no line: the first
 
 
 # -- fixes that fit the code (issue 25, a user's first hour) ---------------------------------

@@ -31,20 +31,26 @@ def fix_kinds() -> tuple[str, ...]:
                         if m.name not in SHARED and not m.name.startswith("_")))
 
 
-def apply_fix(source: str, fix: Fix) -> str | None:
+def apply_fix(source: str, fix: Fix, line: int | None = None) -> str | None:
     """`source` (the file the fix was rendered against) with the fix applied: its `before`, the
     statement exactly as written, replaced by `after` (a statement removed takes its line with it).
-    None for an example fix, or where `before` is not in the source (the file changed)."""
+    Where the same text stands at several places (`logits = net(data)` in the training loop and in the
+    evaluation after it), the one that holds the flagged `line` (1-based), else the nearest to it; the
+    first without a line. None for an example fix, or where `before` is not in the source (the file
+    changed)."""
     if fix.example or not fix.before:
         return None
     lines = source.splitlines(keepends=True)
     want = fix.before.splitlines()
-    for i in range(len(lines) - len(want) + 1):
-        if [l.rstrip("\r\n") for l in lines[i:i + len(want)]] == want:
-            end = lines[i + len(want) - 1][len(lines[i + len(want) - 1].rstrip("\r\n")):] or "\n"
-            new = [l + end for l in fix.after.splitlines()]
-            return "".join(lines[:i] + new + lines[i + len(want):])
-    return None
+    at = [i for i in range(len(lines) - len(want) + 1)
+          if [l.rstrip("\r\n") for l in lines[i:i + len(want)]] == want]
+    if not at:
+        return None
+    # the distance of the flagged line to each occurrence's lines (0 inside it)
+    i = at[0] if line is None else min(at, key=lambda k: max(k + 1 - line, line - (k + len(want)), 0))
+    end = lines[i + len(want) - 1][len(lines[i + len(want) - 1].rstrip("\r\n")):] or "\n"
+    new = [l + end for l in fix.after.splitlines()]
+    return "".join(lines[:i] + new + lines[i + len(want):])
 
 
 def render_fix(kind: str, location: Location, params: dict) -> Fix | None:
