@@ -34,14 +34,14 @@ device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 """
 
 
-def machine(facts: Facts, device: str = "cpu", capability: float | None = None) -> Facts:
+def machine(facts: Facts, device: str = "cpu", capability: float | None = None, step_ms: float = 20.0) -> Facts:
     facts.add("device.type", device, "", "machine")
     if capability is not None:
         facts.add("device.capability", capability, "", "machine")
         facts.add("device.amp_available", capability >= 7.0, "", "machine")
     else:
         facts.add("device.amp_available", False, "", "machine", "CPU without AMX")
-    facts.add("step.time_ms", 20.0, "ms", "run")
+    facts.add("step.time_ms", step_ms, "ms", "run")
     return facts
 
 
@@ -442,12 +442,12 @@ def test_no_static_only_rule_fires_on_the_real_gpu_traces(tmp_path):
 
 
 # -- PD024 slow-storage ------------------------------------------------------------------------
-def worker_run(tmp_path: Path, hot_line: str) -> tuple[Facts, Path]:
+def worker_run(tmp_path: Path, hot_line: str, step_ms: float = 20.0, data_ms: float = 8.0) -> tuple[Facts, Path]:
     path = tmp_path / "data.py"
     path.write_text("import numpy as np\nfrom PIL import Image\n\n"
                     "class Tiles:\n    def __getitem__(self, i):\n        " + hot_line + "\n")
-    facts = machine(Facts())
-    facts.add("step.data_ms", 8.0, "ms", "run")
+    facts = machine(Facts(), step_ms=step_ms)
+    facts.add("step.data_ms", data_ms, "ms", "run")
     facts.add("cpu.count", 2, "count", "machine")
     s = facts.subject("worker_hotspot", f"{path}:6")
     for name, value in (("function", "Tiles.__getitem__"), ("ms_per_step", 30.0), ("share", 0.9),
@@ -471,6 +471,15 @@ def test_pd024_worker_hot_line_reads_files(tmp_path, hot_line, call):
     assert {f.rule for f in got} & {"PD014", "PD024"} == {"PD024"}  # PD014 gives way
     f = next(f for f in got if f.rule == "PD024")
     assert f.ms_per_step == pytest.approx(min(8.0, 30.0 / 2) * 0.5)
+
+
+def test_pd024_judges_the_wait_against_the_step_less_its_wait_for_a_cpu(tmp_path):
+    # beside load (the pd024 sample at load average 6: a 180 ms step of which 100 ms waiting for a CPU):
+    # 15 ms of data wait is 8 % of the wall step but 20 % of the step the script itself takes
+    facts, _ = worker_run(tmp_path, "return Image.open(self.paths[i]).convert('RGB')", step_ms=180.0, data_ms=15.0)
+    assert "PD024" not in {f.rule for f in findings(facts, tmp_path)}  # no contention measured: the wall step
+    facts.add("step.work_ms", 75.0, "ms", "run")
+    assert "PD024" in {f.rule for f in findings(facts, tmp_path)}
 
 
 def test_pd024_quiet_when_the_hot_line_computes(tmp_path):
