@@ -446,19 +446,15 @@ def _handed_to(index: SourceIndex, call: ast.Call, tracked: set[str]
     or by keyword). Names only: a call that computes its argument hands on something else."""
     name = call.func.attr if isinstance(call.func, ast.Attribute) else (
         call.func.id if isinstance(call.func, ast.Name) else None)
-    given = [(i, a.id) for i, a in enumerate(call.args) if isinstance(a, ast.Name)]
-    named = [(k.arg, k.value.id) for k in call.keywords if k.arg is not None and isinstance(k.value, ast.Name)]
-    if name is None or not (given or named) or any(isinstance(a, ast.Starred) for a in call.args):
+    if name is None or any(isinstance(a, ast.Starred) for a in call.args):
         return []
     out: list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, set[str]]] = []
     for fn in index.nodes_of(ast.FunctionDef, ast.AsyncFunctionDef):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name != name:
             continue
-        params = [a.arg for a in fn.args.posonlyargs + fn.args.args]
-        if isinstance(call.func, ast.Attribute) and params[:1] in (["self"], ["cls"]):
-            params = params[1:]
-        got = {params[i] for i, v in given if i < len(params) and v in tracked}
-        got |= {k for k, v in named if v in tracked and k in params + [a.arg for a in fn.args.kwonlyargs]}
+        params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
+        got = {p for p in params if isinstance(v := argument(call, fn, p, bound=isinstance(call.func, ast.Attribute)),
+                                                ast.Name) and v.id in tracked}
         if got:
             out.append((fn, got))
     return out
