@@ -65,6 +65,18 @@ def per_window(iv: list[list[float]], windows: list[tuple[float, float]]) -> lis
     return out
 
 
+def outermost(events: list[int], ts, dur) -> list[int]:
+    """The events of one thread that no other event of the list encloses, in time order (`ts`, `dur`:
+    the trace's columns)."""
+    out: list[int] = []
+    end = float("-inf")
+    for i in sorted(events, key=lambda i: (ts[i], -dur[i])):
+        if ts[i] >= end:
+            end = ts[i] + dur[i]
+            out.append(i)
+    return out
+
+
 def share_per_window(iv: list[list[float]], windows: list[tuple[float, float]]) -> list[float]:
     """The share of each window that the disjoint sorted intervals `iv` cover (an empty window: 0)."""
     return [c / (e - s) if e > s else 0.0 for c, (s, e) in zip(per_window(iv, windows), windows)]

@@ -18,24 +18,16 @@ A GPU trace only: on a CPU the per-tensor form is torch's default and launches n
 from __future__ import annotations
 
 import re
+from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
 
 from perfdoctor.facts.trace.context import SRC, TraceContext
+from perfdoctor.facts.trace.intervals import outermost
 from perfdoctor.stats import median
 from perfdoctor.trace.model import CPU_OP, PYFUNC, USER_ANN
 
 UPDATE = re.compile(r"^torch/optim/\w+\.py\(\d+\): _single_tensor_\w+$")
 STEP = "Optimizer.step#"  # `Optimizer.step#AdamW.step`: the class whose step encloses the update
-
-
-def _outer(ops: list[int], ts, dur) -> list[int]:
-    """The ops of one thread that no other op of the list encloses, in time order."""
-    out, end = [], float("-inf")
-    for i in sorted(ops, key=lambda i: (ts[i], -dur[i])):
-        if ts[i] >= end:
-            end = ts[i] + dur[i]
-            out.append(i)
-    return out
 
 
 def add(ctx: TraceContext) -> None:
@@ -53,15 +45,18 @@ def add(ctx: TraceContext) -> None:
     for i in t.indices(CPU_OP):
         if name[i] in aten:
             ops_by_track[track[i]].append(i)
-    for lst in ops_by_track.values():
+    starts: dict[int, list[float]] = {}
+    for k, lst in ops_by_track.items():
         lst.sort(key=ts.__getitem__)
+        starts[k] = [ts[i] for i in lst]
     # per class: (start, repeats' time) of each update frame
     saved: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for f in frames:
         a, b = ts[f], ts[f] + dur[f]
         cls = next((c for s, e, c in spans if s <= a and b <= e), "")
-        inside = [i for i in ops_by_track.get(track[f], []) if a <= ts[i] and ts[i] + dur[i] <= b]
-        outer = _outer(inside, ts, dur)
+        lst, at = ops_by_track.get(track[f], []), starts.get(track[f], [])
+        inside = [i for i in lst[bisect_left(at, a):bisect_right(at, b)] if ts[i] + dur[i] <= b]
+        outer = outermost(inside, ts, dur)
         if not outer:
             continue
         n, d = len(outer), len(Counter(name[i] for i in outer))

@@ -37,7 +37,7 @@ from perfdoctor.facts import registry
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.flops import HOST_US_PER_OP, REFERENCE_GPU, device_peak
-from perfdoctor.facts.trace.intervals import count_in
+from perfdoctor.facts.trace.intervals import count_in, outermost
 from perfdoctor.stats import median
 from perfdoctor.trace.model import CPU_OP, USER_ANN
 
@@ -69,14 +69,7 @@ def gpu_ops_per_step(ctx: TraceContext) -> float | None:
     for i in t.indices(CPU_OP):
         if name[i] in aten:
             by_track[t.track[i]].append(i)
-    outer: list[int] = []
-    for lst in by_track.values():
-        lst.sort(key=lambda i: (ts[i], -dur[i]))
-        end = float("-inf")
-        for i in lst:
-            if ts[i] >= end:
-                end = ts[i] + dur[i]
-                outer.append(i)
+    outer = [i for lst in by_track.values() for i in outermost(lst, ts, dur)]
     times, seen = [], set()
     k = 0
     for i in sorted(outer, key=ts.__getitem__):
