@@ -27,14 +27,25 @@ TORCH_FRAME = ("torch/cuda/", "torch/hip/")  # torch's own empty_cache (a wrappe
 def add(ctx: TraceContext) -> None:
     """empty_cache.free_calls_per_step and the empty_cache subjects (GPU traces)."""
     t, stacks, ns = ctx.trace, ctx.stacks, ctx.per_step
-    name, ts = t.name, t.ts
+    name, ts, dur = t.name, t.ts, t.dur
     free_names = t.names_where(_FREE_CALLS.__contains__)
-    free_ts = [ts[i] for i in t.indices(RUNTIME, DRIVER) if name[i] in free_names] if free_names else []
+    alloc_names = t.names_where(_ALLOC_CALLS.__contains__)  # the free calls among them
+    free_ts: list[float] = []
+    allocs: list[tuple[float, float]] = []  # every allocator call's span (for the calls' cost)
+    if alloc_names:
+        for i in t.indices(RUNTIME, DRIVER):
+            if name[i] in alloc_names:
+                allocs.append((ts[i], ts[i] + dur[i]))
+                if name[i] in free_names:
+                    free_ts.append(ts[i])
     ctx.put("empty_cache.free_calls_per_step", median(count_in(free_ts, ctx.cpu_windows)), "count",
             "cudaFree/hipFree calls")
     calls = t.names_where(lambda s: s.endswith(": empty_cache"))
+    frames: list[tuple[float, float]] = []  # torch's own empty_cache frames (for the calls' cost)
     for i in t.indices(PYFUNC):
         if name[i] in calls:
+            if t.strings[name[i]].startswith(TORCH_FRAME):
+                frames.append((ts[i], ts[i] + dur[i]))
             p = stacks.by_id.get(t.corr[i])  # the python caller of empty_cache
             if p is not None and name[p] in calls:
                 continue  # torch's own, inside a wrapper already counted (perfdoctor's probe, a library's)
@@ -51,19 +62,15 @@ def add(ctx: TraceContext) -> None:
             s.add("calls_per_step", (prev.value if prev else 0.0) + 1 / ns, "count", SRC)
             s.add("in_loop", any(a <= ts[i] <= b for a, b in ctx.cpu_windows), "", SRC)
             s.add("free_calls_per_step", len(free_ts) / ns, "count", SRC)
-    _cost(ctx, calls)
+    _cost(ctx, frames, allocs)
 
 
-def _cost(ctx: TraceContext, calls: set[int]) -> None:
-    t, name, ts, dur = ctx.trace, ctx.trace.name, ctx.trace.ts, ctx.trace.dur
-    frames = [(ts[i], ts[i] + dur[i]) for i in t.indices(PYFUNC)
-              if name[i] in calls and t.strings[name[i]].startswith(TORCH_FRAME)]
+def _cost(ctx: TraceContext, frames: list[tuple[float, float]], allocs: list[tuple[float, float]]) -> None:
+    """empty_cache.cost_share from torch's empty_cache frames and the allocator calls' spans."""
     subjects = ctx.facts.of_kind("empty_cache")
     if not frames or not ctx.windows or not subjects:
         return
-    allocs = t.names_where(_ALLOC_CALLS.__contains__)
-    outside = [(ts[i], ts[i] + dur[i]) for i in t.indices(RUNTIME, DRIVER) if name[i] in allocs]
-    spans = merge(frames + outside)  # a cudaFree inside a frame counts once
+    spans = merge(frames + allocs)  # a cudaFree inside a frame counts once
     shares = share_per_window(spans, ctx.windows)
     share = median(shares)
     ctx.put("empty_cache.cost_share", share, "ratio",
