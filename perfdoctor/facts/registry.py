@@ -331,6 +331,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("share", "ratio", "run", "share of the pattern's slow steps watched while they ran long that this line was seen running on"),
         ("rollout", "bool", "static", "the line steps an environment (a loop with a gym-style env.step, or a call "
                                       "of a function with one): reinforcement learning's rollout, the algorithm's work"),
+        ("every_step", "bool", "static", "the line runs on every training step (in the step's loop, nothing that can "
+                                         "pass it by): no work done every N steps"),
     ]),
 }
 # The GPU-side settings whose cost a CPU run cannot show (PD016, PD017, PD021-PD026, PD028): read from

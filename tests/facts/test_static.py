@@ -1827,6 +1827,56 @@ def test_a_stall_in_an_environment_rollout_is_the_algorithm_s_work(tmp_path):
     assert [f.locations[0].line for f in judge(facts, load_rules()) if f.rule == "PD020"] == [14]
 
 
+def test_a_stall_at_a_line_that_runs_every_step_is_no_periodic_stall(tmp_path):
+    """Issue 20: on a loaded 2-CPU host the run named `optimizer.step()` as a stall every few steps (the
+    steps slowed there; the sampler saw it late in them only). A line on every step is no work done
+    every N steps: `periodic_stall.every_step`, and no PD020. A save behind `if step % N`, behind an
+    early `continue`, an evaluation after each epoch and one in an `except` are not on every step; the
+    step loop's own header and a line in an inner loop over the parameters are."""
+    from perfdoctor.contracts.run import Site
+    from perfdoctor.facts.model import site_subject
+    from perfdoctor.rules.catalog import load_rules
+    from perfdoctor.rules.engine import judge
+
+    src = """\
+        import torch
+        for epoch in range(10):
+            for step, (x, y) in enumerate(loader):
+                loss = model(x).sum()
+                loss.backward()
+                optimizer.step(
+                    closure=None)
+                for p in model.parameters():
+                    p.grad = None
+                if step % 25 == 0:
+                    torch.save(model.state_dict(), "ckpt.pt")
+                if step % 7:
+                    continue
+                log.flush()
+                try:
+                    sched.step()
+                except RuntimeError:
+                    log.write("x")
+            evaluate(model)
+        """
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(src))
+    facts = Facts()
+    facts.add("step.time_ms", 3.0, "ms", "run")
+    lines = (3, 6, 7, 9, 11, 14, 16, 18, 19)
+    text = textwrap.dedent(src).splitlines()
+    for line in lines:
+        s = site_subject(facts, "periodic_stall", Site(file=str(path), line=line, code=text[line - 1].strip()))
+        assert s is not None
+        for name, value in (("period", 3), ("stalls", 5), ("extra_ms", 3.0), ("ms_per_step", 0.9), ("share", 0.75)):
+            s.add(name, value, "", "run")
+    analyse_files([path], facts)
+    got = {line: by_line(facts, "periodic_stall")[line].get("every_step") for line in lines}
+    assert got == {3: True, 6: True, 7: True, 9: True, 11: False, 14: False, 16: False, 18: False, 19: False}
+    found = [loc.line for f in judge(facts, load_rules()) if f.rule == "PD020" for loc in f.locations]
+    assert sorted(found) == [11, 14, 16, 18, 19]
+
+
 def test_a_run_count_in_an_evaluation_loop_is_no_per_step_finding(tmp_path):
     """The probe counts an evaluation between epochs as reads per training step; the static read
     of the same line (one subject, keyed on file:line) says no training step runs it."""

@@ -35,7 +35,7 @@ from perfdoctor.facts.static import (
     loader_model,
     loss_holder,
     optimizer,
-    rollout,
+    periodic_stall,
     targets_cuda,
     tf32,
     uses_amp,
@@ -62,7 +62,7 @@ DETECTORS = (
     zero_grad.detect,
     batch_copy.detect,
     worker_io.detect,
-    rollout.detect,
+    periodic_stall.detect,
     loader_model.detect,
     eval_grad.detect,
 )

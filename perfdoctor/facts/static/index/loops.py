@@ -282,3 +282,49 @@ class Loops:
         return any(p.syntax.local_callee(c) is None and p.per_step(c, depth + 1)
                    and p.in_training_step(c, depth + 1) is True
                    for p in self.peers for c in p.syntax.calls_named(scope.name))
+
+    def every_step(self, node: ast.AST) -> bool:
+        """Whether `node` (a statement) runs on every training step: the header of a loop that takes the
+        steps (its iterator is drawn once a step), or `per_step` and `in_training_step` with nothing between it and its
+        enclosing loop (or its function) that can pass it by: no `if` or `match` branch, `try` handler
+        or `else`, loop `else`, nor a `continue`, `break`, `return` or `raise` before it in a body around
+        it. A periodic stall is at a line that does not (PD020): a line on every step that some steps
+        take longer in is no work to run less often."""
+        if isinstance(node, LOOPS) and self._steps_directly(node):
+            return True
+        if not self.per_step(node) or self.in_training_step(node) is not True:
+            return False  # a loop the source shows no training step in: nothing to say each pass is a step
+        loop = self.enclosing_loop(node)
+        child = self.syntax.anchors.get(node, node)
+        parent = self.syntax.parents.get(child)
+        while parent is not None and parent is not loop and not isinstance(parent, (*SCOPES, ast.ClassDef)):
+            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+                return False
+            if isinstance(parent, (ast.ExceptHandler, ast.match_case)):
+                return False
+            if child in getattr(parent, "orelse", ()) and not isinstance(parent, (ast.If, ast.IfExp)):
+                return False  # a loop's or a try's `else:`
+            if _exits_before(parent, child):
+                return False
+            child, parent = parent, self.syntax.parents.get(parent)
+        return parent is None or not _exits_before(parent, child)
+
+
+def _exits_before(parent: ast.AST, child: ast.AST) -> bool:
+    """A statement before `child` in the body of `parent` that holds there a `continue` or `break` (not
+    inside an inner loop), a `return` or a `raise`: the rest of the body may not run."""
+    for name in ("body", "finalbody"):
+        stmts = getattr(parent, name, None)
+        if not isinstance(stmts, list) or child not in stmts:
+            continue
+        for before in stmts[:stmts.index(child)]:
+            stack: list[ast.AST] = [before]
+            while stack:
+                n = stack.pop()
+                if isinstance(n, (ast.Return, ast.Raise, ast.Continue, ast.Break)):
+                    return True
+                if not isinstance(n, (*LOOPS, *SCOPES, ast.ClassDef)):
+                    stack.extend(ast.iter_child_nodes(n))
+                elif isinstance(n, LOOPS):  # a return or raise in an inner loop's body still leaves
+                    stack.extend(m for m in walk_scope(n.body + n.orelse) if isinstance(m, (ast.Return, ast.Raise)))
+    return False
