@@ -324,6 +324,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("ms_per_call", "ms", "run", "median time of one call"),
     ]),
     "periodic_stall": _declare("periodic_stall", [
+        ("rank", "count", "run", "the sampler's order of the pattern's candidate lines, the outermost first (the "
+                                 "static read keeps the first that does not run on every step)"),
         ("period", "count", "run", "every how many steps a step is slower (outside data loading)"),
         ("stalls", "count", "run", "slow steps of the pattern among the steady steps"),
         ("extra_ms", "ms", "run", "mean extra time of such a step over the other steps' median (ms per stall)"),

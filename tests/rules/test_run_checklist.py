@@ -6,11 +6,13 @@ DataLoader workers for the CPUs), PD019 (eval-mode forwards recording autograd),
 from __future__ import annotations
 
 import json
+import textwrap
 
 import pytest
 
 from perfdoctor.facts.run import load_run
 from perfdoctor.facts.run.stalls import _period
+from perfdoctor.facts.static import analyse_files
 from perfdoctor.rules.catalog import load_rules
 from perfdoctor.rules.engine import judge
 from tests.facts.test_run_facts import make_run
@@ -23,7 +25,10 @@ def site(line: int, code: str = "x", function: str = "main") -> dict:
 
 
 def findings(run_dir):
+    """As the analysis judges a run: its facts, then the static read of its files (none here: the run's
+    own ranking of a stall's lines stands, `periodic_stall.choose`)."""
     r = load_run(run_dir)
+    analyse_files(r.user_files, r.facts)
     return r, judge(r.facts, RULES, user_files=r.user_files)
 
 
@@ -79,6 +84,46 @@ def test_periodic_stall_named_by_the_outermost_line_that_runs_only_then(tmp_path
     assert finding.rule == "PD020" and finding.locations[0].line == 37
     ms = f["periodic_stall.ms_per_step"]
     assert finding.fraction_of_step == pytest.approx(ms / (10.0 + ms))
+
+
+def test_a_stall_is_named_by_its_first_line_that_does_not_run_every_step(tmp_path):
+    """The sampler looks at an ordinary step once, at one phase: `opt.step()`, late in every step, is
+    seen on the slow steps more often than the checkpoint behind `if step % 4 == 1:`. The run hands both
+    lines over in its order (`rank`); the static read says `opt.step()` runs on every step, and the
+    checkpoint is named."""
+    run = tmp_path / "run"
+    d = make_run(run, wall=lambda i: 60.0 if i % 4 == 1 else 10.0)
+    (d / "train.py").write_text(textwrap.dedent("""\
+        import torch
+        def main():
+            for step, (x, y) in enumerate(loader):
+                loss = model(x).sum()
+                loss.backward()
+                opt.step()
+                if step % 4 == 1:
+                    torch.save(model.state_dict(), "ckpt.pt")
+        main()
+        """))
+    slow = [i for i in range(1, 41) if i % 4 == 1]
+
+    def at(line, code, function="main"):
+        return {"file": str(d / "train.py"), "line": line, "code": code, "function": function}
+
+    probes = {"stalls": {"interval_s": 0.005, "samples_by_step": [[i, 10] for i in range(1, 41)],
+                         "lines": [{"site": at(9, "main()", "<module>"), "depth": 0, "by_step": [[i, 10] for i in range(1, 41)]},
+                                   {"site": at(6, "opt.step()"), "depth": 1, "by_step": [[i, 8] for i in slow]},
+                                   {"site": at(8, "torch.save(...)"), "depth": 1, "by_step": [[i, 8] for i in slow if i != 21]}]}}
+    (d / "probes.json").write_text(json.dumps(probes))
+    r, fs = findings(d)
+    (s,) = r.facts.of_kind("periodic_stall")
+    assert s.key.endswith("train.py:8") and s.facts["periodic_stall.rank"].value == 1
+    assert [f.locations[0].line for f in fs if f.rule == "PD020"] == [8]
+    # the same run with the checkpoint's line unseen: opt.step() alone, on every step: no finding
+    probes["stalls"]["lines"].pop()
+    (d / "probes.json").write_text(json.dumps(probes))
+    r, fs = findings(d)
+    (s,) = r.facts.of_kind("periodic_stall")
+    assert s.facts["periodic_stall.every_step"].value is True and not [f for f in fs if f.rule == "PD020"]
 
 
 def test_no_period_no_stall(tmp_path):

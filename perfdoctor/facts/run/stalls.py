@@ -1,6 +1,7 @@
-"""The stall sampler's records (capture/probes/stalls.py) -> one `periodic_stall` subject (PD020):
-steps slower every N steps outside data loading and the wait for a CPU, named by the line of the user's code that the
-sampler saw on those steps and hardly ever on the others."""
+"""The stall sampler's records (capture/probes/stalls.py) -> `periodic_stall` subjects (PD020): steps
+slower every N steps outside data loading and the wait for a CPU, named by the lines of the user's code
+that the sampler saw on those steps and hardly ever on the others, ranked outermost first (`rank`); the
+static read keeps the first that does not run on every step (`facts.static.periodic_stall.choose`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ SLOW_MIN_MS = 1.0  # ... and at least this much
 HIT_RATE = 0.75  # share of the pattern's steps that must be that slow (a loaded machine hides a few)
 DIRECT_PERIODS = 8  # periods up to this are all tried; longer ones where the slow steps' distances suggest them
 NORMAL_MAX_SHARE = 0.10  # a line seen in more of the other steps' samples runs on every step
+MAX_CANDIDATES = 4  # lines handed to the static read, the outermost first (`rank`)
 
 
 def _cut(others: list[float]) -> float:
@@ -172,7 +174,7 @@ def add(ctx: RunContext) -> None:
     watched = sorted(on & late) if late else sorted(on)
     if len(watched) < MIN_STALLS:
         return
-    best = None
+    candidates = []
     for line in st.lines:
         per = {int(i): int(c) for i, c in line.by_step}
         seen_on = sum(1 for i in watched if per.get(i, 0) > 0) / len(watched)
@@ -182,21 +184,20 @@ def add(ctx: RunContext) -> None:
         # stall says little of how long the line took, so the stall's time comes from the steps)
         if seen_on < HIT_RATE or share_norm > NORMAL_MAX_SHARE:
             continue
-        key = (line.depth, -seen_on)
-        if best is None or key < best[0]:
-            best = (key, line, seen_on)
-    if best is None:
-        return
-    _, line, share = best
-    s = site_subject(facts, "periodic_stall", line.site)
-    if s is None:
-        return
-    s.add("period", p, "count", detail=f"steps {', '.join(str(i) for i in members)} of the steady steps")
-    s.add("stalls", len(members), "count")
-    s.add("extra_ms", extra, "ms", detail=f"mean over the pattern's steps, against the others' median "
-          f"{base:.1f} ms (step time less data loading and the wait for a CPU)", per_step=tuple(extras))
-    s.add("ms_per_step", sum(extras) / len(xs), "ms", detail=f"the stalls' extra time over {len(xs)} steady steps")
-    s.add("share", share, "ratio", detail=f"of the {len(watched)} of the pattern's {len(on)} steps watched while they ran long; seen in at most "
-          f"{NORMAL_MAX_SHARE:.0%} of the other steps' samples")
-
-
+        candidates.append(((line.depth, -seen_on), line, seen_on))
+    # the outermost first; the static read keeps the first that does not run on every step
+    # (`facts.static.periodic_stall.choose`: an ordinary step is looked at once, at one phase, so a line
+    # late in every step can pass the test above)
+    candidates.sort(key=lambda c: c[0])
+    for rank, (_, line, share) in enumerate(candidates[:MAX_CANDIDATES]):
+        s = site_subject(facts, "periodic_stall", line.site)
+        if s is None:
+            continue
+        s.add("rank", rank, "count", detail="the sampler's order of the lines seen on the pattern's steps only: the outermost first")
+        s.add("period", p, "count", detail=f"steps {', '.join(str(i) for i in members)} of the steady steps")
+        s.add("stalls", len(members), "count")
+        s.add("extra_ms", extra, "ms", detail=f"mean over the pattern's steps, against the others' median "
+              f"{base:.1f} ms (step time less data loading and the wait for a CPU)", per_step=tuple(extras))
+        s.add("ms_per_step", sum(extras) / len(xs), "ms", detail=f"the stalls' extra time over {len(xs)} steady steps")
+        s.add("share", share, "ratio", detail=f"of the {len(watched)} of the pattern's {len(on)} steps watched while they ran long; seen in at most "
+              f"{NORMAL_MAX_SHARE:.0%} of the other steps' samples")

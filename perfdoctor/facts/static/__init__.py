@@ -142,6 +142,8 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
             batch_source.add_sources(indexes, facts, function_shares, loader_draws or {}, model_calls)
     with facts.family("the evaluation's default batch"):
         loader_model.eval_batch(facts)  # every file's loaders read: the one beside an evaluation may be in another
+    with facts.family("the periodic stall's line"):
+        periodic_stall.choose(facts)  # every file read: the run's candidate lines may lie in several
 
 
 def _same_file(a: Path, b: Path) -> bool:

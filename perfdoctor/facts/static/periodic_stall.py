@@ -8,6 +8,9 @@
   loop with nothing that can pass it by, or the step loop's own header). Some steps being slower there
   (a loaded host, the allocator, a worker's batch arriving late) is no work done every N steps: a
   checkpoint, an evaluation or a log behind `if step % N == 0:` is not on every step.
+
+The run names a pattern's candidate lines in order (`periodic_stall.rank`, the outermost first); once
+every file is read, `choose` keeps the first that does not run on every step: one line per pattern.
 """
 
 from __future__ import annotations
@@ -43,3 +46,16 @@ def detect(index: SourceIndex, facts: Facts) -> None:
         stmt = _statement_at(index, loc.line)
         if stmt is not None:
             put(s, "every_step", index.loops.every_step(stmt))
+
+
+def choose(facts: Facts) -> None:
+    """Of the run's ranked candidate lines of a stall (`periodic_stall.rank`), keep the first that does
+    not run on every step (`every_step` not true), else the first: one subject per pattern. A subject
+    with no rank (not the run's sampler) stands alone."""
+    subjects = facts.of_kind("periodic_stall")
+    rank, every = "periodic_stall.rank", "periodic_stall.every_step"
+    ranked = sorted((s for s in subjects if rank in s.facts), key=lambda s: s.facts[rank].value)
+    if len(ranked) < 2:
+        return
+    keep = next((s for s in ranked if every not in s.facts or s.facts[every].value is not True), ranked[0])
+    facts.subjects["periodic_stall"] = [s for s in subjects if s is keep or rank not in s.facts]
