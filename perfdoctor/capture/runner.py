@@ -353,6 +353,11 @@ def _finish_meta(run_dir: Path, target: str, module: bool, argv: list[str], code
     try:
         meta = decode(meta_path.read_bytes(), Meta, meta_path)
     except (OSError, InputError):
+        if interrupted and code == 1:
+            # Ctrl-C while the child's interpreter was still starting (before perfdoctor's child code ran,
+            # let alone the script): Python ends with "Fatal Python error: init_import_site" and exit code
+            # 1 on the KeyboardInterrupt; the exit code of an interrupt, as after one in the script, is 130
+            code = 128 + signal.SIGINT
         meta = Meta(schema=SCHEMA, script=None if module else str(Path(target).resolve()),
                     module=target if module else None, argv=[target, *argv], cwd=os.getcwd(), started=None,
                     env=Env(), window=None, step_clock="none")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.capture import runner
-from perfdoctor.capture.runner import Progress, new_run_dir
+from perfdoctor.capture.runner import Progress, _finish_meta, new_run_dir
 from perfdoctor.contracts.run import Step
 from perfdoctor.errors import InputError
 from perfdoctor.orchestrate import check_writable, claim_out_dir
@@ -123,6 +123,17 @@ def test_status_line_in_a_log_is_a_plain_line_at_most_every_few_seconds(tmp_path
 
 
 # -- output paths, checked before anything runs -------------------------------------------------
+
+def test_ctrl_c_while_the_child_interpreter_starts_is_an_interrupt(tmp_path: Path) -> None:
+    """CI's first-hour test sent Ctrl-C just as the run began: the child's Python was still importing
+    `site` and ended with "Fatal Python error: init_import_site" and exit code 1, which `run` returned.
+    An interrupt before the child wrote anything ends as one in the script does: 130, reason interrupted.
+    Exit code 1 without a signal stays 1 (a child that failed to start)."""
+    meta = _finish_meta(tmp_path / "a", "train.py", False, [], 1, True, 0.1)
+    assert meta.exit.code == 130 and meta.exit.reason == "interrupted"
+    meta = _finish_meta(tmp_path / "b", "train.py", False, [], 1, False, 0.1)
+    assert meta.exit.code == 1 and meta.exit.reason == "killed"
+
 
 def test_check_writable(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is a folder"):
