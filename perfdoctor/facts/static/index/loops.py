@@ -4,7 +4,8 @@ Which of the file's functions take a training step (`loss.backward()`, an optimi
 call of such a function, through up to four local functions) and which hold a loop that does (an
 epoch function); whether a loop trains (`trains`), whether a node runs inside a training step
 (`in_training_step`), on every step (`per_step`: not once per epoch, not behind a periodic `if i %
-n == 0:` guard), in a loop (`in_loop`, `enclosing_loop`). Reads the file through `Syntax`, and the
+n == 0:` guard), on every pass of the step with nothing to pass it by (`every_step`: PD020's line), in a
+loop (`in_loop`, `enclosing_loop`). Reads the file through `Syntax`, and the
 project's other files through their `Loops` (`peers`, set by `static.analyse_files`): a function whose
 calls are all in another file (`ddpm.sample(...)` after each epoch, in the training script, of a method
 defined in the model's file) is judged where it is called.
