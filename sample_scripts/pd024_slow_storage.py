@@ -1,7 +1,7 @@
 """PD024: the DataLoader workers spend their time opening and reading many small files.
 
-Each sample is stored as 48 tiny .npy tiles, one file each (as image crops or feature chunks often
-are), so every item costs 48 opens and reads before any work is done. The workers already have
+Each sample is stored as 96 tiny .npy tiles, one file each (as image crops or feature chunks often
+are), so every item costs 96 opens and reads before any work is done. The workers already have
 every CPU; a packed, memory-mapped file removes the per-file cost.
 """
 import os
@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its algorithms once (PD016)
 
 EPOCHS = 1
-TILES = 48
+TILES = 96
 
 
 def usable_cpus() -> int:
@@ -48,7 +48,7 @@ class TileFiles(Dataset):
 
     def __getitem__(self, i):
         tiles = [np.load(p) for p in self.paths[i]]  # expect: PD024
-        img = torch.from_numpy(np.concatenate(tiles, axis=0))  # 144 x 4 x 4
+        img = torch.from_numpy(np.concatenate(tiles, axis=0))  # 288 x 4 x 4
         return img, self.labels[i]
 
 

@@ -1,6 +1,6 @@
 """PD024 fixed: the tiles are packed once into one array file, which each worker memory-maps.
 
-The same samples, but one open per worker instead of 48 per item: a read is a slice of a mapped
+The same samples, but one open per worker instead of 96 per item: a read is a slice of a mapped
 file. (WebDataset shards, LMDB or HDF5 do the same for data that is not one dense array.)
 """
 import os
@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Dataset
 torch.backends.cudnn.benchmark = True  # fixed input shapes: cuDNN times its algorithms once (PD016)
 
 EPOCHS = 1
-TILES = 48
+TILES = 96
 
 
 def usable_cpus() -> int:
