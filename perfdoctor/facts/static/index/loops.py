@@ -299,12 +299,10 @@ class Loops:
         child = self.syntax.anchors.get(node, node)
         parent = self.syntax.parents.get(child)
         while parent is not None and parent is not loop and not isinstance(parent, (*SCOPES, ast.ClassDef)):
-            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+            if isinstance(parent, ast.If) and child is not parent.test:
                 return False
-            if isinstance(parent, (ast.ExceptHandler, ast.match_case)):
-                return False
-            if child in getattr(parent, "orelse", ()) and not isinstance(parent, (ast.If, ast.IfExp)):
-                return False  # a loop's or a try's `else:`
+            if isinstance(parent, (ast.ExceptHandler, ast.match_case)) or child in getattr(parent, "orelse", ()):
+                return False  # a handler, a case, a loop's or a try's `else:`
             if _exits_before(parent, child):
                 return False
             child, parent = parent, self.syntax.parents.get(parent)
