@@ -401,8 +401,7 @@ def _run(project: Project, copy: Path, out: Path, steps: int, ablate: str | None
     target = str(_mapped(project, copy, project.script)) if project.script else str(project.module)
     launch = run_script if project.launch is None else functools.partial(run_job, launcher_args=project.launch)
     result = launch(target, module=project.script is None, script_args=_mapped_args(project, copy), out_dir=out,
-                    steps=steps, window=(max(0, steps - 1), 0, 1), cwd=_mapped(project, copy, project.cwd), quiet=True,
-                    ablate=ablate)
+                    steps=steps, cwd=_mapped(project, copy, project.cwd), quiet=True, ablate=ablate, timing=True)
     ranks = [d for _, d in rank_dirs(result.run_dir)] or [result.run_dir]  # a job: its ranks, rank 0 first
     tbs = [(read_meta(d).exit.traceback or "").strip().splitlines() for d in ranks]
     tb = next((t for t in tbs if t), [])  # the first rank that raised

@@ -1,5 +1,7 @@
 """The child process: `python -m perfdoctor.capture.child --run-dir D [--parent-pid P] [--steps N] [--module]
-[--job] TARGET -- ARGS`.
+[--job] [--timing] [--ablate KIND] TARGET -- ARGS`.
+
+`--timing`: `perfdoctor verify`'s capture, the step clock alone (capture/recorder.py `timing`).
 
 With `--job` (every rank of a job that `perfdoctor run --nproc-per-node N` launched through
 torch.distributed.run), D is the job folder and this rank writes its run folder `D/rank-<RANK>`.
@@ -33,8 +35,7 @@ _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the perfd
 
 def parse_args(argv: list[str]) -> dict[str, Any]:
     opts: dict[str, Any] = {"steps": None, "module": False, "window": None, "parent_pid": None, "job": False,
-                            "signal_fd": None,
-                            "ablate": None}
+                            "signal_fd": None, "ablate": None, "timing": False}
     rest = list(argv)
     while rest and rest[0].startswith("--") and rest[0] != "--":
         flag = rest.pop(0)
@@ -54,6 +55,8 @@ def parse_args(argv: list[str]) -> dict[str, Any]:
             opts["job"] = True
         elif flag == "--ablate":
             opts["ablate"] = rest.pop(0)
+        elif flag == "--timing":
+            opts["timing"] = True
         else:
             raise SystemExit(f"perfdoctor child: unknown option {flag}")
     opts["target"] = rest.pop(0)
@@ -270,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     write_meta(run_dir, meta)
     distributed = rank is not None and (rank.world_size or 1) > 1
     rec = Recorder(torch, run_dir, meta, steps_limit=opts["steps"],
-                   window=window.plan(opts["steps"], opts["window"], distributed))
+                   window=window.plan(opts["steps"], opts["window"], distributed), timing=opts["timing"])
     try:
         rec.install()
     except Exception as e:  # noqa: BLE001 - a probe we cannot install must not stop the script

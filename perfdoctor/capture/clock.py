@@ -104,16 +104,19 @@ class StepClock:
         self.real_exit = os._exit
         self.thread: threading.Thread | None = None  # the training thread the clock follows
 
-    def mine(self) -> bool:
+    def mine(self, *, main_only: bool = False) -> bool:
         """The event comes from the thread the clock follows: the first thread that ends a step
         (backward, optimizer step, DataLoader batch), until it ends. Events of other threads (a
         script whose threads each train) are theirs: they neither end nor time a step, and the
         profiled window starts and stops on this one thread only (the profiler must: kineto aborts
-        when it is stepped from another thread than the one that started it)."""
+        when it is stepped from another thread than the one that started it). `main_only`: only the
+        main thread takes the clock with this event (a DataLoader batch: a thread that prefetches
+        batches for the training thread is no training thread; batches end steps only where the main
+        thread's model forwards ran between them)."""
         t = threading.current_thread()
         if t is self.thread:
             return True
-        if self.thread is None or not self.thread.is_alive():
+        if (self.thread is None or not self.thread.is_alive()) and not (main_only and t is not threading.main_thread()):
             self.thread = t
             return True
         return False
@@ -181,7 +184,7 @@ class StepClock:
     # -- events ---------------------------------------------------------------------------------
     def before_batch(self) -> None:
         """A DataLoader batch is asked for: with the DataLoader clock, the previous one's step ends."""
-        if not self.mine():
+        if not self.mine(main_only=True):
             return
         if self.closed:
             self.after_close()

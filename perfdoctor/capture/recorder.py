@@ -4,6 +4,13 @@ them, and finalises the run folder once, whatever way the script ends.
 
 Per step (after the step clock took the step's time): the probes' per-step bookkeeping, during
 the first steps the switches below, then the profiled window.
+
+`timing=True` is `perfdoctor verify`'s capture: the step clock and what it needs to count the steps as
+the full capture does (the DataLoader and forward probes, for a script that only iterates a loader
+through a model), no other probe, no profiler, no stall sampler, no CPU matmul rate at the end. Verify
+compares a fix's side with the original's; a probe that costs the training thread time on one side
+only (the host-read and forward hooks that run inside a `num_workers=0` batch fetch, gone when the fix
+moves the fetch into workers) would be counted as the fix's saving.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ from perfdoctor.contracts.run import Exit, Meta, Probes
 
 SCAN_STEPS = 30  # loss holders are looked for during the first steps only
 FWD_DISCOVERY_STEPS = 3  # top-level modules first called after these steps are not followed
+TIMING = "timing"  # meta.json `capture` of a timing-only run
 BUDGET_ENV = "PERFDOCTOR_WINDOW_BUDGET"  # "SECONDS[,EVENTS]": the profiled window's budget (window.py)
 
 
@@ -63,8 +71,9 @@ def window_budget(value: str | None) -> tuple[float, int]:
 
 class Recorder:
     def __init__(self, torch: Any, run_dir: Path, meta: Meta, *, steps_limit: int | None = None,
-                 window: tuple[int, int, int] = (5, 2, 5)):
+                 window: tuple[int, int, int] = (5, 2, 5), timing: bool = False):
         self.torch = torch
+        self.timing = timing
         self.run_dir = run_dir
         self.meta = meta  # as written when the child started; completed by finalise
         self.window_cfg = window
@@ -105,6 +114,10 @@ class Recorder:
         self._probes = (self.clock, self.dataloader, self.modules, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
                         self.host_reads, self.host_tensors, self.user_profiler, self.gc_calls, self.ddp, self.gc_time,
                         self.stalls, self.compile, self.cpu_wait, self.gpu_clock, self.memory_objects, self.flops)
+        if timing:
+            self._probes = (self.clock, self.dataloader, self.forward)
+            self.forward.count_only, self.forward.modules = True, None
+            meta.capture = TIMING
 
     @property
     def stopping(self) -> bool:
@@ -138,7 +151,7 @@ class Recorder:
         if not self._fork_hooked:  # cannot be unregistered: registered once, for as long as the process lives
             self._fork_hooked = True
             os.register_at_fork(after_in_child=self._forked)
-        if self.window.next_at == 0:
+        if self.window.next_at == 0 and not self.timing:
             self.window.tick(0)
 
     def uninstall(self) -> None:
@@ -160,6 +173,10 @@ class Recorder:
 
     # -- driven by the step clock ---------------------------------------------------------------
     def _on_step(self, i: int) -> None:
+        if self.timing:  # no probe keeps per-step records, no profiler opens
+            if i == FWD_DISCOVERY_STEPS:
+                self.forward.stop_discovery()
+            return
         self.flops.step_ended(i)
         self.cpu_wait.end_step(i)
         self.compile.end_step(i)
@@ -243,9 +260,9 @@ class Recorder:
         meta.wall_s = round(end - self.clock.t0, 4)
         meta.exit = Exit(code=code, reason=reason, traceback=tb, at=round(time.time(), 3))
         meta.step_clock = self.clock.kind or "none"
-        meta.window = self.window.meta()
+        meta.window = None if self.timing else self.window.meta()
         meta.env = collect_env(self.torch, self.clock.device_mem.used, self.clock.device_mem.peaks)
-        if meta.env.device != "cuda" and reason in ("completed", "steps-reached") and steps:
+        if meta.env.device != "cuda" and reason in ("completed", "steps-reached") and steps and not self.timing:
             rate = cpu_matmul_flops(self.torch)  # the MFU's denominator, after the script's last step
             if rate:
                 meta.env.cpu_matmul_flops = round(rate, 1)

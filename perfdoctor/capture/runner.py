@@ -737,26 +737,37 @@ def _launch(cmd: list[str], target: str, partial: Path, steps: int | None, windo
     return code, received > 0, time.monotonic() - t0
 
 
+def _child_options(steps: int | None, window: tuple[int, int, int] | None, ablate: str | None, timing: bool,
+                   module: bool) -> list[str]:
+    """capture/child.py's options for a run (a job's ranks take the same)."""
+    opts: list[str] = []
+    if steps:
+        opts += ["--steps", str(steps)]
+    if window:
+        opts += ["--window", ",".join(str(int(x)) for x in window)]
+    if ablate:
+        opts += ["--ablate", ablate]
+    if timing:
+        opts.append("--timing")
+    if module:
+        opts.append("--module")
+    return opts
+
+
 def run_script(target: str, *, module: bool = False, script_args: list[str] | tuple[str, ...] = (),
                out_dir: Path | None = None, steps: int | None = None, script_stdout_to_stderr: bool = False,
                show_status: bool = False, window: tuple[int, int, int] | None = None, label: str = "",
-               cwd: Path | None = None, quiet: bool = False, ablate: str | None = None) -> RunResult:
+               cwd: Path | None = None, quiet: bool = False, ablate: str | None = None,
+               timing: bool = False) -> RunResult:
     """Run a training script (or `-m` module) under perfdoctor's capture; return where the run folder
     is. `label`: which run of several, for the status line; `cwd`: the script's working folder (default
     ours); `quiet`: its output goes nowhere (the run folder keeps a traceback); `ablate`: an ablation
-    of `perfdoctor verify` (capture/ablation.py)."""
+    of `perfdoctor verify` (capture/ablation.py); `timing`: verify's capture, the step clock alone
+    (capture/recorder.py)."""
     _check(target, module, steps)
     run_dir = new_run_dir(target, module, out_dir)
-    cmd = [sys.executable, "-m", "perfdoctor.capture.child", "--run-dir", str(run_dir), "--parent-pid", str(os.getpid())]
-    if steps:
-        cmd += ["--steps", str(steps)]
-    if window:
-        cmd += ["--window", ",".join(str(int(x)) for x in window)]
-    if ablate:
-        cmd += ["--ablate", ablate]
-    if module:
-        cmd.append("--module")
-    cmd += [target, "--", *script_args]
+    cmd = [sys.executable, "-m", "perfdoctor.capture.child", "--run-dir", str(run_dir), "--parent-pid", str(os.getpid()),
+           *_child_options(steps, window, ablate, timing, module), target, "--", *script_args]
     code, signalled, wall = _launch(cmd, target, run_dir / PARTIAL, steps, window, script_stdout_to_stderr,
                                     show_status, label=label, report_signals=True,
                                     cwd=cwd, quiet=quiet)
@@ -777,23 +788,16 @@ def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple
             launcher_args: list[str] | tuple[str, ...] = (), out_dir: Path | None = None, steps: int | None = None,
             script_stdout_to_stderr: bool = False, show_status: bool = False, label: str = "",
             window: tuple[int, int, int] | None = None, cwd: Path | None = None, quiet: bool = False,
-            ablate: str | None = None) -> RunResult:
+            ablate: str | None = None, timing: bool = False) -> RunResult:
     """Run a distributed training script through torch.distributed.run (`launcher_args`: its options,
     --nproc-per-node N and the rest), every rank under capture: each writes `rank-<R>` inside the job
     folder, with the same profiled window (by step number; `window` as run_script's) and `--steps`.
-    `cwd`, `quiet` and `ablate` as run_script's. Returns the job folder, and the exit of the first rank
+    `cwd`, `quiet`, `ablate` and `timing` as run_script's. Returns the job folder, and the exit of the first rank
     that failed (else rank 0's)."""
     _check(target, module, steps)
     job_dir = new_run_dir(target, module, out_dir)
-    child = ["--run-dir", str(job_dir), "--job", "--parent-pid", str(os.getpid())]
-    if steps:
-        child += ["--steps", str(steps)]
-    if window:
-        child += ["--window", ",".join(str(int(x)) for x in window)]
-    if ablate:
-        child += ["--ablate", ablate]
-    if module:
-        child.append("--module")
+    child = ["--run-dir", str(job_dir), "--job", "--parent-pid", str(os.getpid()),
+             *_child_options(steps, window, ablate, timing, module)]
     cmd = launcher_command(list(launcher_args), [*child, target, "--", *script_args])
     code, signalled, wall = _launch(cmd, target, job_dir / rank_dir_name(0) / PARTIAL, steps, window,
                                     script_stdout_to_stderr, show_status, distributed=True, label=label,

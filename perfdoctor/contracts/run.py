@@ -179,6 +179,9 @@ class Meta(Struct, kw_only=True):
     probe_errors: list[str] | UnsetType = UNSET
     finalised_by: str | UnsetType = UNSET  # "parent"
     rank: Rank | UnsetType = UNSET  # a rank of a distributed job
+    # "timing": `perfdoctor verify`'s capture, the step clock and the first losses only (no probes, no
+    # profiler: capture/recorder.py `TIMING`); absent: the full capture
+    capture: str | UnsetType = UNSET
 
 
 # -- steps.json (and steps.partial.jsonl, one Step per line) -------------------------------------

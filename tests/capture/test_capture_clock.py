@@ -284,3 +284,58 @@ def test_the_call_chain_to_the_first_optimizer_step_is_kept(monkeypatch):
     assert chain[1].code == "train()  # the call into training"
     train()
     assert run.clock.step_chain == chain  # the first step's, kept
+
+
+TIMED = """
+import sys
+import torch, torch.nn as nn
+torch.manual_seed(0)
+torch.set_num_threads(1)
+
+class Items(torch.utils.data.Dataset):
+    def __len__(self):
+        return 32 * 40
+    def __getitem__(self, i):
+        return torch.randn(8), torch.tensor(float(i % 2))
+
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = torch.utils.data.DataLoader(Items(), batch_size=32)
+infer = "infer" in sys.argv
+for x, y in loader:
+    out = model(x).squeeze(1)
+    if infer:
+        continue
+    loss = ((out - y) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"loss {loss.item():.3f}")
+"""
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("infer", [False, True], ids=["optimizer", "dataloader"])
+def test_the_timing_capture_counts_the_steps_the_full_one_does_and_nothing_else(tmp_path, infer):
+    """`perfdoctor verify`'s capture: the step clock (also a clock made of loader batches fed to a model),
+    the first losses, no probe's records, no profiler; the same steps as the full capture counts."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(TIMED).lstrip())
+    args = ["infer"] if infer else []
+    full = run_script(str(script), script_args=args, out_dir=tmp_path / "full", steps=12, window=(2, 1, 2))
+    timed = run_script(str(script), script_args=args, out_dir=tmp_path / "timed", steps=12, timing=True)
+    assert full.exit_code == timed.exit_code == 0
+    metas = [json.loads((r.run_dir / "meta.json").read_text()) for r in (full, timed)]
+    steps = [json.loads((r.run_dir / "steps.json").read_text())["steps"] for r in (full, timed)]
+    probes = [json.loads((r.run_dir / "probes.json").read_text()) for r in (full, timed)]
+    clock = "dataloader" if infer else "optimizer"
+    assert [m["step_clock"] for m in metas] == [clock, clock]
+    assert [len(s) for s in steps] == [12, 12] and all(s["wall_ms"] > 0 for s in steps[1])
+    assert metas[1]["capture"] == "timing" and "capture" not in metas[0]
+    assert metas[1]["window"] is None and not (timed.run_dir / "trace.json.gz").exists()
+    assert metas[0]["window"]["trace"]
+    assert probes[1]["host_reads"] == [] and probes[1]["stalls"]["samples_by_step"] == []
+    assert probes[1]["forward"][0]["calls"] >= 12
+    if not infer:
+        assert probes[0]["host_reads"]  # the print's .item(), which the full capture counts
+        assert len(probes[1]["losses"]) == 5 and probes[1]["losses"] == probes[0]["losses"]

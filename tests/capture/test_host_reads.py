@@ -123,3 +123,52 @@ def test_closure_time_is_forward_and_backward_not_optimizer(tmp_path):
     assert fwd_bwd > 2 * opt and fwd_bwd > 0.5 * wall
     parts = {b.category: b.fraction for b in load_run(r.run_dir).summary.breakdown}
     assert parts["forward"] + parts["backward"] > 2 * parts["optimizer"]
+
+
+PREFETCH = """
+import queue, threading, time
+import torch, torch.nn as nn
+torch.manual_seed(0)
+torch.set_num_threads(1)
+
+class Slow(torch.utils.data.Dataset):
+    def __len__(self):
+        return 16 * 60
+    def __getitem__(self, i):
+        time.sleep(0.0005)  # the prefetching thread is inside a batch's fetch most of the time
+        return torch.randn(16), torch.tensor(float(i % 2))
+
+batches = queue.Queue(maxsize=2)
+
+def prefetch():
+    for b in torch.utils.data.DataLoader(Slow(), batch_size=16):
+        batches.put(b)
+    batches.put(None)
+
+threading.Thread(target=prefetch, daemon=True).start()
+model = nn.Linear(16, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+total = 0.0
+while (b := batches.get()) is not None:
+    x, y = b
+    loss = ((model(x).squeeze(1) - y) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    total += loss.item()
+print("total", round(total, 3))
+"""
+
+
+def test_a_prefetching_threads_fetch_hides_none_of_the_main_threads_reads_or_forwards(tmp_path):
+    """Reads and forwards inside a batch's fetch are data loading, not the step's; but only the training
+    thread's own fetch: a thread that prefetches batches fetches while the training thread reads
+    `loss.item()` and calls the model, and those still count, every step."""
+    script = _write(tmp_path, PREFETCH)
+    r = run_script(str(script), out_dir=tmp_path / "run", window=SMALL)
+    assert r.exit_code == 0
+    probes = json.loads((r.run_dir / "probes.json").read_text())
+    steps = json.loads((r.run_dir / "steps.json").read_text())["steps"]
+    item = next(h for h in probes["host_reads"] if h["site"]["line"] == _line(script, "total += loss.item()"))
+    assert len(steps) == 60 and item["counts_per_step"][5:55] == [1] * 50
+    assert [f["calls"] for f in probes["forward"]] == [60]

@@ -11,6 +11,7 @@ run has.
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -92,6 +93,7 @@ class DataLoaderProbe:
         import torch.utils.data.dataloader  # noqa: F401 - make the submodules attributes
 
         probe, clock, of_loader, of_iter, iter_t0 = self, self.clock, self.of_loader, self.of_iter, self.iter_t0
+        current_thread = threading.current_thread
         dl = self.torch.utils.data.dataloader
         orig_next = dl._BaseDataLoaderIter.__next__
         orig_iter = dl.DataLoader.__iter__
@@ -105,11 +107,14 @@ class DataLoaderProbe:
             except TypeError:  # a subclass that is not hashable
                 lrec = None
             t = clock.pc()
-            clock.in_batch += 1
+            # only the training thread's own fetch (`StepClock.mine`) hides its reads and forwards as data
+            # loading: a thread that prefetches batches fetches while the training thread steps
+            ours = current_thread() is clock.thread
+            clock.in_batch += ours
             try:
                 batch = orig_next(it)
             finally:
-                clock.in_batch -= 1
+                clock.in_batch -= ours
                 dt = clock.pc() - t
                 clock.data += dt
                 if lrec is not None:

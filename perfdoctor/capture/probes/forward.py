@@ -58,6 +58,9 @@ class ForwardProbe:
         self.train_lines: set[tuple[Any, int]] = set()
         self.trained: set[int] = set()  # id() of the modules called in training mode with grad on
         self.poll: Callable[[], None] = lambda: None  # set by the coordinator: the window's time budget
+        # only the step clock's count of top-level forwards (the recorder's timing capture): no time, no
+        # layout, no PD019 measurement, no watch of a forward's submodules
+        self.count_only = False
         self.unwatched: dict[int, ForwardRecord] = {}  # id() of a followed module whose forward was not watched yet
         self.watching: Watch | None = None  # the watch of the forward running now, if any
 
@@ -78,6 +81,15 @@ class ForwardProbe:
                 # (activation checkpointing re-runs forward inside backward: not a forward call; a
                 # torchvision transform run by a DataLoader's fetch is data loading)
                 return orig(self, *args, **kwargs)
+            if probe.count_only:  # perfdoctor verify's timing capture: the step clock's count, nothing measured
+                if probe.busy or not probe._enter(self):
+                    return orig(self, *args, **kwargs)
+                probe.busy = True
+                try:
+                    return orig(self, *args, **kwargs)
+                finally:
+                    probe.busy = False
+                    clock.forwards += 1
             probe.poll()
             if probe.busy:  # a submodule's call inside a followed forward
                 w = probe.watching

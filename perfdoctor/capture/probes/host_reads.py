@@ -80,13 +80,13 @@ class HostReadProbe:
     def install(self) -> None:
         torch = self.torch
         compiling = tracing(torch)
-        probe, main, get_ident, frame_of = self, self.main_ident, threading.get_ident, sys._getframe
+        probe, main, get_ident, frame_of, clock = self, self.main_ident, threading.get_ident, sys._getframe, self.clock
 
         def wrap(orig: Any, kind: str) -> Any:
             def read(t: Any, *args: Any, **kwargs: Any) -> Any:
                 # dynamo inlines this wrapper when it traces a compiled region: is_compiling() is a
                 # constant True there, and the region sees torch's own method
-                if compiling() or probe.busy or get_ident() != main:
+                if compiling() or probe.busy or get_ident() != main or clock.in_batch:  # not in a batch's fetch
                     return orig(t, *args, **kwargs)
                 probe.busy = True
                 try:

@@ -1,4 +1,4 @@
-"""meta.json -> the notes a run's report opens with: a distributed job the script started itself,
+"""meta.json -> the notes a run's report opens with: a timing-only capture, a distributed job the script started itself,
 how the steps were counted, how the script ended, what became of the profiler's window, too few
 steady steps; and `needs_a_gpu`, the note for a script that failed for want of a GPU."""
 
@@ -26,6 +26,9 @@ def add(ctx: RunContext) -> None:
                         if exit_.reason == "steps-reached" else "")
                      + f". To measure every rank, launch them with perfdoctor: `perfdoctor run --nproc-per-node "
                      f"{world} SCRIPT` (Lightning then runs under torchrun's ranks).")
+    if ctx.raw_meta.get("capture") == "timing":
+        notes.append("a timing-only capture (perfdoctor verify's: the step clock and the first losses; no probes, "
+                     "no profiler): its step times are measured, its problems are not; `perfdoctor run` finds them")
     n = len(ctx.run_steps) if clock != "whole-run" else 0
     if clock == "backward":
         notes.append("no optimizer step seen: steps counted by backward() calls")
