@@ -111,7 +111,7 @@ class Recorder:
         self._fork_hooked = False
         self._exit_patch = Patches()
         # installed in this order, uninstalled in the reverse one
-        self._probes = (self.clock, self.dataloader, self.modules, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
+        self._probes: tuple[Any, ...] = (self.clock, self.dataloader, self.modules, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
                         self.host_reads, self.host_tensors, self.user_profiler, self.gc_calls, self.ddp, self.gc_time,
                         self.stalls, self.compile, self.cpu_wait, self.gpu_clock, self.memory_objects, self.flops)
         if timing:
