@@ -7,7 +7,8 @@ the first steps the switches below, then the profiled window.
 
 `timing=True` is `perfdoctor verify`'s capture: the step clock and what it needs to count the steps as
 the full capture does (the DataLoader and forward probes, for a script that only iterates a loader
-through a model), no other probe, no profiler, no stall sampler, no CPU matmul rate at the end. Verify
+through a model, uninstalled at the first step a backward or an optimizer step ends), no other probe,
+no profiler, no stall sampler, no CPU matmul rate at the end. Verify
 compares a fix's side with the original's; a probe that costs the training thread time on one side
 only (the host-read and forward hooks that run inside a `num_workers=0` batch fetch, gone when the fix
 moves the fetch into workers) would be counted as the fix's saving.
@@ -176,6 +177,12 @@ class Recorder:
         if self.timing:  # no probe keeps per-step records, no profiler opens
             if i == FWD_DISCOVERY_STEPS:
                 self.forward.stop_discovery()
+            if self.clock.kind in ("backward", "optimizer") and self._probes != (self.clock,):
+                # the clock needs the loader and forward counts only while batches could still end steps:
+                # a stronger clock took over, so from here the step clock runs alone
+                self.forward.uninstall()
+                self.dataloader.uninstall()
+                self._probes = (self.clock,)
             return
         self.flops.step_ended(i)
         self.cpu_wait.end_step(i)

@@ -335,7 +335,8 @@ def test_the_timing_capture_counts_the_steps_the_full_one_does_and_nothing_else(
     assert metas[1]["window"] is None and not (timed.run_dir / "trace.json.gz").exists()
     assert metas[0]["window"]["trace"]
     assert probes[1]["host_reads"] == [] and probes[1]["stalls"]["samples_by_step"] == []
-    assert probes[1]["forward"][0]["calls"] >= 12
+    # the forward count serves a clock of batches only: once an optimizer step ends one, the probe goes
+    assert probes[1]["forward"][0]["calls"] >= 12 if infer else probes[1]["forward"][0]["calls"] == 1
     if not infer:
         assert probes[0]["host_reads"]  # the print's .item(), which the full capture counts
         assert len(probes[1]["losses"]) == 5 and probes[1]["losses"] == probes[0]["losses"]
