@@ -69,7 +69,7 @@ def test_the_lines_that_draw_each_epochs_first_batch_are_kept_once(monkeypatch):
 
     monkeypatch.setattr("perfdoctor.capture.sites.is_user_file", lambda f: f == __file__)
     clock = Clock()
-    clock.before_batch, clock.in_batch, clock.data = (lambda: None), 0, 0.0  # type: ignore[attr-defined]
+    clock.before_batch, clock.in_batch, clock.data, clock.thread = (lambda: None), 0, 0.0, None  # type: ignore[attr-defined]
     ds = torch.utils.data.TensorDataset(torch.randn(32, 4))
     probe = DataLoaderProbe(torch, clock, types.SimpleNamespace(active=False), ErrorLog())  # type: ignore[arg-type]
     probe.install()
