@@ -171,6 +171,17 @@ class Recorder:
         self.finalised = True
         self.clock.closed, self.clock.stopping = True, False
         self.window.forget()
+        # the copy runs bare: the wrappers the probes put on torch's and Python's functions come off, in
+        # this process only (a DataLoader worker, started again at every epoch without persistent workers,
+        # would otherwise run its dataset's code under them, each line's first read or tensor creation
+        # walking the stack in every new worker: the epoch start PD015 measures would grow by it). Threads
+        # do not survive a fork; the copy's file descriptors and NVML state are left alone.
+        for p in [q for probe in reversed(self._probes)  # the reverse order of installing (two may wrap one function)
+                  for q in ((probe.device_mem, probe) if probe is self.clock else (probe,))]:
+            patches = getattr(p, "patches", None)
+            if isinstance(patches, Patches):
+                patches.undo()
+        self.gc_time.uninstall()
 
     # -- driven by the step clock ---------------------------------------------------------------
     def _on_step(self, i: int) -> None:

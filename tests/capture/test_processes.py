@@ -101,9 +101,14 @@ def test_a_signal_reaches_the_child_once_and_as_it_was_sent(tmp_path: Path, grou
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="os.fork")
 def test_a_script_that_forks_helpers_that_sys_exit(tmp_path: Path) -> None:
     """Helpers forked before, inside and after the profiled window end with sys.exit: each ends at
-    once with its own code and atexit functions, and none of them writes the run folder."""
+    once with its own code and atexit functions, and none of them writes the run folder. Each runs
+    bare: the probes' wrappers of torch's functions are off in the copy, on in the script."""
     script(tmp_path, "train.py", """
         import atexit
+        def wrapped():
+            fns = (torch.Tensor.item, torch.Tensor.__bool__, torch.nn.Module.__call__, torch.autograd.backward,
+                   torch.utils.data.dataloader._BaseDataLoaderIter.__next__)
+            return sum(hasattr(f, "__wrapped__") for f in fns)
         codes = []
         for i in range(20):
             step()
@@ -111,14 +116,16 @@ def test_a_script_that_forks_helpers_that_sys_exit(tmp_path: Path) -> None:
                 pid = os.fork()
                 if pid == 0:
                     atexit.register(lambda: print("helper atexit", flush=True))
+                    print("helper wrapped", wrapped(), flush=True)
                     step()
                     sys.exit(7)
                 codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
-        print("codes", codes)
+        print("codes", codes, "script wrapped", wrapped())
     """)
     p = run_cli("run", "train.py", "--out-dir", "run", "-f", "json", cwd=tmp_path, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert "codes [7, 7, 7]" in p.stderr and p.stderr.count("helper atexit") == 3
+    assert "codes [7, 7, 7] script wrapped 5" in p.stderr and p.stderr.count("helper atexit") == 3
+    assert p.stderr.count("helper wrapped 0") == 3
     meta = _meta(tmp_path / "run")
     assert (meta["exit"]["code"], meta["exit"]["reason"]) == (0, "completed")
     assert json.loads((tmp_path / "run" / "steps.json").read_text())["steps"][-1]["i"] == 20
