@@ -216,8 +216,9 @@ class CpuWaitProbe:
         return total
 
     def _workers(self) -> tuple[int, int, int]:
-        """The workers' on-CPU and run-queue ns since the last step end (a new worker: since it
-        was first seen, its first step counts nothing), and how many were read."""
+        """The workers' on-CPU and run-queue ns since the last step end (a new worker: its whole life, which
+        began after it, as the loader that starts workers does so inside a step: a short pass's batches are
+        all loaded ahead in its first step), and how many were read."""
         on = wait = n = 0
         alive = set(self.worker_pids())
         for pid in list(self.workers):
@@ -228,8 +229,8 @@ class CpuWaitProbe:
             try:
                 if w is None:
                     fd = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
-                    self.workers[pid] = (fd, _read(fd))
-                    continue
+                    self.workers[pid] = (fd, (0, 0))
+                    w = self.workers[pid]
                 fd, last = w
                 now = _read(fd)
             except (OSError, ValueError, IndexError):  # it just ended

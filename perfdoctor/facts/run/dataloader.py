@@ -128,6 +128,31 @@ def project_to_gpu(facts: Facts, s: Subject, load: float, step: float, device: s
               detail=f"load_ms / (load_ms + projected GPU compute {gpu:.1f} ms)")
 
 
+def _refill_ms(ctx: RunContext, dl: object) -> tuple[float, str] | None:
+    """What the first batch of a pass waits for even with persistent workers (PD015's fix keeps the
+    processes, not the batches: at a pass's start every worker loads its first batch of the new pass
+    while the training loop waits): about one worker's time for one batch. Estimated as the workers'
+    time on a CPU over the steady steps per batch this loader delivered in them (over whole steps, not
+    the steps between passes only: the workers may have loaded a short pass's batches ahead, in its first
+    step), for a loader that delivers on most training steps (the one the steps draw from: the workers
+    busy then are its own); None otherwise (an evaluation loader's workers are not busy on the training
+    steps), or without the workers' CPU times. Loading that waits on storage rather than a CPU is not in
+    it; a new worker's own start (its `worker_init_fn`'s CPU time) is."""
+    w = ctx.probes.cpu_wait
+    per_step = getattr(dl, "wait_ms_per_step", [])
+    batches = getattr(dl, "batches", None) or 0
+    if w is None or not w.workers_run_ms or not per_step or not ctx.run_steps or batches <= 0:
+        return None
+    steps = [int(x["i"]) for x in ctx.steady if 0 < int(x["i"]) <= min(len(per_step), len(w.workers_run_ms))]
+    delivered = [i for i in steps if per_step[i - 1] > 0]
+    if len(delivered) < max(3, 0.8 * len(steps)):
+        return None
+    per_batch = max(1.0, batches / len(ctx.run_steps))  # this loader's batches per training step
+    refill = sum(w.workers_run_ms[i - 1] for i in steps) / (len(steps) * per_batch)
+    return refill, (f"the workers' time on a CPU over {len(steps)} steady steps per batch ({per_batch:.2g} a step): "
+                    "one worker's time for one batch")
+
+
 def worker_startup(ctx: RunContext) -> None:
     """PD015: what a DataLoader's epoch start costs beyond a steady step, and that cost per step.
 
@@ -165,6 +190,9 @@ def worker_startup(ctx: RunContext) -> None:
             startup = statistics.median(extra)
             detail = f"median time to the first batch of epochs 2..{len(first)} less the median steady wait"
         s.add("startup_ms", startup, "ms", detail=detail, per_step=tuple(extra))
+        refill = _refill_ms(ctx, dl)
+        if refill is not None:
+            s.add("refill_ms", refill[0], "ms", detail=refill[1])
         # per training step of the run, not per batch of this loader: an evaluation loader of 10 batches
         # restarted once per 1000-step epoch costs a training step startup_ms / 1000, not / 10. A pass is
         # the training steps between two passes' first batches (the last pass of a run cut short is only
