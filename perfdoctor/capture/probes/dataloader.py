@@ -106,7 +106,7 @@ class DataLoaderProbe:
                 lrec = of_iter.get(it)
             except TypeError:  # a subclass that is not hashable
                 lrec = None
-            t = clock.pc()
+            t, own0 = clock.pc(), clock.own
             # only the training thread's own fetch (`StepClock.mine`) hides its reads and forwards as data
             # loading: a thread that prefetches batches fetches while the training thread steps
             ours = current_thread() is clock.thread
@@ -115,7 +115,7 @@ class DataLoaderProbe:
                 batch = orig_next(it)
             finally:
                 clock.in_batch -= ours
-                dt = clock.pc() - t
+                dt = clock.pc() - t - max(0.0, clock.own - own0)  # less perfdoctor's own work inside the fetch
                 clock.data += dt
                 if lrec is not None:
                     lrec.cur += dt
@@ -142,10 +142,12 @@ class DataLoaderProbe:
         def __iter__(loader: Any) -> Any:
             t = clock.pc()
             it = orig_iter(loader)
-            clock.data += clock.pc() - t  # starting the workers is data loading
+            dt = clock.pc() - t
+            clock.data += dt  # starting the workers is data loading, this loader's (its wait in the step)
             try:
                 lrec = of_loader.get(loader)
                 if lrec is not None:
+                    lrec.cur += dt
                     of_iter[it] = lrec
                     iter_t0[it] = t  # until its first batch: an epoch's start-up (PD015)
                 if getattr(it, "_workers", None):

@@ -158,8 +158,10 @@ def worker_startup(ctx: RunContext) -> None:
 
     Measured on the step each epoch's first batch arrived in: its time less the median of the other
     steady steps. That holds the wait for the new workers (`iter()` and the first batch) and what
-    starting them costs the training process besides (forking a large process, then copy-on-write
-    page faults). The first epoch pays it whatever the settings: the later ones are what persistent
+    starting them costs the training process besides (the last epoch's workers shut down, copy-on-write
+    page faults after the fork), and at most the loader's own time in that step (`iter()`, the call that
+    ended the last epoch, the first batch) beyond a steady step's wait: the same step may also hold an
+    evaluation, or another loader's restart, which are not this loader's. The first epoch pays it whatever the settings: the later ones are what persistent
     workers save. Where no epoch start is a steady step, the time to the first batch less the steady
     wait stands in (the wait alone)."""
     walls = {x["i"]: x["wall_ms"] for x in ctx.steady}
@@ -175,13 +177,20 @@ def worker_startup(ctx: RunContext) -> None:
             continue
         starts = set(dl.first_batch_step[1:])
         others = [w for i, w in walls.items() if i not in starts]
-        on = [walls[i] for i in dl.first_batch_step[1:] if i in walls]
+        on = [i for i in dl.first_batch_step[1:] if i in walls]
+        # this loader's own time in an epoch-start step beyond a steady step's wait (its last epoch's end,
+        # the workers' start, the first batch): the step may hold more than its restart (an evaluation,
+        # another loader's restart)
+        waits = dl.wait_ms_per_step
+        steady_waits = [waits[i - 1] for i in walls if i not in starts and 0 < i <= len(waits)]
+        wait0 = statistics.median(steady_waits) if steady_waits else 0.0
         if on and others:
             base = statistics.median(others)
-            extra = [max(0.0, w - base) for w in on]
+            extra = [min(max(0.0, walls[i] - base), max(0.0, waits[i - 1] - wait0) if i <= len(waits) else float("inf"))
+                     for i in on]
             startup = statistics.median(extra)
             detail = (f"median over {len(on)} steady epoch-start steps of their time less the other steady steps' "
-                      f"median ({base:.1f} ms)")
+                      f"median ({base:.1f} ms), each at most this loader's own time in it beyond a steady step's wait")
         else:
             waits = [dl.wait_ms_per_step[i - 1] for i in walls if 0 < i <= len(dl.wait_ms_per_step)]
             if not waits:
