@@ -239,43 +239,40 @@ def test_worker_startup_quiet_where_persistence_cannot_help(tmp_path, kw):
     assert not fs
 
 
-def test_worker_startup_measured_on_the_epoch_start_steps(tmp_path):
-    # epochs of 8 steps; the steps that start epochs 3..5 are steady and take 200 ms more
-    probes = _loader()
+def _restarts(tmp_path, own_ms: float, step_ms: float, **probes_extra):
+    """Epochs of 8 steps, the epochs' first batches at steps 1, 9, 17, 25, 33; the loader's own time in
+    each later start step `own_ms` (5 ms on the others), those steps `step_ms` long (40 ms the others;
+    steps 9 and below are the warm-up): the run's facts and findings."""
+    probes = {**_loader(), **probes_extra}
     probes["dataloaders"][0]["first_batch_step"] = [1, 9, 17, 25, 33]
-    probes["dataloaders"][0]["wait_ms_per_step"] = [205.0 if i in (9, 17, 25, 33) else 5.0 for i in range(1, 41)]
-    r, fs = findings(make_run(tmp_path, wall=lambda i: 240.0 if i in (17, 25, 33) else 40.0, probes=probes))
+    probes["dataloaders"][0]["wait_ms_per_step"] = [own_ms if i in (9, 17, 25, 33) else 5.0 for i in range(1, 41)]
+    r, fs = findings(make_run(tmp_path, wall=lambda i: step_ms if i in (17, 25, 33) else 40.0, probes=probes))
     (dl,) = r.facts.of_kind("dataloader")
+    return dl, fs
+
+
+def test_worker_startup_measured_on_the_epoch_start_steps(tmp_path):
+    # the steps that start epochs 3..5 are steady and take 200 ms more
+    dl, (finding,) = _restarts(tmp_path, own_ms=205.0, step_ms=240.0)
     assert dl.facts["dataloader.startup_ms"].value == pytest.approx(200.0)
-    (finding,) = fs
     assert finding.ms_per_step == pytest.approx(200.0 / 8)  # one restart every 8 training steps
 
 
 def test_worker_startup_is_the_loaders_own_time_in_a_step_that_also_evaluates(tmp_path):
     # each epoch-start step also runs a 300 ms evaluation (gomodular-tinyvgg, development half: the test
     # loader's pass lands in the train loader's epoch-start step): the restart is the loader's own 80 ms
-    probes = _loader()
-    probes["dataloaders"][0]["first_batch_step"] = [1, 9, 17, 25, 33]
-    probes["dataloaders"][0]["wait_ms_per_step"] = [85.0 if i in (9, 17, 25, 33) else 5.0 for i in range(1, 41)]
-    r, fs = findings(make_run(tmp_path, wall=lambda i: 420.0 if i in (17, 25, 33) else 40.0, probes=probes))
-    (dl,) = r.facts.of_kind("dataloader")
+    dl, (finding,) = _restarts(tmp_path, own_ms=85.0, step_ms=420.0)
     assert dl.facts["dataloader.startup_ms"].value == pytest.approx(80.0)
-    (finding,) = fs
     assert finding.ms_per_step == pytest.approx(80.0 / 8)
 
 
 def test_persistent_workers_still_wait_for_a_passs_first_batch(tmp_path):
     # the workers spend 12 ms of CPU on each batch: a pass's first batch waits for that with persistent
     # workers too, so the saving is the restart less one batch's loading
-    probes = _loader()
-    probes["dataloaders"][0]["first_batch_step"] = [1, 9, 17, 25, 33]
-    probes["dataloaders"][0]["wait_ms_per_step"] = [205.0 if i in (9, 17, 25, 33) else 5.0 for i in range(1, 41)]
-    probes["cpu_wait"] = {"wait_ms": [0.0] * 40, "run_ms": [35.0] * 40, "workers_run_ms": [12.0] * 40,
-                          "workers_wait_ms": [0.0] * 40, "workers": [2] * 40}
-    r, fs = findings(make_run(tmp_path, wall=lambda i: 240.0 if i in (17, 25, 33) else 40.0, probes=probes))
-    (dl,) = r.facts.of_kind("dataloader")
+    cpu = {"wait_ms": [0.0] * 40, "run_ms": [35.0] * 40, "workers_run_ms": [12.0] * 40,
+           "workers_wait_ms": [0.0] * 40, "workers": [2] * 40}
+    dl, (finding,) = _restarts(tmp_path, own_ms=205.0, step_ms=240.0, cpu_wait=cpu)
     assert dl.facts["dataloader.refill_ms"].value == pytest.approx(12.0)
-    (finding,) = fs
     assert finding.ms_per_step == pytest.approx((200.0 - 12.0) / 8)
 
 
