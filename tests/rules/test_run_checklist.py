@@ -258,12 +258,19 @@ def test_worker_startup_measured_on_the_epoch_start_steps(tmp_path):
     assert finding.ms_per_step == pytest.approx(200.0 / 8)  # one restart every 8 training steps
 
 
-def test_worker_startup_is_the_loaders_own_time_in_a_step_that_also_evaluates(tmp_path):
-    # each epoch-start step also runs a 300 ms evaluation (gomodular-tinyvgg, development half: the test
-    # loader's pass lands in the train loader's epoch-start step): the restart is the loader's own 80 ms
-    dl, (finding,) = _restarts(tmp_path, own_ms=85.0, step_ms=420.0)
-    assert dl.facts["dataloader.startup_ms"].value == pytest.approx(80.0)
-    assert finding.ms_per_step == pytest.approx(80.0 / 8)
+def test_loaders_starting_passes_in_one_step_share_its_extra_time(tmp_path):
+    # a test loader's pass starts in the train loader's epoch-start steps (gomodular-tinyvgg, development
+    # half: both findings claimed the whole step): the step's 380 ms are shared by their own times, 3 : 1
+    test = {**_loader()["dataloaders"][0], "id": 1, "site": site(20, "test_loader = DataLoader(ts, num_workers=2)"),
+            "first_batch_step": [1, 9, 17, 25, 33], "length": 1, "batches": 5,
+            "wait_ms_per_step": [25.0 if i in (9, 17, 25, 33) else 0.0 for i in range(1, 41)]}
+    probes = _loader()
+    probes["dataloaders"][0]["first_batch_step"] = [1, 9, 17, 25, 33]
+    probes["dataloaders"][0]["wait_ms_per_step"] = [80.0 if i in (9, 17, 25, 33) else 5.0 for i in range(1, 41)]
+    probes["dataloaders"].append(test)
+    r, fs = findings(make_run(tmp_path, wall=lambda i: 420.0 if i in (17, 25, 33) else 40.0, probes=probes))
+    startup = {s.locations[0].line: s.facts["dataloader.startup_ms"].value for s in r.facts.of_kind("dataloader")}
+    assert startup == {12: pytest.approx(380.0 * 0.75), 20: pytest.approx(380.0 * 0.25)}
 
 
 def test_persistent_workers_still_wait_for_a_passs_first_batch(tmp_path):

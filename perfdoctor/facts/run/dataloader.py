@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import statistics
 
-from perfdoctor.contracts.run import Probes
+from perfdoctor.contracts.run import DataLoaderRecord, Probes
 from perfdoctor.facts.model import Facts, Subject, also_at, site_subject
 from perfdoctor.facts.run.context import RunContext
 
@@ -128,7 +128,7 @@ def project_to_gpu(facts: Facts, s: Subject, load: float, step: float, device: s
               detail=f"load_ms / (load_ms + projected GPU compute {gpu:.1f} ms)")
 
 
-def _refill_ms(ctx: RunContext, dl: object) -> tuple[float, str] | None:
+def _refill_ms(ctx: RunContext, dl: DataLoaderRecord) -> tuple[float, str] | None:
     """What the first batch of a pass waits for even with persistent workers (PD015's fix keeps the
     processes, not the batches: at a pass's start every worker loads its first batch of the new pass
     while the training loop waits): about one worker's time for one batch. Estimated as the workers'
@@ -148,9 +148,25 @@ def _refill_ms(ctx: RunContext, dl: object) -> tuple[float, str] | None:
     if len(delivered) < max(3, 0.8 * len(steps)):
         return None
     per_batch = max(1.0, batches / len(ctx.run_steps))  # this loader's batches per training step
-    refill = sum(w.workers_run_ms[i - 1] for i in steps) / (len(steps) * per_batch)
-    return refill, (f"the workers' time on a CPU over {len(steps)} steady steps per batch ({per_batch:.2g} a step): "
-                    "one worker's time for one batch")
+    one = sum(w.workers_run_ms[i - 1] for i in steps) / (len(steps) * per_batch)
+    # at a pass's start every worker loads a batch at once: more workers than CPUs share them (the training
+    # thread waits meanwhile), and the first batch comes after its CPU time x workers / CPUs
+    cpus = (ctx.rank.cpu_share if ctx.rank is not None and ctx.rank.cpu_share else None) or ctx.env.cpu_count or 1
+    workers = getattr(getattr(dl, "kwargs", None), "num_workers", 0) or 1
+    share = max(1.0, workers / cpus)
+    return one * share, (f"the workers' time on a CPU over {len(steps)} steady steps per batch ({per_batch:.2g} a "
+                         f"step), {one:.1f} ms, x {share:.2g} ({workers} workers loading at once on {cpus} CPUs): "
+                         "one worker's time for a pass's first batch")
+
+
+def _own_at_starts(dl: DataLoaderRecord, walls: dict[int, float]) -> dict[int, float]:
+    """A loader's own time in each steady step where a later pass over it began (the call that ended its
+    last pass, `iter()` and the workers' start, the first batch), beyond its wait on its other steady steps."""
+    starts = set(dl.first_batch_step[1:])
+    waits = dl.wait_ms_per_step
+    steady = [waits[i - 1] for i in walls if i not in starts and 0 < i <= len(waits)]
+    wait0 = statistics.median(steady) if steady else 0.0
+    return {i: max(0.0, waits[i - 1] - wait0) for i in starts if i in walls and i <= len(waits)}
 
 
 def worker_startup(ctx: RunContext) -> None:
@@ -159,12 +175,14 @@ def worker_startup(ctx: RunContext) -> None:
     Measured on the step each epoch's first batch arrived in: its time less the median of the other
     steady steps. That holds the wait for the new workers (`iter()` and the first batch) and what
     starting them costs the training process besides (the last epoch's workers shut down, copy-on-write
-    page faults after the fork), and at most the loader's own time in that step (`iter()`, the call that
-    ended the last epoch, the first batch) beyond a steady step's wait: the same step may also hold an
-    evaluation, or another loader's restart, which are not this loader's. The first epoch pays it whatever the settings: the later ones are what persistent
+    page faults after the fork, which slow the step's forward and backward: srresnet, development half).
+    Where other loaders start a pass in the same step (a test loader's evaluation between two training
+    epochs), the step's extra time is shared by each loader's own time in it (`_own_at_starts`); an
+    evaluation's compute in that step stays in the shares (what the run cannot tell from a restart's cost). The first epoch pays it whatever the settings: the later ones are what persistent
     workers save. Where no epoch start is a steady step, the time to the first batch less the steady
     wait stands in (the wait alone)."""
     walls = {x["i"]: x["wall_ms"] for x in ctx.steady}
+    owns = {id(dl): _own_at_starts(dl, walls) for dl in ctx.probes.dataloaders}
     for dl in ctx.probes.dataloaders:
         s = site_subject(ctx.facts, "dataloader", dl.judged_site)
         if s is None:
@@ -178,19 +196,16 @@ def worker_startup(ctx: RunContext) -> None:
         starts = set(dl.first_batch_step[1:])
         others = [w for i, w in walls.items() if i not in starts]
         on = [i for i in dl.first_batch_step[1:] if i in walls]
-        # this loader's own time in an epoch-start step beyond a steady step's wait (its last epoch's end,
-        # the workers' start, the first batch): the step may hold more than its restart (an evaluation,
-        # another loader's restart)
-        waits = dl.wait_ms_per_step
-        steady_waits = [waits[i - 1] for i in walls if i not in starts and 0 < i <= len(waits)]
-        wait0 = statistics.median(steady_waits) if steady_waits else 0.0
         if on and others:
             base = statistics.median(others)
-            extra = [min(max(0.0, walls[i] - base), max(0.0, waits[i - 1] - wait0) if i <= len(waits) else float("inf"))
-                     for i in on]
+            # a step where several loaders start a pass (a test loader's beside the train loader's next) has
+            # their restarts together: each loader takes the step's extra time in the share of its own time
+            extra = [max(0.0, walls[i] - base) * owns[id(dl)].get(i, 0.0) / total if (total := sum(
+                     o.get(i, 0.0) for o in owns.values())) > 0 else max(0.0, walls[i] - base) for i in on]
             startup = statistics.median(extra)
             detail = (f"median over {len(on)} steady epoch-start steps of their time less the other steady steps' "
-                      f"median ({base:.1f} ms), each at most this loader's own time in it beyond a steady step's wait")
+                      f"median ({base:.1f} ms), shared with any other loader starting a pass in the same step "
+                      "by each one's own time in it")
         else:
             waits = [dl.wait_ms_per_step[i - 1] for i in walls if 0 < i <= len(dl.wait_ms_per_step)]
             if not waits:
