@@ -58,7 +58,7 @@ def test_a_librarys_read_of_a_tensor_the_users_call_handed_it_counts_at_the_user
     sys.path.insert(0, str(folder))
     try:
         lib = importlib.import_module("fake_logger_lib")
-        clock = SimpleNamespace(pc=time.perf_counter, exclude=lambda t0: None, steps=[], step_codes=None)
+        clock = SimpleNamespace(pc=time.perf_counter, exclude=lambda t0: None, steps=[], step_codes=None, in_batch=0)
         err = ErrorLog()
         probe = HostReadProbe(torch, clock, err)
         probe.install()

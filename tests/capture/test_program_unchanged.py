@@ -32,7 +32,7 @@ class Clock:
         self.pc = time.perf_counter
         self.fwd = self.data = self.own = 0.0
         self.bwd_depth = self.in_batch = self.forwards = 0
-        self.kind = None
+        self.kind = self.thread = None
         self.steps: list = []
 
     def before_batch(self):
