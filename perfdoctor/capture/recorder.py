@@ -155,12 +155,15 @@ class Recorder:
         if self.window.next_at == 0 and not self.timing:
             self.window.tick(0)
 
-    def uninstall(self) -> None:
+    def uninstall(self, *, forked: bool = False) -> None:
+        """Every probe off, in the reverse order of installing (two probes may wrap one function).
+        `forked`: in a copy `os.fork()` made, where NVML's state is the parent's and stays alone."""
         self._exit_patch.undo()
         if self.cuda_batches.active:
             self.cuda_batches.uninstall()
         for p in reversed(self._probes):
-            p.uninstall()
+            if not (forked and p is self.gpu_clock):
+                p.uninstall()
 
     def _forked(self) -> None:
         """In the copy of the script that `os.fork()` made: perfdoctor stays out of it. The run and its
@@ -171,17 +174,12 @@ class Recorder:
         self.finalised = True
         self.clock.closed, self.clock.stopping = True, False
         self.window.forget()
-        # the copy runs bare: the wrappers the probes put on torch's and Python's functions come off, in
-        # this process only (a DataLoader worker, started again at every epoch without persistent workers,
-        # would otherwise run its dataset's code under them, each line's first read or tensor creation
-        # walking the stack in every new worker: the epoch start PD015 measures would grow by it). Threads
-        # do not survive a fork; the copy's file descriptors and NVML state are left alone.
-        for p in [q for probe in reversed(self._probes)  # the reverse order of installing (two may wrap one function)
-                  for q in ((probe.device_mem, probe) if probe is self.clock else (probe,))]:
-            patches = getattr(p, "patches", None)
-            if isinstance(patches, Patches):
-                patches.undo()
-        self.gc_time.uninstall()
+        # the copy runs bare: every probe comes off, in this process only (a DataLoader worker, started
+        # again at every epoch without persistent workers, would otherwise run its dataset's code under the
+        # wrappers, each line's first read or tensor creation walking the stack in every new worker: the
+        # epoch start PD015 measures would grow by it). Threads do not survive a fork; closing the copy's
+        # file descriptors leaves the parent's open.
+        self.uninstall(forked=True)
 
     # -- driven by the step clock ---------------------------------------------------------------
     def _on_step(self, i: int) -> None:
