@@ -249,7 +249,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("startup_ms", "ms", "run", "an epoch start's extra time over a steady step (workers started again, "
                                     "their first batch), median over the epochs after the first (ms per epoch)"),
         ("refill_ms", "ms", "run", "what a pass's first batch waits for with persistent workers too: one worker's "
-                                   "time on a CPU for one batch, on the steady steps of the loader the steps draw from"),
+                                   "time on a CPU for one batch, on the steady steps of the loader the steps draw "
+                                   "from, x workers / CPUs where more workers than CPUs load at once"),
         ("startup_ms_per_step", "ms", "run", "startup_ms x the restarts (epochs after the first) / the training steps "
                                              "observed: the start-up's cost per training step, whichever loader"),
         ("steps_per_pass", "count", "run", "training steps per pass over this loader (steps observed / epochs begun): "

@@ -229,8 +229,7 @@ class CpuWaitProbe:
             try:
                 if w is None:
                     fd = os.open(f"/proc/{pid}/schedstat", os.O_RDONLY)
-                    self.workers[pid] = (fd, (0, 0))
-                    w = self.workers[pid]
+                    w = self.workers[pid] = (fd, (0, 0))
                 fd, last = w
                 now = _read(fd)
             except (OSError, ValueError, IndexError):  # it just ended

@@ -130,17 +130,16 @@ def project_to_gpu(facts: Facts, s: Subject, load: float, step: float, device: s
 
 def _refill_ms(ctx: RunContext, dl: DataLoaderRecord) -> tuple[float, str] | None:
     """What the first batch of a pass waits for even with persistent workers (PD015's fix keeps the
-    processes, not the batches: at a pass's start every worker loads its first batch of the new pass
-    while the training loop waits): about one worker's time for one batch. Estimated as the workers'
-    time on a CPU over the steady steps per batch this loader delivered in them (over whole steps, not
-    the steps between passes only: the workers may have loaded a short pass's batches ahead, in its first
-    step), for a loader that delivers on most training steps (the one the steps draw from: the workers
-    busy then are its own); None otherwise (an evaluation loader's workers are not busy on the training
-    steps), or without the workers' CPU times. Loading that waits on storage rather than a CPU is not in
-    it; a new worker's own start (its `worker_init_fn`'s CPU time) is."""
-    w = ctx.probes.cpu_wait
-    per_step = getattr(dl, "wait_ms_per_step", [])
-    batches = getattr(dl, "batches", None) or 0
+    processes, not the batches: at a pass's start every worker loads its first batch of the new pass at
+    once while the training loop waits). One worker's time on a CPU for one batch, estimated as the
+    workers' time on a CPU over the steady steps per batch this loader delivered in them (over whole steps,
+    not the steps between passes only: the workers may have loaded a short pass's batches ahead, in its
+    first step), x workers / CPUs where more workers than CPUs share them. Only for a loader that delivers
+    on most training steps (the one the steps draw from: the workers busy then are its own); None
+    otherwise (an evaluation loader's workers are not busy on the training steps), or without the
+    workers' CPU times. Loading that waits on storage rather than a CPU is not in it; a new worker's own
+    start (its `worker_init_fn`'s CPU time) is."""
+    w, per_step, batches = ctx.probes.cpu_wait, dl.wait_ms_per_step, dl.batches or 0
     if w is None or not w.workers_run_ms or not per_step or not ctx.run_steps or batches <= 0:
         return None
     steps = [int(x["i"]) for x in ctx.steady if 0 < int(x["i"]) <= min(len(per_step), len(w.workers_run_ms))]
@@ -149,10 +148,8 @@ def _refill_ms(ctx: RunContext, dl: DataLoaderRecord) -> tuple[float, str] | Non
         return None
     per_batch = max(1.0, batches / len(ctx.run_steps))  # this loader's batches per training step
     one = sum(w.workers_run_ms[i - 1] for i in steps) / (len(steps) * per_batch)
-    # at a pass's start every worker loads a batch at once: more workers than CPUs share them (the training
-    # thread waits meanwhile), and the first batch comes after its CPU time x workers / CPUs
     cpus = (ctx.rank.cpu_share if ctx.rank is not None and ctx.rank.cpu_share else None) or ctx.env.cpu_count or 1
-    workers = getattr(getattr(dl, "kwargs", None), "num_workers", 0) or 1
+    workers = dl.kwargs.num_workers or 1
     share = max(1.0, workers / cpus)
     return one * share, (f"the workers' time on a CPU over {len(steps)} steady steps per batch ({per_batch:.2g} a "
                          f"step), {one:.1f} ms, x {share:.2g} ({workers} workers loading at once on {cpus} CPUs): "
@@ -178,8 +175,8 @@ def worker_startup(ctx: RunContext) -> None:
     page faults after the fork, which slow the step's forward and backward: srresnet, development half).
     Where other loaders start a pass in the same step (a test loader's evaluation between two training
     epochs), the step's extra time is shared by each loader's own time in it (`_own_at_starts`); an
-    evaluation's compute in that step stays in the shares (what the run cannot tell from a restart's cost). The first epoch pays it whatever the settings: the later ones are what persistent
-    workers save. Where no epoch start is a steady step, the time to the first batch less the steady
+    evaluation's compute in that step stays in the shares (what the run cannot tell from a restart's
+    cost). The first epoch pays it whatever the settings: the later ones are what persistent workers save. Where no epoch start is a steady step, the time to the first batch less the steady
     wait stands in (the wait alone)."""
     walls = {x["i"]: x["wall_ms"] for x in ctx.steady}
     owns = {id(dl): _own_at_starts(dl, walls) for dl in ctx.probes.dataloaders}
@@ -200,8 +197,11 @@ def worker_startup(ctx: RunContext) -> None:
             base = statistics.median(others)
             # a step where several loaders start a pass (a test loader's beside the train loader's next) has
             # their restarts together: each loader takes the step's extra time in the share of its own time
-            extra = [max(0.0, walls[i] - base) * owns[id(dl)].get(i, 0.0) / total if (total := sum(
-                     o.get(i, 0.0) for o in owns.values())) > 0 else max(0.0, walls[i] - base) for i in on]
+            extra = []
+            for i in on:
+                total = sum(o.get(i, 0.0) for o in owns.values())
+                share = owns[id(dl)].get(i, 0.0) / total if total > 0 else 1.0
+                extra.append(max(0.0, walls[i] - base) * share)
             startup = statistics.median(extra)
             detail = (f"median over {len(on)} steady epoch-start steps of their time less the other steady steps' "
                       f"median ({base:.1f} ms), shared with any other loader starting a pass in the same step "
