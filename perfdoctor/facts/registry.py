@@ -157,6 +157,11 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("target_gpu.step_ms", "ms", "trace", "the estimated GPU step: target_gpu.launch_ms + target_gpu.math_ms + the "
      "16-bit FLOPs at the 16-bit rate"),
     ("target_gpu.math_share", "ratio", "trace", "target_gpu.math_ms / target_gpu.step_ms"),
+    ("target_gpu.sync_ms", "ms", "trace", "what one host-device sync or one blocking copy from pageable host memory "
+     "costs a GPU step at least: the call's own host time and the drained queue's wait for the next launch, "
+     "2 x HOST_US_PER_OP (what PD004 prices a copy at)"),
+    ("target_gpu.h2d_bytes_per_ms", "number", "trace", "bytes per ms a copy from pageable host memory to the "
+     "reference GPU moves (facts/trace/flops.py H2D_PAGEABLE_BYTES_PER_S)"),
     ("target_gpu.batch_scale", "ratio", "trace", "the training loader's batch by default (dataloader.default_batch_size) "
      "over this run's, where larger: the FLOPs per step of the estimate are scaled by it"),
     ("target_gpu.amp_saving_ms", "ms", "trace", "the math time bf16 autocast would save on the reference GPU: "
@@ -277,6 +282,7 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
                                                 "epoch; in a forward or a function the step calls)"),
         ("moves_per_step", "count", "run", "its tensors moved to a device per watched step (the move's line is the "
                                            "second location)"),
+        ("bytes_per_move", "bytes", "run", "bytes of the first tensor moved (what one copy carries to the device)"),
         ("ms", "ms", "trace", "its host-to-device copy time per step"),
         ("kept", "bool", "run", "the same host tensor, made before the steps (a schedule or a table kept in an "
                                 "attribute), moved to the device again on every step"),

@@ -75,6 +75,11 @@ class Rule:
     # loading as a share of an estimated GPU step), not this machine's; the basis says so and verify,
     # which measures this machine, leaves it to a GPU (engine.PROJECTED)
     projected_for_gpu: str | None = None
+    # a GPU-only rule's expression: the share of the step, on the GPU a CPU run's script targets, that the
+    # affected work takes (PD004's copies, PD016's convolutions over facts/trace/target_gpu.py's estimated
+    # step). Where it evaluates below engine.MINOR_FRACTION the finding is minor, as a measured one is; the
+    # basis gives the share. None, or unmeasured: the rule's severity
+    gpu_share: str | None = None
     # one finding per run however many subjects show it: the fix is one setting for the process
     # (PD016's cudnn.benchmark), so the other subjects' locations follow the first's
     once: bool = False
@@ -265,6 +270,8 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         used["unmeasured"] = template_names(str(data.get("unmeasured", "")))
         if data.get("projected_for_gpu") is not None:
             used["projected_for_gpu"] = names_in(_req(data, "projected_for_gpu", where))
+        if data.get("gpu_share") is not None:
+            used["gpu_share"] = names_in(_req(data, "gpu_share", where))
     except RuleError as e:
         raise RuleError(f"{where}: {e.message}") from None
     thresholds = data.get("thresholds", {})
@@ -308,6 +315,8 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
     severity_unmeasured = data.get("severity_unmeasured")
     if severity_unmeasured is not None and severity_unmeasured not in SEVERITIES:
         raise RuleError(f"{where}: severity_unmeasured must be one of {', '.join(SEVERITIES)}")
+    if data.get("gpu_share") is not None and not gpu_only:
+        raise RuleError(f"{where}: gpu_share is for a rule with gpu_only = true")
     spread = data.get("spread_over_steps", False)
     if not isinstance(spread, bool):
         raise RuleError(f"{where}: spread_over_steps must be true or false")
@@ -328,7 +337,7 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
         title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
         subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread, once=once,
-        projected_for_gpu=data.get("projected_for_gpu"),
+        projected_for_gpu=data.get("projected_for_gpu"), gpu_share=data.get("gpu_share"),
         title_group=title_group,
         severity_unmeasured=severity_unmeasured,
         subject_optional=bool(data.get("subject_optional", False)), ablation=ablation,

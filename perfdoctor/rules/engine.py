@@ -192,12 +192,28 @@ def _true(expr: str, lookup: Callable[[str], Any]) -> bool:
         return False
 
 
-def _severity(rule: Rule, ms: float | None, frac: float | None, gpu_only: bool) -> str:
+def _severity(rule: Rule, ms: float | None, frac: float | None, gpu_only: bool,
+              gpu_share: float | None = None) -> str:
     if ms is not None and (ms < MINOR_MS or (frac is not None and frac < MINOR_FRACTION)):
         return "low"
+    if gpu_share is not None and gpu_share < MINOR_FRACTION:
+        return "low"  # a GPU-only finding whose work is a sliver of the target GPU's estimated step
     if ms is None and not gpu_only and rule.severity_unmeasured:
         return rule.severity_unmeasured  # a GPU-only finding's missing number is this machine's, not the rule's
     return rule.severity
+
+
+def _number(rule: Rule, expr: str, lookup: Callable[[str], Any]) -> float | None:
+    """A rule expression's number (finite, not a bool); None where it is unmeasured or not a number."""
+    try:
+        value = evaluate(expr, lookup)
+    except Missing:
+        return None
+    except RuleError as e:
+        raise RuleError(f"rule {rule.id}: {e.message}") from None
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
+        return float(value)
+    return None
 
 
 def _fix(rule: Rule, subject: Subject | None, lookup: Callable[[str], Any], files: Sources) -> Fix | None:
@@ -272,19 +288,17 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
     spread: tuple[float, float] | None = None
     basis = render_template(rule.unmeasured, lookup) if rule.unmeasured else "not estimated"
     saving_names: set[str] = set()
-    if rule.saving_ms:
-        try:
-            value = evaluate(rule.saving_ms, lookup)
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
-                ms = max(0.0, float(value))
-                saving_names = rule.reads(names_in(rule.saving_ms))
-        except Missing:
-            ms = None
-        except RuleError as e:
-            raise RuleError(f"rule {rule.id}: {e.message}") from None
+    if rule.saving_ms and (value := _number(rule, rule.saving_ms, lookup)) is not None:
+        ms = max(0.0, value)
+        saving_names = rule.reads(names_in(rule.saving_ms))
     gpu_only = gpu_only_context(facts) if rule.gpu_only else None
+    share: float | None = None
     if gpu_only:
         ms = None  # what a CPU run measures is not what the problem costs on the GPU
+        if rule.gpu_share:
+            share = _number(rule, rule.gpu_share, lookup)
+            if share is not None:  # the facts it reads are the finding's evidence
+                saving_names = rule.reads(names_in(rule.gpu_share))
     step = facts.value("step.time_ms")
     if ms is not None and isinstance(step, (int, float)) and rule.spread_over_steps:
         step = step + ms  # the mean step holds the cost the median step does not
@@ -310,12 +324,15 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
         seen = "in the source and in this run" if sources >= {"static", "run"} else (
             "in this run" if "run" in sources else "in the source")
         basis = f"{GPU_ONLY}: {gpu_only}; the problem was seen {seen}. {basis[:1].upper()}{basis[1:]}"
+        if share is not None:
+            basis += (f". The work it affects is an estimated {share:.1%} of the step on the GPU the script targets"
+                      f"{' (minor: under ' + format(MINOR_FRACTION, '.0%') + ')' if share < MINOR_FRACTION else ''}")
         confidence = "medium" if sources & {"static", "run"} else "low"
     fix = None
     with facts.family(f"the fix of {rule.id}"):  # a bug rendering a fix costs the fix, not the finding
         fix = _fix(rule, subject, lookup, files)
     finding = Finding(
-        rule=rule.id, name=rule.name, severity=_severity(rule, ms, frac, bool(gpu_only)),
+        rule=rule.id, name=rule.name, severity=_severity(rule, ms, frac, bool(gpu_only), share),
         title=render_template(rule.title, lookup), message=render_template(rule.message, lookup),
         why=rule.doc.why.strip(), ms_per_step=ms, fraction_of_step=frac, saving_basis=basis,
         confidence=confidence, locations=list(subject.locations) if subject else [],

@@ -51,6 +51,39 @@ def test_gpu_only_costs_have_no_number_and_rank_below_measured(tmp_path):
     assert "seen in the source" in [x for x in findings if x.rule == "PD004"][0].saving_basis
 
 
+@pytest.mark.parametrize(("step_ms", "nbytes", "severity"), [
+    (20.0, 400, "low"),  # one small copy a step: 46 us of a 20 ms GPU step, 0.2 %
+    (2.0, 400, "medium"),  # the same copy beside a launch-bound 2 ms step: 2.3 %
+    (20.0, 4_000_000, "medium"),  # 4 MB from pageable memory: 0.4 ms more, 2.2 %
+    (None, 400, "medium"),  # no estimate of the GPU step: the rule's own severity
+])
+def test_gpu_only_severity_follows_the_share_of_the_target_gpu_step(step_ms, nbytes, severity):
+    f = cpu_run(step_ms=300.0, cpus=4)
+    f.add("script.targets_cuda", True, "", "static")
+    if step_ms is not None:
+        f.add("target_gpu.step_ms", step_ms, "ms", "trace")
+        f.add("target_gpu.sync_ms", 0.046, "ms", "trace")
+        f.add("target_gpu.h2d_bytes_per_ms", 1e7, "number", "trace")
+    ctd = f.subject("cpu_to_device", "train.py:25")
+    ctd.add("factory", "randn", "", "run")
+    ctd.add("in_loop", True, "", "run")
+    ctd.add("moves_per_step", 1.0, "count", "run")
+    ctd.add("bytes_per_move", nbytes, "bytes", "run")
+    (finding,) = judge(f, RULES)
+    assert finding.rule == "PD004" and finding.ms_per_step is None and finding.severity == severity
+    assert ("of the step on the GPU the script targets" in finding.saving_basis) == (step_ms is not None)
+    if step_ms is not None:  # the facts the share reads are the finding's evidence
+        assert {"target_gpu.step_ms", "cpu_to_device.bytes_per_move"} <= {e.name for e in finding.evidence}
+
+
+def test_gpu_share_is_for_gpu_only_rules(tmp_path):
+    p = tmp_path / "PD099.toml"
+    p.write_text('id = "PD099"\nname = "x"\nseverity = "medium"\nsummary = "x"\nwhen = "true"\ntitle = "t"\n'
+                 'message = "m"\ngpu_share = "target_gpu.step_ms"\n[doc]\nwhat = "w"\nwhy = "y"\n')
+    with pytest.raises(RuleError, match="gpu_share is for a rule with gpu_only = true"):
+        load_rule_file(p)
+
+
 def test_severity_follows_the_measured_cost():
     f = cpu_run(step_ms=1000.0, cpus=4)
     loader(f, workers=0, wait_ms=150.0)

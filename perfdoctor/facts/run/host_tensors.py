@@ -97,8 +97,7 @@ def _factory(ctx: RunContext, r: HostTensorRecord) -> None:
            else f"moved with .{r.how}()")
     s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
           detail=f"{how} on {r.steps} of {r.watched} watched steps")
-    s.add("moves_per_step", r.moves / max(r.watched, 1), "count",
-          detail=f"{r.moves} moves at {_where(r)} over {r.watched} watched steps")
+    _moves(s, r)
 
 
 def _kept(ctx: RunContext, r: HostTensorRecord) -> None:
@@ -109,8 +108,16 @@ def _kept(ctx: RunContext, r: HostTensorRecord) -> None:
                                f"with .{r.how}() on {r.steps} of {r.watched} watched steps")
     s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
           detail=f"moved with .{r.how}() on {r.steps} of {r.watched} watched steps")
+    _moves(s, r)
+
+
+def _moves(s: Subject, r: HostTensorRecord) -> None:
+    """How often the step moved the tensors and what one move carries (PD004 prices the copies with them
+    on the target GPU: facts/trace/target_gpu.py)."""
     s.add("moves_per_step", r.moves / max(r.watched, 1), "count",
           detail=f"{r.moves} moves at {_where(r)} over {r.watched} watched steps")
+    if r.nbytes > 0:
+        s.add("bytes_per_move", r.nbytes, "bytes", detail=f"the first tensor moved at {_where(r)}")
 
 
 def _also_at(s: Subject, r: HostTensorRecord) -> None:

@@ -61,6 +61,10 @@ REFERENCE_GPU = "A100"
 # pd005 26.1 us; the others, whose steps also wait for data or Python, 44-94 us). Each op dispatches,
 # records autograd and launches its kernels.
 HOST_US_PER_OP = 23.0
+# What a copy from pageable host memory to the GPU moves per second: the driver stages it through a
+# pinned buffer, about half the link's pinned rate (PCIe 4.0 x16: about 25 GB/s pinned, 10-13 GB/s
+# pageable in CUDA's bandwidthTest on A100 hosts); the low end.
+H2D_PAGEABLE_BYTES_PER_S = 10e9
 
 
 def _mm(dims: list) -> int:

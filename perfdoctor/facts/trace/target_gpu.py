@@ -1,5 +1,5 @@
 """The GPU step a CPU run of a CUDA-targeting script would take on a reference GPU (`target_gpu.*`):
-what PD007 judges such a run by (is the fp32 matmul and convolution math a material share of the
+what PD007 judges such a run by, and what PD004's copies are a share of (is the fp32 matmul and convolution math a material share of the
 step on the GPU the script targets, or is that step bound by its kernel launches?).
 
 From what the run observed:
@@ -23,6 +23,10 @@ The estimate, for the reference GPU (facts/trace/flops.py `REFERENCE_GPU`, its d
     step_ms   = launch_ms + math_ms + the 16-bit FLOPs / the 16-bit rate
     share     = math_ms / step_ms
     amp_saving_ms = math_ms - the same FLOPs / the 16-bit rate
+    sync_ms   = 2 x HOST_US_PER_OP: the least one blocking copy from pageable host memory (or one sync)
+                costs such a step: the call's own host time, then the drained queue waits for the next
+                launch; a copy's bytes add at H2D_PAGEABLE_BYTES_PER_S (h2d_bytes_per_ms). PD004 prices
+                the step's copies of host-made tensors with them: its severity follows their share
 The rates are datasheet peaks, which small matmuls do not reach: the math time is a lower bound, so
 the share is too. The batch is the run's: where a CPU run shrank it, the GPU's FLOPs per step are
 larger than counted (perfdoctor cannot know the batch the script would use on the GPU).
@@ -36,7 +40,7 @@ from collections import defaultdict
 from perfdoctor.facts import registry
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.trace.context import TraceContext
-from perfdoctor.facts.trace.flops import HOST_US_PER_OP, REFERENCE_GPU, device_peak
+from perfdoctor.facts.trace.flops import H2D_PAGEABLE_BYTES_PER_S, HOST_US_PER_OP, REFERENCE_GPU, device_peak
 from perfdoctor.facts.trace.intervals import count_in, outermost
 from perfdoctor.stats import median
 from perfdoctor.trace.model import CPU_OP, USER_ANN
@@ -142,5 +146,9 @@ def add(ctx: TraceContext) -> None:
     ctx.put("target_gpu.step_ms", step_ms, "ms", "launch floor + math (the 16-bit part at the 16-bit rate), on the "
             "reference GPU")
     ctx.put("target_gpu.math_share", math_ms / step_ms, "ratio", "fp32 math / the estimated GPU step")
+    ctx.put("target_gpu.sync_ms", 2 * HOST_US_PER_OP / 1000, "ms",
+            f"2 x {HOST_US_PER_OP:g} us: the call's host time, then the drained queue waits for the next launch")
+    ctx.put("target_gpu.h2d_bytes_per_ms", H2D_PAGEABLE_BYTES_PER_S / 1000, "number",
+            f"{H2D_PAGEABLE_BYTES_PER_S / 1e9:g} GB/s from pageable host memory")
     ctx.put("target_gpu.amp_saving_ms", max(0.0, math_ms - fp32 * flops / half * 1000), "ms",
             "the fp32 math less the same FLOPs at the reference GPU's 16-bit rate")
