@@ -140,6 +140,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
      "FlopCounterMode on one step (matmuls, convolutions, attention), else a trace's recorded matmuls (mm, addmm, "
      "bmm, baddbmm: 2*M*K*N) and convolutions (from their backward's shapes)"),
     ("memory.loss_holders", "count", "run", "containers keeping losses with their graphs (PD006's): a known holder of growth"),
+    ("memory.lost_frees", "count", "trace", "allocator blocks whose free the trace did not record (their address "
+     "allocated again with no free between): the kept blocks of their lines are not counted"),
     ("memory.kept_bytes_per_step", "bytes", "trace", "allocator blocks a recorded step allocated and the trace's end "
      "still holds, per step (profile_memory)"),
     ("memory.step_transient_bytes", "bytes", "trace", "the allocator's highest total within a step less its total at "

@@ -324,3 +324,53 @@ def test_a_matmul_with_a_sparse_operand_is_not_counted_as_dense(tmp_path):
 
     assert trace(strides=True) == 2 * 1000 * 64 * 32
     assert trace(strides=False) == 2 * 1000 * 64 * 32 + 2 * 1000 * 1000 * 64
+
+
+def test_kept_blocks_of_a_line_whose_frees_the_trace_lost_are_not_a_leak(tmp_path):
+    """memory.kept_bytes_per_step and kept_alloc: a block allocated in a recorded step and alive at the
+    trace's end is kept, unless its line's blocks lost their free in the trace (the same address
+    allocated again with no free between): then what is alive may be freed blocks not reused yet."""
+    ids = iter(range(2, 1000))
+
+    def x(name, ts, dur, cat="python_function", parent=1):  # a Python frame under the module's (id 1)
+        args = {"Python id": next(ids), "Python parent id": parent} if cat == "python_function" else {}
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": args}
+
+    def call(name, ts, caller):  # a built-in the frame `caller` calls
+        return x(name, ts, 50, parent=caller["args"]["Python id"])
+
+    def mem(ts, addr, nbytes):
+        return {"ph": "i", "s": "t", "cat": "cpu_instant_event", "name": "[memory]", "pid": 1, "tid": 1, "ts": ts,
+                "args": {"Addr": addr, "Bytes": nbytes, "Total Allocated": 0, "Total Reserved": 0,
+                         "Device Type": 0, "Device Id": -1}}
+
+    def trace(lose_frees: bool):
+        top = {"ph": "X", "cat": "python_function", "name": "train.py(1): <module>", "pid": 1, "tid": 1, "ts": 0,
+               "dur": 50_000, "args": {"Python id": 1}}
+        ev = [top]
+        for k in range(4):
+            s = 10_000 * k
+            keep, churn = x("train.py(5): keep", s + 100, 100), x("train.py(9): churn", s + 300, 400)
+            ev += [x(f"ProfilerStep#{k}", s, 9_000, "user_annotation"),
+                   keep, call("<built-in method ones of type object at 0x1>", s + 110, keep),
+                   mem(s + 120, 1_000 + k, 4096),  # kept: never freed
+                   churn, call("<built-in method zeros of type object at 0x1>", s + 310, churn)]
+            # churn's block, freed within the step, at two addresses in turn; where the trace loses the
+            # frees, steps 2 and 3 allocate again at a live address, and step 2's block looks kept
+            ev.append(mem(s + 320, 9_000 + k % 2, 8192))
+            if not lose_frees:
+                ev.append(mem(s + 600, 9_000 + k % 2, -8192))
+        p = tmp_path / f"t{lose_frees}.json"
+        p.write_text(json.dumps({"traceEvents": ev}))
+        f = Facts()
+        add_trace_facts(load_trace(p), f)
+        return f
+
+    f = trace(lose_frees=False)
+    kept = {s.key.rsplit("/", 1)[-1]: s.facts["kept_alloc.bytes_per_step"].value for s in f.of_kind("kept_alloc")}
+    assert kept == {"train.py:5": 4096.0} and "memory.lost_frees" not in f
+    f = trace(lose_frees=True)
+    assert f.value("memory.lost_frees") == 2  # churn's addresses allocated again in steps 2 and 3
+    kept = {s.key.rsplit("/", 1)[-1] for s in f.of_kind("kept_alloc")}
+    assert kept == {"train.py:5"}  # keep's blocks still count; churn's alive ones do not
+    assert f.value("memory.kept_bytes_per_step") == 4096.0
