@@ -221,8 +221,6 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("wait_mean_ms", "ms", "run", "mean time per step the loop waits in its __next__"),
         ("wait_fraction", "ratio", "run/trace", "wait_ms / step time"),
         ("load_ms", "ms", "run", "num_workers=0: loading one step's batches in the training process (mean wait)"),
-        ("gpu_wait_fraction", "ratio", "run", "a CPU run of a CUDA script: load_ms / (load_ms + step.gpu_compute_ms), "
-                                              "the share of a GPU step spent loading"),
         ("batch_tensors", "count", "run", "tensors in one batch (the largest of the first batches the run saw)"),
         ("batch_bytes", "bytes", "run", "the bytes of those tensors"),
         ("receipt_ms", "ms", "run", "what receiving its batches from worker processes would cost the training "

@@ -67,7 +67,6 @@ def _cpu_run_of_gpu_script(load_ms, step_ms, targets_cuda=True, cpus=4):
     s.add("wait_ms", load_ms, "ms")
     s.add("wait_fraction", load_ms / step_ms, "ratio")
     s.add("load_ms", load_ms, "ms")
-    s.add("gpu_wait_fraction", load_ms / (load_ms + gpu), "ratio")
     s.locations.append(Location("train.py", 10, "loader = DataLoader(ds)"))
     return f
 
@@ -86,6 +85,24 @@ def test_pd002_projects_a_cpu_run_onto_a_gpu():
     assert finding.saving_basis.startswith(PROJECTED)
     assert judge(_cpu_run_of_gpu_script(5.0, 200.0, targets_cuda=False), PD002) == []
     assert judge(_cpu_run_of_gpu_script(0.5, 20.0), PD002) == []  # below 1 ms: in-memory data
+
+
+def test_pd002_projects_onto_the_reference_gpus_step_where_the_run_was_traced():
+    # the trace's estimate of the GPU step (target_gpu.step_ms: launch floor and math at the script's own
+    # batch, twice this run's) replaces the CPU step / 10: 5 ms of loading a batch here is 10 ms at the
+    # script's batch, against a 5 ms GPU step
+    f = _cpu_run_of_gpu_script(5.0, 200.0)
+    f.add("target_gpu.step_ms", 5.0, "ms", "trace")
+    f.add("target_gpu.batch_scale", 2.0, "ratio", "trace")
+    (finding,) = judge(f, PD002)
+    assert finding.title == ("On a GPU, loading batches would take 67% of the step: 10 ms per step in the training "
+                             "process with num_workers=0 at the batch the script uses by default")
+    assert finding.ms_per_step == pytest.approx(10.0)  # 4 workers: 2.5 ms each step, hidden behind 5 ms
+    assert {"target_gpu.step_ms", "target_gpu.batch_scale"} <= {e.name for e in finding.evidence}
+    # a large model's GPU step (the estimate: 500 ms) leaves the same loading 1 %: nothing to flag
+    g = _cpu_run_of_gpu_script(5.0, 200.0)
+    g.add("target_gpu.step_ms", 500.0, "ms", "trace")
+    assert judge(g, PD002) == []
 
 
 def test_pd002_judges_the_workers_of_the_cuda_path(tmp_path):

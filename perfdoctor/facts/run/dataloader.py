@@ -113,8 +113,9 @@ def project_to_gpu(facts: Facts, s: Subject, load: float, step: float, device: s
     """A loader with num_workers=0 (or a batch source of the user's on the training thread,
     `facts.static.batch_source`): the loop's wait for it is the cost of loading the batch (`load_ms`,
     the mean: every step pays it; `basis` says how it was measured). On a CPU run, what a GPU would
-    see: the step's compute (the step less that loading) divided by GPU_SPEEDUP, and the share of such
-    a GPU step the loading would take (PD002 judges it for scripts that target CUDA)."""
+    see: the step's compute (the step less that loading) divided by GPU_SPEEDUP (`step.gpu_compute_ms`),
+    the GPU step PD002 projects the loading onto where the run recorded no trace to estimate it from
+    (target_gpu.step_ms, facts/trace/target_gpu.py)."""
     s.add("load_ms", load, "ms", detail=basis)
     if device != "cpu":
         return
@@ -123,9 +124,6 @@ def project_to_gpu(facts: Facts, s: Subject, load: float, step: float, device: s
     facts.add("step.gpu_compute_ms", gpu, "ms",
               detail=f"(median step {step:.1f} ms - data loading {load:.1f} ms) on this CPU / {GPU_SPEEDUP:g}, "
                      f"{GPU_SPEEDUP_BASIS}")
-    if load + gpu > 0:
-        s.add("gpu_wait_fraction", load / (load + gpu), "ratio",
-              detail=f"load_ms / (load_ms + projected GPU compute {gpu:.1f} ms)")
 
 
 def _refill_ms(ctx: RunContext, dl: DataLoaderRecord) -> tuple[float, str] | None:
