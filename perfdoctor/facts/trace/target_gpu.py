@@ -1,6 +1,7 @@
 """The GPU step a CPU run of a CUDA-targeting script would take on a reference GPU (`target_gpu.*`):
-what PD007 judges such a run by, and what PD004's copies are a share of (is the fp32 matmul and convolution math a material share of the
-step on the GPU the script targets, or is that step bound by its kernel launches?).
+what PD007 judges such a run by (is the fp32 matmul and convolution math a material share of the
+step on the GPU the script targets, or is that step bound by its kernel launches?), what PD002 projects
+a loader's loading onto and what PD004's copies are priced against.
 
 From what the run observed:
 - the FLOPs of one real step, forward and backward, and their 16-bit share (`compute.flops_per_step`: FlopCounterMode's count
