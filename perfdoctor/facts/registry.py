@@ -387,6 +387,8 @@ SUBJECT_FACTS.update({
         ("count_per_step", "count", "trace", "such blocks per step"),
         ("block_bytes", "bytes", "trace", "the median block's size"),
         ("steps", "count", "trace", "recorded steps that left such a block (1: one step's tensor outlived the window)"),
+        ("recorded_steps", "count", "trace", "the recorded steps judged: those whose allocations had a whole step "
+                                             "to be freed in (all but the last)"),
     ]),
     "misaligned": _declare("misaligned", [
         ("layer", "str", "run", "the layer class (Linear, Conv2d...) built at this line"),

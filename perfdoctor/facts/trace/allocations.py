@@ -98,6 +98,8 @@ def add(ctx: TraceContext) -> None:
         kept_in = {bisect.bisect_right(starts, ts[i]) for i in idx}
         s.add("steps", len(kept_in), "count", "trace",
               f"recorded steps (of {steps}) that left a block from this line alive at the trace's end")
+        s.add("recorded_steps", steps, "count", "trace",
+              "recorded steps whose allocations had a whole step to be freed in (all but the last)")
     return
 
 
