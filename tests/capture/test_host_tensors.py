@@ -380,6 +380,22 @@ def test_a_host_index_into_the_models_computation_is_a_move(probe):
     assert torch.Tensor.__getitem__ is torch._C.TensorBase.__getitem__  # put back when the watch ended
 
 
+def test_a_zero_dim_host_index_is_an_int_not_a_copy(probe):
+    """SR-GNN's `torch.stack([get(i) for i in torch.arange(n)])` with `get = lambda i: hidden[i][alias[i]]`:
+    each `i` is a 0-dim view of a host arange, which torch reads as a Python int: nothing is copied. The
+    same arange as one index tensor (`hidden[torch.arange(n), last]`) is copied on every call."""
+    w = torch.randn(3, 4, requires_grad=True)
+    for i in range(1, 6):
+        hidden = w * 2
+        rows = torch.stack([hidden[k] for k in torch.arange(3)])  # 0-dim indices: ints
+        last = hidden[torch.arange(3), torch.tensor([0, 1, 2])]  # one index tensor: a copy on a GPU
+        (rows.sum() + last.sum()).backward()
+        probe.end_step(i)
+    [r] = probe.records()
+    assert (r.factory, r.how) == ("arange", "index") and r.moves == WATCH_STEPS  # the second line's, once a call
+    assert r.moved.line == _line(test_a_zero_dim_host_index_is_an_int_not_a_copy, "last = hidden[")
+
+
 class _PositionalTable(torch.nn.Module):
     """Chinese-Text-Classification's Positional_Encoding: the table is a plain attribute made on the
     host (model.to(device) leaves it there), wrapped in a fresh Parameter and moved in every forward."""

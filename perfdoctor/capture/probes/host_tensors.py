@@ -14,7 +14,8 @@ return when the caller is the user's code, by `id()` with a weak reference, forg
 end; `Tensor.to`, `.cuda` and `.type_as` look the tensor (or the tensor a view was taken of) up in
 that dict and count the pair of lines; `Tensor.__getitem__` / `__setitem__` do the same for a
 noted tensor given as an index into a tensor that needs a gradient or has a `grad_fn` (what runs on
-the GPU where the script trains there; a host tensor indexed by a host index copies nothing). Every
+the GPU where the script trains there; a host tensor indexed by a host index copies nothing; a 0-dim
+index, `hidden[i]` for `i` in `torch.arange(n)`, is read as a Python int and copies nothing either). Every
 user line where a factory made a host tensor in the watched steps, moved or not, is noted too
 (`watch_record`): a factory line of the user's that is not among them did not run in those steps (the
 static read's PD004 candidate there stands down). A dtype cast on the host (`.float()`, `.long()`,
@@ -447,7 +448,8 @@ class HostTensorProbe:
                 isinstance(x, T) or type(x).__module__ == "numpy" and getattr(x, "ndim", 0) >= 1
                 for x in idx[:8])) else (idx,)
             for x in parts:
-                if isinstance(x, T) and x.is_cpu and self._entry(x) is not None:
+                # a 0-dim integer tensor indexes as a Python int (torch reads its value on the host): no copy
+                if isinstance(x, T) and x.is_cpu and x.dim() > 0 and self._entry(x) is not None:
                     self._moved(x, frame, "index")
                     return  # one copy per call: `idx[0], idx[1]` of one host tensor is one move
             arrays = [x for x in parts if type(x).__module__ == "numpy" and getattr(x, "ndim", 0) >= 1
