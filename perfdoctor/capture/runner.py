@@ -353,11 +353,15 @@ def _finish_meta(run_dir: Path, target: str, module: bool, argv: list[str], code
     try:
         meta = decode(meta_path.read_bytes(), Meta, meta_path)
     except (OSError, InputError):
-        if interrupted and code == 1:
-            # Ctrl-C while the child's interpreter was still starting (before perfdoctor's child code ran,
-            # let alone the script): Python ends with "Fatal Python error: init_import_site" and exit code
-            # 1 on the KeyboardInterrupt; the exit code of an interrupt, as after one in the script, is 130
-            code = 128 + signal.SIGINT
+        meta = None
+    if interrupted and code == 1 and (meta is None or (not meta.complete and not meta.env.torch)):
+        # Ctrl-C while the child was starting, before torch was imported, let alone the script: an exit
+        # of 1 there is the interrupt's (Python's "Fatal Python error: init_import_site" while the
+        # interpreter starts; an error torch's import turned the KeyboardInterrupt into: "TypeError:
+        # expected a message argument" in torch/__init__.py). The exit code of an interrupt, as after one
+        # in the script, is 130
+        code = 128 + signal.SIGINT
+    if meta is None:
         meta = Meta(schema=SCHEMA, script=None if module else str(Path(target).resolve()),
                     module=target if module else None, argv=[target, *argv], cwd=os.getcwd(), started=None,
                     env=Env(), window=None, step_clock="none")

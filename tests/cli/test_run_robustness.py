@@ -135,6 +135,25 @@ def test_ctrl_c_while_the_child_interpreter_starts_is_an_interrupt(tmp_path: Pat
     assert meta.exit.code == 1 and meta.exit.reason == "killed"
 
 
+def test_ctrl_c_while_the_child_imports_torch_is_an_interrupt(tmp_path: Path) -> None:
+    """CI's first-hour test again: the child had written its first meta.json and was importing torch, which
+    turned the KeyboardInterrupt into "TypeError: expected a message argument"; the child died with 1. Before
+    torch is imported no script has run: 130, as an interrupt. Once torch is in (the script may be running,
+    and may leave with its own 1 from a handler of its own), the script's exit code stands."""
+    from perfdoctor.capture.writer import write_meta
+    from perfdoctor.contracts.run import SCHEMA, Env, Exit, Meta
+
+    for folder, torch_version, want in (("a", None, 130), ("b", "2.13.0", 1)):
+        run_dir = tmp_path / folder
+        run_dir.mkdir()
+        env = Env() if torch_version is None else Env(torch=torch_version)
+        write_meta(run_dir, Meta(schema=SCHEMA, script="train.py", module=None, argv=["train.py"], cwd=str(tmp_path),
+                                 started=None, env=env, window=None, step_clock="none",
+                                 exit=Exit(code=None, reason="killed", traceback=None), complete=False))
+        meta = _finish_meta(run_dir, "train.py", False, [], 1, True, 0.1)
+        assert meta.exit.code == want and meta.exit.reason == "interrupted"
+
+
 def test_check_writable(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="is a folder"):
         check_writable(tmp_path, "--output")
