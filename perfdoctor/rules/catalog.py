@@ -76,9 +76,9 @@ class Rule:
     # which measures this machine, leaves it to a GPU (engine.PROJECTED)
     projected_for_gpu: str | None = None
     # a GPU-only rule's expression: the share of the step, on the GPU a CPU run's script targets, that the
-    # affected work takes (PD004's copies, PD016's convolutions over facts/trace/target_gpu.py's estimated
-    # step). Where it evaluates below engine.MINOR_FRACTION the finding is minor, as a measured one is; the
-    # basis gives the share. None, or unmeasured: the rule's severity
+    # affected work takes (PD004's copies over facts/trace/target_gpu.py's estimated step). Where it
+    # evaluates below engine.MINOR_FRACTION the finding is minor, as a measured one is; the basis gives the
+    # share. None, or unmeasured: the rule's severity
     gpu_share: str | None = None
     # one finding per run however many subjects show it: the fix is one setting for the process
     # (PD016's cudnn.benchmark), so the other subjects' locations follow the first's

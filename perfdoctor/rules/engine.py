@@ -203,17 +203,19 @@ def _severity(rule: Rule, ms: float | None, frac: float | None, gpu_only: bool,
     return rule.severity
 
 
+def _as_number(value: Any) -> float | None:
+    """An expression's value as a number: None for a bool, a NaN or anything else."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
+
+
 def _number(rule: Rule, expr: str, lookup: Callable[[str], Any]) -> float | None:
-    """A rule expression's number (finite, not a bool); None where it is unmeasured or not a number."""
+    """A rule expression's number; None where it is unmeasured or not a number."""
     try:
-        value = evaluate(expr, lookup)
+        return _as_number(evaluate(expr, lookup))
     except Missing:
         return None
     except RuleError as e:
         raise RuleError(f"rule {rule.id}: {e.message}") from None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf"):
-        return float(value)
-    return None
 
 
 def _fix(rule: Rule, subject: Subject | None, lookup: Callable[[str], Any], files: Sources) -> Fix | None:
@@ -263,11 +265,11 @@ def saving_range(expr: str, names: set[str], facts: Facts, subject: Subject | No
                 return evaluate(lets[name[len(LET_PREFIX):]], at)  # a let at this step too
             return series[name].per_step[k] if name in series else lookup(name)
         try:
-            v = evaluate(expr, at)
+            v = _as_number(evaluate(expr, at))
         except (Missing, RuleError):
             continue
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v:
-            values.append(max(0.0, float(v)))
+        if v is not None:
+            values.append(max(0.0, v))
     if len(values) < MIN_RANGE_STEPS:
         return None
     return quantile(values, 0.25), quantile(values, 0.75)

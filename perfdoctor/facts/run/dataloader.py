@@ -174,8 +174,9 @@ def worker_startup(ctx: RunContext) -> None:
     Where other loaders start a pass in the same step (a test loader's evaluation between two training
     epochs), the step's extra time is shared by each loader's own time in it (`_own_at_starts`); an
     evaluation's compute in that step stays in the shares (what the run cannot tell from a restart's
-    cost). The first epoch pays it whatever the settings: the later ones are what persistent workers save. Where no epoch start is a steady step, the time to the first batch less the steady
-    wait stands in (the wait alone)."""
+    cost). The first epoch pays it whatever the settings: the later ones are what persistent workers
+    save. Where no epoch start is a steady step, the time to the first batch less the steady wait stands
+    in (the wait alone)."""
     walls = {x["i"]: x["wall_ms"] for x in ctx.steady}
     owns = {id(dl): _own_at_starts(dl, walls) for dl in ctx.probes.dataloaders}
     for dl in ctx.probes.dataloaders:
