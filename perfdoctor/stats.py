@@ -1,5 +1,5 @@
 """Statistics shared by the facts, the report and the gate, one definition each: quantiles and the
-median, the step-time summary and breakdown, the steady-state steps of a run, and the CPUs the machine's
+median, a duration as text, the step-time summary and breakdown, the steady-state steps of a run, and the CPUs the machine's
 other processes kept busy during them."""
 
 from __future__ import annotations
@@ -25,6 +25,14 @@ def median(xs: Sequence[float]) -> float | None:
     """The median of xs: the middle value, or the mean of the two middle ones (the 0.5 `quantile`);
     None for an empty series (nothing was measured)."""
     return float(statistics.median(xs)) if xs else None
+
+
+def ms_text(v: object) -> str:
+    """A duration (ms) as the reports and the notes write it: whole ms from 100, one decimal from 1,
+    else µs (a wait of 0.2 ms is "205 µs", never "0 ms")."""
+    if not isinstance(v, (int, float)):
+        return "n/a"
+    return f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms" if v >= 1 else f"{v * 1000:.0f} µs"
 
 
 def step_time_summary(walls: list[float]) -> StepTimeDoc | None:

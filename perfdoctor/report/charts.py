@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 
 from perfdoctor.contracts.report import MemoryDoc, StepSeriesDoc, StepTimeDoc, SummaryDoc
 from perfdoctor.report import escape
-from perfdoctor.report.common import chart_top, ms_text
+from perfdoctor.report.common import chart_top
 from perfdoctor.report.memory import memory_line
+from perfdoctor.stats import ms_text
 
 if TYPE_CHECKING:
     from perfdoctor.gate.baseline import RunRecord

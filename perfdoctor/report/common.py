@@ -41,13 +41,6 @@ def new_not_failing(c: Comparison) -> list[GateFinding]:
     return [f for f in c.new_findings if f not in c.failing_findings]
 
 
-def ms_text(v: Any) -> str:
-    """A duration (ms) as the reports write it: whole ms from 100, one decimal from 1, else µs."""
-    if not isinstance(v, (int, float)):
-        return "n/a"
-    return f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms" if v >= 1 else f"{v * 1000:.0f} µs"
-
-
 def pct(v: Any) -> str:
     """A share (0..1) as a whole percentage."""
     return f"{v:.0%}" if isinstance(v, (int, float)) else "n/a"

@@ -25,9 +25,10 @@ from perfdoctor.contracts.report import BreakdownDoc, ComputeDoc
 from perfdoctor.gate.compare import LEVEL
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Hotspot, Report, RuleDoc
 from perfdoctor.report import charts, escape
-from perfdoctor.report.common import ended_early, gate_value, ms_text, new_not_failing, pct, target_of
+from perfdoctor.report.common import ended_early, gate_value, new_not_failing, pct, target_of
 from perfdoctor.report.explain import explanation_lines
 from perfdoctor.report.memory import compute_line
+from perfdoctor.stats import ms_text
 
 if TYPE_CHECKING:
     from perfdoctor.gate.compare import Comparison

@@ -22,9 +22,10 @@ from perfdoctor.contracts.report import BreakdownDoc
 from perfdoctor.gate.compare import LEVEL, Comparison
 from perfdoctor.model import NO_FINDINGS, NOTHING_MEASURED, RANK_COLUMNS, Finding, Report, rank_header
 from perfdoctor.report import escape
-from perfdoctor.report.common import chart_top, ended_early, gate_value, ms_text, new_not_failing, target_of
+from perfdoctor.report.common import chart_top, ended_early, gate_value, new_not_failing, target_of
 from perfdoctor.report.explain import explanation_lines
 from perfdoctor.report.memory import compute_line, memory_line, modules_line
+from perfdoctor.stats import ms_text
 
 SEVERITY_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan"}
 BAR_COLORS = ["magenta", "blue", "green", "yellow", "cyan", "red", "bright_black", "white", "bright_magenta"]

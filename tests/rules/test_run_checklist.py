@@ -649,11 +649,20 @@ def test_contention_is_measured_said_and_shown_apart_in_the_breakdown(tmp_path):
     assert r.facts.value("host.load_avg") == 5.2
     assert r.facts.value("host.others_cpus") == pytest.approx(1.5)  # what the machine used beyond the tree
     c = r.summary.contention
-    assert c and c.inflated and "waited 34 ms per step for a CPU, 67% of the step" in c.sentence
+    assert c and c.inflated and "waited 34.3 ms per step for a CPU, 67% of the step" in c.sentence
     assert "step times are inflated" in r.notes[0]
     parts = {b.category: b.ms for b in r.summary.breakdown}
     assert parts["waiting for a CPU"] == pytest.approx(51.2 * 34.3 / 51.2, abs=1e-3)
     assert sum(parts.values()) == pytest.approx(51.2, abs=1e-3)  # work and wait apart, adding up to the step
+
+
+def test_a_wait_under_a_millisecond_is_said_in_microseconds(tmp_path):
+    # 0.2 ms of a 0.55 ms step: 37 % of it, material, and not "waited 0 ms per step"
+    n = 40
+    probes = {"cpu_wait": {"wait_ms": [0.205] * n, "run_ms": [0.3] * n}}
+    r, _ = findings(make_run(tmp_path, wall=lambda i: 0.55, probes=probes))
+    c = r.summary.contention
+    assert c and c.inflated and "waited 205 µs per step for a CPU, 37% of the step" in c.sentence
 
 
 def test_a_rank_sharing_its_node_counts_no_other_processes(tmp_path):
@@ -696,7 +705,7 @@ def test_every_format_says_the_step_times_are_inflated(tmp_path):
             buf = io.StringIO()
             Console(file=buf, width=400, no_color=True).print(out)
             out = buf.getvalue()
-        assert "waited 34 ms per step for a CPU, 67%" in out, fmt
+        assert "waited 34.3 ms per step for a CPU, 67%" in out, fmt
 
 
 # -- PD013 ---------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import statistics
 from perfdoctor.contracts.report import BreakdownDoc, ContentionDoc, SummaryDoc
 from perfdoctor.facts.model import site_subject
 from perfdoctor.facts.run.context import RunContext
-from perfdoctor.stats import others_cpus
+from perfdoctor.stats import ms_text, others_cpus
 
 MIN_BASE = 3  # steady steps without crowding workers that PD018's contention is measured against
 # The steady steps' wall time the training thread spent waiting for a CPU beyond which the step
@@ -82,7 +82,7 @@ def contention(ctx: RunContext) -> None:
         facts.add("host.load_avg", w.loadavg[0], "number", detail="1-minute load average at the run's start"
                   + (f"; {w.loadavg_end[0]:g} at its end" if w.loadavg_end else ""))
         doc.loadavg = [w.loadavg[0]] + ([w.loadavg_end[0]] if w.loadavg_end else [])
-    sentence = (f"the training thread waited {doc.wait_ms:.0f} ms per step for a CPU, {share:.0%} of the step: "
+    sentence = (f"the training thread waited {ms_text(statistics.fmean(waits))} per step for a CPU, {share:.0%} of the step: "
                 f"other processes compete for these cores; step times are inflated"
                 + (f" (host load average {w.loadavg[0]:g})" if w.loadavg else ""))
     if inflated:
