@@ -252,6 +252,9 @@ class DataLoaderRecord(Struct, kw_only=True):
     sharded: bool | UnsetType = UNSET  # a DistributedSampler (or one named so); unset for an IterableDataset
     first_batch_ms: list[float] = []  # per epoch (iterator): from iter(loader) to its first batch
     first_batch_step: list[int] = []  # per epoch: the step its first batch arrived in
+    # per epoch: the batches the loader had delivered before its first one (a pass's batches are the
+    # differences: a pass that ended short of `length` was left, a peek with next(iter(loader)) or a break)
+    first_batch_index: list[int] = []
     length: int | None = None  # len(loader), batches per epoch (None for an IterableDataset without len)
     # built by a library from a loader of the user's (same dataset, same workers; opacus, accelerate):
     # where that one was built, the line whose settings this loader has

@@ -81,6 +81,8 @@ def test_the_lines_that_draw_each_epochs_first_batch_are_kept_once(monkeypatch):
     finally:
         probe.uninstall()
     (rec,) = probe.records()
+    # the batches delivered before each pass's first: the peek's pass left after 1 of its 4 (PD015's cadence)
+    assert rec.first_batch_index == [0, 1, 5, 9] and rec.length == 4
     assert [(s.function, s.code) for s in rec.draw_sites] == [
         ("test_the_lines_that_draw_each_epochs_first_batch_are_kept_once", "next(iter(loader))  # a peek at one batch"),
         ("_epoch", "for (x,) in loader:"),

@@ -295,6 +295,20 @@ def test_worker_startup_per_pass_counts_the_steps_between_passes(tmp_path):
     assert dl.facts["dataloader.startup_ms_per_step"].value == pytest.approx(200.0 / 32)
 
 
+def test_worker_startup_per_pass_leaves_out_a_peek(tmp_path):
+    # `real, _ = next(iter(loader))` before an infinite loop over the loader (w867gans-dcgan, corpn): the
+    # peek's pass delivered one batch, the loop's pass began a step later. That is no pass of 1 step (each
+    # restart charged to every step): a pass is the loader's 32 batches at one a step
+    probes = _loader(first=(400.0, 300.0))
+    probes["dataloaders"][0].update(first_batch_step=[1, 2], first_batch_index=[0, 1], length=32)
+    probes["dataloaders"][0]["wait_ms_per_step"] = [205.0 if i == 2 else 5.0 for i in range(1, 41)]
+    r, _ = findings(make_run(tmp_path, wall=lambda i: 40.0, probes=probes))
+    (dl,) = r.facts.of_kind("dataloader")
+    assert dl.facts["dataloader.steps_per_pass"].value == pytest.approx(32.0)
+    startup = dl.facts["dataloader.startup_ms"].value
+    assert dl.facts["dataloader.startup_ms_per_step"].value == pytest.approx(startup / 32)
+
+
 def test_worker_startup_of_an_evaluation_loader_is_per_training_step(tmp_path):
     # a validation loader of 2 batches, restarted at each of 5 evaluations over 40 training steps:
     # 4 restarts of 300 ms cost a training step 30 ms, not 300 / 2 = 150 ms (its own batches)

@@ -37,7 +37,7 @@ class LoaderState:
 
     __slots__ = ("id", "site", "kwargs", "style", "dataset", "batches", "waits", "cur", "to_cuda",
                  "non_blocking", "constructed", "cuda_seen", "sampler", "sharded", "first_batch_ms",
-                 "first_batch_step", "length", "origin", "batch_tensors", "batch_bytes", "draw_sites")
+                 "first_batch_step", "first_batch_index", "length", "origin", "batch_tensors", "batch_bytes", "draw_sites")
 
     def __init__(self, i: int, site: Site | None):
         self.id, self.site = i, site
@@ -56,6 +56,7 @@ class LoaderState:
         self.sharded: bool | None = None
         self.first_batch_ms: list[float] = []  # per iterator (epoch): from iter() to its first batch
         self.first_batch_step: list[int] = []  # the step each epoch's first batch arrived in
+        self.first_batch_index: list[int] = []  # the batches it had delivered before each epoch's first one
         self.length: int | None = None  # len(loader): batches per epoch
         self.batch_tensors: int | None = None  # the largest of the first batches: its tensors and their bytes
         self.batch_bytes: int | None = None
@@ -68,7 +69,8 @@ class LoaderState:
                                 non_blocking=self.non_blocking, sampler=self.sampler or UNSET,
                                 sharded=UNSET if self.sharded is None else self.sharded,
                                 first_batch_ms=[round(x, 4) for x in self.first_batch_ms],
-                                first_batch_step=self.first_batch_step, length=self.length,
+                                first_batch_step=self.first_batch_step,
+                                first_batch_index=self.first_batch_index, length=self.length,
                                 origin=self.origin, batch_tensors=self.batch_tensors,
                                 batch_bytes=self.batch_bytes, draw_sites=self.draw_sites)
 
@@ -125,6 +127,7 @@ class DataLoaderProbe:
                     if len(lrec.first_batch_ms) < MAX_EPOCHS:
                         lrec.first_batch_ms.append((clock.pc() - t0) * 1e3)
                         lrec.first_batch_step.append(len(clock.steps) + 1)
+                        lrec.first_batch_index.append(lrec.batches)
                     if len(lrec.draw_sites) < MAX_DRAW_SITES:
                         probe._draw_site(lrec, sys._getframe(1))
                 lrec.batches += 1

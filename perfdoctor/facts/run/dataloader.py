@@ -164,6 +164,15 @@ def _own_at_starts(dl: DataLoaderRecord, walls: dict[int, float]) -> dict[int, f
     return {i: max(0.0, waits[i - 1] - wait0) for i in starts if i in walls and i <= len(waits)}
 
 
+def _left_passes(dl: DataLoaderRecord) -> set[int]:
+    """The passes (their index) that delivered fewer batches than the loader's length before the next pass
+    began: left early, not run to the end. Empty where the run did not count a pass's batches."""
+    idx = dl.first_batch_index
+    if not dl.length or len(idx) != len(dl.first_batch_step):
+        return set()
+    return {k for k, (a, b) in enumerate(zip(idx, idx[1:])) if b - a < dl.length}
+
+
 def worker_startup(ctx: RunContext) -> None:
     """PD015: what a DataLoader's epoch start costs beyond a steady step, and that cost per step.
 
@@ -221,13 +230,23 @@ def worker_startup(ctx: RunContext) -> None:
         # the training steps between two passes' first batches (the last pass of a run cut short is only
         # partly watched: the run's steps over its passes would make passes too short and each restart
         # dearer); where those steps are not known, the run's steps over its passes
-        firsts = dl.first_batch_step
-        gaps = [b - a for a, b in zip(firsts, firsts[1:]) if b > a] if len(firsts) == len(first) else []
+        # A pass left short of the loader's length (`next(iter(loader))` to peek at a batch, a `break`) is not
+        # the cadence of the restarts: the steps after it say nothing of how often a pass starts
+        firsts, left = dl.first_batch_step, _left_passes(dl)
+        gaps = ([b - a for k, (a, b) in enumerate(zip(firsts, firsts[1:])) if b > a and k not in left]
+                if len(firsts) == len(first) else [])
         steps = len(ctx.run_steps)
         if gaps:
             per_pass = statistics.median(gaps)
             s.add("steps_per_pass", per_pass, "count",
-                  detail=f"median training steps between the first batches of {len(firsts)} passes over this loader")
+                  detail=f"median training steps between the first batches of {len(firsts)} passes over this loader"
+                  + (f" (less {len(left)} left short of its {dl.length} batches)" if left else ""))
+            s.add("startup_ms_per_step", startup / per_pass, "ms", detail="startup_ms, once every steps_per_pass training steps")
+        elif left and dl.length and dl.batches and steps:
+            per_pass = max(1.0, dl.length * steps / dl.batches)
+            s.add("steps_per_pass", per_pass, "count",
+                  detail=f"no watched pass ran to its end before the next ({len(left)} left short of its {dl.length} "
+                  f"batches): a pass is its {dl.length} batches at the run's {dl.batches / steps:.2g} a training step")
             s.add("startup_ms_per_step", startup / per_pass, "ms", detail="startup_ms, once every steps_per_pass training steps")
         elif steps:
             s.add("steps_per_pass", steps / len(first), "count",
