@@ -39,3 +39,32 @@ def test_pd001_quiet_where_the_user_must_turn_dataparallel_on() -> None:
     plain = Facts()
     plain.subject("dataparallel", "t.py:9").add("callee", "nn.DataParallel", "", "static")
     assert len(judge(plain, [pd001])) == 1
+
+
+def test_pd001_quiet_at_a_construction_the_run_never_reached(tmp_path) -> None:
+    """ddim (corpn): the run built nn.DataParallel around the trained model (runners/diffusion.py:111);
+    EMAHelper.ema_copy's nn.DataParallel (models/ema.py:37) serves sampling only and never ran. The
+    finding is the built one's, not led by a line the training does not take."""
+    from pathlib import Path
+
+    from perfdoctor.contracts.run import Site
+    from perfdoctor.facts.model import site_subject
+    from perfdoctor.facts.static import analyse_files
+
+    script = tmp_path / "train.py"
+    script.write_text("import torch.nn as nn\n"
+                      "def ema_copy(m):\n    return nn.DataParallel(m)\n"
+                      "def train(model):\n    model = nn.DataParallel(model)\n")
+    pd001 = next(r for r in load_rules() if r.id == "PD001")
+    f = Facts()
+    site_subject(f, "dataparallel", Site(file=str(script), line=5)).add("constructed", True, "", "run")
+    analyse_files([Path(script)], f)
+    built = {s.locations[0].line: s.facts["dataparallel.constructed"].value for s in f.of_kind("dataparallel")}
+    assert built == {3: False, 5: True}
+    (finding,) = judge(f, [pd001])
+    assert [loc.line for loc in finding.locations] == [5]
+    # a run that built none (a CPU run past `if use_cuda:`) leaves the source's constructions as they were
+    bare = Facts()
+    analyse_files([Path(script)], bare)
+    assert all("dataparallel.constructed" not in s.facts for s in bare.of_kind("dataparallel"))
+    assert len(judge(bare, [pd001])) >= 1

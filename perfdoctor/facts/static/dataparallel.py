@@ -2,9 +2,12 @@
 callee as written (`dataparallel.callee`, which the fix rewrites), and `opt_in` where it is built only
 in a branch the user turns on (`if args.dp:` on a store_true flag: `index.settings.in_user_branch`):
 the script's default runs one device without it. A test of the device (`if torch.cuda.device_count()
-> 1:`) is no such branch: on the machine the script targets it runs."""
+> 1:`) is no such branch: on the machine the script targets it runs. Where the run built nn.DataParallel
+at other lines only, a construction here is `constructed` false: a path its training does not take."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
@@ -15,9 +18,17 @@ DATAPARALLEL = frozenset({"torch.nn.DataParallel", "torch.nn.parallel.DataParall
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
+    # the lines where the run built nn.DataParallel: a construction in the source the run never reached
+    # while it built one elsewhere is on a path its training does not take (ddim's EMAHelper.ema_copy,
+    # for sampling only), not the model it trains
+    built = [s for s in facts.of_kind("dataparallel")
+             if (f := s.facts.get("dataparallel.constructed")) is not None and f.value]
     for call in index.calls:
         if index.qual(call.func) in DATAPARALLEL:
             s = index.subject(facts, "dataparallel", call)
             put(s, "callee", index.text(call.func))
             if in_user_branch(index, call):
                 put(s, "opt_in", True)
+            if built and all(s is not b for b in built):
+                where = ", ".join(f"{Path(loc.file).name}:{loc.line}" for b in built for loc in b.locations[:1])
+                s.add("constructed", False, "", "run", detail=f"the run built nn.DataParallel at {where}, never here")
