@@ -444,6 +444,24 @@ def test_cpu_to_device_legacy_types_and_chains_through_views(tmp_path):
     assert got[4]["factory"] == "LongTensor" and got[4]["in_loop"] and got[9]["factory"] == "randint"
 
 
+def test_cpu_to_device_of_a_repeated_value_is_a_fill(tmp_path):
+    """sgrvinod's LM-LSTM-CRF tagger makes its `<end>` targets every step as
+    `torch.LongTensor([word_map['<end>']] * b).unsqueeze(1).to(device)`: one value repeated, a fill the
+    device makes as well (torch.full), not the host's data. A row of data repeated is the data's copy."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        for step in range(10):
+            b = wmaps.size(0)
+            end = torch.LongTensor([word_map['<end>']] * b).unsqueeze(1).to(device)
+            pad = torch.tensor(b * [0]).to(device)
+            rows = torch.tensor([obs[i]] * b).to(device)
+            data = torch.LongTensor(batch_np * 2).to(device)
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [4, 5]
+    assert got[4]["factory"] == "LongTensor" and got[4]["in_loop"] and got[5]["factory"] == "tensor"
+
+
 def test_cpu_to_device_of_a_tensor_computed_from_a_host_factory(tmp_path):
     """cloneofsimo/minRF's DiT: every forward computes the timestep frequencies from `torch.arange` on the
     host and moves them (`torch.exp(-math.log(p) * torch.arange(...) / half).to(t.device)`); SimCLR

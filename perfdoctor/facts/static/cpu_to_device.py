@@ -111,13 +111,14 @@ def _factory(index: SourceIndex, node: ast.AST) -> str | None:
                 and (all(isinstance(a, ast.Constant) and type(a.value) is int for a in node.args)
                      # several sizes, however computed (`LongTensor(seq_len, batch_size)`): data is one sequence
                      or (len(node.args) > 1 and not any(isinstance(a, ast.Starred) for a in node.args))
-                     or (len(node.args) == 1 and (_constant(node.args[0]) or _range(index, node.args[0])))))
+                     or (len(node.args) == 1 and (_constant(node.args[0]) or _range(index, node.args[0])
+                                                  or _filled(node.args[0])))))
         return q[6:] if made else None
     if not q or not q.startswith("torch.") or q[6:] not in FACTORIES:
         return None
     if any(kwarg(node, k) is not None for k in ("device", "generator")) or has_star_kwargs(node):
         return None  # a CPU generator cannot make a tensor on another device
-    if q[6:] in DATA_FACTORIES and not (node.args and _constant(node.args[0])):
+    if q[6:] in DATA_FACTORIES and not (node.args and (_constant(node.args[0]) or _filled(node.args[0]))):
         return None  # the host's data (an environment's reward, a numpy batch): the copy carries it
     if q[6:] == "normal" and kwarg(node, "size") is None and len(node.args) < 3:
         return None  # torch.normal(mean_tensor, std): the device of its mean; a size makes it a factory
@@ -293,6 +294,20 @@ def _kept_branch(index: SourceIndex, node: ast.AST) -> bool:
 def _range(index: SourceIndex, node: ast.expr) -> bool:
     return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "range"
             and "range" not in index.aliases)  # the builtin, not an import of that name
+
+
+def _filled(node: ast.expr) -> bool:
+    """A list of one value repeated (`[word_map['<end>']] * b`, `n * [pad]`): a fill, which the device
+    makes as well (`torch.full((b,), v, device=...)`); the value a literal, a name or an index of one by a
+    literal (a vocabulary's id), not a row of the host's data."""
+    if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult)):
+        return False
+    seq = node.left if isinstance(node.left, (ast.List, ast.Tuple)) else node.right
+    if not isinstance(seq, (ast.List, ast.Tuple)) or len(seq.elts) != 1:
+        return False
+    v = seq.elts[0]
+    return _constant(v) or isinstance(v, ast.Name) or (
+        isinstance(v, ast.Subscript) and isinstance(v.value, (ast.Name, ast.Attribute)) and _constant(v.slice))
 
 
 def _constant(node: ast.expr) -> bool:
