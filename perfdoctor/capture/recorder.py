@@ -28,6 +28,7 @@ from perfdoctor.capture.clock import StepClock
 from perfdoctor.capture.env import collect_env, cpu_matmul_flops, user_files
 from perfdoctor.capture.patches import ErrorLog, Patches
 from perfdoctor.capture.probes.anomaly import AnomalyProbe
+from perfdoctor.capture.probes.children import ChildProcessProbe
 from perfdoctor.capture.probes.compile import CompileProbe
 from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe
 from perfdoctor.capture.probes.cuda_batches import CudaBatchProbe
@@ -88,6 +89,7 @@ class Recorder:
         self.modules = ModuleProbe(torch, self.errors)
         self.forward = ForwardProbe(torch, self.clock, self.errors, self.modules)
         self.empty_cache = EmptyCacheProbe(torch, self.clock, self.errors)
+        self.children = ChildProcessProbe(self.errors)
         self.anomaly = AnomalyProbe(torch, self.clock, self.errors)
         self.dataparallel = DataParallelProbe(torch, self.errors)
         self.holders = HolderScanner(torch)
@@ -114,7 +116,7 @@ class Recorder:
         # installed in this order, uninstalled in the reverse one
         self._probes: tuple[Any, ...] = (self.clock, self.dataloader, self.modules, self.forward, self.empty_cache, self.anomaly, self.dataparallel,
                         self.host_reads, self.host_tensors, self.user_profiler, self.gc_calls, self.ddp, self.gc_time,
-                        self.stalls, self.compile, self.cpu_wait, self.gpu_clock, self.memory_objects, self.flops)
+                        self.stalls, self.compile, self.cpu_wait, self.gpu_clock, self.memory_objects, self.flops, self.children)
         if timing:
             self._probes = (self.clock, self.dataloader, self.forward)
             self.forward.count_only, self.forward.modules = True, None
@@ -262,7 +264,7 @@ class Recorder:
             self.dataloader.whole_run()
             self.host_reads.whole_run()
         probes = Probes(dataloaders=self.dataloader.records(), dataparallel=self.dataparallel.records(),
-                        empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(),
+                        empty_cache=self.empty_cache.records(), anomaly=self.anomaly.records(), children=self.children.records(),
                         forward=self.forward.records(), loss_holders=self.holders.records(),
                         host_tensors=self.host_tensors.records(), host_factories=self.host_tensors.watch_record(),
                         host_reads=self.host_reads.records(), gc_calls=self.gc_calls.records(), ddp=self.ddp.records(),

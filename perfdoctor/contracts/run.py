@@ -284,6 +284,15 @@ class EmptyCacheRecord(Struct, kw_only=True):
     calls_in_steps: int = 0
 
 
+class ChildProcessRecord(Struct, kw_only=True):
+    """Processes the script started itself at one user line (multiprocessing's Process.start:
+    torch.multiprocessing.spawn, mp.Process, a Pool), DataLoader workers left out."""
+    site: Site | None = None
+    target: str = ""  # the function they run (torch.multiprocessing.spawn's: the user's function)
+    method: str = ""  # the start method (spawn, fork, forkserver) where known
+    started: int = 0
+
+
 class AnomalyRecord(Struct, kw_only=True):
     site: Site | None = None
     enabled: bool = False
@@ -563,6 +572,7 @@ class Probes(Struct, kw_only=True):
     dataparallel: list[DataParallelRecord] = []
     empty_cache: list[EmptyCacheRecord] = []
     anomaly: list[AnomalyRecord] = []
+    children: list[ChildProcessRecord] = []  # processes the script started itself (not DataLoader workers)
     forward: list[ForwardRecord] = []
     loss_holders: list[LossHolderRecord] = []
     host_tensors: list[HostTensorRecord] = []

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from perfdoctor.capture.patches import ErrorLog
+from perfdoctor.capture.probes.children import ChildProcessProbe
 from perfdoctor.capture.probes.compile import CompileProbe
 from perfdoctor.capture.probes.cpu_wait import CpuWaitProbe
 from perfdoctor.capture.probes.empty_cache import EmptyCacheProbe
@@ -69,6 +70,40 @@ def test_empty_cache_calls_count_inside_steps_only(monkeypatch):
     assert len(freed) == 5 and torch.cuda.empty_cache is cuda.empty_cache
     recs = sorted(probe.records(), key=lambda r: r.site.line)
     assert [(r.calls, r.calls_in_steps) for r in recs] == [(1, 0), (1, 0), (3, 3)]  # teardown, set-up, loop
+
+
+def _child() -> None:
+    pass
+
+
+def test_processes_the_script_starts_are_noted_not_dataloader_workers(monkeypatch):
+    import multiprocessing
+    import multiprocessing.process as mpp
+
+    import torch
+    from torch.multiprocessing.spawn import _wrap
+    from torch.utils.data import DataLoader, TensorDataset
+
+    monkeypatch.setattr("perfdoctor.capture.sites.is_user_file", lambda f: f == __file__)
+    real = mpp.BaseProcess.start
+    probe = ChildProcessProbe(ErrorLog())
+    probe.install()
+    try:
+        p = multiprocessing.get_context("fork").Process(target=_child)
+        p.start()  # the script's own process
+        p.join()
+        for _ in DataLoader(TensorDataset(torch.zeros(4)), batch_size=2,
+                            num_workers=1, multiprocessing_context="fork"):  # a worker: not noted
+            pass
+        # torch.multiprocessing.spawn's wrapper: the user's function is what the process runs
+        probe._note(types.SimpleNamespace(_target=_wrap, _args=(_child, 0, (), None), _start_method="spawn"),
+                    sys._getframe())
+    finally:
+        probe.uninstall()
+    assert mpp.BaseProcess.start is real
+    recs = sorted(probe.records(), key=lambda r: r.site.line)
+    assert [(r.target, r.method, r.started) for r in recs] == [("_child", "fork", 1), ("_child", "spawn", 1)]
+    assert all(r.site.file == __file__ for r in recs)
 
 
 @pytest.mark.slow

@@ -180,6 +180,19 @@ def test_notes(tmp_path):
     assert any("whole run is one span" in n for n in r.notes)
 
 
+def test_no_step_in_a_script_that_trained_in_processes_it_started_says_so(tmp_path):
+    # mp.spawn(main, nprocs=1): the training ran in a spawned process perfdoctor does not profile
+    kids = {"children": [{"site": {"file": str(tmp_path / "k" / "train.py"), "line": 9, "code": "mp.spawn(main, nprocs=1)",
+                                   "function": "<module>"}, "target": "main", "method": "spawn", "started": 1}]}
+    r = load_run(make_run(tmp_path / "k", n=1, clock="none", probes=kids))
+    assert not any("whole run is one span" in n for n in r.notes)
+    note = next(n for n in r.notes if n.startswith("no steps found in the process perfdoctor ran"))
+    assert "started 1 process itself at train.py:9 (main, spawn start)" in note and "--nproc-per-node" in note
+    # with steps counted here, processes the script also started (a Pool's) are no note
+    r = load_run(make_run(tmp_path / "s", probes=kids))
+    assert r.notes == []
+
+
 def test_a_distributed_job_the_script_started_itself_is_named(tmp_path):
     ddp = {"ddp": [{"site": None, "module": "M", "world_size": 2, "params": 10, "grad_bytes": 40, "by_step": []}]}
     r = load_run(make_run(tmp_path / "self", probes=ddp,

@@ -9,9 +9,22 @@ import re
 from typing import Any
 
 from perfdoctor.contracts.report import SummaryDoc
-from perfdoctor.contracts.run import Stuck, StuckProcess, exception_line
+from perfdoctor.contracts.run import ChildProcessRecord, Stuck, StuckProcess, exception_line
 from perfdoctor.facts.run.context import RunContext
 from perfdoctor.usercode import is_user_file
+
+
+def children_sentence(children: list[ChildProcessRecord]) -> str:
+    """No step in the process perfdoctor ran, which started processes of its own: where, and running what."""
+    n = sum(c.started for c in children)
+    first = children[0]
+    where = f" at {os.path.basename(first.site.file)}:{first.site.line}" if first.site is not None else ""
+    how = f"{first.target}, {first.method} start" if first.method != "default" else first.target
+    return (f"no steps found in the process perfdoctor ran: the script started {n} process{'es' if n != 1 else ''} "
+            f"itself{where} ({how}) and presumably trained there; perfdoctor profiles the process it runs, not "
+            "those. To diagnose the training, run it in this process (call the function directly, with one "
+            "process), or, for a distributed job, launch its ranks with `perfdoctor run --nproc-per-node N` "
+            "from a script that reads torchrun's environment (RANK, WORLD_SIZE).")
 
 
 def add(ctx: RunContext) -> None:
@@ -35,7 +48,8 @@ def add(ctx: RunContext) -> None:
     elif clock == "dataloader":
         notes.append("no optimizer step or backward() seen: steps counted by DataLoader batches")
     elif clock == "whole-run" and not ctx.ended_early:
-        notes.append("no steps found (no optimizer step, backward() or DataLoader batch): the whole run is one span")
+        notes.append(children_sentence(ctx.probes.children) if ctx.probes.children else
+                     "no steps found (no optimizer step, backward() or DataLoader batch): the whole run is one span")
     reason, code = exit_.reason, exit_.code
     after = "before its first step ended" if ctx.ended_early else f"after {n} steps"
     if reason == "exception":
