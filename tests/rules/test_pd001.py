@@ -52,17 +52,23 @@ def test_pd001_quiet_at_a_construction_the_run_never_reached(tmp_path) -> None:
     from perfdoctor.facts.static import analyse_files
 
     script = tmp_path / "train.py"
-    script.write_text("import torch.nn as nn\n"
+    script.write_text("import torch, torch.nn as nn\n"
                       "def ema_copy(m):\n    return nn.DataParallel(m)\n"
-                      "def train(model):\n    model = nn.DataParallel(model)\n")
+                      "def train(model):\n    model = nn.DataParallel(model)\n"
+                      "def main(net):\n    if torch.cuda.is_available():\n        net = nn.DataParallel(net).cuda()\n"
+                      "    else:\n        net = nn.DataParallel(net)\n")
     pd001 = next(r for r in load_rules() if r.id == "PD001")
     f = Facts()
-    site_subject(f, "dataparallel", Site(file=str(script), line=5)).add("constructed", True, "", "run")
+    for line, function in ((5, "train"), (10, "main")):
+        site = Site(file=str(script), line=line, function=function)
+        site_subject(f, "dataparallel", site).add("constructed", True, "", "run")
     analyse_files([Path(script)], f)
-    built = {s.locations[0].line: s.facts["dataparallel.constructed"].value for s in f.of_kind("dataparallel")}
-    assert built == {3: False, 5: True}
-    (finding,) = judge(f, [pd001])
-    assert [loc.line for loc in finding.locations] == [5]
+    built = {s.locations[0].line: getattr(s.facts.get("dataparallel.constructed"), "value", None)
+             for s in f.of_kind("dataparallel")}
+    # the CUDA branch of main's if/else (retinanet-csv) is the same decision as the CPU one the run took
+    assert built == {3: False, 5: True, 8: None, 10: True}
+    lines = sorted(loc.line for finding in judge(f, [pd001]) for loc in finding.locations)
+    assert 3 not in lines and {5, 8} <= set(lines)
     # a run that built none (a CPU run past `if use_cuda:`) leaves the source's constructions as they were
     bare = Facts()
     analyse_files([Path(script)], bare)
