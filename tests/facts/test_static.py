@@ -462,6 +462,34 @@ def test_cpu_to_device_of_a_repeated_value_is_a_fill(tmp_path):
     assert got[4]["factory"] == "LongTensor" and got[4]["in_loop"] and got[5]["factory"] == "tensor"
 
 
+def test_cpu_to_device_of_a_tensor_filled_on_the_host_then_moved(tmp_path):
+    """spro/char-rnn's batch: `inp = torch.LongTensor(b, n)`, filled row by row in a loop, wrapped in
+    `Variable`, then `if args.cuda: inp = inp.cuda()`: made on the host every step and copied, with the
+    host's data in it (a batch, `host_data`). A tensor read or handed on in between is left alone."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.autograd import Variable
+        def batch():
+            inp = torch.LongTensor(8, 20)
+            for bi in range(8):
+                inp[bi] = encode(text[bi])
+            inp = Variable(inp)
+            if args.cuda:
+                inp = inp.cuda()
+            out = torch.LongTensor(8, 20)
+            for bi in range(8):
+                log(out)
+            if args.cuda:
+                out = out.cuda()
+            return inp, out
+        for step in range(10):
+            x, y = batch()
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [4]
+    assert got[4]["factory"] == "LongTensor" and got[4]["host_data"] is True
+
+
 def test_cpu_to_device_of_a_tensor_computed_from_a_host_factory(tmp_path):
     """cloneofsimo/minRF's DiT: every forward computes the timestep frequencies from `torch.arange` on the
     host and moves them (`torch.exp(-math.log(p) * torch.arange(...) / half).to(t.device)`); SimCLR

@@ -9,8 +9,9 @@ environment's observation, a numpy array) and must cross to the device however t
 Three shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`, through views and
 dtype casts: `torch.LongTensor(range(L)).expand_as(w).to(device)`), keyed on the call;
 two statements (`x = torch.randn(...)` then, a few statements later in the same block,
-`x = x.to(device)`, or in the body of an `if use_cuda:` there), keyed on the factory line with the move
-line as the second location (a `torch.cat`/`torch.stack` of names bound only to factories is a
+`x = x.to(device)`, or in the body of an `if use_cuda:` there; in between the tensor may be filled by
+index, `x[i] = ...`, which makes it the host's data, and wrapped in `Variable`), keyed on the factory line
+with the move line as the second location (a `torch.cat`/`torch.stack` of names bound only to factories is a
 factory's tensor, keyed on the join); and host
 data given to a legacy CUDA tensor type (`Tensor(np.random.normal(...))` with
 `Tensor = torch.cuda.FloatTensor if cuda else torch.FloatTensor`: numpy fills the array on the host,
@@ -423,6 +424,7 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                 continue
             name = stmt.targets[0].id
             between: set[str] = set()  # names assigned between the two statements
+            filled = False  # the host wrote data into the made tensor in between: a batch, not a factory's values
             for later in block[i + 1:i + 6]:
                 move = _rebind_move(later, name) or _guarded_move(later, name)
                 if move is not None:
@@ -434,15 +436,39 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                         put(s, "factory", fac or host)
                         put(s, "target", target)
                         put(s, "in_loop", _per_step(index, stmt) if fac else True)
-                        if host:
+                        if host or filled:
                             put(s, "host_data", True)
                     break
+                if _fills(later, name):
+                    filled = True  # filled in place on the host: still the tensor made, now holding the host's data
+                    continue
+                if _rewrapped(index, later, name):
+                    continue  # wrapped in Variable: the same tensor
                 if isinstance(later, (ast.If, ast.For, ast.While, ast.With, ast.Try, ast.Return,
                                       ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) or any(
                         isinstance(n, ast.Name) and n.id == name for n in ast.walk(later)):
                     break
                 between |= {n.id for n in ast.walk(later) if isinstance(n, ast.Name)
                             and isinstance(n.ctx, ast.Store)}
+
+
+def _fills(stmt: ast.stmt, name: str) -> bool:
+    """`stmt` (a loop, an assignment) uses `name` only to write into it by index (`inp[bi] = char_tensor(
+    chunk)`, `x[i] += 1`): the tensor the factory made, filled on the host row by row (char-rnn's batch
+    before its move), not read, replaced or handed on."""
+    stores = {id(t.value) for n in ast.walk(stmt) if isinstance(n, (ast.Assign, ast.AugAssign))
+              for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+              if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)}
+    uses = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name]
+    return bool(uses) and all(id(n) in stores for n in uses)
+
+
+def _rewrapped(index: SourceIndex, stmt: ast.stmt, name: str) -> bool:
+    """`name = Variable(name)` (an identity since torch 0.4): the same tensor under the same name."""
+    return (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+            and stmt.targets[0].id == name and isinstance(stmt.value, ast.Call) and len(stmt.value.args) == 1
+            and isinstance(stmt.value.args[0], ast.Name) and stmt.value.args[0].id == name
+            and _wrapped(index, stmt.value) is stmt.value.args[0])
 
 
 def _rebind_move(stmt: ast.stmt, name: str) -> ast.Call | None:
