@@ -274,6 +274,34 @@ for it in range(100):
     assert not f.of_kind("dataloader")
 
 
+HANDED = """\
+import torch
+from data import Data
+data = Data(100)
+model = torch.nn.Embedding(200, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def step(users, items):
+    out = model(torch.tensor(users))
+    loss = out.sum()
+    loss.backward()
+    opt.step()
+    return loss.item()
+for i in range(10):
+    loss = step(*data.sample())
+"""
+
+
+def test_a_function_whose_result_is_handed_to_the_step_function(tmp_path):
+    """char-rnn's `loss = train(*random_training_set(n, b))`: the batch function's result goes straight to
+    the function that calls the model and takes the step."""
+    f = _counted(tmp_path, HANDED, model_lines=(("train.py", 7),))
+    got = by_line(f, "dataloader")[13]
+    assert "Data.sample()" in got["source"] and got["wait_ms"] == pytest.approx(30.0)
+    # handed to a function that calls no model (a logger): no source
+    quiet = HANDED.replace("loss = step(*data.sample())", "log(*data.sample())\n    step([1], [2])")
+    assert not _counted(tmp_path / "quiet", quiet, model_lines=(("train.py", 7),)).of_kind("dataloader")
+
+
 def test_a_function_that_waits_for_batches_other_processes_make_is_no_source(tmp_path):
     """SASRec's WarpSampler: worker processes fill a queue, `next_batch()` only takes from it: its
     time is the queue's (library code), not the user's Python making a batch on the training thread."""

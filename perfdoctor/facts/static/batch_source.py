@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import ast
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.run.dataloader import project_to_gpu
@@ -86,9 +86,10 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
     """No loop iterable makes the batch: a loop that counts the steps (`for i in range(n)`, a
     `while`) and takes the training step in its own body (not an evaluation loop in a function the
     training loop calls every N steps: nanoGPT's `estimate_loss`) calls a function of the user's once per step whose result the model's call then takes
-    (NGCF's `users, pos, neg = data_generator.sample()`, then `model(users, pos, neg)`). The model's
-    call is the run's (the forward probe's call site of a top-level model, in the same loop body,
-    after it); the function is one cProfile saw called about once per profiled step (not a
+    (NGCF's `users, pos, neg = data_generator.sample()`, then `model(users, pos, neg)`), or hands its
+    result straight to a function of the user's that calls the model (char-rnn's
+    `train(*random_training_set(n, b))`; `_step_inputs`). The model's call is the run's (the forward
+    probe's call site of a top-level model, in the same loop body after it, or in that function); the function is one cProfile saw called about once per profiled step (not a
     generator: those are the draws above), that calls no model itself (the run's model calls are not
     in it: a frozen encoder's features are compute) and takes no training step. Not in a loop that
     draws a DataLoader's batches anywhere in its body (its batch is the loader's, a function on it a
@@ -99,25 +100,15 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
     models = {(os.path.realpath(f), line) for f, line in model_calls}
     for index in indexes:
         real = os.path.realpath(index.file)
-        mine = [m for m in index.calls if (real, m.lineno) in models]
-        if not mine:
-            continue
         loops = index.loops
-        for stmt in index.nodes_of(ast.Assign):
-            call = stmt.value
-            name = _callee(call) if isinstance(call, ast.Call) else None
-            loop = loops.enclosing_loop(stmt)
-            if name is None or loop is None or not isinstance(call, ast.Call) or not _counts_steps(loop):
+        for call, loop, feeds in _step_inputs(indexes, index, models):
+            name = _callee(call)
+            if name is None or loop is None or not _counts_steps(loop):
                 continue
             end = loop.end_lineno or loop.lineno  # type: ignore[attr-defined]
             if any(f == real and loop.lineno <= line <= end for f, line in draws):  # type: ignore[attr-defined]
                 continue
-            if not loops.trains(loop) or not loops.per_step(call) or loops.takes_step(call):
-                continue
-            results = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-            if not any(m.lineno > stmt.lineno and loops.enclosing_loop(m) is loop and any(
-                    isinstance(n, ast.Name) and n.id in results
-                    for a in [*m.args, *(k.value for k in m.keywords)] for n in ast.walk(a)) for m in mine):
+            if not loops.trains(loop) or not loops.per_step(call) or loops.takes_step(call) or not feeds():
                 continue
             for other in indexes:
                 other_real = os.path.realpath(other.file)
@@ -132,13 +123,52 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                             or any(f == other_real and fn.lineno <= line <= fn_end for f, line in models | draws)
                             or any(other.loops.takes_step(n) for n in walk_scope(fn.body))):
                         continue
-                    key = (str(index.file), stmt.lineno)
+                    key = (str(index.file), call.lineno)
                     if key not in done:
                         done.add(key)
                         parent = other.parents.get(fn)
                         _subject(facts, index, call, index, call, other, fn,
                                  parent.name if isinstance(parent, ast.ClassDef) else None, fs.share,
                                  "called once per step on the training thread, its result the model's input")
+
+
+def _step_inputs(indexes: Sequence[SourceIndex], index: SourceIndex, models: set[tuple[str, int]]
+                 ) -> list[tuple[ast.Call, ast.AST | None, Callable[[], bool]]]:
+    """The calls in a loop whose result becomes the model's input, with their loop and a check of that:
+    `users, pos, neg = data_generator.sample()` then, later in the same loop body, the run's model call
+    taking one of those names (NGCF); or a call handed straight to a function of the user's files that
+    calls the model itself (char-rnn's `loss = train(*random_training_set(n, b))`, the model called in
+    `train()`)."""
+    real = os.path.realpath(index.file)
+    loops = index.loops
+    mine = [m for m in index.calls if (real, m.lineno) in models]
+    out: list[tuple[ast.Call, ast.AST | None, Callable[[], bool]]] = []
+    for stmt in index.nodes_of(ast.Assign) if mine else []:
+        call, loop = stmt.value, loops.enclosing_loop(stmt)
+        if not isinstance(call, ast.Call):
+            continue
+        results = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        out.append((call, loop, lambda stmt=stmt, loop=loop, results=results: any(
+            m.lineno > stmt.lineno and loops.enclosing_loop(m) is loop and any(
+                isinstance(n, ast.Name) and n.id in results
+                for a in [*m.args, *(k.value for k in m.keywords)] for n in ast.walk(a)) for m in mine)))
+    for outer in index.calls:
+        name = _callee(outer)
+        if name is None:
+            continue
+        for arg in [*outer.args, *(k.value for k in outer.keywords)]:
+            inner = arg.value if isinstance(arg, ast.Starred) else arg
+            if isinstance(inner, ast.Call):
+                out.append((inner, loops.enclosing_loop(outer),
+                            lambda name=name: _calls_a_model(indexes, name, models)))
+    return out
+
+
+def _calls_a_model(indexes: Sequence[SourceIndex], name: str, models: set[tuple[str, int]]) -> bool:
+    """A function of that name in the user's files holds a model call the run saw."""
+    return any((os.path.realpath(other.file), line) in models
+               for other in indexes for fn in other.functions.get(name, [])
+               for line in range(fn.lineno, (fn.end_lineno or fn.lineno) + 1))
 
 
 def _works_here(index: SourceIndex, fn: Function, fs: FunctionShare, times: dict[int, FunctionShare]) -> bool:
