@@ -155,9 +155,12 @@ def _refill_ms(ctx: RunContext, dl: DataLoaderRecord) -> tuple[float, str] | Non
 
 
 def _own_at_starts(dl: DataLoaderRecord, walls: dict[int, float]) -> dict[int, float]:
-    """A loader's own time in each steady step where a later pass over it began (the call that ended its
-    last pass, `iter()` and the workers' start, the first batch), beyond its wait on its other steady steps."""
-    starts = set(dl.first_batch_step[1:])
+    """A loader's own time in each steady step where a pass over it began (the call that ended its last
+    pass, `iter()` and the workers' start, the first batch), beyond its wait on its other steady steps.
+    Its first pass too: an evaluation loader's first pass, after some training steps, is its own time in
+    the step where the training loader's next epoch starts (seqlabel-lmlstmcrf, development half: without
+    it the training loader took the whole evaluation as its restart)."""
+    starts = set(dl.first_batch_step)
     waits = dl.wait_ms_per_step
     steady = [waits[i - 1] for i in walls if i not in starts and 0 < i <= len(waits)]
     wait0 = statistics.median(steady) if steady else 0.0
@@ -173,6 +176,15 @@ def _left_passes(dl: DataLoaderRecord) -> set[int]:
     return {k for k, (a, b) in enumerate(zip(idx, idx[1:])) if b - a < dl.length}
 
 
+def _evaluates_in(dl: DataLoaderRecord, i: int, walls: dict[int, float]) -> bool:
+    """A pass over the loader began in step `i`, and it delivers batches on no steady step where none of
+    its passes begins: each pass is run whole inside one step, between two training steps (an
+    evaluation loader's), not drawn by the training steps."""
+    waits, starts = dl.wait_ms_per_step, set(dl.first_batch_step)
+    return i in starts and 0 < i <= len(waits) and not any(
+        waits[j - 1] > 0 for j in walls if j not in starts and 0 < j <= len(waits))
+
+
 def worker_startup(ctx: RunContext) -> None:
     """PD015: what a DataLoader's epoch start costs beyond a steady step, and that cost per step.
 
@@ -182,8 +194,9 @@ def worker_startup(ctx: RunContext) -> None:
     page faults after the fork, which slow the step's forward and backward: srresnet, development half).
     Where other loaders start a pass in the same step (a test loader's evaluation between two training
     epochs), the step's extra time is shared by each loader's own time in it (`_own_at_starts`); an
-    evaluation's compute in that step stays in the shares (what the run cannot tell from a restart's
-    cost). The first epoch pays it whatever the settings: the later ones are what persistent workers
+    evaluation's compute is no restart's cost: where a loader runs a whole pass inside the step (an
+    evaluation loader's, `_evaluates_in`), each loader's start-up there is its own time in the step (a
+    lower bound: the fork's page faults in the forward are left out). The first epoch pays it whatever the settings: the later ones are what persistent workers
     save. Where no epoch start is a steady step, the time to the first batch less the steady wait stands
     in (the wait alone)."""
     walls = {x["i"]: x["wall_ms"] for x in ctx.steady}
@@ -207,6 +220,11 @@ def worker_startup(ctx: RunContext) -> None:
             # their restarts together: each loader takes the step's extra time in the share of its own time
             extra = []
             for i in on:
+                if any(_evaluates_in(o, i, walls) for o in ctx.probes.dataloaders):
+                    # a loader ran a whole pass in this step (an evaluation): the step's extra time holds its
+                    # batches and the model's work on them; each loader's own wait is its restart
+                    extra.append(owns[id(dl)].get(i, 0.0))
+                    continue
                 total = sum(o.get(i, 0.0) for o in owns.values())
                 share = owns[id(dl)].get(i, 0.0) / total if total > 0 else 1.0
                 extra.append(max(0.0, walls[i] - base) * share)
