@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import os
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.run.dataloader import project_to_gpu
@@ -148,10 +149,7 @@ def _step_inputs(indexes: Sequence[SourceIndex], index: SourceIndex, models: set
         if not isinstance(call, ast.Call):
             continue
         results = {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}
-        out.append((call, loop, lambda stmt=stmt, loop=loop, results=results: any(
-            m.lineno > stmt.lineno and loops.enclosing_loop(m) is loop and any(
-                isinstance(n, ast.Name) and n.id in results
-                for a in [*m.args, *(k.value for k in m.keywords)] for n in ast.walk(a)) for m in mine)))
+        out.append((call, loop, partial(_model_takes, index, stmt, loop, results, mine)))
     for outer in index.calls:
         name = _callee(outer)
         if name is None:
@@ -159,9 +157,16 @@ def _step_inputs(indexes: Sequence[SourceIndex], index: SourceIndex, models: set
         for arg in [*outer.args, *(k.value for k in outer.keywords)]:
             inner = arg.value if isinstance(arg, ast.Starred) else arg
             if isinstance(inner, ast.Call):
-                out.append((inner, loops.enclosing_loop(outer),
-                            lambda name=name: _calls_a_model(indexes, name, models)))
+                out.append((inner, loops.enclosing_loop(outer), partial(_calls_a_model, indexes, name, models)))
     return out
+
+
+def _model_takes(index: SourceIndex, stmt: ast.Assign, loop: ast.AST | None, results: set[str],
+                 model_calls: list[ast.Call]) -> bool:
+    """A model call of the run's, later in the same loop body, takes one of the names `stmt` assigns."""
+    return any(m.lineno > stmt.lineno and index.loops.enclosing_loop(m) is loop and any(
+        isinstance(n, ast.Name) and n.id in results
+        for a in [*m.args, *(k.value for k in m.keywords)] for n in ast.walk(a)) for m in model_calls)
 
 
 def _calls_a_model(indexes: Sequence[SourceIndex], name: str, models: set[tuple[str, int]]) -> bool:
