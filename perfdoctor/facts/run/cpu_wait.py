@@ -82,7 +82,7 @@ def contention(ctx: RunContext) -> None:
         facts.add("host.load_avg", w.loadavg[0], "number", detail="1-minute load average at the run's start"
                   + (f"; {w.loadavg_end[0]:g} at its end" if w.loadavg_end else ""))
         doc.loadavg = [w.loadavg[0]] + ([w.loadavg_end[0]] if w.loadavg_end else [])
-    sentence = (f"the training thread waited {ms_text(statistics.fmean(waits))} per step for a CPU, {share:.0%} of the step: "
+    sentence = (f"the training thread waited {ms_text(doc.wait_ms)} per step for a CPU, {share:.0%} of the step: "
                 f"other processes compete for these cores; step times are inflated"
                 + (f" (host load average {w.loadavg[0]:g})" if w.loadavg else ""))
     if inflated:

@@ -176,13 +176,14 @@ def _left_passes(dl: DataLoaderRecord) -> set[int]:
     return {k for k, (a, b) in enumerate(zip(idx, idx[1:])) if b - a < dl.length}
 
 
-def _evaluates_in(dl: DataLoaderRecord, i: int, walls: dict[int, float]) -> bool:
-    """A pass over the loader began in step `i`, and it delivers batches on no steady step where none of
-    its passes begins: each pass is run whole inside one step, between two training steps (an
-    evaluation loader's), not drawn by the training steps."""
+def _whole_passes(dl: DataLoaderRecord, walls: dict[int, float]) -> set[int]:
+    """The steady steps a pass over the loader began in, where it delivers batches on no steady step
+    where none of its passes begins: each pass is run whole inside one step, between two training steps
+    (an evaluation loader's), not drawn by the training steps. Empty for a loader the steps draw from."""
     waits, starts = dl.wait_ms_per_step, set(dl.first_batch_step)
-    return i in starts and 0 < i <= len(waits) and not any(
-        waits[j - 1] > 0 for j in walls if j not in starts and 0 < j <= len(waits))
+    if any(waits[j - 1] > 0 for j in walls if j not in starts and 0 < j <= len(waits)):
+        return set()
+    return {i for i in starts if 0 < i <= len(waits)}
 
 
 def worker_startup(ctx: RunContext) -> None:
@@ -195,12 +196,13 @@ def worker_startup(ctx: RunContext) -> None:
     Where other loaders start a pass in the same step (a test loader's evaluation between two training
     epochs), the step's extra time is shared by each loader's own time in it (`_own_at_starts`); an
     evaluation's compute is no restart's cost: where a loader runs a whole pass inside the step (an
-    evaluation loader's, `_evaluates_in`), each loader's start-up there is its own time in the step (a
+    evaluation loader's, `_whole_passes`), each loader's start-up there is its own time in the step (a
     lower bound: the fork's page faults in the forward are left out). The first epoch pays it whatever the settings: the later ones are what persistent workers
     save. Where no epoch start is a steady step, the time to the first batch less the steady wait stands
     in (the wait alone)."""
     walls = {x["i"]: x["wall_ms"] for x in ctx.steady}
     owns = {id(dl): _own_at_starts(dl, walls) for dl in ctx.probes.dataloaders}
+    evaluated = set().union(*(_whole_passes(dl, walls) for dl in ctx.probes.dataloaders))  # steps holding an evaluation
     for dl in ctx.probes.dataloaders:
         s = site_subject(ctx.facts, "dataloader", dl.judged_site)
         if s is None:
@@ -220,7 +222,7 @@ def worker_startup(ctx: RunContext) -> None:
             # their restarts together: each loader takes the step's extra time in the share of its own time
             extra = []
             for i in on:
-                if any(_evaluates_in(o, i, walls) for o in ctx.probes.dataloaders):
+                if i in evaluated:
                     # a loader ran a whole pass in this step (an evaluation): the step's extra time holds its
                     # batches and the model's work on them; each loader's own wait is its restart
                     extra.append(owns[id(dl)].get(i, 0.0))

@@ -171,9 +171,13 @@ def _model_takes(index: SourceIndex, stmt: ast.Assign, loop: ast.AST | None, res
 
 def _calls_a_model(indexes: Sequence[SourceIndex], name: str, models: set[tuple[str, int]]) -> bool:
     """A function of that name in the user's files holds a model call the run saw."""
-    return any((os.path.realpath(other.file), line) in models
-               for other in indexes for fn in other.functions.get(name, [])
-               for line in range(fn.lineno, (fn.end_lineno or fn.lineno) + 1))
+    for other in indexes:
+        real = os.path.realpath(other.file)
+        for fn in other.functions.get(name, []):
+            end = fn.end_lineno or fn.lineno
+            if any(f == real and fn.lineno <= line <= end for f, line in models):
+                return True
+    return False
 
 
 def _works_here(index: SourceIndex, fn: Function, fs: FunctionShare, times: dict[int, FunctionShare]) -> bool:
