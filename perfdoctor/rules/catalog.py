@@ -80,6 +80,10 @@ class Rule:
     # evaluates below engine.MINOR_FRACTION the finding is minor, as a measured one is; the basis gives the
     # share. None, or unmeasured: the rule's severity
     gpu_share: str | None = None
+    # the part of that work the fix typically saves, from the rule's own claim (PD016: cuDNN's autotuner,
+    # "a few" per cent of the convolutions' time; PD004's copies go entirely: 1): the finding is minor where
+    # gpu_share x gpu_gain, the saving's share of the step, is under engine.MINOR_FRACTION
+    gpu_gain: float = 1.0
     # one finding per run however many subjects show it: the fix is one setting for the process
     # (PD016's cudnn.benchmark), so the other subjects' locations follow the first's
     once: bool = False
@@ -317,6 +321,10 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         raise RuleError(f"{where}: severity_unmeasured must be one of {', '.join(SEVERITIES)}")
     if data.get("gpu_share") is not None and not gpu_only:
         raise RuleError(f"{where}: gpu_share is for a rule with gpu_only = true")
+    gpu_gain = data.get("gpu_gain", 1.0)
+    if isinstance(gpu_gain, bool) or not isinstance(gpu_gain, (int, float)) or not 0 < gpu_gain <= 1 or (
+            "gpu_gain" in data and data.get("gpu_share") is None):
+        raise RuleError(f"{where}: gpu_gain is a number in (0, 1], beside gpu_share")
     spread = data.get("spread_over_steps", False)
     if not isinstance(spread, bool):
         raise RuleError(f"{where}: spread_over_steps must be true or false")
@@ -338,6 +346,7 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
         subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread, once=once,
         projected_for_gpu=data.get("projected_for_gpu"), gpu_share=data.get("gpu_share"),
+        gpu_gain=float(gpu_gain),
         title_group=title_group,
         severity_unmeasured=severity_unmeasured,
         subject_optional=bool(data.get("subject_optional", False)), ablation=ablation,

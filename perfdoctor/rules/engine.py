@@ -196,8 +196,8 @@ def _severity(rule: Rule, ms: float | None, frac: float | None, gpu_only: bool,
               gpu_share: float | None = None) -> str:
     if ms is not None and (ms < MINOR_MS or (frac is not None and frac < MINOR_FRACTION)):
         return "low"
-    if gpu_share is not None and gpu_share < MINOR_FRACTION:
-        return "low"  # a GPU-only finding whose work is a sliver of the target GPU's estimated step
+    if gpu_share is not None and gpu_share * rule.gpu_gain < MINOR_FRACTION:
+        return "low"  # a GPU-only finding whose saving is a sliver of the target GPU's estimated step
     if ms is None and not gpu_only and rule.severity_unmeasured:
         return rule.severity_unmeasured  # a GPU-only finding's missing number is this machine's, not the rule's
     return rule.severity
@@ -276,7 +276,9 @@ def saving_range(expr: str, names: set[str], facts: Facts, subject: Subject | No
 
 
 def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dict[str, Any],
-              files: Sources) -> Finding | None:
+              files: Sources, group_share: float | None = None) -> Finding | None:
+    """One subject's finding, or None. `group_share`: a `once` rule's gpu_share summed over the subjects
+    that showed it, where each subject's share is its own work (PD008's lines, each its own reads)."""
     lookup = make_lookup(facts, subject, thresholds, rule.lets)
     try:
         if not evaluate(rule.when, lookup):
@@ -298,7 +300,7 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
     if gpu_only:
         ms = None  # what a CPU run measures is not what the problem costs on the GPU
         if rule.gpu_share:
-            share = _number(rule, rule.gpu_share, lookup)
+            share = group_share if group_share is not None else _number(rule, rule.gpu_share, lookup)
             if share is not None:  # the facts it reads are the finding's evidence
                 saving_names = rule.reads(names_in(rule.gpu_share))
     step = facts.value("step.time_ms")
@@ -327,8 +329,12 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
             "in this run" if "run" in sources else "in the source")
         basis = f"{GPU_ONLY}: {gpu_only}; the problem was seen {seen}. {basis[:1].upper()}{basis[1:]}"
         if share is not None:
-            basis += (f". The work it affects is an estimated {share:.1%} of the step on the GPU the script targets"
-                      f"{' (minor: under ' + format(MINOR_FRACTION, '.0%') + ')' if share < MINOR_FRACTION else ''}")
+            minor = share * rule.gpu_gain < MINOR_FRACTION
+            basis += f". The work it affects is an estimated {share:.1%} of the step on the GPU the script targets"
+            if rule.gpu_gain < 1:
+                basis += (f"; the fix typically saves {rule.gpu_gain:.0%} of that work, about "
+                          f"{share * rule.gpu_gain:.1%} of the step")
+            basis += f" (minor: under {MINOR_FRACTION:.0%})" if minor else ""
         confidence = "medium" if sources & {"static", "run"} else "low"
     fix = None
     with facts.family(f"the fix of {rule.id}"):  # a bug rendering a fix costs the fix, not the finding
@@ -362,6 +368,9 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
             subjects = [None]  # e.g. a trace with no source locations: judge once, globally
         judged = [(s, f) for s in subjects if (f := judge_one(rule, facts, s, thresholds, files)) is not None]
         if rule.once and judged:
+            if len(judged) > 1 and (total := _group_share(rule, facts, thresholds, judged)) is not None:
+                judged = [(s, f) for s, _ in judged
+                          if (f := judge_one(rule, facts, s, thresholds, files, total)) is not None]
             judged = [_one_of(rule, facts, thresholds, judged)]
         for _, f in judged:
             if f.fingerprint() not in seen:
@@ -370,6 +379,18 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
     findings = group_identical(findings)
     findings.sort(key=lambda f: (f.minor, *f.sort_key()))
     return findings
+
+
+def _group_share(rule: Rule, facts: Facts, thresholds: dict[str, Any],
+                 judged: list[tuple[Subject | None, Finding]]) -> float | None:
+    """A `once` rule's gpu_share over every subject that showed it, where the expression reads the
+    subject's own facts (each line's work adds up); None where it reads only global ones (PD016's
+    convolutions' share is the same for every model's line) or no subject's share is known."""
+    if not rule.gpu_share or not any(n.split(".", 1)[0] in rule.subjects for n in names_in(rule.gpu_share)):
+        return None
+    shares = [_number(rule, rule.gpu_share, make_lookup(facts, s, thresholds, rule.lets)) for s, _ in judged]
+    known = [x for x in shares if x is not None]
+    return sum(known) if known else None
 
 
 def _one_of(rule: Rule, facts: Facts, thresholds: dict[str, Any],

@@ -84,6 +84,16 @@ def test_gpu_share_is_for_gpu_only_rules(tmp_path):
         load_rule_file(p)
 
 
+@pytest.mark.parametrize("extra", ['gpu_gain = 0.1\n', 'gpu_only = true\ngpu_share = "target_gpu.step_ms"\ngpu_gain = 0\n',
+                                   'gpu_only = true\ngpu_share = "target_gpu.step_ms"\ngpu_gain = true\n'])
+def test_gpu_gain_is_a_fraction_beside_gpu_share(tmp_path, extra):
+    p = tmp_path / "PD099.toml"
+    p.write_text('id = "PD099"\nname = "x"\nseverity = "medium"\nsummary = "x"\nwhen = "true"\ntitle = "t"\n'
+                 f'message = "m"\n{extra}[doc]\nwhat = "w"\nwhy = "y"\n')
+    with pytest.raises(RuleError, match="gpu_gain is a number in"):
+        load_rule_file(p)
+
+
 def test_severity_follows_the_measured_cost():
     f = cpu_run(step_ms=1000.0, cpus=4)
     loader(f, workers=0, wait_ms=150.0)

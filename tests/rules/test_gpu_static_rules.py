@@ -369,6 +369,33 @@ def test_pd023_static_conv_net_under_autocast(tmp_path):
     assert f.locations[0].line == 6 and f.ms_per_step is None
 
 
+@pytest.mark.parametrize(("rule", "body", "conv_share", "severity"), [
+    # LSTNet: one convolution before a GRU, 5 % of the counted FLOPs; the autotuner's "few" per cent of it
+    # is 0.25 % of the step
+    ("PD016", CONV_NET, 0.05, "low"),
+    ("PD016", CONV_NET, 0.90, "medium"),  # an MNIST conv net: the convolutions are the work
+    # a ViT's patch embedding under autocast: NHWC's third of 2 % of the work
+    ("PD023", CONV_NET + AUTOCAST, 0.02, "low"),
+    ("PD023", CONV_NET + AUTOCAST, 0.40, "medium"),
+    ("PD016", CONV_NET, None, "medium"),  # no FLOPs counted: the rule's own severity
+])
+def test_conv_rules_severity_follows_the_convolutions_share_of_the_work(tmp_path, rule, body, conv_share, severity):
+    facts, _ = analyse(tmp_path, body, machine(Facts()))
+    if conv_share is not None:
+        facts.add("compute.flops_per_step", 1e9, "number", "run")
+        facts.add("compute.conv_flops_per_step", conv_share * 1e9, "number", "run")
+    [f] = findings(facts, tmp_path, rule)
+    assert f.ms_per_step is None and f.severity == severity
+    if conv_share is not None:
+        assert f"an estimated {conv_share:.1%} of the step" in f.saving_basis
+        assert ("(minor: under 1%)" in f.saving_basis) == (severity == "low")
+        assert "compute.conv_flops_per_step" in {e.name for e in f.evidence}
+    if conv_share is not None:  # convolutions the count missed: the share is not known
+        facts.add("compute.uncounted_convs_per_step", 3, "count", "trace")
+        [f] = findings(facts, tmp_path, rule)
+        assert f.severity == "medium" and "estimated" not in f.saving_basis
+
+
 @pytest.mark.parametrize("body", [
     CONV_NET,  # no autocast: fp32 convolutions do not use the NHWC tensor-core kernels
     CONV_NET + AUTOCAST + "model = model.to(memory_format=torch.channels_last)\n",

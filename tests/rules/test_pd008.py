@@ -123,3 +123,30 @@ def test_pd008_groups_a_traces_syncs_under_the_costliest_line():
     (one,) = [x for x in judge(f, RULES) if x.rule == "PD008"]
     assert [loc.line for loc in one.locations] == [20, 10]
     assert one.title.startswith("2 lines sync the host with the device in the training step; the costliest, 8 time(s)")
+
+
+@pytest.mark.parametrize(("reads", "step_ms", "severity", "share"), [
+    ([(55, 1.0)], 20.0, "low", 0.0023),  # one loss.item() beside a 20 ms GPU step: 46 us, 0.2 %
+    ([(55, 1.0)], 2.0, "medium", 0.023),  # the same read beside a launch-bound 2 ms step: 2.3 %
+    # four lines of the step, five reads in all: their costs add up, 1.15 % of a 20 ms step
+    ([(50, 2.0), (55, 1.0), (57, 1.0), (59, 1.0)], 20.0, "medium", 0.0115),
+    ([(55, 1.0)], None, "medium", None),  # no estimate of the GPU step: the rule's own severity
+])
+def test_pd008_severity_follows_the_reads_share_of_the_target_gpu_step(reads, step_ms, severity, share):
+    """A host read costs the GPU step the script targets its call and the drained queue's wait for the next
+    launch (target_gpu.sync_ms, as PD004's copies): one read a step is minor where that step is long."""
+    f = cpu_run()
+    f.add("script.targets_cuda", True, "", "static")
+    if step_ms is not None:
+        f.add("target_gpu.step_ms", step_ms, "ms", "trace")
+        f.add("target_gpu.sync_ms", 0.046, "ms", "trace")
+    for line, count in reads:
+        s = f.subject("host_read", f"train.py:{line}")
+        s.add("kind", "item", "", "run")
+        s.add("in_loop", True, "", "static")
+        s.add("count_per_step", count, "count", "run")
+        s.locations.append(Location("train.py", line, "x"))
+    (finding,) = [x for x in judge(f, RULES) if x.rule == "PD008"]
+    assert finding.severity == severity and len(finding.locations) == len(reads)
+    if share is not None:
+        assert f"an estimated {share:.1%} of the step on the GPU" in finding.saving_basis
