@@ -176,8 +176,8 @@ def _cost(f: Finding) -> Text:
     if f.ms_per_step is None:
         return Text("cost not measured here", style="dim")
     t = Text(f"saves ~{ms_text(f.ms_per_step)}/step", style="bold green")
-    if f.saving_range is not None:
-        lo, hi = f.saving_range
+    if f.saving_range is not None and ms_text(f.saving_range[0]) != ms_text(f.saving_range[1]):
+        lo, hi = f.saving_range  # a range that prints as one number says nothing more
         t.append(f" ({ms_text(lo)}–{ms_text(hi)} across steps)", style="green")
     if f.fraction_of_step is not None:
         t.append(f" ({f.fraction_of_step:.0%} of the step)", style="green")

@@ -116,6 +116,11 @@ def test_text_shows_the_range():
     c = Console(width=200, record=True)
     c.print(_cost(finding))
     assert "saves ~8.0 ms/step (7.5 ms–8.5 ms across steps)" in c.export_text()
+    finding.saving_range = (8.01, 8.04)  # prints as "8.0 ms–8.0 ms": no range worth showing
+    c = Console(width=200, record=True)
+    c.print(_cost(finding))
+    text = c.export_text()
+    assert "across steps" not in text and "saves ~8.0 ms/step" in text
 
 
 def test_run_facts_project_the_loading_cost(tmp_path):
