@@ -47,6 +47,7 @@ made the tensor.
 from __future__ import annotations
 
 import ast
+import weakref
 from collections.abc import Iterator
 
 from perfdoctor.capture.probes.host_tensors import FACTORIES as WATCHED
@@ -80,6 +81,14 @@ SAME_PLACE = frozenset({"expand", "expand_as", "view", "view_as", "reshape", "un
                         "t", "transpose", "permute", "contiguous", "flatten", "float", "double", "half",
                         "bfloat16", "long", "int", "bool", "byte"})
 
+
+# random draws from a population (`_drawn`): a replay buffer's `random.sample(self.buffer, n)`
+DRAWS = frozenset({"random.sample", "random.choices", "numpy.random.choice"})
+# calls that stack, convert or regroup what they are given: drawn rows stay drawn rows
+REGROUP = frozenset({"numpy.stack", "numpy.array", "numpy.asarray", "numpy.concatenate", "numpy.vstack",
+                     "numpy.hstack"})
+REGROUP_BUILTINS = frozenset({"zip", "map", "list", "tuple"})
+MAX_DRAW_DEPTH = 10  # names, calls and returns followed before `_drawn` gives up
 
 # torch functions whose result is where their tensor arguments are (`_computed`)
 HOST_KEEPING = frozenset({"exp", "log", "sin", "cos", "tanh", "sigmoid", "sqrt", "rsqrt", "abs", "neg", "pow",
@@ -188,19 +197,95 @@ def _moved_name(index: SourceIndex, node: ast.expr) -> bool:
 
 
 def _drawn(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
-    """Rows drawn from a store by an index (`self.obs_buf[idxs]`, `state_arr[batch]`), or a name this
-    file binds only to such draws: a sampled batch, which `torch.cat`/`torch.stack` of stored rows is
-    too; and a comprehension over such draws or of them (GIN's `[graph.label for graph in batch_graph]`,
-    `batch_graph = [train_graphs[idx] for idx in selected_idx]`). Not a value as it came
-    (`torch.Tensor(next_obs)`) nor a fixed slice (`arr[0]`, `arr[:, 1:]`)."""
+    """Rows drawn from a store by an index (`self.obs_buf[idxs]`, `state_arr[batch]`) or by a random
+    draw (`random.sample(self.buffer, n)`: `DRAWS`), or a name this file binds only to such draws (an
+    assignment or a tuple unpacking): a sampled batch, which `torch.cat`/`torch.stack` of stored rows is
+    too, and so is what stacks or regroups a draw (`map(np.stack, zip(*batch))`: `REGROUP`); a
+    comprehension over such draws or of them (GIN's `[graph.label for graph in batch_graph]`,
+    `batch_graph = [train_graphs[idx] for idx in selected_idx]`); and what a function of the project
+    returns where every return of it is a draw (`memory.sample(batch_size=...)`, a replay buffer's
+    `sample` in another file: `_returns_drawn`). Not a value as it came (`torch.Tensor(next_obs)`) nor a
+    fixed slice (`arr[0]`, `arr[:, 1:]`)."""
+    if depth > MAX_DRAW_DEPTH:
+        return False
     if isinstance(node, ast.Subscript):
         return not _fixed(node.slice)
-    if isinstance(node, (ast.ListComp, ast.GeneratorExp)) and depth < 3:
+    if isinstance(node, (ast.ListComp, ast.GeneratorExp)):
         return _drawn(index, node.elt, depth + 1) or any(_drawn(index, g.iter, depth + 1) for g in node.generators)
-    if isinstance(node, ast.Name) and depth < 2:
-        values = index.assigned.get(node.id, [])
+    if isinstance(node, ast.Starred):
+        return _drawn(index, node.value, depth)
+    if isinstance(node, ast.Name):
+        values = [v for v in index.assigned.get(node.id, []) + _unpacked(index, node.id)
+                  if not any(n is node for n in ast.walk(v))]  # not the rebinding it is read in: `x = f(x)`
         return bool(values) and all(_drawn(index, v, depth + 1) for v in values)
+    if isinstance(node, ast.Call):
+        q = index.qual(node.func)
+        if q in DRAWS:
+            return True
+        builtin = node.func.id if isinstance(node.func, ast.Name) and node.func.id not in index.aliases else None
+        if q in REGROUP or builtin in REGROUP_BUILTINS:
+            data = node.args[1:] if builtin == "map" else node.args
+            return any(_drawn(index, a, depth + 1) for a in data)
+        return _returns_drawn(index, node, depth + 1)
     return False
+
+
+def _unpacked(index: SourceIndex, name: str) -> list[ast.expr]:
+    """The values a tuple unpacking binds `name` from (`s, a, r = memory.sample(n)`): each name stands
+    for a part of that value, a draw where the value is one."""
+    table = _UNPACKED.get(index)
+    if table is None:
+        table = _UNPACKED[index] = {}
+        for a in index.nodes_of(ast.Assign):
+            for t in a.targets:
+                if isinstance(t, (ast.Tuple, ast.List)):
+                    for e in t.elts:
+                        if isinstance(e, ast.Name):
+                            table.setdefault(e.id, []).append(a.value)
+    return table.get(name, [])
+
+
+_UNPACKED: weakref.WeakKeyDictionary[SourceIndex, dict[str, list[ast.expr]]] = weakref.WeakKeyDictionary()
+
+
+def _returns_drawn(index: SourceIndex, call: ast.Call, depth: int) -> bool:
+    """`call` calls a function of the project (this file's, or another file's of that name: a method
+    called on an object) whose every return is a draw (`_drawn`). The candidates are the functions of
+    that name that take the call's keywords and positional arguments and, where the run says which
+    functions its profiled steps called, that it called: a replay buffer's `sample(batch_size)`, not the
+    policy's `sample(state)` beside it."""
+    name = _called_name(call)
+    if name is None or depth > MAX_DRAW_DEPTH:
+        return False
+    found = [(index, fn) for fn in index.functions.get(name, [])]
+    found += [(p.syntax, fn) for p in index.loops.peers if isinstance(p.syntax, SourceIndex)
+              for fn in p.syntax.functions.get(name, [])]
+    method = isinstance(call.func, ast.Attribute)
+    fits = [(ix, fn) for ix, fn in found if _takes(fn, call, method) and (
+        ix.functions_called is None or fn.lineno in ix.functions_called
+        or any(d.lineno in ix.functions_called for d in fn.decorator_list))]
+    return bool(fits) and all(_all_returns_drawn(ix, fn, depth) for ix, fn in fits)
+
+
+def _takes(fn: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call, method: bool) -> bool:
+    """`fn` accepts `call`'s keywords and number of positional arguments (a method's `self` aside)."""
+    a = fn.args
+    params = [x.arg for x in a.posonlyargs + a.args]
+    if method and params[:1] in (["self"], ["cls"]):
+        params = params[1:]
+    if any(isinstance(x, ast.Starred) for x in call.args) or any(k.arg is None for k in call.keywords):
+        return a.vararg is not None or a.kwarg is not None
+    named = set(params) | {x.arg for x in a.kwonlyargs}
+    return (len(call.args) <= len(params) or a.vararg is not None) and all(
+        k.arg in named or a.kwarg is not None for k in call.keywords)
+
+
+def _all_returns_drawn(index: SourceIndex, fn: ast.FunctionDef | ast.AsyncFunctionDef, depth: int) -> bool:
+    returns = [r.value for r in ast.walk(fn) if isinstance(r, ast.Return) and r.value is not None
+               and index.context(r)[0] is fn]
+    return bool(returns) and all(
+        all(_drawn(index, e, depth + 1) for e in r.elts) if isinstance(r, ast.Tuple) else _drawn(index, r, depth + 1)
+        for r in returns)
 
 
 def _fixed(s: ast.expr) -> bool:
