@@ -713,6 +713,54 @@ def test_cpu_to_device_host_batch_of_a_buffer_in_another_file(tmp_path):
     assert by_line(alone, "cpu_to_device") == {}
 
 
+def test_cpu_to_device_host_batch_returned_by_a_buffer_in_another_file(tmp_path):
+    """pranz24/pytorch-soft-actor-critic: the update unpacks `memory.sample(batch_size=...)` (ReplayMemory
+    in replay_memory.py: `random.sample(self.buffer, n)`, then `map(np.stack, zip(*batch))`) and copies
+    each array with `torch.FloatTensor(x).to(self.device)` every update: rows drawn from a host store.
+    The policy's own `sample(state)` (model.py, another function of that name) returns what the model
+    computed; its keywords tell the two apart. An observation moved to act stays the data's own copy."""
+    (tmp_path / "replay_memory.py").write_text(textwrap.dedent("""\
+        import random
+        import numpy as np
+        class ReplayMemory:
+            def sample(self, batch_size):
+                batch = random.sample(self.buffer, batch_size)
+                state, action, reward = map(np.stack, zip(*batch))
+                return state, action, reward
+        """))
+    (tmp_path / "model.py").write_text(textwrap.dedent("""\
+        import torch
+        class GaussianPolicy(torch.nn.Module):
+            def sample(self, state):
+                mean = self.forward(state)
+                return mean, mean.sum()
+        """))
+    (tmp_path / "sac.py").write_text(textwrap.dedent("""\
+        import torch
+        class SAC:
+            def select_action(self, state):
+                state = torch.FloatTensor(state).to(self.device).unsqueeze(0)
+                return self.policy.sample(state)[0]
+            def update_parameters(self, memory, batch_size):
+                state_batch, action_batch, reward_batch = memory.sample(batch_size=batch_size)
+                state_batch = torch.FloatTensor(state_batch).to(self.device)
+                reward_batch = torch.FloatTensor(reward_batch).to(self.device)
+                pi, _ = self.policy.sample(state_batch)
+                mean = torch.FloatTensor(self.policy.sample(state_batch)[0]).to(self.device)
+                loss = (pi - reward_batch).pow(2).mean()
+                self.optim.zero_grad()
+                loss.backward()
+                self.optim.step()
+        """))
+    facts = Facts()
+    analyse_files([tmp_path / "replay_memory.py", tmp_path / "model.py", tmp_path / "sac.py"], facts)
+    got = {k: v for k, v in by_line(facts, "cpu_to_device").items()}
+    assert sorted(got) == [8, 9] and got[8]["host_data"] is True and got[8]["factory"] == "FloatTensor"
+    alone = Facts()  # without the buffer's file nothing says what `memory.sample` returns
+    analyse_files([tmp_path / "model.py", tmp_path / "sac.py"], alone)
+    assert by_line(alone, "cpu_to_device") == {}
+
+
 def test_cpu_to_device_next_observation_of_a_one_step_update_is_the_data_s_copy(tmp_path):
     """dongminlee94/deep_rl's one-step actor-critic: the update moves the next observation env.step
     just returned (a value as it came, nothing stored); a fixed slice of it neither. A row drawn by an
@@ -1717,6 +1765,35 @@ def test_host_reads_less_often_than_every_step(tmp_path):
     assert got[17] == {"kind": "numpy", "in_loop": False}  # labels: a host batch tensor, never moved first
     assert got[28] == {"kind": "item", "in_loop": True}  # a guard that takes the generator's step: per step
     assert 21 not in got  # a device tensor kept in the meter: no read
+
+
+def test_a_guard_whose_modulus_is_one_by_default_is_every_step(tmp_path):
+    """srviest's char-CNN logs behind `if i_batch % args.log_interval == 0` with the option's default 1:
+    every batch, as the run saw; so does `% 1`. A default of 10 is a periodic guard, whatever a run's
+    command line gives (a short run's `--log-interval 1` is that run's, not the script's)."""
+    source = """\
+        import argparse
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--log-interval', type=int, default=LOG)
+        args = parser.parse_args()
+        every = 1
+        for i, (x, y) in enumerate(loader):
+            loss = model(x.to(device)).mean()
+            loss.backward()
+            opt.step()
+            if i % args.log_interval == 0:
+                print(loss.item())
+            if i % every == 0:
+                print(loss.cpu())
+            if i % 1 == 0:
+                print(loss.tolist())
+        """
+    facts, _ = analyse(tmp_path, source.replace("LOG", "1"))
+    got = by_line(facts, "host_read")
+    assert got[11]["in_loop"] is True and got[15]["in_loop"] is True
+    assert got[13]["in_loop"] is False  # a plain name is a setting a config may change (nanoGPT's)
+    facts, _ = analyse(tmp_path, source.replace("LOG", "10"))
+    assert by_line(facts, "host_read")[11]["in_loop"] is False
 
 
 _EVAL_BESIDE_TRAINING = """\

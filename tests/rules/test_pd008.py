@@ -55,6 +55,15 @@ def test_pd008_leaves_reads_on_few_steps_to_the_periodic_work():
     assert [x for x in judge(periodic, RULES) if x.rule == "PD008"] == []
     every = facts([0] + [2] * 11)  # two reads on every step: the training step's syncs
     assert [x.rule for x in judge(every, RULES)] == ["PD008"]
+    # luopeixiang's NER trains an HMM, a CRF, then a BiLSTM-CRF: the last phase reads on each of its
+    # steps (6 of the 11 steady steps), judged over that phase; a read that starts at the run's last
+    # steps, or stops before its end, is not a phase
+    phase = facts([0] * 6 + [300] * 6)
+    (s,) = phase.of_kind("host_read")
+    assert s.facts["host_read.step_share"].value == 1.0 and s.facts["host_read.count_per_step"].value == 300
+    assert [x.rule for x in judge(phase, RULES)] == ["PD008"]
+    assert [x.rule for x in judge(facts([0] * 8 + [300] * 4), RULES) if x.rule == "PD008"] == []
+    assert [x.rule for x in judge(facts([0] * 6 + [300] * 4 + [0, 0]), RULES) if x.rule == "PD008"] == []
 
 
 def test_pd008_trusts_the_source_over_a_short_logging_interval():

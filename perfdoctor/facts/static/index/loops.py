@@ -17,6 +17,7 @@ import ast
 import re
 from collections.abc import Iterator
 
+from perfdoctor.facts.static.index.settings import option_default
 from perfdoctor.facts.static.index.syntax import LOOPS, SCOPES, Syntax, dotted, walk_scope
 
 # receivers of a `.step()` that takes an optimizer step: `optimizer`, `optimizer_G`, `opt`, `self.optim`,
@@ -240,10 +241,22 @@ class Loops:
         parent = self.syntax.parents.get(child)
         while parent is not None and parent is not top and not isinstance(parent, (*SCOPES, ast.ClassDef)):
             if isinstance(parent, ast.If) and child is not parent.test and any(
-                    isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) for m in ast.walk(parent.test)) and not any(
+                    isinstance(m, ast.BinOp) and isinstance(m.op, ast.Mod) and not self._every_one(m.right)
+                    for m in ast.walk(parent.test)) and not any(
                     self.takes_step(m) for m in walk_scope(parent.body)):
                 return True
             child, parent = parent, self.syntax.parents.get(parent)
+        return False
+
+    def _every_one(self, n: ast.expr) -> bool:
+        """A guard's modulus that is 1 unless the user changes it: `i % 1`, `i % args.log_interval` with
+        the option's default 1 (charcnn's logging on every batch). A value the run's command line gives
+        is the corpus's or the user's choice for that run, not the script's; a plain name is left a
+        setting (nanoGPT's `log_interval = 1`, which its configurator's config file sets to 10)."""
+        if isinstance(n, ast.Constant):
+            return n.value == 1
+        if isinstance(n, ast.Attribute):
+            return option_default(self.syntax, n.attr) == 1
         return False
 
     def per_step(self, node: ast.AST, depth: int = 0) -> bool:
