@@ -208,7 +208,7 @@ class Recorder:
         if i <= SCAN_STEPS:
             self._early(i)
         if i >= self.window.next_at:
-            self.window.tick(i)
+            self.window.tick(i, self.clock.steps[-1][2] / 1e3 if self.clock.steps else None)
         # no profiler before the counted step ends, no code torch.compile compiled
         self.flops.after_step(i, self.window.state == "wait" and self.window.next_at > i + 1
                               and not self.compile.frames)

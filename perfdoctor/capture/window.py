@@ -68,6 +68,10 @@ DEFAULT = (5, 3, 5)  # skip, warmup (cProfile and the line sampler run here), ac
 # a straggler only where it is ahead at every one of them.
 DISTRIBUTED = (5, 3, 10)
 BUDGET_S = 20.0  # wall time of the window, warm-up and recorded steps
+# the most the time budget stretches, from the profiler's start, so that one recorded step as long as the
+# warm-up's fits (`Window._room_for_a_step`)
+LONG_STEP_S = 60.0
+STEP_MARGIN = 1.25  # a step taken as this much longer than the one measured before it
 BUDGET_EVENTS = 1_000_000  # estimated trace events in the recorded steps (about 300 MB of JSON)
 # trace events per Python call that cProfile counts in a warm-up step: the Python tracer's call
 # events plus the operators' events (forward and autograd backward, which cProfile does not see).
@@ -189,6 +193,7 @@ class Window:
         self.main_ident = threading.get_ident()
         self.budget_s, self.budget_events = budget_s, budget_events
         self.deadline = float("inf")  # perf_counter() at which the time budget is spent
+        self.started = 0.0  # perf_counter() at which the profiler started
         # the process's resident bytes (the step clock's reader, StepClock.rss; None: no /proc, and the
         # time budget alone): the events recorded so far, estimated
         self.rss = rss
@@ -203,14 +208,21 @@ class Window:
         self.user_hook = False  # the script had a profile hook of its own (sys.setprofile) when the window opened
 
     # -- driven by the step clock -----------------------------------------------------------
-    def tick(self, i: int) -> None:
-        """Called after step `i` ended (only when i >= next_at)."""
+    def tick(self, i: int, wall_s: float | None = None) -> None:
+        """Called after step `i` ended (only when i >= next_at); `wall_s`: that step's wall time."""
         if self.state == "done":
             self.next_at = 1 << 62
             return
         self.ticked = i
         try:
             if self.state == "wait":
+                if wall_s is not None and self.warmup > 1 and (
+                        (self.warmup + 1) * wall_s * STEP_MARGIN > self.budget_s):
+                    # steps too long for the warm-up and one recorded step to fit the budget: one warm-up
+                    # step, then `_room_for_a_step` stretches the budget for one recorded step
+                    self.warmup = 1
+                    self.first_step = self.skip + 2
+                    self.last_step = self.skip + 1 + self.active
                 self.main_ident = threading.get_ident()  # the training thread (StepClock.mine) from here on
                 # the interpreter has one profile hook per thread: a script that set its own
                 # (sys.setprofile) keeps it; perfdoctor records no Python calls then
@@ -240,6 +252,7 @@ class Window:
                         self.cprof.disable()
                     self.state = "active"
                     self._fit_events()
+                    self._room_for_a_step()
                 elif self.state == "active" and i >= self.last_step:
                     self._stop_python()
                 with _without_kineto_chatter(), self._own_call():
@@ -330,6 +343,20 @@ class Window:
             self.stopped_by = "events"
             self.last_step = self.first_step + fit - 1
 
+    def _room_for_a_step(self) -> None:
+        """End of the warm-up, whose steps were long (a style-transfer step of 12 s on a CPU against the
+        20 s budget; `tick` has cut such a warm-up to one step): what the budget leaves would stop the
+        window inside the first recorded step, with no whole step in the trace (no FLOPs, no estimate for
+        the GPU, none of the trace's facts). The budget stretches to hold one recorded step as long as
+        the warm-up's and a quarter more, never past LONG_STEP_S from the profiler's start: the run's
+        cost grows by at most that one step."""
+        if not self.python_steps:
+            return
+        now = self.pc()
+        need = now + STEP_MARGIN * (now - self.started) / self.python_steps
+        if need > self.deadline:
+            self.deadline = min(need, self.started + max(LONG_STEP_S, self.budget_s))
+
     def _start_profiler(self) -> None:
         tp = self.torch.profiler
         acts = [tp.ProfilerActivity.CPU]
@@ -341,8 +368,9 @@ class Window:
         self.rss0 = self.rss()
         with _without_kineto_chatter(), self._own_call():
             self.prof.start()
-        self.deadline = self.pc() + self.budget_s
-        self.next_look = self.pc() + LOOK_S
+        self.started = self.pc()
+        self.deadline = self.started + self.budget_s
+        self.next_look = self.started + LOOK_S
 
     def _start_python(self) -> None:
         # the sampler needs the GIL to look: with the default 5 ms switch interval it would mostly

@@ -194,6 +194,33 @@ def test_window_stops_inside_a_step_when_its_time_is_spent(tmp_path: Path):
     assert w.meta().stopped_by == "time" and w.next_at > 1000
 
 
+def test_window_stretches_its_time_for_one_recorded_step_as_long_as_the_warm_ups(tmp_path: Path):
+    """nst-johnson: 14 s steps on a CPU, a 20 s budget. The warm-up step ends at 14 s; the recorded step
+    would have been stopped at 20 s with nothing whole in the trace. The budget now holds one recorded
+    step of the warm-up's length and a quarter more (31.5 s), never past LONG_STEP_S; short steps keep
+    the budget as it was."""
+    for step_s, deadline in ((14.0, 14.0 + 1.25 * 14.0), (2.0, 20.0), (40.0, None), (19.0, 19.0 + 1.25 * 19.0)):
+        # a warm-up of two steps, cut to one where two and a recorded step could not fit
+        clock = [100.0]
+        run = tmp_path / str(step_s)
+        run.mkdir()
+        w = Window(torch, run, 0, 2, 2, budget_s=20.0)
+        w.pc = lambda clock=clock: clock[0]
+        w.tick(0, step_s)  # the profiler starts at 100 s
+        assert w.state == "warmup" and w.deadline == 120.0
+        assert w.warmup == (2 if step_s == 2.0 else 1)
+        clock[0] += step_s
+        w.tick(1)  # a warm-up step ends
+        if step_s == 2.0:
+            clock[0] += step_s
+            w.tick(2)
+        if deadline is None:  # a warm-up step past the budget: the window stops as before
+            assert (w.state, w.stopped_by) == ("done", "time")
+        else:
+            assert w.state == "active" and w.deadline == pytest.approx(100.0 + deadline)
+        w.finish()
+
+
 def test_window_ends_when_the_events_it_holds_fill_the_budget(tmp_path: Path):
     """kineto keeps every event in memory until it stops: the growth since the profiler started
     estimates the events recorded, looked at while a step runs and at its end."""
