@@ -75,6 +75,10 @@ class Rule:
     # loading as a share of an estimated GPU step), not this machine's; the basis says so and verify,
     # which measures this machine, leaves it to a GPU (engine.PROJECTED)
     projected_for_gpu: str | None = None
+    # beside projected_for_gpu: the projected GPU step (ms) a projected saving is a share of (PD002's
+    # estimated GPU step with the loading it leaves), not this machine's step: a CPU step of 12 s made a
+    # projected 12 ms saving 0.1 % of "the step", minor
+    projected_step: str | None = None
     # a GPU-only rule's expression: the share of the step, on the GPU a CPU run's script targets, that the
     # affected work takes (PD004's copies over facts/trace/target_gpu.py's estimated step). Where it
     # evaluates below engine.MINOR_FRACTION the finding is minor, as a measured one is; the basis gives the
@@ -274,6 +278,10 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         used["unmeasured"] = template_names(str(data.get("unmeasured", "")))
         if data.get("projected_for_gpu") is not None:
             used["projected_for_gpu"] = names_in(_req(data, "projected_for_gpu", where))
+        if data.get("projected_step") is not None:
+            if data.get("projected_for_gpu") is None:
+                raise RuleError("projected_step is for a rule with projected_for_gpu")
+            used["projected_step"] = names_in(_req(data, "projected_step", where))
         if data.get("gpu_share") is not None:
             used["gpu_share"] = names_in(_req(data, "gpu_share", where))
     except RuleError as e:
@@ -345,7 +353,8 @@ def parse_rule(data: dict[str, Any], where: str) -> Rule:
         id=rid, name=_req(data, "name", where), severity=severity, summary=_req(data, "summary", where),
         title=data["title"], message=data["message"], when=when, subject=subjects[0] if subjects else None,
         subjects=subjects, gpu_only=gpu_only, spread_over_steps=spread, once=once,
-        projected_for_gpu=data.get("projected_for_gpu"), gpu_share=data.get("gpu_share"),
+        projected_for_gpu=data.get("projected_for_gpu"), projected_step=data.get("projected_step"),
+        gpu_share=data.get("gpu_share"),
         gpu_gain=float(gpu_gain),
         title_group=title_group,
         severity_unmeasured=severity_unmeasured,

@@ -306,6 +306,9 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
     step = facts.value("step.time_ms")
     if ms is not None and isinstance(step, (int, float)) and rule.spread_over_steps:
         step = step + ms  # the mean step holds the cost the median step does not
+    projected = ms is not None and bool(rule.projected_for_gpu) and _true(rule.projected_for_gpu or "", lookup)
+    if projected and rule.projected_step and (gpu_step := _number(rule, rule.projected_step, lookup)):
+        step = gpu_step  # the saving is a share of the GPU step it was projected on, not this CPU's
     frac = ms / step if ms is not None and isinstance(step, (int, float)) and step > 0 else None
     if ms is not None:
         srcs = {f.source for n in saving_names if (f := _fact(facts, subject, n)) is not None}
@@ -315,7 +318,7 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
             basis += f": {rule.saving_note}"
         if rule.saving_ms:
             spread = saving_range(rule.saving_ms, saving_names, facts, subject, lookup, rule.lets)
-        if rule.projected_for_gpu and _true(rule.projected_for_gpu, lookup):
+        if projected:
             basis = f"{PROJECTED}; from what was {basis}"
 
     used = rule.reads(names_in(rule.when)) | saving_names | set(rule.evidence)

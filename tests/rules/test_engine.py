@@ -94,6 +94,14 @@ def test_gpu_gain_is_a_fraction_beside_gpu_share(tmp_path, extra):
         load_rule_file(p)
 
 
+def test_projected_step_is_for_a_projected_rule(tmp_path):
+    p = tmp_path / "PD099.toml"
+    p.write_text('id = "PD099"\nname = "x"\nseverity = "medium"\nsummary = "x"\nwhen = "true"\ntitle = "t"\n'
+                 'message = "m"\nprojected_step = "step.time_ms"\n[doc]\nwhat = "w"\nwhy = "y"\n')
+    with pytest.raises(RuleError, match="projected_step is for a rule with projected_for_gpu"):
+        load_rule_file(p)
+
+
 def test_severity_follows_the_measured_cost():
     f = cpu_run(step_ms=1000.0, cpus=4)
     loader(f, workers=0, wait_ms=150.0)

@@ -98,11 +98,34 @@ def test_pd002_projects_onto_the_reference_gpus_step_where_the_run_was_traced():
     assert finding.title == ("On a GPU, loading batches would take 67% of the step: 10 ms per step in the training "
                              "process with num_workers=0 at the batch the script uses by default")
     assert finding.ms_per_step == pytest.approx(10.0)  # 4 workers: 2.5 ms each step, hidden behind 5 ms
+    # its share is of that GPU step with the loading it leaves (10 of 15 ms), not of this CPU's 200 ms step
+    assert finding.fraction_of_step == pytest.approx(10.0 / 15.0) and finding.severity == "high"
     assert {"target_gpu.step_ms", "target_gpu.batch_scale"} <= {e.name for e in finding.evidence}
     # a large model's GPU step (the estimate: 500 ms) leaves the same loading 1 %: nothing to flag
     g = _cpu_run_of_gpu_script(5.0, 200.0)
     g.add("target_gpu.step_ms", 500.0, "ms", "trace")
     assert judge(g, PD002) == []
+
+
+def test_pd002_projected_saving_is_a_share_of_the_gpu_step_however_long_the_cpu_step():
+    """nst-johnson: a 12 s CPU step (VGG16 three times at 256x256) and 15.6 ms of loading a step, against a
+    17.3 ms step estimated for the reference GPU: 11.9 ms saved is 36 % of that step, not 0.1 % of the
+    CPU's (which made the finding minor)."""
+    f = _cpu_run_of_gpu_script(15.6, 12000.0)
+    f.add("target_gpu.step_ms", 17.3, "ms", "trace")
+    (finding,) = judge(f, PD002)
+    assert finding.severity == "high" and finding.fraction_of_step > 0.3
+
+
+def test_pd002_projects_only_a_loader_the_training_steps_wait_on():
+    """bert4rec: the validation loader (whose `trains` the run could not tell) loads 16 batches in the one step
+    after each epoch: a mean wait of 5.2 ms a step and a median of 0. Its loading is no share of a training
+    step; projected as one, it was a false high once the share was of the GPU step."""
+    f = _cpu_run_of_gpu_script(5.2, 400.0)
+    f.add("target_gpu.step_ms", 12.0, "ms", "trace")
+    (s,) = f.of_kind("dataloader")
+    s.add("wait_ms", 0.0, "ms")
+    assert judge(f, PD002) == []
 
 
 def test_pd002_judges_the_workers_of_the_cuda_path(tmp_path):
