@@ -84,6 +84,65 @@ def has_star_kwargs(call: ast.Call) -> bool:
     return any(k.arg is None for k in call.keywords)
 
 
+def _module_imports(tree: ast.Module) -> Iterator[ast.Import | ast.ImportFrom]:
+    """The imports a module runs at import time: its top level and the if/try blocks there."""
+    stack: list[ast.stmt] = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.If, ast.Try)):
+            stack.extend([*node.body, *node.orelse, *getattr(node, "finalbody", [])])
+            stack.extend(s for h in getattr(node, "handlers", []) for s in h.body)
+
+
+def star_aliases(folder: Path, module: str | None, level: int = 0, depth: int = 0) -> dict[str, str]:
+    """The import aliases `from module import *` brings into a file of `folder`, where `module` is a
+    file of the same project (found beside the file or up to two folders above it, as a script run
+    from its project's root imports it): the names that module binds by its own imports (star
+    imports of its own followed twice more), public ones only, and only those its `__all__` lists
+    when it has one. Nothing for a module outside the project (an installed package)."""
+    if depth > 2 or (not module and not level):
+        return {}
+    parts = module.split(".") if module else []
+    if level:
+        bases = [folder.parents[level - 2] if level > 1 else folder] if level - 1 <= len(folder.parents) else []
+    else:
+        bases = [folder, *list(folder.parents)[:2]]
+    for base in bases:
+        for candidate in (base.joinpath(*parts).with_suffix(".py") if parts else None,
+                          base.joinpath(*parts, "__init__.py")):
+            if candidate is None or not candidate.is_file():
+                continue
+            try:
+                tree = ast.parse(candidate.read_text(errors="replace"))
+            except (SyntaxError, ValueError, OSError):
+                return {}
+            exported: set[str] | None = None
+            for node in tree.body:
+                if (isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets)
+                        and isinstance(node.value, (ast.List, ast.Tuple))):
+                    exported = {e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            found: dict[str, str] = {}
+            for node in _module_imports(tree):
+                if isinstance(node, ast.Import):
+                    for a in node.names:
+                        found[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+                elif node.module and not node.level:
+                    for a in node.names:
+                        if a.name == "*":
+                            for name, target in star_aliases(candidate.parent, node.module, 0, depth + 1).items():
+                                found.setdefault(name, target)
+                        else:
+                            found[a.asname or a.name] = f"{node.module}.{a.name}"
+                elif any(a.name == "*" for a in node.names):
+                    found.update({k: v for k, v in star_aliases(candidate.parent, node.module, node.level, depth + 1).items()
+                                  if k not in found})
+            return {name: target for name, target in found.items()
+                    if not name.startswith("_") and (exported is None or name in exported)}
+    return {}
+
+
 class Syntax:
     """One parsed file: its nodes, parents, scopes, import aliases, assignments, functions and text."""
 
@@ -158,6 +217,13 @@ class Syntax:
                 for a in node.names:
                     if a.name != "*":
                         aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        # `from modeling.deeplab import *` of a module of the same project brings that module's own
+        # imports (`torch`, `nn`) unless its __all__ leaves them out: a file with no `import torch`
+        # of its own still means torch by `torch.no_grad()` (jfzhang95/pytorch-deeplab-xception)
+        for node in self.nodes_of(ast.ImportFrom):
+            if any(a.name == "*" for a in node.names):
+                for name, target in star_aliases(Path(self.file).parent, node.module, node.level).items():
+                    aliases.setdefault(name, target)
         return aliases
 
     def qual(self, node: ast.AST) -> str | None:
