@@ -17,6 +17,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from perfdoctor.contracts.source import read_source
+
 LOOPS = (ast.For, ast.AsyncFor, ast.While)
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 Scope = ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda  # the enclosing function of a node
@@ -110,13 +112,14 @@ def star_aliases(folder: Path, module: str | None, level: int = 0, depth: int = 
     else:
         bases = [folder, *list(folder.parents)[:2]]
     for base in bases:
-        for candidate in (base.joinpath(*parts).with_suffix(".py") if parts else None,
-                          base.joinpath(*parts, "__init__.py")):
-            if candidate is None or not candidate.is_file():
+        files = [base.joinpath(*parts).with_suffix(".py")] if parts else []
+        for candidate in [*files, base.joinpath(*parts, "__init__.py")]:
+            # read as every user file is (contracts.source: a regular file, capped, decoded by PEP 263)
+            sf = read_source(candidate)
+            if sf is None:
                 continue
-            try:
-                tree = ast.parse(candidate.read_text(errors="replace"))
-            except (SyntaxError, ValueError, OSError):
+            tree = sf.parse(str(candidate)) if sf.encoding is not None else None
+            if tree is None:
                 return {}
             exported: set[str] | None = None
             for node in tree.body:
