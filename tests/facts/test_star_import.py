@@ -8,6 +8,21 @@ from pathlib import Path
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static import analyse_files
 
+# a training loop and its validation under torch.no_grad(), after the line that star-imports `torch`
+TRAIN = """
+def validation(model, loader):
+    model.eval()
+    for image in loader:
+        with torch.no_grad():
+            output = model(image)
+
+def train(model, loader, opt):
+    for image in loader:
+        model(image).sum().backward()
+        opt.step()
+    validation(model, loader)
+"""
+
 
 def _write(path: Path, source: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -28,21 +43,7 @@ def test_torch_bound_by_a_star_import_is_torch(tmp_path):
         class DeepLab(nn.Module):
             pass
         """)
-    script = _write(tmp_path / "train.py", """\
-        from modeling.deeplab import *
-
-        def validation(model, loader):
-            model.eval()
-            for image in loader:
-                with torch.no_grad():
-                    output = model(image)
-
-        def train(model, loader, opt):
-            for image in loader:
-                model(image).sum().backward()
-                opt.step()
-            validation(model, loader)
-        """)
+    script = _write(tmp_path / "train.py", "from modeling.deeplab import *\n" + TRAIN)
     facts = Facts()
     analyse_files([script], facts)
     assert facts.of_kind("eval_grad") == []
@@ -56,21 +57,7 @@ def test_a_star_import_of_a_module_with_all_exports_only_those(tmp_path):
         def run():
             pass
         """)
-    script = _write(tmp_path / "train.py", """\
-        from helpers import *
-
-        def validation(model, loader):
-            model.eval()
-            for image in loader:
-                with torch.no_grad():
-                    output = model(image)
-
-        def train(model, loader, opt):
-            for image in loader:
-                model(image).sum().backward()
-                opt.step()
-            validation(model, loader)
-        """)
+    script = _write(tmp_path / "train.py", "from helpers import *\n" + TRAIN)
     facts = Facts()
     analyse_files([script], facts)
     # `torch` is not among helpers' exports: the name is unbound here, nothing to call it no_grad by

@@ -76,29 +76,18 @@ def test_gpu_only_severity_follows_the_share_of_the_target_gpu_step(step_ms, nby
         assert {"target_gpu.step_ms", "cpu_to_device.bytes_per_move"} <= {e.name for e in finding.evidence}
 
 
-def test_gpu_share_is_for_gpu_only_rules(tmp_path):
-    p = tmp_path / "PD099.toml"
-    p.write_text('id = "PD099"\nname = "x"\nseverity = "medium"\nsummary = "x"\nwhen = "true"\ntitle = "t"\n'
-                 'message = "m"\ngpu_share = "target_gpu.step_ms"\n[doc]\nwhat = "w"\nwhy = "y"\n')
-    with pytest.raises(RuleError, match="gpu_share is for a rule with gpu_only = true"):
-        load_rule_file(p)
-
-
-@pytest.mark.parametrize("extra", ['gpu_gain = 0.1\n', 'gpu_only = true\ngpu_share = "target_gpu.step_ms"\ngpu_gain = 0\n',
-                                   'gpu_only = true\ngpu_share = "target_gpu.step_ms"\ngpu_gain = true\n'])
-def test_gpu_gain_is_a_fraction_beside_gpu_share(tmp_path, extra):
+@pytest.mark.parametrize(("extra", "error"), [
+    ('gpu_share = "target_gpu.step_ms"\n', "gpu_share is for a rule with gpu_only = true"),
+    ('gpu_gain = 0.1\n', "gpu_gain is a number in"),  # a gain with no share
+    ('gpu_only = true\ngpu_share = "target_gpu.step_ms"\ngpu_gain = 0\n', "gpu_gain is a number in"),
+    ('gpu_only = true\ngpu_share = "target_gpu.step_ms"\ngpu_gain = true\n', "gpu_gain is a number in"),
+    ('projected_step = "step.time_ms"\n', "projected_step is for a rule with projected_for_gpu"),
+])
+def test_rule_fields_that_need_another(tmp_path, extra, error):
     p = tmp_path / "PD099.toml"
     p.write_text('id = "PD099"\nname = "x"\nseverity = "medium"\nsummary = "x"\nwhen = "true"\ntitle = "t"\n'
                  f'message = "m"\n{extra}[doc]\nwhat = "w"\nwhy = "y"\n')
-    with pytest.raises(RuleError, match="gpu_gain is a number in"):
-        load_rule_file(p)
-
-
-def test_projected_step_is_for_a_projected_rule(tmp_path):
-    p = tmp_path / "PD099.toml"
-    p.write_text('id = "PD099"\nname = "x"\nseverity = "medium"\nsummary = "x"\nwhen = "true"\ntitle = "t"\n'
-                 'message = "m"\nprojected_step = "step.time_ms"\n[doc]\nwhat = "w"\nwhy = "y"\n')
-    with pytest.raises(RuleError, match="projected_step is for a rule with projected_for_gpu"):
+    with pytest.raises(RuleError, match=error):
         load_rule_file(p)
 
 
