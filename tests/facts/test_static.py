@@ -3,6 +3,7 @@ one detector per subject kind)."""
 
 from __future__ import annotations
 
+import ast
 import textwrap
 from pathlib import Path
 
@@ -759,6 +760,72 @@ def test_cpu_to_device_host_batch_returned_by_a_buffer_in_another_file(tmp_path)
     alone = Facts()  # without the buffer's file nothing says what `memory.sample` returns
     analyse_files([tmp_path / "model.py", tmp_path / "sac.py"], alone)
     assert by_line(alone, "cpu_to_device") == {}
+
+
+def test_a_module_whose_forward_steps_its_optimizer_makes_its_call_a_training_step(tmp_path):
+    """dragen1860's MAML: `accs = maml(x_spt, ...)` in the loop, Meta.forward (meta.py) steps the
+    meta-optimizer. The run's chain at its first optimizer step says that call leads to it, so the loop
+    takes a step and the episode batch it draws from the host cache (`db.next()`, another file) and moves
+    every step is host data. The read takes the binding that reaches it: the test loop's rebinding after
+    it is no source of the training step's batch. Without the run's chain the loop is not a training step."""
+    (tmp_path / "nshot.py").write_text(textwrap.dedent("""\
+        class NShot:
+            def next(self, mode="train"):
+                batch = self.cache[mode][self.index[mode]]
+                self.index[mode] += 1
+                return batch
+        """))
+    (tmp_path / "meta.py").write_text(textwrap.dedent("""\
+        import torch
+        class Meta(torch.nn.Module):
+            def forward(self, x, y):
+                loss = self.net(x).sub(y).pow(2).mean()
+                self.meta_optim.zero_grad()
+                loss.backward()
+                self.meta_optim.step()
+                return loss
+        """))
+    train = tmp_path / "train.py"
+    train.write_text(textwrap.dedent("""\
+        import torch
+        from meta import Meta
+        from nshot import NShot
+        def main(device):
+            maml, db = Meta().to(device), NShot()
+            for step in range(1000):
+                x, y = db.next()
+                x, y = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+                accs = maml(x, y)
+                if step % 500 == 0:
+                    x, y = db.next("test")
+                    x, y = torch.from_numpy(x).to(device), x.sum()
+        main("cuda")
+        """))
+    files = [tmp_path / "nshot.py", tmp_path / "meta.py", train]
+    chain = [Site(file=str(tmp_path / "meta.py"), line=7, function="forward"),
+             Site(file=str(train), line=9, function="main"), Site(file=str(train), line=13, function="<module>")]
+    facts = Facts()
+    analyse_files(files, facts, step_chain=chain)
+    got = by_line(facts, "cpu_to_device")
+    assert 8 in got and got[8]["host_data"] is True and 12 not in got  # the test batch: every 500 steps
+    alone = Facts()
+    analyse_files(files, alone)
+    assert 8 not in by_line(alone, "cpu_to_device")
+
+
+def test_the_call_into_the_step_is_the_outermost_at_its_line(tmp_path):
+    """spro's char-rnn: `loss = train(*random_training_set(...))`, the run's chain at that line: train takes
+    the step; the batch function whose result it is given does not (it is PD002's batch source)."""
+    from perfdoctor.facts.static.index import read
+
+    path = tmp_path / "train.py"
+    path.write_text("for epoch in range(10):\n    loss = train(*random_training_set(200, 100))\n")
+    index = read(path)
+    assert index is not None
+    index.loops.set_step_calls(frozenset({2}))
+    outer, inner = sorted((c for c in index.calls if c.lineno == 2), key=lambda c: c.col_offset)
+    assert index.loops.takes_step(outer) and not index.loops.takes_step(inner)
+    assert index.loops.trains(index.nodes_of(ast.For)[0])
 
 
 def test_cpu_to_device_next_observation_of_a_one_step_update_is_the_data_s_copy(tmp_path):

@@ -76,6 +76,25 @@ def test_gpu_only_severity_follows_the_share_of_the_target_gpu_step(step_ms, nby
         assert {"target_gpu.step_ms", "cpu_to_device.bytes_per_move"} <= {e.name for e in finding.evidence}
 
 
+@pytest.mark.parametrize(("host_data", "severity"), [(False, "low"), (True, "medium")])
+def test_pd004_from_the_source_alone_is_one_move_a_step(host_data, severity):
+    """sac-pendulum's `alpha_loss = torch.tensor(0.).to(self.device)` in every update, which the run did not
+    count (torch.tensor is not a factory its probe watches): one move a step, priced at the sync beside a
+    20 ms GPU step, 0.2 %. A batch of host data, whose bytes the source does not give, keeps the rule's own."""
+    f = cpu_run(step_ms=300.0, cpus=4)
+    f.add("script.targets_cuda", True, "", "static")
+    f.add("target_gpu.step_ms", 20.0, "ms", "trace")
+    f.add("target_gpu.sync_ms", 0.046, "ms", "trace")
+    f.add("target_gpu.h2d_bytes_per_ms", 1e7, "number", "trace")
+    ctd = f.subject("cpu_to_device", "train.py:25")
+    ctd.add("factory", "tensor", "", "static")
+    ctd.add("in_loop", True, "", "static")
+    if host_data:
+        ctd.add("host_data", True, "", "static")
+    (finding,) = judge(f, RULES)
+    assert finding.rule == "PD004" and finding.severity == severity
+
+
 @pytest.mark.parametrize(("extra", "error"), [
     ('gpu_share = "target_gpu.step_ms"\n', "gpu_share is for a rule with gpu_only = true"),
     ('gpu_gain = 0.1\n', "gpu_gain is a number in"),  # a gain with no share

@@ -116,9 +116,10 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
     for each in loops:
         each.peers = [other for other in loops if other is not each]
     with facts.family("the training step's call chain"):
-        outer = outer_calls(step_chain, indexes)
+        outer, into = outer_calls(step_chain, indexes)
         for index in indexes:
             index.loops.outer_lines = outer.get(str(index.file), frozenset())
+            index.loops.set_step_calls(into.get(str(index.file), frozenset()))
     for index in indexes:
         if factory_lines is not None:
             index.factories_ran = factory_lines.get(os.path.realpath(index.file), frozenset())
@@ -150,15 +151,19 @@ def _same_file(a: Path, b: Path) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def outer_calls(step_chain: Sequence[Site], indexes: Sequence[SourceIndex]) -> dict[str, frozenset[int]]:
+def outer_calls(step_chain: Sequence[Site], indexes: Sequence[SourceIndex]
+                ) -> tuple[dict[str, frozenset[int]], dict[str, frozenset[int]]]:
     """The lines, per file, of the calls on the training step's chain that sit outside the training
-    loop: the run's frames at its first optimizer step, innermost first; the first whose line is in a
-    loop of its function holds the training loop (`for batch in loader: ... optimizer.step()`, or
-    `for batch in loader: train_step(batch)`); the frames that called that one (`exp.train(setting)`
-    in `for ii in range(args.itr):`, a sweep over experiments in another file) are outer calls: a loop
-    around one of them runs once per training run, not per step."""
+    loop, and of the call in it that leads to the step. The run's frames at its first optimizer step,
+    innermost first; the first whose line is in a loop of its function holds the training loop (`for
+    batch in loader: ... optimizer.step()`, or `for batch in loader: train_step(batch)`, or MAML's
+    `accs = maml(x_spt, y_spt, x_qry, y_qry)`, whose module's forward steps the meta-optimizer): where
+    that line is a call, it takes the step (`Loops.step_calls`); the frames that called that one
+    (`exp.train(setting)` in `for ii in range(args.itr):`, a sweep over experiments in another file)
+    are outer calls: a loop around one of them runs once per training run, not per step."""
     by_file = {os.path.realpath(index.file): index for index in indexes}
     lines: dict[str, set[int]] = {}
+    into: dict[str, frozenset[int]] = {}
     looped = False
     for site in step_chain:
         index = by_file.get(os.path.realpath(site.file))
@@ -170,4 +175,5 @@ def outer_calls(step_chain: Sequence[Site], indexes: Sequence[SourceIndex]) -> d
                                      and index.loops.enclosing_loop(c) is not None
                                      for c in index.calls if c.lineno == site.line):
             looped = True
-    return {f: frozenset(v) for f, v in lines.items()}
+            into[str(index.file)] = frozenset({site.line})
+    return {f: frozenset(v) for f, v in lines.items()}, into

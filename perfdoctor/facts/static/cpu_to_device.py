@@ -217,6 +217,12 @@ def _drawn(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
     if isinstance(node, ast.Name):
         values = [v for v in index.assigned.get(node.id, []) + _unpacked(index, node.id)
                   if not any(n is node for n in ast.walk(v))]  # not the rebinding it is read in: `x = f(x)`
+        # the binding that reaches the read where its function shows one before it (MAML's
+        # `x_spt, ... = db_train.next()` then `torch.from_numpy(x_spt)`, not the test loop's rebinding after)
+        scope = index.context(node)[0]
+        before = [v for v in values if index.context(v)[0] is scope and v.lineno < node.lineno]
+        if scope is not None and before:
+            values = [max(before, key=lambda v: (v.lineno, v.col_offset))]
         return bool(values) and all(_drawn(index, v, depth + 1) for v in values)
     if isinstance(node, ast.Call):
         q = index.qual(node.func)

@@ -30,6 +30,11 @@ class Loops:
 
     def __init__(self, syntax: Syntax):
         self.syntax = syntax
+        # the line of this file's call, in the training loop, that the run saw lead to its first optimizer
+        # step (`static.outer_calls`, `set_step_calls`): a call there takes a step, whatever the source says
+        # of its callee (a module whose forward steps its optimizer: MAML's `maml(x_spt, ...)`)
+        self.step_calls: frozenset[int] = frozenset()
+        self._into_step: set[int] = set()  # ids of the outermost calls at those lines
         self.called_in_loop = set(self._calls_in_loops())  # names of the functions a loop body calls
         self._step_fns, self._epoch_fns = self._training_functions()
         self._batch_step_fns = self._step_fns - self._epoch_fns  # one step per call
@@ -111,10 +116,29 @@ class Loops:
                         epoch.add(name)
         return step, epoch
 
+    def set_step_calls(self, lines: frozenset[int]) -> None:
+        """The run's call into the step (`step_calls`); what was judged without it is judged again."""
+        if lines == self.step_calls:
+            return
+        self.step_calls = lines
+        # the outermost call there: `train(*random_training_set(...))` steps through train, not the batch
+        # function whose result it is given
+        at = [c for c in self.syntax.calls if any(c.lineno <= line <= (c.end_lineno or c.lineno) for line in lines)]
+        self._into_step = {id(c) for c in at if not any(
+            isinstance(p, ast.Call) and any(p is q for q in at) for p in self.syntax.ancestors(c))}
+        self._step_fns, self._epoch_fns = self._training_functions()
+        self._batch_step_fns = self._step_fns - self._epoch_fns
+        self._trains.clear()
+        self._direct.clear()
+        self._epoch_loops.clear()
+
     def _takes_step(self, node: ast.AST, step_fns: set[str]) -> bool:
-        """`loss.backward()`, `optimizer.step()`, `torch.autograd.backward(...)`, or a call of a step function."""
+        """`loss.backward()`, `optimizer.step()`, `torch.autograd.backward(...)`, a call of a step function,
+        or the call the run saw lead to its optimizer step from the training loop (`step_calls`)."""
         if not isinstance(node, ast.Call):
             return False
+        if id(node) in self._into_step:
+            return True
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr == "backward":
             return True
