@@ -541,6 +541,13 @@ def _cpu_workers(value: Callable[[str], Any]) -> int | None:
     return None if cpus is None else max(1, cpus)
 
 
+def _conv_share(value: Callable[[str], Any]) -> float | None:
+    convs, total = value("compute.conv_flops_per_step"), value("compute.flops_per_step")
+    if convs is None or not total or value("compute.uncounted_convs_per_step"):
+        return None  # convolutions went uncounted: their share is not known
+    return convs / total
+
+
 DERIVED_FACTS: dict[str, DerivedSpec] = {d.name: d for d in [
     DerivedSpec("run.cuda_on_cpu", "bool", ("device.type", "script.targets_cuda"),
                 "a CPU run (or trace) of a script that targets CUDA: device.type is cpu and script.targets_cuda; what "
@@ -549,6 +556,10 @@ DERIVED_FACTS: dict[str, DerivedSpec] = {d.name: d for d in [
     DerivedSpec("run.gpu_target", "bool", ("script.targets_cuda", "device.type"),
                 "the script runs on a GPU or targets one: script.targets_cuda, or a device.type other than cpu "
                 "(False where neither says so)", _gpu_target),
+    DerivedSpec("compute.conv_share", "ratio",
+                ("compute.conv_flops_per_step", "compute.flops_per_step", "compute.uncounted_convs_per_step"),
+                "the convolutions' share of the step's counted FLOPs (forward and backward; absent where some "
+                "convolutions went uncounted): the work PD016's and PD023's fixes affect", _conv_share),
     DerivedSpec("cpu.workers", "count", ("cpu.count",),
                 "DataLoader workers this process can keep busy: its usable CPUs (cpu.count, a rank's share), at "
                 "least 1; absent where the CPUs are not known (a trace)", _cpu_workers),
