@@ -47,7 +47,6 @@ made the tensor.
 from __future__ import annotations
 
 import ast
-import weakref
 from collections.abc import Iterator
 
 from perfdoctor.capture.probes.host_tensors import FACTORIES as WATCHED
@@ -215,7 +214,7 @@ def _drawn(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
     if isinstance(node, ast.Starred):
         return _drawn(index, node.value, depth)
     if isinstance(node, ast.Name):
-        values = [v for v in index.assigned.get(node.id, []) + _unpacked(index, node.id)
+        values = [v for v in index.assigned.get(node.id, []) + index.unpacked.get(node.id, [])
                   if not any(n is node for n in ast.walk(v))]  # not the rebinding it is read in: `x = f(x)`
         # the binding that reaches the read where its function shows one before it (MAML's
         # `x_spt, ... = db_train.next()` then `torch.from_numpy(x_spt)`, not the test loop's rebinding after)
@@ -236,24 +235,6 @@ def _drawn(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
     return False
 
 
-def _unpacked(index: SourceIndex, name: str) -> list[ast.expr]:
-    """The values a tuple unpacking binds `name` from (`s, a, r = memory.sample(n)`): each name stands
-    for a part of that value, a draw where the value is one."""
-    table = _UNPACKED.get(index)
-    if table is None:
-        table = _UNPACKED[index] = {}
-        for a in index.nodes_of(ast.Assign):
-            for t in a.targets:
-                if isinstance(t, (ast.Tuple, ast.List)):
-                    for e in t.elts:
-                        if isinstance(e, ast.Name):
-                            table.setdefault(e.id, []).append(a.value)
-    return table.get(name, [])
-
-
-_UNPACKED: weakref.WeakKeyDictionary[SourceIndex, dict[str, list[ast.expr]]] = weakref.WeakKeyDictionary()
-
-
 def _returns_drawn(index: SourceIndex, call: ast.Call, depth: int) -> bool:
     """`call` calls a function of the project (this file's, or another file's of that name: a method
     called on an object) whose every return is a draw (`_drawn`). The candidates are the functions of
@@ -267,9 +248,7 @@ def _returns_drawn(index: SourceIndex, call: ast.Call, depth: int) -> bool:
     found += [(p.syntax, fn) for p in index.loops.peers if isinstance(p.syntax, SourceIndex)
               for fn in p.syntax.functions.get(name, [])]
     method = isinstance(call.func, ast.Attribute)
-    fits = [(ix, fn) for ix, fn in found if _takes(fn, call, method) and (
-        ix.functions_called is None or fn.lineno in ix.functions_called
-        or any(d.lineno in ix.functions_called for d in fn.decorator_list))]
+    fits = [(ix, fn) for ix, fn in found if _takes(fn, call, method) and (ix.functions_called is None or ix.called(fn))]
     return bool(fits) and all(_all_returns_drawn(ix, fn, depth) for ix, fn in fits)
 
 

@@ -125,10 +125,13 @@ class SourceIndex(Syntax):
                 names.append(p.name)
             elif isinstance(p, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 names += ["<locals>", p.name]
-        called = self.functions_called or frozenset()
         return ".".join(reversed(names)) in self.ran_classes or any(
-            isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-            and ({n.lineno, *(d.lineno for d in n.decorator_list)} & called) for n in cls.body)
+            isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and self.called(n) for n in cls.body)
+
+    def called(self, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        """The run's profiled steps called `fn` (`functions_called`: cProfile's first line of it, the
+        `def` or a decorator's); False where no run says."""
+        return bool({fn.lineno, *(d.lineno for d in fn.decorator_list)} & (self.functions_called or frozenset()))
 
     def module_ran(self, node: ast.AST) -> bool:
         """`model_ran`, judged only inside an `nn.Module` class (one with a `forward`, or a base from

@@ -178,13 +178,19 @@ class Syntax:
             self._by_type.setdefault(type(node), []).append(node)
         self.calls: list[ast.Call] = self.nodes_of(ast.Call)
         self.aliases = self._aliases()
-        # simple `name = value` assignments, for telling devices from dtypes
+        # simple `name = value` assignments, for telling devices from dtypes; and the values a tuple
+        # unpacking binds a name from (`s, a, r = memory.sample(n)`: each name a part of that value)
         self.assigned: dict[str, list[ast.expr]] = {}
+        self.unpacked: dict[str, list[ast.expr]] = {}
         for node in self.nodes:
             if isinstance(node, ast.Assign):
                 for t in node.targets:
                     if isinstance(t, ast.Name):
                         self.assigned.setdefault(t.id, []).append(node.value)
+                    elif isinstance(t, (ast.Tuple, ast.List)):
+                        for e in t.elts:
+                            if isinstance(e, ast.Name):
+                                self.unpacked.setdefault(e.id, []).append(node.value)
         self.functions: dict[str, list[ast.FunctionDef | ast.AsyncFunctionDef]] = {}
         for node in self.nodes:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
