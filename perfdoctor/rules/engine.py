@@ -306,7 +306,7 @@ def judge_one(rule: Rule, facts: Facts, subject: Subject | None, thresholds: dic
     step = facts.value("step.time_ms")
     if ms is not None and isinstance(step, (int, float)) and rule.spread_over_steps:
         step = step + ms  # the mean step holds the cost the median step does not
-    projected = ms is not None and bool(rule.projected_for_gpu) and _true(rule.projected_for_gpu or "", lookup)
+    projected = ms is not None and rule.projected_for_gpu is not None and _true(rule.projected_for_gpu, lookup)
     if projected and rule.projected_step and (gpu_step := _number(rule, rule.projected_step, lookup)):
         step = gpu_step  # the saving is a share of the GPU step it was projected on, not this CPU's
     frac = ms / step if ms is not None and isinstance(step, (int, float)) and step > 0 else None
@@ -371,10 +371,13 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
             subjects = [None]  # e.g. a trace with no source locations: judge once, globally
         judged = [(s, f) for s in subjects if (f := judge_one(rule, facts, s, thresholds, files)) is not None]
         if rule.once and judged:
+            k = _speaker(judged)
             if len(judged) > 1 and (total := _group_share(rule, facts, thresholds, judged)) is not None:
-                judged = [(s, f) for s, _ in judged
-                          if (f := judge_one(rule, facts, s, thresholds, files, total)) is not None]
-            judged = [_one_of(rule, facts, thresholds, judged)]
+                # the one that speaks for them is judged again at their summed share; the others give locations
+                s = judged[k][0]
+                if (f := judge_one(rule, facts, s, thresholds, files, total)) is not None:
+                    judged[k] = (s, f)
+            judged = [_one_of(rule, facts, thresholds, judged, k)]
         for _, f in judged:
             if f.fingerprint() not in seen:
                 seen.add(f.fingerprint())
@@ -396,12 +399,18 @@ def _group_share(rule: Rule, facts: Facts, thresholds: dict[str, Any],
     return sum(known) if known else None
 
 
+def _speaker(judged: list[tuple[Subject | None, Finding]]) -> int:
+    """Which of a `once` rule's findings speaks for them: the largest saving, the first where none has one."""
+    savings = [-1.0 if f.ms_per_step is None else f.ms_per_step for _, f in judged]
+    return savings.index(max(savings))
+
+
 def _one_of(rule: Rule, facts: Facts, thresholds: dict[str, Any],
-            judged: list[tuple[Subject | None, Finding]]) -> tuple[Subject | None, Finding]:
+            judged: list[tuple[Subject | None, Finding]], speaker: int) -> tuple[Subject | None, Finding]:
     """A `once` rule's one finding for every subject that showed it: the one with the largest saving
     (the first where none has one) speaks for them, with every subject's locations after its own and,
     where several showed it, the rule's `title_group` (its names and `group.count`)."""
-    subject, first = max(judged, key=lambda sf: -1.0 if sf[1].ms_per_step is None else sf[1].ms_per_step)
+    subject, first = judged[speaker]
     for _, f in judged:
         first.locations += [loc for loc in f.locations if loc not in first.locations]
     if len(judged) > 1 and rule.title_group:
