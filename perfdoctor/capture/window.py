@@ -176,9 +176,8 @@ class Window:
         self.worker_pids = worker_pids  # the live DataLoader worker processes, asked when the window opens
         self.workers: WorkerSampler | None = None
         self.worker_data: Workers | None = None
-        self.skip, self.warmup, self.active = skip, warmup, active
-        self.first_step = skip + warmup + 1
-        self.last_step = skip + warmup + active
+        self.skip, self.active = skip, active
+        self._warm_up(warmup)
         self.next_at = skip  # the next step index at which tick() has work to do
         self.state = "wait"  # wait -> warmup -> active -> done
         self.prof: Any = None
@@ -207,6 +206,12 @@ class Window:
         self.own = False  # perfdoctor's own profiler is being started or stepped (UserProfilerGuard)
         self.user_hook = False  # the script had a profile hook of its own (sys.setprofile) when the window opened
 
+    def _warm_up(self, steps: int) -> None:
+        """The warm-up's steps after the skipped ones, and the recorded steps after them."""
+        self.warmup = steps
+        self.first_step = self.skip + steps + 1
+        self.last_step = self.skip + steps + self.active
+
     # -- driven by the step clock -----------------------------------------------------------
     def tick(self, i: int, wall_s: float | None = None) -> None:
         """Called after step `i` ended (only when i >= next_at); `wall_s`: that step's wall time."""
@@ -220,9 +225,7 @@ class Window:
                         (self.warmup + 1) * wall_s * STEP_MARGIN > self.budget_s):
                     # steps too long for the warm-up and one recorded step to fit the budget: one warm-up
                     # step, then `_room_for_a_step` stretches the budget for one recorded step
-                    self.warmup = 1
-                    self.first_step = self.skip + 2
-                    self.last_step = self.skip + 1 + self.active
+                    self._warm_up(1)
                 self.main_ident = threading.get_ident()  # the training thread (StepClock.mine) from here on
                 # the interpreter has one profile hook per thread: a script that set its own
                 # (sys.setprofile) keeps it; perfdoctor records no Python calls then
