@@ -347,6 +347,9 @@ class ForwardRecord(Struct, kw_only=True):
     param_dtype: str | None = None
     device: str | None = None
     params: int | None = None
+    # of those, the parameters of its embedding tables (nn.Embedding, nn.EmbeddingBag): rows looked up,
+    # never multiplied; None in a run folder written before perfdoctor counted them
+    lookup_params: int | None = None
     autocast: bool = False  # autocast was on in at least half the calls
     # the classes (and their bases) of its module tree when first called that the user's files
     # define, as "<real path>:<qualname>": static detectors of model code judge only the models that

@@ -303,6 +303,7 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("param_dtype", "str", "run", "the parameters' dtype"),
         ("device", "str", "run", "the parameters' device"),
         ("params", "count", "run", "parameters"),
+        ("math_params", "count", "run", "parameters of the layers that multiply: all but those of embedding tables"),
     ]),
     "sync": _declare("sync", [
         ("count_per_step", "count", "trace", "syncs per step at this line (python stacks name it)"),

@@ -269,3 +269,31 @@ def test_layers_with_dims_not_multiples_of_8_grouped_by_the_line_that_built_them
     assert conv.dims == ["out_channels 30"] and conv.names == ["_OddLM.conv"] and conv.direct
     assert head.dims == ["out_features 5003"] and head.names == ["_OddLM.head"] and head.count == 1
     assert head.site.line == _line(_OddLM.__init__, "self.head = nn.Linear") and head.params == 64 * 5003 + 5003
+
+
+def test_embedding_tables_are_counted_apart_from_the_layers_that_multiply(probes):
+    """A recommender's or a word model's vocabulary is parameters that are looked up, not multiplied:
+    PD007 weighs the model by the rest (facts/run/forward.py: model.math_params)."""
+    from perfdoctor.contracts.run import Probes
+    from perfdoctor.facts.run import forward
+    from perfdoctor.facts.run.context import RunContext
+
+    class Rec(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.items = nn.Embedding(5000, 64)
+            self.bag = nn.EmbeddingBag(1000, 64)
+            self.mlp = nn.Sequential(nn.Linear(128, 32), nn.ReLU(), nn.Linear(32, 1))
+
+        def forward(self, i, b):
+            return self.mlp(torch.cat([self.items(i), self.bag(b)], 1))
+
+    model = Rec()
+    model(torch.randint(0, 5000, (4,)), torch.randint(0, 1000, (4, 3)))
+    (r,) = [f for f in probes.forward if f.module == "Rec"]
+    assert r.params == sum(p.numel() for p in model.parameters())
+    assert r.lookup_params == 5000 * 64 + 1000 * 64
+    ctx = RunContext(probes=Probes(forward=[r]))
+    forward.add(ctx)
+    (m,) = ctx.facts.subjects["model"]
+    assert m.facts["model.math_params"].value == 128 * 32 + 32 + 32 + 1

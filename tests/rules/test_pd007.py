@@ -13,7 +13,7 @@ from perfdoctor.rules.engine import judge
 from tests.rules.builders import RULES, cpu_run
 
 
-def _cuda_script_on_cpu(uses_amp=False, targets=True, autocast=False, params=5_000_000, share=0.2):
+def _cuda_script_on_cpu(uses_amp=False, targets=True, autocast=False, params=5_000_000, share=0.2, math_params=None):
     f = cpu_run()
     f.add("script.targets_cuda", targets, "", "static")
     f.add("script.uses_amp", uses_amp, "", "static")
@@ -28,6 +28,8 @@ def _cuda_script_on_cpu(uses_amp=False, targets=True, autocast=False, params=5_0
     m = f.subject("model", "train.py:40")
     m.add("autocast", autocast, "", "run")
     m.add("params", params, "count", "run")
+    if math_params is not None:
+        m.add("math_params", math_params, "count", "run")
     m.locations.append(Location("train.py", 40, "out = model(x)"))
     return judge(f, RULES)
 
@@ -57,6 +59,14 @@ def test_pd007_judges_a_cpu_run_by_the_model_or_the_step_estimated_for_the_refer
     assert len(_cuda_script_on_cpu(params=270_000, share=0.05)) == 1  # the GPU run's material share, 5 %
     assert len(_cuda_script_on_cpu(params=5_000_000, share=0.02)) == 1
     assert len(_cuda_script_on_cpu(params=50_000_000, share=None)) == 1
+
+
+def test_pd007_weighs_a_model_by_the_parameters_that_multiply():
+    """A 5 M-parameter word model whose vocabulary table holds all but 0.2 M of them does little math:
+    its size says nothing of its GPU step; the estimate's share decides, as for any small model."""
+    assert _cuda_script_on_cpu(params=5_000_000, math_params=200_000, share=0.02) == []
+    assert len(_cuda_script_on_cpu(params=5_000_000, math_params=200_000, share=0.2)) == 1
+    assert len(_cuda_script_on_cpu(params=5_000_000, math_params=4_000_000, share=0.02)) == 1
 
 
 @pytest.mark.parametrize("amp,autocast,fires", [(False, False, False), (True, True, False), (True, False, True)])

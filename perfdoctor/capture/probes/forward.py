@@ -155,12 +155,18 @@ class ForwardProbe:
                           param_dtype=str(p.dtype).replace("torch.", "") if p is not None else None,
                           device=p.device.type if p is not None else "cpu",
                           params=int(sum(q.numel() for q in mod.parameters())),
-                          classes=_user_classes(mod))
+                          lookup_params=self._lookup_params(mod), classes=_user_classes(mod))
         self.known[id(mod)] = (weakref.ref(mod), r)
         if self.modules is not None:
             self.unwatched[id(mod)] = r
         self.forward.append(r)
         return r
+
+    def _lookup_params(self, mod: Any) -> int:
+        """The parameters of the embedding tables in `mod`'s tree: a lookup reads rows, no matmul."""
+        nn = self.torch.nn
+        tables = (nn.Embedding, nn.EmbeddingBag)
+        return int(sum(p.numel() for m in mod.modules() if isinstance(m, tables) for p in m.parameters(recurse=False)))
 
     def _autocast(self, dev: str | None) -> bool:
         torch = self.torch

@@ -22,6 +22,9 @@ def add(ctx: RunContext) -> None:
             s.add("param_dtype", f.param_dtype)
             s.add("device", f.device)
             s.add("params", f.params, "count")
+            if f.lookup_params is not None and f.params is not None:
+                s.add("math_params", f.params - f.lookup_params, "count",
+                      detail=f"{f.params} parameters less {f.lookup_params} in embedding tables (looked up, not multiplied)")
     if models:
         main = max(models, key=lambda f: (f.params or 0, f.calls))
         facts.add("autocast.enabled", main.autocast, detail=f"at the forward of {main.module}")
