@@ -153,7 +153,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("target_gpu.math_ms", "ms", "trace", "the fp32 part of the step's counted FLOPs at the reference GPU's datasheet "
      "rate (TF32 where the script or cuDNN's default allows it)"),
     ("target_gpu.ops_per_step", "count", "trace", "the ops a CUDA step of the script would launch: aten ops per step "
-     "no other aten op encloses (forward, backward, optimizer), an optimizer step's once per operator (CUDA's foreach form)"),
+     "no other aten op encloses (forward, backward, optimizer), an optimizer step's once per operator (CUDA's foreach form), "
+     "a recurrent layer's backward once per forward call (cuDNN's), not a DataLoader's or a batch source's own"),
     ("target_gpu.launch_ms", "ms", "trace", "the host's floor of an eager step on the GPU: target_gpu.ops_per_step "
      "x the host time per op (HOST_US_PER_OP)"),
     ("target_gpu.step_ms", "ms", "trace", "the estimated GPU step: target_gpu.launch_ms + target_gpu.math_ms + the "
@@ -232,6 +233,9 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),
         ("source", "str", "static", "no DataLoader: the batch source of the user's the training loop draws from on the "
                                     "training thread (a generator, an iterator's __next__; facts/static/batch_source.py)"),
+        ("source_def", "str", "static", "that source's function: its file's name, the first line of its definition "
+                                        "(decorators included) and its name, as the profiler names its frames: "
+                                        "train.py(36): random_training_set"),
         ("trains", "bool", "run/static", "its batches reach the training step (a run: moved to a device on at least "
                                          "half the watched steps); a static read: a loop over its batches takes a "
                                          "training step, False where none does while another loop of the file does, "

@@ -78,6 +78,7 @@ def test_a_generator_drawn_by_next_through_a_parameter(tmp_path):
     assert got["num_workers"] == 0 and got["trains"] is True
     assert got["wait_fraction"] == pytest.approx(0.4) and got["wait_ms"] == pytest.approx(40.0)
     assert "Corpus.batches()" in got["source"]
+    assert got["source_def"] == "data.py(5): batches"  # the profiler's name of its frame (facts/trace/target_gpu.py)
     (s,) = f.of_kind("dataloader")
     assert {(Path(l.file).name, l.line) for l in s.locations} >= {("train.py", 13), ("train.py", 5), ("data.py", 5)}
     (finding,) = [x for x in judge(f, RULES) if x.rule == "PD002"]

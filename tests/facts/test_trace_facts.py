@@ -374,3 +374,81 @@ def test_kept_blocks_of_a_line_whose_frees_the_trace_lost_are_not_a_leak(tmp_pat
     kept = {s.key.rsplit("/", 1)[-1] for s in f.of_kind("kept_alloc")}
     assert kept == {"train.py:5"}  # keep's blocks still count; churn's alive ones do not
     assert f.value("memory.kept_bytes_per_step") == 4096.0
+
+
+def _profiled_steps(tmp_path, step, steps=3):
+    """A real CPU torch.profiler trace of `step()` run `steps` times (Python frames recorded, as
+    perfdoctor's window records them), loaded, in a TraceContext with its steps."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.facts.trace.context import TraceContext
+
+    out = tmp_path / "t.json"
+    sched = torch.profiler.schedule(wait=0, warmup=1, active=steps, repeat=1)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], schedule=sched,
+                                record_shapes=True, with_stack=True) as prof:
+        for _ in range(steps + 1):
+            step()
+            prof.step()
+    prof.export_chrome_trace(str(out))
+    return TraceContext(load_trace(out), Facts(), None, "", None, None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layer", ["GRU", "LSTM"])
+def test_a_recurrent_layers_backward_is_one_launch_however_long_the_sequence(tmp_path, layer):
+    """On a CPU a GRU runs as its gates' ops, one set per time step, and autograd differentiates each
+    (an LSTM may run as oneDNN's layer: one backward either way); on CUDA cuDNN runs the layer forward
+    and backward as one call each. The ops counted for the GPU step do not grow with the sequence."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.facts.trace.target_gpu import gpu_ops_per_step
+
+    torch.manual_seed(0)
+    lstm, head = getattr(torch.nn, layer)(8, 16, num_layers=2), torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD([*lstm.parameters(), *head.parameters()], lr=0.1)
+
+    def step_of(length):
+        x = torch.randn(length, 4, 8)
+
+        def step():
+            out, _ = lstm(x)
+            loss = head(out[-1]).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return step
+
+    short = gpu_ops_per_step(_profiled_steps(tmp_path, step_of(1)))
+    long = gpu_ops_per_step(_profiled_steps(tmp_path, step_of(20)))
+    assert short is not None and long == short
+
+
+@pytest.mark.slow
+def test_a_batch_written_element_by_element_on_the_host_launches_nothing(tmp_path):
+    """charrnn's random_training_set writes each character's index into a host tensor (a select, a
+    scalar tensor and a copy per element): the batch source's work stays on the host on a GPU too,
+    as a DataLoader's does (`dataloader.source_def`, the profiler's name of its frame)."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.facts.trace.target_gpu import gpu_ops_per_step
+
+    model = torch.nn.Linear(50, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def make_batch():
+        x = torch.zeros(4, 50)
+        for i in range(4):
+            for j in range(50):
+                x[i, j] = (i * j) % 7
+        return x
+
+    def step():
+        loss = model(make_batch()).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    ctx = _profiled_steps(tmp_path, step)
+    line = make_batch.__code__.co_firstlineno
+    every = gpu_ops_per_step(ctx)
+    model_only = gpu_ops_per_step(ctx, (f"test_trace_facts.py({line}): make_batch",))
+    assert every is not None and model_only is not None
+    assert every > 4 * 50 * 2 > 40 > model_only > 5

@@ -326,6 +326,9 @@ def _subject(facts: Facts, made_in: SourceIndex, call: ast.Call, index: SourceIn
     what = (f"{cls}.{fn.name}" if cls else fn.name) + ("()" if fn.name != "__next__" else "")
     s.add("source", f"{what}, {kind}", source="static",
           detail=f"{src_index.file}:{fn.lineno}; the training loop draws from it at {index.file}:{draw.lineno}")
+    first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
+    s.add("source_def", f"{os.path.basename(src_index.file)}({first}): {fn.name}", source="static",
+          detail="the source's frame as the profiler names it (facts/trace/target_gpu.py leaves its ops to the host)")
     s.add("num_workers", 0, "count", source="static", detail="no DataLoader: the training process makes every batch")
     s.add("trains", True, source="static", detail="a loop that takes the training step draws its batches")
     step = facts.get("step.time_ms")

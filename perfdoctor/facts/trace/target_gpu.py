@@ -10,8 +10,12 @@ From what the run observed:
   a momentum encoder's or an evaluation's: the math is then a lower bound), of them the convolutions'
   (`compute.conv_flops_per_step`);
 - the aten ops per step no other aten op encloses, each of which launches one kernel or more on a
-  GPU (not a DataLoader's own), with an optimizer step's ops counted once per operator
-  (`target_gpu.ops_per_step`);
+  GPU (not a DataLoader's own, nor those of a batch source of the user's that the training thread
+  draws from, `dataloader.source_def`: a batch written element by element into a host tensor stays
+  on the host on a GPU too), with an optimizer step's ops counted once per operator, and the backward
+  of a recurrent layer once per forward call (`target_gpu.ops_per_step`): on a CPU an LSTM or GRU
+  runs as its gates' ops and autograd differentiates each, on CUDA cuDNN runs the layer's forward
+  and its backward as one call each;
 - how the source sets TF32 (`script.tf32_matmul`, `script.tf32_conv`, facts/static/tf32.py).
 
 The estimate, for the reference GPU (facts/trace/flops.py `REFERENCE_GPU`, its datasheet rates in
@@ -35,8 +39,9 @@ larger than counted (perfdoctor cannot know the batch the script would use on th
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
+from collections.abc import Callable
 
 from perfdoctor.facts import registry
 from perfdoctor.facts.model import Facts
@@ -44,7 +49,12 @@ from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.flops import H2D_PAGEABLE_BYTES_PER_S, HOST_US_PER_OP, REFERENCE_GPU, device_peak
 from perfdoctor.facts.trace.intervals import count_in, outermost
 from perfdoctor.stats import median
-from perfdoctor.trace.model import CPU_OP, USER_ANN
+from perfdoctor.trace.model import CPU_OP, PYFUNC, USER_ANN, Trace
+
+# torch's recurrent layers: a forward call each, whose backward cuDNN runs as one call on CUDA (the
+# whole sequence's, or one step's for a cell); on a CPU autograd differentiates their gates' ops one by one
+RECURRENT = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu",
+                       "aten::lstm_cell", "aten::gru_cell", "aten::rnn_tanh_cell", "aten::rnn_relu_cell"})
 
 
 def _rate(dtype: str) -> float:
@@ -53,13 +63,15 @@ def _rate(dtype: str) -> float:
     return peak[0]
 
 
-def gpu_ops_per_step(ctx: TraceContext) -> float | None:
+def gpu_ops_per_step(ctx: TraceContext, sources: tuple[str, ...] = ()) -> float | None:
     """The aten ops per step that no other aten op encloses (forward, backward, optimizer: the ops that
     launch a CUDA step's kernels; an autograd node's wrapper is not one), not those a DataLoader's
     `__next__` runs (its transforms stay on the host on a GPU too), those inside an optimizer
     step (`Optimizer.step#...`) once per operator and optimizer step: torch's optimizers loop over
     the parameters on a CPU and run each operator once over all of them in their foreach form, CUDA's
-    default. None without steps."""
+    default; a recurrent layer's backward once per forward call (`_recurrent_backward`); not the ops
+    of a batch source of the user's (`sources`: the profiler's names of their frames). None without
+    steps."""
     t, windows = ctx.trace, ctx.cpu_windows
     if not windows:
         return None
@@ -67,20 +79,38 @@ def gpu_ops_per_step(ctx: TraceContext) -> float | None:
     aten = t.names_where(lambda s: s.startswith("aten::"))
     steps = t.names_where(lambda s: s.startswith("Optimizer.step#"))
     loading = t.names_where(lambda s: s.startswith("enumerate(DataLoader)"))
+    own = t.names_where(lambda s: any(s == w or s.endswith("/" + w) for w in sources)) if sources else set()
     spans = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in steps)
     batches = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in loading)
     starts = [a for a, _ in batches]
+    # a batch source's frames (nested where a generator resumes inside another's: their union), less the
+    # modules they call: an RL rollout's policy forward launches on the GPU, its bookkeeping does not
+    made = _union([(ts[i], ts[i] + dur[i]) for i in t.indices(PYFUNC) if name[i] in own]) if own else []
+    made_starts = [a for a, _ in made]
+    called = t.names_where(lambda s: s.startswith("nn.Module:")) if made else set()
+    modules = _union([(ts[i], ts[i] + dur[i]) for i in t.indices(PYFUNC) if name[i] in called])
+    module_starts = [a for a, _ in modules]
     by_track: dict[int, list[int]] = defaultdict(list)
     for i in t.indices(CPU_OP):
         if name[i] in aten:
             by_track[t.track[i]].append(i)
     outer = [i for lst in by_track.values() for i in outermost(lst, ts, dur)]
-    times, seen = [], set()
+    layer_of = _recurrent_backward(t)
+    times: list[float] = []
+    seen: set[tuple[int, int]] = set()  # (optimizer step, operator)
+    layers_seen: set[int] = set()
     k = 0
     for i in sorted(outer, key=ts.__getitem__):
         j = bisect_right(starts, ts[i]) - 1
         if j >= 0 and ts[i] < batches[j][1]:
             continue  # the DataLoader's own work (a transform's ops): the host's, on a GPU too
+        if made and _inside(made, made_starts, ts[i]) and not _inside(modules, module_starts, ts[i]):
+            continue  # a batch source's host work
+        layer = layer_of(i)
+        if layer is not None:
+            if layer in layers_seen:
+                continue  # the rest of a recurrent layer's backward: one cuDNN call on CUDA
+            layers_seen.add(layer)
         while k < len(spans) and spans[k][1] <= ts[i]:
             k += 1
         if k < len(spans) and spans[k][0] <= ts[i]:
@@ -89,6 +119,64 @@ def gpu_ops_per_step(ctx: TraceContext) -> float | None:
             seen.add((k, name[i]))
         times.append(ts[i])
     return median(count_in(times, windows))
+
+
+def _inside(spans: list[tuple[float, float]], starts: list[float], at: float) -> bool:
+    """`at` falls in one of the disjoint sorted spans (`starts`: their starts)."""
+    j = bisect_right(starts, at) - 1
+    return j >= 0 and at < spans[j][1]
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Overlapping (start, end) spans merged, in order."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a < out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _recurrent_backward(t: Trace) -> Callable[[int], int | None]:
+    """For an op of the trace, the recurrent layer (the index of its forward call, `RECURRENT`) whose
+    backward it is part of, else None: the backward nodes (`autograd::engine::evaluate_function: ...`)
+    that carry the sequence number of an op the layer's forward call enclosed, on the same thread."""
+    ts, dur, name, track = t.ts, t.dur, t.name, t.track
+    layers = t.names_where(lambda s: s in RECURRENT)
+    nodes = t.names_where(lambda s: s.startswith("autograd::engine::evaluate_function:"))
+    if not layers or not t.seq:
+        return lambda i: None
+    ops: dict[int, list[int]] = defaultdict(list)  # track -> the ops with a sequence number, by start
+    for i in t.seq:
+        ops[track[i]].append(i)
+    for lst in ops.values():
+        lst.sort(key=ts.__getitem__)
+    starts = {k: [ts[i] for i in lst] for k, lst in ops.items()}
+    seq_of: dict[tuple[int, int], int] = {}  # (track, sequence number) -> the layer's forward call
+    for r in t.indices(CPU_OP):
+        if name[r] not in layers:
+            continue
+        lst, st = ops.get(track[r], []), starts.get(track[r], [])
+        for j in range(bisect_left(st, ts[r]), bisect_left(st, ts[r] + dur[r])):
+            seq_of[(track[r], t.seq[lst[j]])] = r
+    spans: dict[int, list[tuple[float, float, int]]] = defaultdict(list)  # track -> (start, end, layer)
+    for i in t.indices(CPU_OP):
+        if name[i] in nodes and i in t.seq:
+            layer = seq_of.get((track[i], t.seq[i]))
+            if layer is not None:
+                spans[track[i]].append((ts[i], ts[i] + dur[i], layer))
+    for lst2 in spans.values():
+        lst2.sort()
+    begins = {k: [a for a, _, _ in lst2] for k, lst2 in spans.items()}
+
+    def layer_of(i: int) -> int | None:
+        lst3 = spans.get(track[i])
+        if not lst3:
+            return None
+        j = bisect_right(begins[track[i]], ts[i]) - 1
+        return lst3[j][2] if j >= 0 and ts[i] < lst3[j][1] else None
+    return layer_of
 
 
 def batch_scale(facts: Facts) -> tuple[float, str]:
@@ -118,7 +206,8 @@ def add(ctx: TraceContext) -> None:
     flops = facts.value("compute.flops_per_step")
     if not isinstance(flops, (int, float)) or flops <= 0:
         return
-    ops = gpu_ops_per_step(ctx)
+    ops = gpu_ops_per_step(ctx, tuple(str(f.value) for s in facts.of_kind("dataloader")
+                                      if (f := s.facts.get("dataloader.source_def")) is not None))
     if not ops:
         return
     convs = facts.value("compute.conv_flops_per_step")
@@ -142,7 +231,7 @@ def add(ctx: TraceContext) -> None:
             f"the fp32 part ({fp32:.0%}) of {flops:.4g} FLOPs per step ({conv_flops:.4g} in convolutions, at the "
             f"{conv_dtype} rate; the rest at the {mm_dtype} rate) on the reference GPU")
     ctx.put("target_gpu.ops_per_step", ops, "count", "aten ops per step no other aten op encloses, an optimizer "
-            "step's once per operator")
+            "step's once per operator, a recurrent layer's backward once per call, not the data path's")
     ctx.put("target_gpu.launch_ms", launch_ms, "ms", f"{ops:g} ops per step x {HOST_US_PER_OP:g} us")
     ctx.put("target_gpu.step_ms", step_ms, "ms", "launch floor + math (the 16-bit part at the 16-bit rate), on the "
             "reference GPU")
