@@ -370,6 +370,7 @@ def test_scanner_flags_lists_and_running_sums_not_items_or_detached(tmp_path):
         def train(w, scan):
             history = []
             running = 0.0
+            both = 0.0
             total = 0.0
             kept = []
             for step in range(1, 7):
@@ -377,8 +378,12 @@ def test_scanner_flags_lists_and_running_sums_not_items_or_detached(tmp_path):
                 loss.backward()
                 history.append(loss)
                 running = running + loss
+                both = both + loss + loss * 2  # two links a step
                 total += loss.item()
                 kept.append(loss.detach())
+                out = w * 0
+                for t in range(3 + (step % 2) * step):  # a decoder's outputs over this batch's length
+                    out = out + w * t
                 scan(step)
     """)
     spec = importlib.util.spec_from_file_location("userloop", src)
@@ -387,7 +392,7 @@ def test_scanner_flags_lists_and_running_sums_not_items_or_detached(tmp_path):
     scanner = HolderScanner(torch)
     mod.train(torch.ones(4, requires_grad=True), lambda i: scanner.scan(i, sys._getframe(1)))
     by = {r.holder: r for r in scanner.records()}
-    assert set(by) == {"history", "running"}
+    assert set(by) == {"history", "running", "both"}  # not `out`, whose depth is its batch's length
     assert by["history"].kind == "list" and by["history"].tensor_name == "loss"
     assert by["history"].site.code == "history.append(loss)" and by["history"].graphs_retained == 6
     assert by["running"].kind == "running-sum" and by["running"].site.code == "running = running + loss"

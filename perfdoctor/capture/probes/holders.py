@@ -8,7 +8,10 @@ the stack (the globals, for a module-level loop) and measures, per holder:
 - a tensor with a `grad_fn` (a running total such as `running += loss`): the length of the chain
   of same-typed autograd nodes reachable from its `grad_fn` (following `next_functions`, looking
   two levels down per hop). A running total adds one link per step; the current step's `loss`
-  keeps a constant depth. Autograd nodes cannot be weakly referenced, so nothing of the previous
+  keeps a constant depth, and a tensor built by a loop over a batch's sequence (a decoder's outputs
+  concatenated one time step at a time) has the depth of that batch's length: it rises and falls
+  with the lengths, so only rises of the same links per step count (`total = total + a + b`: two), and
+  they must outnumber the depth's other changes. Autograd nodes cannot be weakly referenced, so nothing of the previous
   graph is held between scans (no id() either: addresses are reused);
 - objects (an AverageMeter, `self` of a trainer) whose attributes hold either, two levels deep.
 
@@ -59,7 +62,8 @@ def chain_depth(node: Any, cap: int = _CHAIN_CAP) -> int:
 
 
 class _Cand:
-    __slots__ = ("expr", "kind", "chain", "obs", "numel", "increases", "site", "tensor_name", "first_step")
+    __slots__ = ("expr", "kind", "chain", "obs", "numel", "increases", "other", "rate", "site", "tensor_name",
+                 "first_step")
 
     def __init__(self, expr: str, kind: str, chain: bool):
         self.expr = expr
@@ -68,6 +72,8 @@ class _Cand:
         self.obs: list[tuple[int, int]] = []  # (step, measure)
         self.numel = 0
         self.increases = 0
+        self.other = 0  # a chain's changes of depth other than its links per step (its batch's length changed)
+        self.rate: float | None = None  # a chain's links per step at its first rise: a running total's stay the same
         self.site: Site | None = None
         self.tensor_name: str | None = None
         self.first_step: int | None = None
@@ -136,10 +142,16 @@ class HolderScanner:
         c = self.cands.get(key)
         if c is None:
             c = self.cands[key] = _Cand(expr, kind, chain)
-        if c.obs and measure > c.obs[-1][1]:
-            c.increases += 1
-            if c.first_step is None:
-                c.first_step = c.obs[-1][0]
+        if c.obs:
+            (s0, m0) = c.obs[-1]
+            rate = (measure - m0) / (step - s0) if step > s0 else None
+            if measure > m0 and (not chain or rate == (c.rate if c.rate is not None else rate)):
+                c.increases += 1
+                c.rate = rate
+                if c.first_step is None:
+                    c.first_step = s0
+            elif chain and measure != m0 and measure > 1:  # not the chain's links per step, nor a reset
+                c.other += 1
         c.obs.append((step, measure))
         c.numel = int(numel)
         if c.increases >= 2 and c.site is None:
@@ -153,7 +165,7 @@ class HolderScanner:
     def records(self) -> list[LossHolderRecord]:
         out = []
         for c in self.cands.values():
-            if c.increases < 2 or c.site is None:
+            if c.increases < 2 or c.site is None or c.increases <= c.other:
                 continue
             (s0, m0), (s1, m1) = c.obs[0], c.obs[-1]
             retained = m1 + 1 if c.chain else m1  # a chain of m1 links holds m1 + 1 graphs
