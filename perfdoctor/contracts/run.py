@@ -389,6 +389,10 @@ class HostFactoryWatch(Struct, kw_only=True):
     # tensor: a move line of the user's not among them did not run in those steps
     moved: list[Site] = []  # at most MAX_MADE_LINES lines
     moves_complete: bool = True  # False: more move lines than were kept
+    # the user's functions that wrote the host's values into a tensor a factory of the step made, element
+    # by element (a batch built by hand: `t[i][j] = vocab[w]`), as the profiler names their frames,
+    # "utils.py(41): tensorized": their ops are the host's on a GPU too (facts/trace/target_gpu.py)
+    filled: list[str] = []
 
 
 class LossHolderRecord(Struct, kw_only=True):

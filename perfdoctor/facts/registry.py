@@ -278,6 +278,11 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("calls", "count", "run", "calls in the whole run"),
         ("free_calls_per_step", "count", "trace", "cudaFree/hipFree calls per step"),
     ]),
+    "host_fill": _declare("host_fill", [
+        ("frame", "str", "run", "a user function that wrote the host's values into a tensor of the step element by "
+                                "element (a batch built by hand), as the profiler names its frame: its ops stay on "
+                                "the host on a GPU too (facts/trace/target_gpu.py)"),
+    ]),
     "cpu_to_device": _declare("cpu_to_device", [
         ("factory", "str", "run/trace/static", "the torch factory that builds the tensor on the CPU"),
         ("target", "str", "trace/static", "the device it is copied to, as written (a trace: cuda)"),

@@ -485,6 +485,9 @@ def test_a_factory_buffer_the_host_fills_with_its_data_is_a_batch(probe):
     got = {(r.loader, r.factory): r for r in probe.records()}
     assert set(got) == {(0, ""), (None, "zeros")}
     assert got[None, "zeros"].site.line == _line(_mask, "torch.zeros")
+    # the function that wrote the data, as the profiler names its frame: its ops are the host's on a GPU too
+    # (the mask's constant writes are not data)
+    assert probe.watch_record().filled == [f"test_host_tensors.py({_batches.__code__.co_firstlineno}): _batches"]
 
 
 def _square_mask(sz):

@@ -447,8 +447,16 @@ def test_a_batch_written_element_by_element_on_the_host_launches_nothing(tmp_pat
         opt.step()
 
     ctx = _profiled_steps(tmp_path, step)
-    line = make_batch.__code__.co_firstlineno
+    frame = f"test_trace_facts.py({make_batch.__code__.co_firstlineno}): make_batch"
     every = gpu_ops_per_step(ctx)
-    model_only = gpu_ops_per_step(ctx, (f"test_trace_facts.py({line}): make_batch",))
+    model_only = gpu_ops_per_step(ctx, (frame,))
     assert every is not None and model_only is not None
     assert every > 4 * 50 * 2 > 40 > model_only > 5
+    # the run saw make_batch write the host's values into the step's tensor (facts/run/host_tensors.py)
+    from perfdoctor.facts.trace import target_gpu
+
+    ctx.facts = _cuda_script_facts()
+    ctx.facts.add("device.type", "cpu", "", "machine")
+    ctx.facts.subject("host_fill", frame).add("frame", frame, "str", "run")
+    target_gpu.add(ctx)
+    assert ctx.facts.value("target_gpu.ops_per_step") == model_only

@@ -30,7 +30,9 @@ computed (`t[idx] = v`: a host array or tensor no factory of the step made, or m
 number: ymfa's generator, `src = torch.zeros(L, B)` then `src[j, i] = vocab[word]` per token) is a
 buffer carrying the host's data, as `torch.tensor(data)` is: its move is that data crossing, noted as a
 batch's (the data path: PD003), not a factory's output to make on the device; writes of one constant
-(`mask[:, :k] = 1`) leave it a factory's. O(1) per call; nothing while dynamo traces; nothing stored
+(`mask[:, :k] = 1`) leave it a factory's. The user functions that write such data are noted by the
+profiler's names of their frames (`HostFactoryWatch.filled`): the GPU-step estimate leaves their ops
+to the host. O(1) per call; nothing while dynamo traces; nothing stored
 on tensors.
 
 A host tensor kept across steps and moved again on every step (`kept`: a diffusion model's noise
@@ -99,6 +101,7 @@ MIN_KEPT_STEPS = 2  # watched steps on which one host tensor kept across steps i
 MAX_KEPT = 16  # host tensors followed per move line
 MAX_ALIASES = 1_000  # fresh Parameters (of a host tensor) and moved tensors remembered per step
 MAX_MADE_LINES = 2_000  # the user's factory lines noted over the watch (`watch_record`)
+MAX_FILLING = 64  # the user's functions noted filling a host tensor element by element (`watch_record`)
 _KEEP: list[Any] = []  # every wrapper ever registered with TorchScript: its id() must stay its own
 
 
@@ -157,6 +160,7 @@ class HostTensorProbe:
         self.on_device: dict[int, weakref.ref] = {}  # id() -> what `.to(device)` / `.cuda()` returned this step
         self.param_new: Any = None  # Parameter.__new__ as the class holds it, while it is wrapped
         self.fills: dict[int, set] = {}  # id() of a factory's tensor -> the distinct numbers written into it (up to 2)
+        self.filling: dict[int, Any] = {}  # id() -> the code of a user function that wrote the host's values into one
         self.lines_complete = True
         self.move_lines: set[tuple[int, int]] = set()  # (id of a code, line) of every move of the user's
         self.moves_complete = True
@@ -284,8 +288,9 @@ class HostTensorProbe:
 
         def setitem(t: Any, idx: Any, value: Any) -> Any:
             if probe.made and not compiling():
-                probe._indexed(t, idx, getframe(1))
-                probe._filled(t, value)
+                frame = getframe(1)
+                probe._indexed(t, idx, frame)
+                probe._filled(t, value, frame.f_code)
             return orig_setitem(t, idx, value)
 
         def cast(orig: Any) -> Any:
@@ -397,42 +402,54 @@ class HostTensorProbe:
         except Exception as ex:  # noqa: BLE001
             self.err("host_tensors", ex)
 
-    def _filled(self, t: Any, value: Any) -> None:
+    def _filled(self, t: Any, value: Any, code: Any) -> None:
         """`t[idx] = value` where a factory of the step made `t` (or what `t` is a view of): values the
         host computed (a host array or tensor no factory of the step made, or a second distinct number)
-        make it a buffer of the host's data, noted from then on as a batch (its move is the data path)."""
+        make it a buffer of the host's data, noted from then on as a batch (its move is the data path),
+        and `code`, the function writing them, one that builds data on the host (`filling`)."""
         try:
-            e = self._entry(t)
-            if e is None or not e[2]:
-                return
-            owner = e[0]()
-            if owner is None:
-                return
-            T = self.torch.Tensor
-            if isinstance(value, T):
-                if not value.is_cpu:
-                    return
-                if value.numel() != 1:
-                    v = self._entry(value)
-                    if v is None or not v[2]:  # not a factory's: data the host had
-                        self.made[id(owner)] = (e[0], (0, 0), "")
-                    return
-                value = value.item()
-            elif not isinstance(value, (int, float, bool)):
-                if type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0:
-                    value = value.item()
-                elif isinstance(value, (list, tuple)) or type(value).__module__ == "numpy":
-                    self.made[id(owner)] = (e[0], (0, 0), "")
-                    return
-                else:
-                    return
-            seen = self.fills.setdefault(id(owner), set())
-            if len(seen) < 2:
-                seen.add(value)
-            if len(seen) >= 2:
-                self.made[id(owner)] = (e[0], (0, 0), "")
+            if self._fills_host(t, value) and id(code) not in self.filling and len(self.filling) < MAX_FILLING \
+                    and is_user_file(code.co_filename):
+                self.filling[id(code)] = code
         except Exception as ex:  # noqa: BLE001
             self.err("host_tensors", ex)
+
+    def _fills_host(self, t: Any, value: Any) -> bool:
+        """`_filled`'s test, True where `t` becomes (or is) a buffer of the host's data."""
+        e = self._entry(t)
+        if e is None:
+            return False
+        if not e[2]:
+            return e[1] == (0, 0) and e[0]() is not None  # already the host's data
+        owner = e[0]()
+        if owner is None:
+            return False
+        T = self.torch.Tensor
+        if isinstance(value, T):
+            if not value.is_cpu:
+                return False
+            if value.numel() != 1:
+                v = self._entry(value)
+                if v is None or not v[2]:  # not a factory's: data the host had
+                    self.made[id(owner)] = (e[0], (0, 0), "")
+                    return True
+                return False
+            value = value.item()
+        elif not isinstance(value, (int, float, bool)):
+            if type(value).__module__ == "numpy" and getattr(value, "ndim", 1) == 0:
+                value = value.item()
+            elif isinstance(value, (list, tuple)) or type(value).__module__ == "numpy":
+                self.made[id(owner)] = (e[0], (0, 0), "")
+                return True
+            else:
+                return False
+        seen = self.fills.setdefault(id(owner), set())
+        if len(seen) < 2:
+            seen.add(value)
+        if len(seen) >= 2:
+            self.made[id(owner)] = (e[0], (0, 0), "")
+            return True
+        return False
 
     def _indexed(self, t: Any, idx: Any, frame: Any) -> None:
         """`t[idx]` or `t[idx] = v` at the user's line: where `t` is the model's computation (it needs
@@ -629,7 +646,9 @@ class HostTensorProbe:
             return None
         return HostFactoryWatch(watched=self.watched, made=[self._site(*k) for k in self.made_lines],
                                 complete=self.lines_complete, moved=[self._site(*k) for k in self.move_lines],
-                                moves_complete=self.moves_complete)
+                                moves_complete=self.moves_complete,
+                                filled=[f"{os.path.basename(c.co_filename)}({c.co_firstlineno}): {c.co_name}"
+                                        for c in self.filling.values()])
 
     def _kept_records(self) -> list[HostTensorRecord]:
         """One record per move line whose tensor was moved on MIN_KEPT_STEPS watched steps: the line's

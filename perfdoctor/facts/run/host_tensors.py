@@ -55,6 +55,11 @@ def _watched_lines(probes: Probes, sites: list[Site], complete: bool) -> dict[st
 
 
 def add(ctx: RunContext) -> None:
+    w = ctx.probes.host_factories
+    for frame in w.filled if w is not None else []:
+        ctx.facts.subject("host_fill", frame).add("frame", frame, "str",
+                                                  detail="wrote the host's values into a tensor of the step element "
+                                                         "by element in the watched steps")
     loaders = {dl.id: dl for dl in ctx.probes.dataloaders}
     for r in ctx.probes.host_tensors:
         if r.moved is None:

@@ -11,8 +11,9 @@ From what the run observed:
   (`compute.conv_flops_per_step`);
 - the aten ops per step no other aten op encloses, each of which launches one kernel or more on a
   GPU (not a DataLoader's own, nor those of a batch source of the user's that the training thread
-  draws from, `dataloader.source_def`: a batch written element by element into a host tensor stays
-  on the host on a GPU too), with an optimizer step's ops counted once per operator, and the backward
+  draws from, `dataloader.source_def`, or of a function the run saw writing the host's values into a
+  tensor element by element, `host_fill.frame`, outside the modules they call: a batch built by hand
+  stays on the host on a GPU too), with an optimizer step's ops counted once per operator, and the backward
   of a recurrent layer once per forward call (`target_gpu.ops_per_step`): on a CPU an LSTM or GRU
   runs as its gates' ops and autograd differentiates each, on CUDA cuDNN runs the layer's forward
   and its backward as one call each;
@@ -51,6 +52,9 @@ from perfdoctor.facts.trace.intervals import count_in, outermost
 from perfdoctor.stats import median
 from perfdoctor.trace.model import CPU_OP, PYFUNC, USER_ANN, Trace
 
+# the facts naming the user's functions whose ops stay on the host on a GPU too (the profiler's names of
+# their frames): a batch source the training thread draws from, a function writing a batch by hand
+HOST_FRAMES = (("dataloader", "dataloader.source_def"), ("host_fill", "host_fill.frame"))
 # torch's recurrent layers: a forward call each, whose backward cuDNN runs as one call on CUDA (the
 # whole sequence's, or one step's for a cell); on a CPU autograd differentiates their gates' ops one by one
 RECURRENT = frozenset({"aten::lstm", "aten::gru", "aten::rnn_tanh", "aten::rnn_relu",
@@ -206,8 +210,8 @@ def add(ctx: TraceContext) -> None:
     flops = facts.value("compute.flops_per_step")
     if not isinstance(flops, (int, float)) or flops <= 0:
         return
-    ops = gpu_ops_per_step(ctx, tuple(str(f.value) for s in facts.of_kind("dataloader")
-                                      if (f := s.facts.get("dataloader.source_def")) is not None))
+    ops = gpu_ops_per_step(ctx, tuple(str(f.value) for kind, name in HOST_FRAMES for s in facts.of_kind(kind)
+                                      if (f := s.facts.get(name)) is not None))
     if not ops:
         return
     convs = facts.value("compute.conv_flops_per_step")
