@@ -87,3 +87,27 @@ def test_the_lines_that_draw_each_epochs_first_batch_are_kept_once(monkeypatch):
         ("test_the_lines_that_draw_each_epochs_first_batch_are_kept_once", "next(iter(loader))  # a peek at one batch"),
         ("_epoch", "for (x,) in loader:"),
     ]
+
+
+class _AudioLoader(torch.utils.data.DataLoader):
+    """Conv-TasNet's AudioDataLoader: a subclass of the user's that passes everything to DataLoader."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)  # one line of the user's builds every such loader
+
+
+def test_a_loader_subclass_of_the_users_is_keyed_at_each_call_of_it(monkeypatch):
+    monkeypatch.setattr("perfdoctor.capture.sites.is_user_file", lambda f: f == __file__)
+    ds = torch.utils.data.TensorDataset(torch.randn(32, 4))
+    probe = DataLoaderProbe(torch, Clock(), None, ErrorLog())  # type: ignore[arg-type]
+    probe.install()
+    try:
+        train = _AudioLoader(ds, batch_size=8, num_workers=2)  # the training loader
+        valid = _AudioLoader(ds, batch_size=8, num_workers=0)  # the validation loader
+    finally:
+        probe.uninstall()
+    recs = sorted(probe.records(), key=lambda r: r.site.line)
+    assert [r.site.code for r in recs] == ["train = _AudioLoader(ds, batch_size=8, num_workers=2)  # the training loader",
+                                           "valid = _AudioLoader(ds, batch_size=8, num_workers=0)  # the validation loader"]
+    assert [r.kwargs.num_workers for r in recs] == [2, 0]  # each its own settings, not the last one's
+    assert train is not valid

@@ -190,6 +190,7 @@ class DataLoaderProbe:
         self.clock.exclude(t)
 
     def _on_loader(self, loader: Any, frame: Any) -> None:
+        frame = _outside(loader, frame)
         uf = sites.user_frame(frame)
         site = sites.site_of(uf)
         key = (site.file, site.line) if site else ("?", len(self.loaders))
@@ -304,3 +305,15 @@ class DataLoaderProbe:
 
     def records(self) -> list[DataLoaderRecord]:
         return [lr.record() for lr in self.loader_list]
+
+
+def _outside(loader: Any, frame: Any) -> Any:
+    """The frame that built `loader`, out of its own class's methods: a DataLoader subclass of the user's
+    (Conv-TasNet's `AudioDataLoader.__init__` calls `super().__init__(...)`) builds the training and the
+    validation loaders at one line of its own; each is the user's call of the subclass."""
+    while frame is not None:
+        code = frame.f_code
+        if not code.co_argcount or frame.f_locals.get(code.co_varnames[0]) is not loader:
+            return frame
+        frame = frame.f_back
+    return frame
