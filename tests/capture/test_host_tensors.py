@@ -580,3 +580,23 @@ def test_python_list_indices_into_the_models_computation_are_a_move(probe):
     assert [(r.factory, r.how, r.site.line, r.moved.line, r.steps) for r in recs] == [
         ("list", "index", train, train, WATCH_STEPS), ("list", "index", val, val, WATCH_STEPS)]
     assert recs[0].nbytes == 140 * 8
+
+
+def _overlap_add(signal):
+    """Conv-TasNet's overlap_and_add: an index made on the host every call, copied onto the signal's
+    device with `new_tensor`."""
+    frame = torch.arange(0, 6).unfold(0, 2, 1)  # the factory
+    frame = signal.new_tensor(frame).long()  # its copy to the device
+    return signal.new_zeros(7).index_add(0, frame.reshape(-1)[:4], signal[:4])
+
+
+def test_a_factorys_tensor_copied_by_new_tensor_is_its_move(probe):
+    w = torch.ones(8, requires_grad=True)
+    _overlap_add(w * 2)  # step 1: before the watch
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        _overlap_add(w * 2).sum().backward()
+        probe.end_step(i)
+    (r,) = probe.records()
+    assert (r.factory, r.how, r.steps) == ("arange", "new_tensor", WATCH_STEPS)
+    assert r.site.line == _line(_overlap_add, "torch.arange") and r.moved.line == _line(_overlap_add, "new_tensor(frame)")

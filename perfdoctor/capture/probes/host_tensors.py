@@ -554,7 +554,8 @@ class HostTensorProbe:
     def _new_tensor(self, t: Any, data: Any, frame: Any) -> None:
         """`t.new_tensor(data)` at the user's line: where `t` is on the script's device (the model's
         computation, or what a move returned) and `data` a host array or tensor, the call copies `data`
-        there; the same `data` on every step is a host tensor kept across steps, moved every step."""
+        there: a factory's tensor of this step is that factory's move; the same `data` on every step is
+        a host tensor kept across steps, moved every step."""
         try:
             if threading.get_ident() != self.main:
                 return
@@ -565,7 +566,10 @@ class HostTensorProbe:
                 return  # a list or a number is rebuilt every call: the host computed it, it must cross
             if t.requires_grad or t.grad_fn is not None or self._was_moved(t) or (
                     t._base is not None and self._was_moved(t._base)):
-                self._kept_move(data, frame, "new_tensor", False)
+                if isinstance(data, self.torch.Tensor):
+                    self._moved(data, frame, "new_tensor")  # a factory's of this step (Conv-TasNet's frame
+                else:                                       # index), else one kept across steps
+                    self._kept_move(data, frame, "new_tensor", False)
         except Exception as e:  # noqa: BLE001
             self.err("host_tensors", e)
 
