@@ -361,7 +361,7 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
     settings = settings or Settings()
     files = Sources(settings.project, user_files)
     findings: list[Finding] = []
-    seen: set[str] = set()
+    seen: dict[str, Finding] = {}
     for rule in rules:
         if not settings.enabled(rule.id):
             continue
@@ -379,9 +379,13 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
                     judged[k] = (s, f)
             judged = [_one_of(rule, facts, thresholds, judged, k)]
         for _, f in judged:
-            if f.fingerprint() not in seen:
-                seen.add(f.fingerprint())
+            kept = seen.get(f.fingerprint())
+            if kept is None:
+                seen[f.fingerprint()] = f
                 findings.append(f)
+            else:  # another subject whose first line reads the same code in the same file (an evaluation's
+                # and the training step's `x = x.to(device)`): one finding, with both places
+                kept.locations += [loc for loc in f.locations if loc not in kept.locations]
     findings = group_identical(findings)
     findings.sort(key=lambda f: (f.minor, *f.sort_key()))
     return findings

@@ -370,3 +370,25 @@ def test_a_loaders_batch_gives_its_receipt_cost_per_step(tmp_path):
     old = {k: v for k, v in rec.items() if not k.startswith("batch_")}
     r = load_run(make_run(tmp_path / "old", probes={"dataloaders": [old]}))
     assert "dataloader.receipt_ms" not in r.facts.of_kind("dataloader")[0].facts
+
+
+def test_an_evaluation_loaders_moves_are_no_batch_copy(tmp_path):
+    """mvts_transformer validates before training and every 2nd epoch with a pinned loader of its own: its
+    moves (1 of 5 watched steps) are no training-step copy for PD017; the training loader's (4 of 5) are."""
+    kwargs = {"batch_size": 64, "num_workers": 0, "pin_memory": True, "persistent_workers": False,
+              "prefetch_factor": None, "multiprocessing_context": None}
+
+    def site(line, code, fn):
+        return {"file": "/x/running.py", "line": line, "code": code, "function": fn}
+
+    probes = {
+        "dataloaders": [{"id": i, "site": {"file": "/x/main.py", "line": line, "code": "DataLoader(...)", "function": "main"},
+                         "kwargs": kwargs, "batches": 40, "wait_ms_per_step": [1.0] * 40, "to_cuda": False,
+                         "non_blocking": None} for i, line in ((0, 207), (1, 216))],
+        "host_tensors": [{"loader": 0, "moved": site(448, "targets = targets.to(self.device)", "evaluate"), "how": "to",
+                          "non_blocking": False, "moves": 1, "steps": 1, "watched": 5},
+                         {"loader": 1, "moved": site(401, "targets = targets.to(self.device)", "train_epoch"), "how": "to",
+                          "non_blocking": False, "moves": 4, "steps": 4, "watched": 5}],
+    }
+    r = load_run(make_run(tmp_path, probes=probes))
+    assert [s.key for s in r.facts.of_kind("batch_copy")] == ["/x/running.py:401"]

@@ -238,3 +238,18 @@ def test_a_bad_let_is_refused(let, error) -> None:
     data = {**LET_RULE, "title": "t", "message": "m", "saving_ms": None, "let": let}
     with pytest.raises(RuleError, match=error):
         parse_rule(data, "PD990.toml")
+
+
+def test_findings_whose_first_lines_read_the_same_code_keep_every_place():
+    """mvts_transformer's evaluate() and train_epoch() both say `targets = targets.to(self.device)`: the
+    two PD017 subjects share a finding identity (rule, file, code text), and the second's lines (the
+    training step's) were dropped with it. They are one finding with the places of both."""
+    f = cpu_run(step_ms=300.0, cpus=4)
+    f.add("script.targets_cuda", True, "", "static")
+    for line in (448, 401):
+        b = f.subject("batch_copy", f"running.py:{line}")
+        b.add("pinned", True, "", "run")
+        b.add("non_blocking", False, "", "run")
+        b.locations.append(Location("running.py", line, "targets = targets.to(self.device)"))
+    (finding,) = [x for x in judge(f, RULES) if x.rule == "PD017"]
+    assert [loc.line for loc in finding.locations] == [448, 401]

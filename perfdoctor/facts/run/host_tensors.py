@@ -10,8 +10,8 @@ tensors to a device, whatever function or file each line is in:
 - a DataLoader's batches (PD003, PD017): on its `dataloader` subject, that the step moved them
   (`moved`, the move's line as a further location), whether every move passed non_blocking, and
   whether its batches reach the training step (`trains`: moved on most watched steps); one
-  `batch_copy` subject per move line, with the loader's pin_memory where it pins and the move's
-  non_blocking."""
+  `batch_copy` subject per move line of a loader whose batches reach it (as the source read skips an
+  evaluation's moves), with the loader's pin_memory where it pins and the move's non_blocking."""
 
 from __future__ import annotations
 
@@ -82,6 +82,8 @@ def add(ctx: RunContext) -> None:
             if r.watched >= MIN_WATCHED:
                 s.add("trains", 2 * r.steps >= r.watched,
                       detail=f"its batches were moved on {r.steps} of {r.watched} watched training steps")
+        if r.watched >= MIN_WATCHED and 2 * r.steps < r.watched:
+            continue  # an evaluation loader's batches (moved on few watched steps): not the training step's copies
         b = site_subject(ctx.facts, "batch_copy", r.moved)
         if b is not None and r.how in ("to", "cuda"):
             if dl.kwargs.pin_memory:
