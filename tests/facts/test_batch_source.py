@@ -318,3 +318,34 @@ def test_a_function_that_waits_for_batches_other_processes_make_is_no_source(tmp
     assert not f.of_kind("dataloader")
     # the same wait spent in its own Python is a source
     assert _counted(tmp_path / "x", data=data, own=0.2).of_kind("dataloader")
+
+
+IN_STEP = """\
+import torch
+from data import Data
+data = Data(100)
+model = torch.nn.Embedding(200, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def train_step():
+    users, items = data.sample()
+    more, items = data.sample()
+    out = model(torch.tensor(users + more))
+    loss = out.sum()
+    loss.backward()
+    opt.step()
+    return loss.item()
+for i in range(10):
+    train_step()
+"""
+
+
+def test_a_function_called_in_the_step_function_at_each_of_its_sites(tmp_path):
+    """ner-bilstm-crf's `train_step` builds the sentences' and the tags' tensors with `tensorized(...)`
+    twice, the model called there, the step function called once per pass of a loop over range(): one
+    source, at its first call, called once per step at each of its sites."""
+    f = _counted(tmp_path, IN_STEP, calls=2.0, model_lines=(("train.py", 9),))
+    (s,) = f.of_kind("dataloader")
+    assert s.key.endswith("train.py:7") and "Data.sample()" in s.facts["dataloader.source"].value
+    assert "PD002" in ids(judge(f, RULES))
+    f = _counted(tmp_path / "per_sample", IN_STEP, calls=8.0, model_lines=(("train.py", 9),))
+    assert not f.of_kind("dataloader")  # called a batch's times a step: a per-sample function

@@ -99,11 +99,14 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
     if any(index.loops.env_steps for index in indexes):
         return
     models = {(os.path.realpath(f), line) for f, line in model_calls}
+    sourced: set[tuple[str, int]] = set()
     for index in indexes:
         real = os.path.realpath(index.file)
         loops = index.loops
         for call, loop, feeds in _step_inputs(indexes, index, models):
             name = _callee(call)
+            if name is not None and loop is None:
+                loop = _stepping_loop(index, call)
             if name is None or loop is None or not _counts_steps(loop):
                 continue
             end = loop.end_lineno or loop.lineno  # type: ignore[attr-defined]
@@ -111,6 +114,10 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                 continue
             if not loops.trains(loop) or not loops.per_step(call) or loops.takes_step(call) or not feeds():
                 continue
+            # each of its call sites in this file at most once per step (`tensorized(sents)` and
+            # `tensorized(tags)` in the step, the same two in an evaluation a short epoch runs as often):
+            # a function called per sample is called a batch's times
+            sites = len(index.calls_named(name))
             for other in indexes:
                 other_real = os.path.realpath(other.file)
                 for fn in other.functions.get(name, []):
@@ -118,7 +125,8 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                     times = shares.get(other_real, {})
                     fs = times.get(first)
                     fn_end = fn.end_lineno or fn.lineno
-                    if (fs is None or not MIN_CALLS_PER_STEP <= fs.calls <= MAX_CALLS_PER_STEP or fs.share <= 0
+                    if (fs is None or not MIN_CALLS_PER_STEP <= fs.calls <= MAX_CALLS_PER_STEP * max(1, sites)
+                            or fs.share <= 0 or (other_real, first) in sourced
                             or not _works_here(other, fn, fs, times)
                             or any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in walk_scope(fn.body))
                             or any(f == other_real and fn.lineno <= line <= fn_end for f, line in models | draws)
@@ -127,10 +135,25 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                     key = (str(index.file), call.lineno)
                     if key not in done:
                         done.add(key)
+                        sourced.add((other_real, first))  # one subject per source: its wait is one
                         parent = other.parents.get(fn)
                         _subject(facts, index, call, index, call, other, fn,
                                  parent.name if isinstance(parent, ast.ClassDef) else None, fs.share,
                                  "called once per step on the training thread, its result the model's input")
+
+
+def _stepping_loop(index: SourceIndex, call: ast.Call) -> ast.AST | None:
+    """For a call in a function with no loop around it, the loop of this file that calls that function
+    once per pass and so takes a training step through it (ner's `train()` calls `self.train_step(...)`
+    in a loop over range(); the batch is built in `train_step`): that loop's passes are the steps."""
+    scope = index.context(call)[0]
+    if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    for c in index.callers(scope.name):
+        loop = index.loops.enclosing_loop(c)
+        if loop is not None and index.loops.takes_step(c) and index.loops.per_step(c):
+            return loop
+    return None
 
 
 def _step_inputs(indexes: Sequence[SourceIndex], index: SourceIndex, models: set[tuple[str, int]]
@@ -158,13 +181,16 @@ def _step_inputs(indexes: Sequence[SourceIndex], index: SourceIndex, models: set
             inner = arg.value if isinstance(arg, ast.Starred) else arg
             if isinstance(inner, ast.Call):
                 out.append((inner, loops.enclosing_loop(outer), partial(_calls_a_model, indexes, name, models)))
-    return out
+    return sorted(out, key=lambda x: (x[0].lineno, x[0].col_offset))  # a source called twice: its first call
 
 
 def _model_takes(index: SourceIndex, stmt: ast.Assign, loop: ast.AST | None, results: set[str],
                  model_calls: list[ast.Call]) -> bool:
-    """A model call of the run's, later in the same loop body, takes one of the names `stmt` assigns."""
-    return any(m.lineno > stmt.lineno and index.loops.enclosing_loop(m) is loop and any(
+    """A model call of the run's, later in the same loop body (in the same function where no loop is
+    around `stmt`), takes one of the names `stmt` assigns."""
+    scope = index.context(stmt)[0]
+    return any(m.lineno > stmt.lineno and index.loops.enclosing_loop(m) is loop
+               and (loop is not None or index.context(m)[0] is scope) and any(
         isinstance(n, ast.Name) and n.id in results
         for a in [*m.args, *(k.value for k in m.keywords)] for n in ast.walk(a)) for m in model_calls)
 
