@@ -102,6 +102,37 @@ def test_forward_dataflow_pairs_only_a_biased_conv_into_an_affine_bn(probes):
         == [0, 1, 1]
 
 
+class _PreActBottleneck(nn.Module):
+    """bearpaw/pytorch-pose's hourglass block: bn1 -> relu -> conv1 -> bn2 -> relu -> conv2 -> bn3 -> relu ->
+    conv3, then `out += residual` in place, whose result the next block's bn1 reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(4)
+        self.conv1 = nn.Conv2d(4, 4, 1)
+        self.bn2 = nn.BatchNorm2d(4)
+        self.conv3 = nn.Conv2d(4, 4, 1)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        out = self.conv3(self.relu(self.bn2(self.conv1(self.relu(self.bn1(x))))))
+        out += x
+        return out
+
+
+def test_an_in_place_op_on_the_conv_output_breaks_conv_into_bn(probes):
+    m = nn.Sequential(_PreActBottleneck(), _PreActBottleneck())
+    m(torch.randn(1, 4, 8, 8))
+    (r,) = probes.records()
+    by_line = {g.site.line: g for g in r.tree.convs}
+    # conv1 feeds bn2 as it is: its bias is wasted
+    assert by_line[_line(_PreActBottleneck.__init__, "self.conv1 = ")].bias_into_norm == 2
+    # conv3's output gets the residual added in place before the next block's bn1: the bias is not
+    # cancelled there alone (the sum is also the next block's residual)
+    conv3 = by_line[_line(_PreActBottleneck.__init__, "self.conv3 = ")]
+    assert (conv3.bias_into_norm, conv3.norm) == (0, None)
+
+
 LIBRARY = '''
 import torch.nn as nn
 

@@ -1248,6 +1248,22 @@ def test_targets_cuda_by_device_selection(tmp_path):
     assert facts.value("script.targets_cuda") is False
 
 
+def test_targets_cuda_by_a_transformers_trainer(tmp_path):
+    # Stanford Alpaca's train.py: the Trainer picks CUDA through its TrainingArguments (from the command line)
+    facts, _ = analyse(tmp_path, """\
+        import transformers
+        from transformers import Trainer
+        trainer = Trainer(model=model, tokenizer=tokenizer, args=training_args, **data_module)
+        trainer.train()
+        """)
+    assert facts.value("script.targets_cuda") is True
+    facts, _ = analyse(tmp_path, """\
+        import transformers
+        args = transformers.TrainingArguments(output_dir="out", use_cpu=True)
+        """, "cpu.py")
+    assert facts.value("script.targets_cuda") is False
+
+
 def test_targets_cuda_is_the_union_over_the_files(tmp_path):
     plain = tmp_path / "data.py"
     plain.write_text("import torch\nx = torch.zeros(3)\n")

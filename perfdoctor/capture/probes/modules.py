@@ -176,7 +176,8 @@ class ModuleProbe:
 
 
 class Watch:
-    """One forward's submodule calls: each convolution's input layout, and conv -> BatchNorm."""
+    """One forward's submodule calls: each convolution's input layout, and conv -> BatchNorm (the conv's
+    output unchanged: not after an in-place add or activation on it)."""
 
     def __init__(self, probe: ModuleProbe, tree: ModuleTree, convs: dict[int, tuple[weakref.ref, ConvGroup]]):
         self.probe = probe
@@ -184,7 +185,9 @@ class Watch:
         self.convs = convs
         self.seen: dict[int, bool] = {}  # id() of a conv called -> its input was channels_last
         self.fed: set[int] = set()  # id() of the biased convs whose output went into an affine BatchNorm
-        self.outputs: dict[int, tuple[weakref.ref, int]] = {}  # id() of a biased conv's output -> (ref, conv id)
+        # id() of a biased conv's output -> (ref, conv id, its version counter then: an in-place op since,
+        # `out += residual` or an in-place ReLU, means the BatchNorm no longer reads the conv's output alone)
+        self.outputs: dict[int, tuple[weakref.ref, int, int | None]] = {}
         self.calls = 0
 
     def call(self, orig: Any, mod: Any, args: tuple, kwargs: dict) -> Any:
@@ -196,7 +199,8 @@ class Watch:
                 self.seen[id(mod)] = self.seen.get(id(mod), False) or self.probe._channels_last(x)
             elif x is not None and isinstance(mod, self.probe.norm_cls):
                 o = self.outputs.get(id(x))
-                if o is not None and o[0]() is x and getattr(mod, "affine", False):
+                if (o is not None and o[0]() is x and getattr(mod, "affine", False)
+                        and getattr(x, "_version", None) == o[2]):
                     self.fed.add(o[1])
                     self.convs[o[1]][1].norm = type(mod).__name__
         except Exception as e:  # noqa: BLE001
@@ -204,7 +208,7 @@ class Watch:
         out = orig(mod, *args, **kwargs)
         if c is not None and c[0]() is mod and getattr(mod, "bias", None) is not None:
             try:
-                self.outputs[id(out)] = (weakref.ref(out), id(mod))
+                self.outputs[id(out)] = (weakref.ref(out), id(mod), getattr(out, "_version", None))
             except TypeError:  # not a tensor: nothing to follow
                 pass
         return out

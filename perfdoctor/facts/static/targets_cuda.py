@@ -2,7 +2,8 @@
 string, or a `.cuda(...)` call) or select one (`torch.cuda.is_available()`, `torch.cuda.set_device`,
 `torch.accelerator.current_accelerator()`: pytorch/examples pick the accelerator that way), or build
 a Lightning Trainer, Fabric or LightningCLI that picks the GPU by itself (accelerator "auto", the
-default, "gpu" or "cuda"), or a Hugging Face Accelerate `Accelerator` not told `cpu=True`? It is the
+default, "gpu" or "cuda"), or a Hugging Face Accelerate `Accelerator` not told `cpu=True`, or a
+Transformers `Trainer` (whose TrainingArguments pick CUDA where there is one)? It is the
 union over the files of one read: each file's detector raises an earlier file's static False to True,
 and a value from another source is kept."""
 

@@ -1,4 +1,4 @@
-"""Training frameworks: Lightning and Hugging Face Accelerate, as a file builds them.
+"""Training frameworks: Lightning, Hugging Face Accelerate and the Transformers Trainer, as a file builds them.
 
 Whether a framework's construction runs on a GPU where there is one (`framework_picks_gpu`), whether
 some call gives a framework the CPU (`gives_framework_the_cpu`), whether a node is a Lightning
@@ -19,6 +19,13 @@ ACCELERATORS = frozenset({"accelerate.Accelerator", "accelerate.accelerator.Acce
 LIGHTNING = LIGHTNING_TRAINERS | {"lightning.Fabric", "lightning.fabric.Fabric", "lightning_fabric.Fabric",
                                   "lightning.pytorch.cli.LightningCLI", "pytorch_lightning.cli.LightningCLI"}
 _PICKS_GPU = frozenset({"auto", "gpu", "cuda"})
+# The Transformers Trainer takes its device from TrainingArguments: CUDA wherever there is one, unless
+# told use_cpu=True (no_cuda=True before transformers 4.34); the arguments usually come from the command line
+HF_TRAINERS = frozenset({"transformers.Trainer", "transformers.trainer.Trainer", "transformers.Seq2SeqTrainer",
+                         "transformers.trainer_seq2seq.Seq2SeqTrainer"})
+HF_TRAINING_ARGS = frozenset({"transformers.TrainingArguments", "transformers.training_args.TrainingArguments",
+                              "transformers.Seq2SeqTrainingArguments",
+                              "transformers.training_args_seq2seq.Seq2SeqTrainingArguments"})
 
 
 class Frameworks:
@@ -38,7 +45,9 @@ class Frameworks:
         """For a training framework's construction, whether it runs on a GPU where there is one: a
         Lightning Trainer / Fabric / LightningCLI left on accelerator "auto" (the default) or told
         "gpu" / "cuda", a Hugging Face Accelerate `Accelerator` not told `cpu=True` (a `cpu=args.cpu`
-        flag is an opt-in: the script's own path is the GPU); None for any other call."""
+        flag is an opt-in: the script's own path is the GPU), a Transformers `Trainer` (its
+        TrainingArguments pick CUDA where there is one) or `TrainingArguments` not told `use_cpu=True` /
+        `no_cuda=True`; None for any other call."""
         q = self.syntax.qual(call.func)
         if q in LIGHTNING:
             acc = kwarg(call, "accelerator")
@@ -46,6 +55,11 @@ class Frameworks:
         if q in ACCELERATORS:
             cpu = kwarg(call, "cpu")
             return not (isinstance(cpu, ast.Constant) and cpu.value is True)
+        if q in HF_TRAINERS:
+            return True
+        if q in HF_TRAINING_ARGS:
+            return not any(isinstance(v := kwarg(call, k), ast.Constant) and v.value is True
+                           for k in ("use_cpu", "no_cuda"))
         return None
 
     def _made_by(self, node: ast.AST, makers: frozenset[str], usual_name: str) -> list[ast.Call] | None:
