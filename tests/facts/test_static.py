@@ -1264,6 +1264,31 @@ def test_targets_cuda_by_a_transformers_trainer(tmp_path):
     assert facts.value("script.targets_cuda") is False
 
 
+def test_a_lightning_accelerator_chosen_by_cuda_availability_feeds_cuda(tmp_path):
+    # lightly's examples/pytorch_lightning/mae.py: the loader goes to trainer.fit, the accelerator is
+    # "gpu" wherever CUDA is available
+    facts, _ = analyse(tmp_path, """\
+        import pytorch_lightning as pl
+        import torch
+        dataloader = torch.utils.data.DataLoader(dataset, batch_size=256, shuffle=True, num_workers=8)
+        accelerator = "gpu" if torch.cuda.is_available() else "cpu"
+        trainer = pl.Trainer(max_epochs=10, devices=1, accelerator=accelerator)
+        trainer.fit(model=model, train_dataloaders=dataloader)
+        """)
+    (s,) = facts.of_kind("dataloader")
+    assert s.facts["dataloader.feeds_cuda"].value is True
+    # a device the file does not spell out stays unknown: no feeds_cuda
+    facts, _ = analyse(tmp_path, """\
+        import pytorch_lightning as pl
+        import torch
+        dataloader = torch.utils.data.DataLoader(dataset, batch_size=256)
+        trainer = pl.Trainer(accelerator=args.accelerator)
+        trainer.fit(model=model, train_dataloaders=dataloader)
+        """, "b.py")
+    (s,) = facts.of_kind("dataloader")
+    assert "dataloader.feeds_cuda" not in s.facts
+
+
 def test_targets_cuda_is_the_union_over_the_files(tmp_path):
     plain = tmp_path / "data.py"
     plain.write_text("import torch\nx = torch.zeros(3)\n")

@@ -44,14 +44,15 @@ class Frameworks:
     def framework_picks_gpu(self, call: ast.Call) -> bool | None:
         """For a training framework's construction, whether it runs on a GPU where there is one: a
         Lightning Trainer / Fabric / LightningCLI left on accelerator "auto" (the default) or told
-        "gpu" / "cuda", a Hugging Face Accelerate `Accelerator` not told `cpu=True` (a `cpu=args.cpu`
+        "gpu" / "cuda" (or a value that is one of them where CUDA is available), a Hugging Face Accelerate `Accelerator` not told `cpu=True` (a `cpu=args.cpu`
         flag is an opt-in: the script's own path is the GPU), a Transformers `Trainer` (its
         TrainingArguments pick CUDA where there is one) or `TrainingArguments` not told `use_cpu=True` /
         `no_cuda=True`; None for any other call."""
         q = self.syntax.qual(call.func)
         if q in LIGHTNING:
             acc = kwarg(call, "accelerator")
-            return acc is None or isinstance(acc, ast.Constant) and acc.value in _PICKS_GPU
+            return acc is None or any(isinstance(v, ast.Constant) and v.value in _PICKS_GPU
+                                      for v in self._choices(acc))
         if q in ACCELERATORS:
             cpu = kwarg(call, "cpu")
             return not (isinstance(cpu, ast.Constant) and cpu.value is True)
@@ -61,6 +62,16 @@ class Frameworks:
             return not any(isinstance(v := kwarg(call, k), ast.Constant) and v.value is True
                            for k in ("use_cpu", "no_cuda"))
         return None
+
+    def _choices(self, node: ast.expr, depth: int = 0) -> list[ast.expr]:
+        """The values an argument can take as the file spells them: both branches of a conditional
+        (`"gpu" if torch.cuda.is_available() else "cpu"`: the GPU wherever there is one) and what a
+        name is assigned; a value the file does not spell out (`args.accelerator`) as itself."""
+        if isinstance(node, ast.IfExp):
+            return self._choices(node.body, depth) + self._choices(node.orelse, depth)
+        if isinstance(node, ast.Name) and depth < 3 and self.syntax.assigned.get(node.id):
+            return [v for a in self.syntax.assigned[node.id] for v in self._choices(a, depth + 1)]
+        return [node]
 
     def _made_by(self, node: ast.AST, makers: frozenset[str], usual_name: str) -> list[ast.Call] | None:
         """The calls of `makers` that `node` stands for (`bound_calls`); None where the file binds it
