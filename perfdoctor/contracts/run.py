@@ -306,7 +306,9 @@ class ConvGroup(Struct, kw_only=True):
     dims: int = 2  # spatial dimensions
     count: int = 0
     bias: int = 0  # of them, built with a bias
-    pointwise: int = 0  # of them, with a kernel of one element (1x1): a matmul, whatever cuDNN algorithm runs it
+    # of them, with a kernel of one element (1x1) or over non-overlapping patches (kernel = stride, no
+    # padding: a ViT's patch embedding): a matmul, whatever cuDNN algorithm runs it
+    pointwise: int = 0
     params: int = 0
     in_channels: int = 0  # the smallest input channel count among them
     weights_channels_last: int = 0  # 4-D weights in torch.channels_last (strictly: not also NCHW-contiguous)

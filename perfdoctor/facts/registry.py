@@ -379,8 +379,9 @@ SUBJECT_FACTS.update({
         ("layer", "str", "run/static", "the first convolution layer: its class (a run) or as written (e.g. nn.Conv2d)"),
         ("dims", "count", "run/static", "its spatial dimensions: 1, 2 or 3 (the largest of the model's)"),
         ("convs", "count", "run/static", "convolution layers: in the module tree the run called, or constructed in the file"),
-        ("spatial_convs", "count", "run/static", "of them, those with a kernel of more than one element: a 1x1 "
-                                                 "convolution is a matmul, with no algorithm for cuDNN's search to choose"),
+        ("spatial_convs", "count", "run/static", "of them, those with a kernel of more than one element over "
+                                                 "overlapping windows: a 1x1 convolution or a patch embedding (kernel = "
+                                                 "stride) is a matmul, with no algorithm for cuDNN's search to choose"),
         ("model", "str", "run", "the class of the top-level module holding them (e.g. ResNet)"),
         ("conv_params", "count", "run", "parameters of its convolutions"),
         ("min_in_channels", "count", "run", "the fewest input channels of its convolutions (3: an RGB stem)"),

@@ -328,3 +328,25 @@ def test_embedding_tables_are_counted_apart_from_the_layers_that_multiply(probes
     forward.add(ctx)
     (m,) = ctx.facts.subjects["model"]
     assert m.facts["model.math_params"].value == 128 * 32 + 32 + 32 + 1
+
+
+class _PatchEmbed(nn.Module):
+    """A ViT's one convolution, over non-overlapping 4x4 patches, beside an overlapping strided one."""
+
+    def __init__(self):
+        super().__init__()
+        self.patches = nn.Conv2d(3, 8, 4, stride=4)
+        self.down = nn.Conv2d(3, 8, 4, stride=2, padding=1)
+
+    def forward(self, x):
+        return self.patches(x).flatten(1).sum() + self.down(x).sum()
+
+
+def test_a_patch_embedding_is_a_matmul_as_a_1x1_is(probes):
+    """kernel = stride, no padding: each output is a linear map of one patch; cuDNN's search has no
+    Winograd or FFT algorithm for it (PD016 on a ViT's patch embedding was a false finding, corpt)."""
+    m = _PatchEmbed()
+    m(torch.randn(1, 3, 16, 16))
+    (r,) = probes.records()
+    by_line = {g.site.line: g for g in r.tree.convs}
+    assert [by_line[_line(_PatchEmbed.__init__, t)].pointwise for t in ("self.patches = ", "self.down = ")] == [1, 0]

@@ -104,7 +104,7 @@ class ModuleProbe:
                                                 in_channels=int(getattr(m, "in_channels", 0) or 0))
                 g.count += 1
                 g.bias += getattr(m, "bias", None) is not None
-                g.pointwise += all(k == 1 for k in getattr(m, "kernel_size", (0,)))
+                g.pointwise += _matmul_conv(m)
                 g.in_channels = min(g.in_channels, int(getattr(m, "in_channels", 0) or 0))
                 g.params += _numel(m)
                 g.weights_channels_last += self._channels_last(getattr(m, "weight", None))
@@ -230,3 +230,15 @@ def _numel(m: Any) -> int:
         return int(sum(p.numel() for p in m.parameters(recurse=False)))
     except Exception:  # noqa: BLE001  (uninitialised lazy parameters)
         return 0
+
+
+def _matmul_conv(m: Any) -> bool:
+    """A convolution that is a matmul: a kernel of one element (1x1), or non-overlapping patches (kernel
+    = stride, no padding or dilation: a ViT's patch embedding, each output a linear map of one patch).
+    cuDNN has no Winograd or FFT algorithm for either to search for."""
+    kernel = tuple(getattr(m, "kernel_size", (0,)))
+    if all(k == 1 for k in kernel):
+        return True
+    pad = getattr(m, "padding", None)
+    return (tuple(getattr(m, "stride", ())) == kernel and (pad == "valid" or (isinstance(pad, tuple) and not any(pad)))
+            and all(d == 1 for d in getattr(m, "dilation", (1,))))

@@ -56,7 +56,8 @@ def _conv_net(ctx: RunContext, f: ForwardRecord, t: ModuleTree) -> None:
     s.add("dims", max(g.dims for g in t.convs), "count")
     s.add("convs", n, "count", detail=f"convolution modules in {f.module}'s tree, as the run called it")
     s.add("spatial_convs", n - sum(g.pointwise for g in t.convs), "count",
-          detail="of them, with a kernel of more than one element (not 1x1)")
+          detail="of them, with a kernel of more than one element over overlapping windows (not 1x1, "
+                 "not a patch embedding: kernel = stride)")
     s.add("model", f.module)
     s.add("conv_params", sum(g.params for g in t.convs), "count")
     s.add("min_in_channels", min(g.in_channels for g in t.convs), "count")
