@@ -570,8 +570,8 @@ def test_pd025_cpu_run_is_judged_at_the_scripts_default_batch(tmp_path, default,
     assert s.facts["dataloader.default_batch_size"].value == default
     got = findings(facts, tmp_path, "PD025")
     assert bool(got) is fires
-    if fires:
-        assert got[0].title.startswith(f"The batch ({default} samples")
+    if fires:  # the title says the script's batch it judged, and the run's beside it
+        assert got[0].title.startswith(f"The batch ({default} samples by the script default; 8 in this run,")
 
 
 @pytest.mark.parametrize("peak_gb,fires", [(4, True), (20, False)])
