@@ -95,3 +95,18 @@ def kwargs_style(frame: Any) -> str:
     """How the call at `frame` passed its keyword arguments (`perfdoctor.usercode.kwargs_style`)."""
     node = call_node_at(frame)
     return "literal" if node is None else usercode.kwargs_style(node)
+
+
+_LOADER_FILES = ("torch/utils/data/", "torch\\utils\\data\\")
+_MAX_LOADER_DEPTH = 60  # frames walked to see whether a line runs inside the DataLoader's fetch
+
+
+def in_loader(frame: Any) -> bool:
+    """Whether `frame` runs inside the DataLoader (a dataset's __getitem__, a collate_fn)."""
+    f, depth = frame, 0
+    while f is not None and depth < _MAX_LOADER_DEPTH:
+        name = f.f_code.co_filename
+        if any(p in name for p in _LOADER_FILES):
+            return True
+        f, depth = f.f_back, depth + 1
+    return False

@@ -377,6 +377,8 @@ class HostTensorRecord(Struct, kw_only=True):
     # the same host tensor, made before the steps that move it (a schedule kept in an attribute), moved
     # at `moved` on `steps` watched steps (`site` and `factory` unset)
     kept: bool = False
+    # each sample moved at `moved` inside the DataLoader's fetch, by this Dataset class (`site`, `factory` unset)
+    dataset: str | None = None
 
 
 class HostFactoryWatch(Struct, kw_only=True):

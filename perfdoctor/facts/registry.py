@@ -231,6 +231,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("feeds_cuda", "bool", "run/static", "its batches are moved to a CUDA device (absent, never False, "
                                                "in a static read without a move)"),
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),
+        ("samples_on_device", "bool", "run", "its Dataset moves each sample to the device as it is read (in "
+                                             "__getitem__): its batches are on the device already, nothing to pin"),
         ("source", "str", "static", "no DataLoader: the batch source of the user's the training loop draws from on the "
                                     "training thread (a generator, an iterator's __next__; facts/static/batch_source.py)"),
         ("source_def", "str", "static", "that source's function: its file's name, the first line of its definition "
@@ -284,6 +286,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
                                 "the host on a GPU too (facts/trace/target_gpu.py)"),
     ]),
     "cpu_to_device": _declare("cpu_to_device", [
+        ("per_sample", "bool", "run", "a Dataset moves each sample at this line as it is read (inside the "
+                                      "DataLoader's fetch): one copy per sample"),
         ("factory", "str", "run/trace/static", "the torch factory that builds the tensor on the CPU"),
         ("target", "str", "trace/static", "the device it is copied to, as written (a trace: cuda)"),
         ("in_loop", "bool", "run/trace/static", "made on every training step (a run: moved on at least half the "

@@ -600,3 +600,28 @@ def test_a_factorys_tensor_copied_by_new_tensor_is_its_move(probe):
     (r,) = probe.records()
     assert (r.factory, r.how, r.steps) == ("arange", "new_tensor", WATCH_STEPS)
     assert r.site.line == _line(_overlap_add, "torch.arange") and r.moved.line == _line(_overlap_add, "new_tensor(frame)")
+
+
+class _MovingDataset(torch.utils.data.Dataset):
+    """UrbanSound's shape: each clip read, then moved to the script's device in __getitem__."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        clip = torch.tensor([float(i)] * 8)  # read from a file
+        clip = clip.to("cpu")  # the device on a GPU
+        return clip, i
+
+
+def test_a_dataset_that_moves_each_sample_is_noted_with_its_class(probe):
+    loader = iter(torch.utils.data.DataLoader(_MovingDataset(), batch_size=4))
+    next(loader)
+    probe.end_step(1)
+    for i in range(2, 2 + WATCH_STEPS):
+        x, _ = next(loader)
+        x.sum()
+        probe.end_step(i)
+    (r,) = [r for r in probe.records() if r.dataset is not None]
+    assert r.dataset == "_MovingDataset" and r.moved.line == _line(_MovingDataset.__getitem__, "clip.to(")
+    assert (r.moves, r.steps, r.how) == (4 * WATCH_STEPS, WATCH_STEPS, "to") and not r.kept

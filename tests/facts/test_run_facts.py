@@ -392,3 +392,25 @@ def test_an_evaluation_loaders_moves_are_no_batch_copy(tmp_path):
     }
     r = load_run(make_run(tmp_path, probes=probes))
     assert [s.key for s in r.facts.of_kind("batch_copy")] == ["/x/running.py:401"]
+
+
+def test_a_dataset_that_moves_each_sample_marks_its_loaders_batches_on_the_device(tmp_path):
+    """UrbanSound's `signal.to(self.device)` in `__getitem__`: a per-sample PD004 subject at the move, and the
+    loaders over that Dataset (by its class) yield batches on the device: nothing for PD003 to pin."""
+    kwargs = {"batch_size": 4, "num_workers": 0, "pin_memory": False, "persistent_workers": False,
+              "prefetch_factor": None, "multiprocessing_context": None}
+    probes = {
+        "dataloaders": [{"id": i, "site": {"file": "/x/train.py", "line": line, "code": "DataLoader(...)", "function": "main"},
+                         "kwargs": kwargs, "batches": 40, "wait_ms_per_step": [1.0] * 40, "dataset": name}
+                        for i, line, name in ((0, 21, "UrbanSoundDataset"), (1, 30, "TensorDataset"))],
+        "host_tensors": [{"moved": {"file": "/x/urbansounddataset.py", "line": 32, "code": "signal = signal.to(self.device)",
+                                    "function": "__getitem__"}, "how": "to", "moves": 12, "steps": 3, "watched": 3,
+                          "nbytes": 88200, "dataset": "UrbanSoundDataset"}],
+    }
+    r = load_run(make_run(tmp_path, probes=probes))
+    (s,) = r.facts.of_kind("cpu_to_device")
+    f = {k: v.value for k, v in s.facts.items()}
+    assert s.key == "/x/urbansounddataset.py:32" and f["cpu_to_device.per_sample"] is True
+    assert f["cpu_to_device.moves_per_step"] == 4 and f["cpu_to_device.in_loop"] is True
+    on = {d.key: d.facts.get("dataloader.samples_on_device") for d in r.facts.of_kind("dataloader")}
+    assert on["/x/train.py:21"].value is True and on["/x/train.py:30"] is None

@@ -65,3 +65,52 @@ def test_pd004_python_list_indices_into_the_models_computation():
                          factory="list", in_loop=True)
     assert finding.title.startswith("Python lists of indices index a tensor on the device")
     assert "Make the index a tensor once" in finding.message and "Pass device=" not in finding.message
+
+
+def test_pd004_a_dataset_that_moves_each_sample_to_the_device():
+    """UrbanSound's `signal = signal.to(self.device)` in `__getitem__`: a copy per sample inside the
+    DataLoader's fetch; the advice moves the batch once in the step (no factory to give device=)."""
+    (finding,) = _judged(Location("urbansounddataset.py", 32, "signal = signal.to(self.device)"), "run",
+                         per_sample=True, in_loop=True, moves_per_step=128)
+    assert finding.title.startswith("The Dataset copies each sample to the device")
+    assert "128 samples a step" in finding.message and "move the whole batch once" in finding.message
+    assert finding.fix is None or "device=" not in (finding.fix.after or "")
+
+
+def test_pd003_stands_down_where_the_batches_are_on_the_device_already():
+    """A CUDA batch cannot be pinned: PD003's advice would fail where the Dataset moves its samples."""
+    from tests.rules.builders import cpu_run as run
+
+    def judged(on_device):
+        f = run()
+        f.add("script.targets_cuda", True, "", "static")
+        s = f.subject("dataloader", "train.py:21")
+        s.add("pin_memory", False, "", "run")
+        s.add("pin_memory_on_cuda", False, "", "static")
+        s.add("moved", True, "", "run")
+        s.add("trains", True, "", "run")
+        if on_device:
+            s.add("samples_on_device", True, "", "run")
+        s.locations.append(Location("train.py", 21, "train_dataloader = DataLoader(train_data, batch_size=batch_size)"))
+        return [x.rule for x in judge(f, RULES)]
+    assert "PD003" in judged(False)
+    assert "PD003" not in judged(True)
+
+
+def test_pd002_says_to_move_the_datasets_copies_out_before_adding_workers():
+    """Workers cannot use CUDA: adding them to a loader whose Dataset moves samples to the GPU would fail."""
+    from tests.rules.builders import cpu_run as run
+
+    def message(on_device):
+        f = run()
+        f.add("step.time_ms", 100.0, "ms", "run")
+        s = f.subject("dataloader", "train.py:21")
+        for name, value in (("num_workers", 0), ("wait_ms", 50.0), ("wait_fraction", 0.5), ("trains", True)):
+            s.add(name, value, "", "run")
+        if on_device:
+            s.add("samples_on_device", True, "", "run")
+        s.locations.append(Location("train.py", 21, "train_dataloader = DataLoader(train_data, batch_size=batch_size)"))
+        (finding,) = [x for x in judge(f, RULES) if x.rule == "PD002"]
+        return finding.message
+    assert "move the .to(device) out of the Dataset first" in message(True)
+    assert "out of the Dataset" not in message(False)

@@ -39,8 +39,6 @@ from perfdoctor.usercode import is_user_file
 # Tensor method -> the kind of read it is
 METHODS = {"item": "item", "cpu": "cpu", "numpy": "numpy", "tolist": "tolist", "__float__": "float",
            "__int__": "int", "__bool__": "bool", "__repr__": "print", "__format__": "print"}
-_LOADER_FILES = ("torch/utils/data/", "torch\\utils\\data\\")
-_MAX_DEPTH = 60  # frames walked to see whether a line runs inside the DataLoader's fetch
 _MAX_CALLERS = 30  # frames walked for the training loop's line that called a reading helper
 _LIBRARY = object()  # `HostReadProbe.lines`: a library's line, whose reads `_through` attributes per call
 
@@ -125,7 +123,7 @@ class HostReadProbe:
         line: _Line | None | object = None
         if not is_user_file(frame.f_code.co_filename):
             line = _LIBRARY
-        elif not _in_loader(frame):
+        elif not sites.in_loader(frame):
             site = sites.site_of(frame)
             if site is not None:
                 dev = getattr(getattr(t, "device", None), "type", None) or "cpu"
@@ -212,15 +210,4 @@ def _handed(torch: Any, t: Any, entry: Any) -> bool:
             todo.extend((x, depth + 1) for x in v[:16])
         elif depth < 2 and isinstance(v, dict):
             todo.extend((x, depth + 1) for x in list(v.values())[:16])
-    return False
-
-
-def _in_loader(frame: Any) -> bool:
-    """Whether `frame` runs inside the DataLoader (a dataset's __getitem__, a collate_fn)."""
-    f, depth = frame, 0
-    while f is not None and depth < _MAX_DEPTH:
-        name = f.f_code.co_filename
-        if any(p in name for p in _LOADER_FILES):
-            return True
-        f, depth = f.f_back, depth + 1
     return False

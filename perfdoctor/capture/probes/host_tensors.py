@@ -32,8 +32,11 @@ buffer carrying the host's data, as `torch.tensor(data)` is: its move is that da
 batch's (the data path: PD003), not a factory's output to make on the device; writes of one constant
 (`mask[:, :k] = 1`) leave it a factory's. The user functions that write such data are noted by the
 profiler's names of their frames (`HostFactoryWatch.filled`): the GPU-step estimate leaves their ops
-to the host. O(1) per call; nothing while dynamo traces; nothing stored
-on tensors.
+to the host. A move of a tensor no factory of the step made, at the user's line inside the DataLoader's
+fetch, is a Dataset moving each sample as it reads it (UrbanSound's `signal.to(self.device)` in
+`__getitem__`): noted per line with the Dataset's class (`samples`), a copy per sample (PD004), and
+its loaders' batches are on the device already (PD003 stands down). O(1) per call (a move outside the
+loader's fetch walks the stack once to see that); nothing while dynamo traces; nothing stored on tensors.
 
 A host tensor kept across steps and moved again on every step (`kept`: a diffusion model's noise
 schedule made once in `__init__`, `self.alphas.to(x.device)[t]` in every training step; a mask or a
@@ -128,6 +131,17 @@ class _Kept:
         self.non_blocking = True
 
 
+class _Sample:
+    """A Dataset's move of each sample to the device at one line (inside the DataLoader's fetch)."""
+
+    __slots__ = ("how", "nbytes", "dataset", "moves", "steps", "last")
+
+    def __init__(self, how: str, nbytes: int, dataset: str | None):
+        self.how, self.nbytes, self.dataset = how, nbytes, dataset
+        self.moves = self.steps = 0
+        self.last = -1
+
+
 class _Selection:
     """The rows a kept host index selects from a kept host tensor (`labels[idx_train]`): one object per
     (tensor, index) pair across the steps, so that moving the selection on every step is a kept move."""
@@ -155,6 +169,7 @@ class HostTensorProbe:
         self.codes: dict[int, Any] = {}  # id() -> the code objects of the lines noted
         self.watched = 0
         self.kept: dict[tuple[int, int], dict[int, _Kept]] = {}  # (id of a code, line) -> id() -> the tensor
+        self.samples: dict[tuple[int, int], _Sample] = {}  # (id of a code, line) -> a Dataset's per-sample move there
         self.made_lines: set[tuple[int, int]] = set()  # (id of a code, line) of every factory call noted
         self.alias: dict[int, tuple[weakref.ref, Any]] = {}  # id() of a fresh Parameter -> (ref, the host tensor it wraps)
         self.on_device: dict[int, weakref.ref] = {}  # id() -> what `.to(device)` / `.cuda()` returned this step
@@ -583,6 +598,8 @@ class HostTensorProbe:
                 self._move_line(frame)
             e = self._entry(t)
             if e is None:
+                if how in ("to", "cuda") and self._sample_move(t, frame, how):
+                    return
                 if how != "type_as":
                     self._kept_move(t, frame, how, non_blocking)
                 return
@@ -618,6 +635,33 @@ class HostTensorProbe:
             return
         self.codes[id(code)] = code
         self.move_lines.add(key)
+
+    def _sample_move(self, t: Any, frame: Any, how: str) -> bool:
+        """A move at the user's line inside the DataLoader's fetch, in a method of a Dataset (or a function
+        one calls): each sample copied to the device as it is read (UrbanSound's `signal.to(self.device)`
+        in `__getitem__`). Noted per line with the Dataset's class; True where it is one."""
+        code = frame.f_code
+        if threading.get_ident() != self.main or not is_user_file(code.co_filename) or not sites.in_loader(frame):
+            return False
+        dataset, f = None, frame
+        while f is not None and dataset is None:
+            owner = f.f_locals.get("self")
+            if isinstance(owner, self.torch.utils.data.Dataset):
+                dataset = type(owner).__name__
+            f = f.f_back
+        key = (id(code), frame.f_lineno)
+        k = self.samples.get(key)
+        if k is None:
+            if len(self.samples) >= MAX_KEPT:
+                return True
+            self.codes[id(code)] = code
+            nbytes = int(t.numel() * t.element_size()) if isinstance(t, self.torch.Tensor) else 0
+            k = self.samples[key] = _Sample(how, nbytes, dataset)
+        k.moves += 1
+        if k.last != self.step:
+            k.last = self.step
+            k.steps += 1
+        return True
 
     def _kept_move(self, t: Any, frame: Any, how: str, non_blocking: bool) -> None:
         """A host tensor the step did not make (nor a DataLoader's batch), or a host array, moved at the
@@ -708,7 +752,10 @@ class HostTensorProbe:
         return [HostTensorRecord(site=p.site, moved=p.moved, factory=p.factory, how=p.how, moves=p.moves,
                                  steps=p.steps, watched=max(self.watched, p.steps), nbytes=p.nbytes, loader=p.loader,
                                  non_blocking=p.non_blocking)
-                for p in self.pairs.values()] + self._kept_records()
+                for p in self.pairs.values()] + self._kept_records() + [
+            HostTensorRecord(moved=self._site(*key), how=k.how, moves=k.moves, steps=k.steps,
+                             watched=max(self.watched, k.steps), nbytes=k.nbytes, dataset=k.dataset or "Dataset")
+            for key, k in self.samples.items()]
 
 
 def _module_buffer(t: Any) -> bool:

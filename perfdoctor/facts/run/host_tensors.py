@@ -67,6 +67,9 @@ def add(ctx: RunContext) -> None:
         if r.kept:
             _kept(ctx, r)
             continue
+        if r.dataset is not None:
+            _per_sample(ctx, r)
+            continue
         if r.loader is None:
             _factory(ctx, r)
             continue
@@ -105,6 +108,25 @@ def _factory(ctx: RunContext, r: HostTensorRecord) -> None:
     s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
           detail=f"{how} on {r.steps} of {r.watched} watched steps")
     _moves(s, r)
+
+
+def _per_sample(ctx: RunContext, r: HostTensorRecord) -> None:
+    """A Dataset that moves each sample to the device as it is read: the move is PD004's (a copy per
+    sample), and the loaders over that Dataset yield batches already on the device, which cannot be
+    pinned (PD003, PD017 stand down)."""
+    s = site_subject(ctx.facts, "cpu_to_device", r.moved)
+    if s is None:
+        return
+    s.add("per_sample", True, detail=f"{r.dataset} moves each sample with .{r.how}() inside the DataLoader's fetch "
+                                     f"({r.moves} moves on {r.steps} of {r.watched} watched steps)")
+    s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
+          detail=f"moved with .{r.how}() on {r.steps} of {r.watched} watched steps")
+    _moves(s, r)
+    for dl in ctx.probes.dataloaders:
+        if dl.dataset == r.dataset:
+            d = site_subject(ctx.facts, "dataloader", dl.judged_site)
+            if d is not None:
+                d.add("samples_on_device", True, detail=f"{r.dataset} moves each sample to the device at {_where(r)}")
 
 
 def _kept(ctx: RunContext, r: HostTensorRecord) -> None:
