@@ -103,11 +103,8 @@ def _factory(ctx: RunContext, r: HostTensorRecord) -> None:
     s.add("factory", r.factory, detail=f"numpy index arrays ({r.nbytes:,} bytes) at this line" if r.factory == "numpy"
           else f"Python lists of indices (about {r.nbytes:,} bytes as an index tensor) at this line"
           if r.factory == "list" else f"torch.{r.factory} at this line made the tensor on the host")
-    how = ("used as an index into the model's computation (copied to its device each call)" if r.how == "index"
+    _moves(s, r, "used as an index into the model's computation (copied to its device each call)" if r.how == "index"
            else f"moved with .{r.how}()")
-    s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
-          detail=f"{how} on {r.steps} of {r.watched} watched steps")
-    _moves(s, r)
 
 
 def _per_sample(ctx: RunContext, r: HostTensorRecord) -> None:
@@ -119,9 +116,7 @@ def _per_sample(ctx: RunContext, r: HostTensorRecord) -> None:
         return
     s.add("per_sample", True, detail=f"{r.dataset} moves each sample with .{r.how}() inside the DataLoader's fetch "
                                      f"({r.moves} moves on {r.steps} of {r.watched} watched steps)")
-    s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
-          detail=f"moved with .{r.how}() on {r.steps} of {r.watched} watched steps")
-    _moves(s, r)
+    _moves(s, r, f"moved with .{r.how}()")
     for dl in ctx.probes.dataloaders:
         if dl.dataset == r.dataset:
             d = site_subject(ctx.facts, "dataloader", dl.judged_site)
@@ -135,14 +130,14 @@ def _kept(ctx: RunContext, r: HostTensorRecord) -> None:
         return
     s.add("kept", True, detail=f"the same host tensor ({r.nbytes:,} bytes), made before the steps, moved at {_where(r)} "
                                f"with .{r.how}() on {r.steps} of {r.watched} watched steps")
-    s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched,
-          detail=f"moved with .{r.how}() on {r.steps} of {r.watched} watched steps")
-    _moves(s, r)
+    _moves(s, r, f"moved with .{r.how}()")
 
 
-def _moves(s: Subject, r: HostTensorRecord) -> None:
-    """How often the step moved the tensors and what one move carries (PD004 prices the copies with them
-    on the target GPU: facts/trace/target_gpu.py)."""
+def _moves(s: Subject, r: HostTensorRecord, how: str) -> None:
+    """Whether the move is on every step (`in_loop`: on at least half the watched steps), how often the
+    step moved the tensors and what one move carries (PD004 prices the copies with them on the target
+    GPU: facts/trace/target_gpu.py)."""
+    s.add("in_loop", r.watched >= 2 and 2 * r.steps >= r.watched, detail=f"{how} on {r.steps} of {r.watched} watched steps")
     s.add("moves_per_step", r.moves / max(r.watched, 1), "count",
           detail=f"{r.moves} moves at {_where(r)} over {r.watched} watched steps")
     if r.nbytes > 0:
