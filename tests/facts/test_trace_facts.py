@@ -455,6 +455,21 @@ def test_a_batch_written_element_by_element_on_the_host_launches_nothing(tmp_pat
     # the run saw make_batch write the host's values into the step's tensor (facts/run/host_tensors.py)
     from perfdoctor.facts.trace import target_gpu
 
+    # a step function that builds its batch by hand and takes the step itself keeps its backward's and its
+    # optimizer's ops: only the batch's writes are the host's
+    def step_filling():
+        x = torch.zeros(4, 50)
+        for i in range(4):
+            for j in range(50):
+                x[i, j] = (i * j) % 7
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    filling = _profiled_steps(tmp_path, step_filling)
+    kept = gpu_ops_per_step(filling, (f"test_trace_facts.py({step_filling.__code__.co_firstlineno}): step_filling",))
+    assert kept is not None and model_only - 5 <= kept < every  # what the model, backward and optimizer launch
     ctx.facts = _cuda_script_facts()
     ctx.facts.add("device.type", "cpu", "", "machine")
     ctx.facts.subject("host_fill", frame).add("frame", frame, "str", "run")

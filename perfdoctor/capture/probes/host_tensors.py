@@ -35,8 +35,9 @@ profiler's names of their frames (`HostFactoryWatch.filled`): the GPU-step estim
 to the host. A move of a tensor no factory of the step made, at the user's line inside the DataLoader's
 fetch, is a Dataset moving each sample as it reads it (UrbanSound's `signal.to(self.device)` in
 `__getitem__`): noted per line with the Dataset's class (`samples`), a copy per sample (PD004), and
-its loaders' batches are on the device already (PD003 stands down). O(1) per call (a move outside the
-loader's fetch walks the stack once to see that); nothing while dynamo traces; nothing stored on tensors.
+its loaders' batches are on the device already (PD003 stands down). O(1) per call, but for a move of
+an untracked tensor at the user's line, which walks up to 60 frames to see whether it runs in the loader's
+fetch; nothing while dynamo traces; nothing stored on tensors.
 
 A host tensor kept across steps and moved again on every step (`kept`: a diffusion model's noise
 schedule made once in `__init__`, `self.alphas.to(x.device)[t]` in every training step; a mask or a
@@ -430,12 +431,11 @@ class HostTensorProbe:
             self.err("host_tensors", ex)
 
     def _fills_host(self, t: Any, value: Any) -> bool:
-        """`_filled`'s test, True where `t` becomes (or is) a buffer of the host's data."""
+        """`_filled`'s test, True where this write makes `t` a buffer of the host's data (a loader's batch,
+        or a buffer already marked, is not made one again: writing into a batch is no filling)."""
         e = self._entry(t)
-        if e is None:
+        if e is None or not e[2]:
             return False
-        if not e[2]:
-            return e[1] == (0, 0) and e[0]() is not None  # already the host's data
         owner = e[0]()
         if owner is None:
             return False

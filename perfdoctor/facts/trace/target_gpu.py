@@ -12,8 +12,8 @@ From what the run observed:
 - the aten ops per step no other aten op encloses, each of which launches one kernel or more on a
   GPU (not a DataLoader's own, nor those of a batch source of the user's that the training thread
   draws from, `dataloader.source_def`, or of a function the run saw writing the host's values into a
-  tensor element by element, `host_fill.frame`, outside the modules they call: a batch built by hand
-  stays on the host on a GPU too), with an optimizer step's ops counted once per operator, and the backward
+  tensor element by element, `host_fill.frame`, outside the modules they call, a backward and an
+  optimizer step: a batch built by hand stays on the host on a GPU too), with an optimizer step's ops counted once per operator, and the backward
   of a recurrent layer once per forward call (`target_gpu.ops_per_step`): on a CPU an LSTM or GRU
   runs as its gates' ops and autograd differentiates each, on CUDA cuDNN runs the layer's forward
   and its backward as one call each;
@@ -88,11 +88,15 @@ def gpu_ops_per_step(ctx: TraceContext, sources: tuple[str, ...] = ()) -> float 
     batches = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in loading)
     starts = [a for a, _ in batches]
     # a batch source's frames (nested where a generator resumes inside another's: their union), less the
-    # modules they call: an RL rollout's policy forward launches on the GPU, its bookkeeping does not
+    # step's own work they hold: the modules they call (an RL rollout's policy forward launches on the GPU,
+    # its bookkeeping does not), and a backward or an optimizer step (a step function that also fills a
+    # host tensor element by element keeps its backward's and its optimizer's launches)
     made = _union([(ts[i], ts[i] + dur[i]) for i in t.indices(PYFUNC) if name[i] in own]) if own else []
     made_starts = [a for a, _ in made]
     called = t.names_where(lambda s: s.startswith("nn.Module:")) if made else set()
-    modules = _union([(ts[i], ts[i] + dur[i]) for i in t.indices(PYFUNC) if name[i] in called])
+    backward = t.names_where(lambda s: s.startswith("autograd::engine::evaluate_function:")) if made else set()
+    modules = _union([(ts[i], ts[i] + dur[i]) for i in t.indices(PYFUNC) if name[i] in called] + spans
+                     + [(ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP) if name[i] in backward])
     module_starts = [a for a, _ in modules]
     by_track: dict[int, list[int]] = defaultdict(list)
     for i in t.indices(CPU_OP):
