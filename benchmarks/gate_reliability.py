@@ -60,6 +60,8 @@ from perfdoctor.gate import stats as gate_stats  # noqa: E402
 from perfdoctor.gate.adaptive import baseline_resolves, gate_runs  # noqa: E402
 from perfdoctor.gate.baseline import record_from_run_dir  # noqa: E402
 
+gate_compare = sys.modules["perfdoctor.gate.compare"]  # the module (the package exports its compare())
+
 SCRIPT = ROOT / "benchmarks" / "steady_train.py"
 ENV_ID = {"torch": "bench", "device": "cpu", "cpu_count": os.cpu_count(), "script": "steady_train.py", "args": []}
 
@@ -243,6 +245,7 @@ def record_pools(a, root: Path) -> None:
 
 def mode_contention(a) -> None:
     t0 = time.time()
+    gate_compare.COUNTER_SLACK = math.inf  # counter rows never fail a gate here: only the timing verdict counts
     with tempfile.TemporaryDirectory() as d:
         roots = [Path(p) for p in a.pools.split(",")] if a.pools else [Path(a.keep or d)]
         if not a.pools:
@@ -258,8 +261,11 @@ def mode_contention(a) -> None:
                 print(f"[contention] {run.name}: not judged ({e})")
                 continue
             # the step time's verdict is what is measured: the extra work's own operator calls (a counter)
-            # and memory would fail a gate by themselves, so they are not compared here
-            r.counters, r.findings, r.peak_memory_bytes = {}, [], None
+            # and memory would fail a gate by themselves, so they are not judged here (COUNTER_SLACK below);
+            # the work counters stay, as the gate reads them to tell the same work from more
+            # (gate.compare.work_changes)
+            r.counters = {k: v for k, v in r.counters.items() if k in gate_compare.WORK_COUNTERS}
+            r.findings, r.peak_memory_bytes = [], None
             pools.setdefault((load, change), []).append(r)
             loads.setdefault(load, []).extend(r.loadavg)
         print("[contention] runs per pool: " + ", ".join(f"{k[0]}/{k[1]} {len(v)}" for k, v in sorted(pools.items())))

@@ -93,6 +93,8 @@ class Row:
     # lies beyond POINT_FAIL_FACTOR thresholds), "values" (memory and counters, by value and slack),
     # None where nothing was decided (unstable, inconclusive, not comparable)
     basis: str | None = None
+    # the slowdown of the same work that a busier host explains on this row (`_contention_rows`)
+    allowance: float = field(default=0.0, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
         return {"metric": self.metric, "unit": self.unit, "baseline": _r(self.baseline), "current": _r(self.current),
@@ -236,6 +238,32 @@ def co_runner_allowance(base: list[RunRecord], cur: list[RunRecord], slowdown: f
                           0.0)
 
 
+# The per-step work counters that tell whether both sides did the same operator work: the same
+# operators per step (within WORK_SLACK of the count, or half a call) is the same program path
+WORK_COUNTERS = ("ops.calls_per_step", "kernels.launches_per_step")
+WORK_SLACK = 0.01
+
+
+def work_changes(base: list[RunRecord], cur: list[RunRecord]) -> list[tuple[str, float, float]]:
+    """The work counters (WORK_COUNTERS: operator calls, kernel launches per step, noise-free) whose
+    sides' means differ, as (counter, baseline, current); empty where they agree or neither side
+    counted them. They differ where the sides' ranges over their runs lie apart by more than the slack
+    (a data-dependent program path varies from run to run on both sides alike). Where they agree the
+    same operator work ran on both sides, so more CPU time beside busier CPUs may be the host's
+    (`co_runner_allowance`); where they differ the program changed."""
+    out = []
+    for name in WORK_COUNTERS:
+        b = [r.counters[name] for r in base if name in r.counters]
+        c = [r.counters[name] for r in cur if name in r.counters]
+        if len(b) != len(base) or len(c) != len(cur):
+            continue
+        bm, cm = statistics.fmean(b), statistics.fmean(c)
+        slack = max(0.5, WORK_SLACK * bm)
+        if min(c) - max(b) > slack or min(b) - max(c) > slack:
+            out.append((name, bm, cm))
+    return out
+
+
 def _interval_row(metric: str, base: list[list[float]], cur: list[list[float]], t: float,
                   between: tuple[float, int] | None, seed: int, notes: list[str], kind: str = "timing",
                   allow: float = 0.0) -> Row:
@@ -267,7 +295,7 @@ def _interval_row(metric: str, base: list[list[float]], cur: list[list[float]], 
         notes.append(f"the {metric} is too noisy to judge a {t:.0%} change: its {LEVEL:.0%} interval spans "
                      f"{(lo - 1) * 100:+.1f}%..{(hi - 1) * 100:+.1f}%; use more steps or --repeats, or a quieter machine")
     return Row(metric, "ms", b0, c0, (point - 1) * 100, ((lo - 1) * 100, (hi - 1) * 100), verdict, kind,
-               None if verdict in UNDECIDED else "interval")
+               None if verdict in UNDECIDED else "interval", allow)
 
 
 def contended(runs: list[RunRecord], t: float) -> bool:
@@ -293,15 +321,15 @@ def deciding_series(runs: list[RunRecord], t: float) -> list[tuple[str, list[lis
 
 
 def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed: int,
-                     notes: list[str], slowdown: float = CO_RUNNER_SLOWDOWN) -> tuple[Row, list[Row], bool, float] | None:
+                     notes: list[str], slowdown: float = CO_RUNNER_SLOWDOWN) -> tuple[Row, list[Row], bool] | None:
     """Where either side's training thread waited for a CPU materially (MATERIAL_WAIT), the wall
     time's row (shown, not judged), the contention-corrected rows the verdict rests on (the step
     time less the training thread's wait for a CPU; the script's CPU time per step, the training
     thread's plus its DataLoader workers', where every run measured it), whether the host explains a
     wall-time regression (the wall time grew beyond the threshold and no corrected row regressed or
     stays undecided: the extra wait explains it; or a corrected row grew within what the current
-    side's busier other CPUs explain, `co_runner_allowance`, and none regressed) and that allowance.
-    None where the wait is unknown on a run, or immaterial on all: the wall time decides."""
+    side's busier other CPUs explain, `co_runner_allowance`, each row's share in `Row.allowance`, and
+    none regressed). No allowance where the sides' work counters differ (`work_changes`). None where the wait is unknown on a run, or immaterial on all: the wall time decides."""
     runs = base + cur
     if not contended(runs, t):
         return None
@@ -310,11 +338,31 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
     # the wall time's row keeps its name (step time (p10)): shown first, as on a quiet host, not judged
     wall = _interval_row(timing_metric(), bw, cw, t, _sigma_b2(bw, cw, seed), seed, [], kind="wall")
     allow = co_runner_allowance(base, cur, slowdown)
-    deciding = []
-    for metric, series in deciding_series(runs, t):
-        b, c = series[:len(base)], series[len(base):]
-        deciding.append(_interval_row(metric + q, b, c, t, _sigma_b2(b, c, seed), seed, notes,
-                                      kind="cpu" if metric == CPU_METRIC else "timing", allow=allow))
+    changed = work_changes(base, cur)
+    if allow > 0 and changed:
+        # the same work done slower is what the allowance explains; these sides did not run the same work
+        notes.append("co-runners: the other CPUs were busier on the current side, but the work per step changed ("
+                     + ", ".join(f"{n} {b:g} -> {c:g}" for n, b, c in changed) + "): more CPU time is the "
+                     "script's, and no slowdown of the host is allowed for")
+        allow = 0.0
+    series = dict(deciding_series(runs, t))
+    rows: dict[str, Row] = {}
+    if CPU_METRIC in series:
+        b, c = series[CPU_METRIC][:len(base)], series[CPU_METRIC][len(base):]
+        rows[CPU_METRIC] = _interval_row(CPU_METRIC + q, b, c, t, _sigma_b2(b, c, seed), seed, notes, kind="cpu",
+                                         allow=allow)
+    b, c = series[WORK_METRIC][:len(base)], series[WORK_METRIC][len(base):]
+    work_allow = allow
+    if CPU_METRIC in rows:
+        # the step less its wait is CPU time plus blocked time (sleeping, I/O, locks): busier CPUs slow the
+        # first, not the second, so what they explain of it is what the CPU time surely grew (its
+        # interval's lower bound; at most the allowance), in the share of the step that is CPU time
+        cpu = rows[CPU_METRIC]
+        grew = max(0.0, cpu.ci_pct[0] / 100 if cpu.ci_pct else 0.0)
+        share = min(1.0, (cpu.baseline or 0.0) / stats.side_center([stats.quantile(x, stats.GATE_QUANTILE) for x in b]))
+        work_allow = min(allow, grew) * share
+    rows[WORK_METRIC] = _interval_row(WORK_METRIC + q, b, c, t, _sigma_b2(b, c, seed), seed, notes, allow=work_allow)
+    deciding = [rows[m] for m in (WORK_METRIC, CPU_METRIC) if m in rows]
     if len(deciding) < 2:
         notes.append("the script's CPU time per step was not measured on every run (a baseline recorded before "
                      "it was kept): the verdict rests on the step time less the training thread's wait for a CPU "
@@ -337,12 +385,15 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
         notes.insert(1, f"co-runners: the other CPUs were busier on the current side ({busy(cur):.2f} of their "
                         f"capacity, {busy(base):.2f} on the baseline): beside them the same work runs up to "
                         f"{allow:.1%} slower ({slowdown:g} per busy CPU), so a corrected row is a regression only "
-                        f"where its interval's lower bound clears {((1 + t) * (1 + allow) - 1):+.1%}")
+                        f"where its interval's lower bound clears "
+                        + "; ".join(f"{(1 + t) * (1 + r.allowance) - 1:+.1%} ({r.metric})" for r in deciding)
+                        + " (the step less its wait: the CPU time's share of it, at most what the CPU time surely grew)")
     corunner = [r for r in deciding if r.verdict == "host-contention"]
     if corunner and not any(r.verdict == "regression" for r in deciding):
         ci = "; ".join(f"the {r.metric} changed {r.change_pct or 0.0:+.1f}% ({LEVEL:.0%} interval "
                        f"{r.ci_pct[0]:+.1f}%..{r.ci_pct[1]:+.1f}%)" for r in corunner if r.ci_pct)
-        notes.insert(1, f"host contention: not decided. {ci[0].upper() + ci[1:]}, within the {allow:.1%} that the "
+        explained = max(r.allowance for r in corunner)
+        notes.insert(1, f"host contention: not decided. {ci[0].upper() + ci[1:]}, within the {explained:.1%} that the "
                         f"current side's busier other CPUs explain beyond the {t:.0%} threshold: the same work done "
                         f"slower beside other processes cannot be told from more work here. Neither passed nor "
                         f"failed: gate on a quieter runner, or record the baseline under the same load (or "
@@ -361,7 +412,7 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
                         + ". Neither passed nor failed: gate on a quieter runner (or --strict to fail)")
     if wall.verdict == "regression" and not any(r.verdict == "regression" for r in deciding):
         wall.verdict, wall.basis = "host-contention", None  # the wall time alone is not judged under contention
-    return wall, deciding, host, allow
+    return wall, deciding, host
 
 
 def _simple_row(metric: str, unit: str, kind: str, b: float | None, c: float | None, t: float, slack: float) -> Row | None:
@@ -409,21 +460,20 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
     rows: list[Row] = []
     evidence = _contention_rows(base, cur, t, seed, notes, co_runner_slowdown)
     contended = evidence is not None
-    allow = 0.0
     if evidence is None:
         timing = _timing_row(base, cur, t, _sigma_b2([r.step_ms for r in base], [r.step_ms for r in cur], seed),
                              seed, notes)
         deciding = [timing]
         host = False
     else:
-        timing, deciding, host, allow = evidence
+        timing, deciding, host = evidence
     undecided = comparable and not host and any(r.verdict in UNDECIDED for r in deciding) and not any(
         r.verdict == "regression" for r in deciding)
     if undecided:
         for d in deciding:
             if d.verdict in UNDECIDED and d.change_pct is not None and (
-                    1 + d.change_pct / 100 > (1 + POINT_FAIL_FACTOR * t) * (1 + allow)):
-                beyond = f" and the {allow:.1%} the busier host explains" if allow > 0 else ""
+                    1 + d.change_pct / 100 > (1 + POINT_FAIL_FACTOR * t) * (1 + d.allowance)):
+                beyond = f" and the {d.allowance:.1%} the busier host explains" if d.allowance > 0 else ""
                 notes.append(f"the {d.metric}'s interval could not settle a {t:.0%} threshold, but its estimate, "
                              f"{d.change_pct:+.1f}%, lies beyond {POINT_FAIL_FACTOR:g}x the threshold{beyond}: failed "
                              f"as a regression on the point estimate")
@@ -446,7 +496,10 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
     if row:
         rows.append(row)
     for name in sorted(set(base[0].counters) & set(cur[0].counters)):
-        row = _simple_row(name, "count/step", "counter", base[0].counters[name], cur[0].counters[name], t, COUNTER_SLACK)
+        # each side's mean over its runs: a data-dependent program path counts differently from run to run
+        bc = statistics.fmean(r.counters[name] for r in base if name in r.counters)
+        cc = statistics.fmean(r.counters[name] for r in cur if name in r.counters)
+        row = _simple_row(name, "count/step", "counter", bc, cc, t, COUNTER_SLACK)
         if row:
             rows.append(row)
     only = sorted(set(base[0].counters) ^ set(cur[0].counters))

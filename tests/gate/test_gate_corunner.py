@@ -14,7 +14,7 @@ import json
 import pytest
 
 from perfdoctor.gate.baseline import RunRecord, load_baseline, save_baseline
-from perfdoctor.gate.compare import CO_RUNNER_SLOWDOWN, co_runner_allowance, compare
+from perfdoctor.gate.compare import CO_RUNNER_SLOWDOWN, co_runner_allowance, compare, work_changes
 from tests.helpers import TESTS, run_cli
 
 DATA = json.loads((TESTS / "data" / "corunner_gate.json").read_text())
@@ -50,10 +50,13 @@ def test_the_same_work_14_percent_slower_beside_a_busy_other_cpu_is_host_content
     c = compare(base, cur)
     r = rows(c)
     assert co_runner_allowance(base, cur) == pytest.approx(CO_RUNNER_SLOWDOWN)
-    assert not c.failed and c.verdict == "host-contention" and c.host_contention and c.settled
-    assert r["timing"].verdict == "host-contention" and r["timing"].ci_pct[0] > 10
+    # not failed: the step less its wait (+18.7 %, interval +10.2..+29.2 %) is allowed what the CPU time
+    # surely grew (+8.9 %, its lower bound) in its share of the step, and its point lies beyond that:
+    # undecided (the CPU time's own interval, +8.9..+39.5 %, is too wide to settle)
+    assert not c.failed and c.verdict in ("host-contention", "undecided")
+    assert r["timing"].verdict in ("host-contention", "inconclusive") and r["timing"].ci_pct[0] > 10
     assert r["cpu"].verdict in ("host-contention", "unstable", "no-change")
-    assert any(n.startswith("host contention: not decided") and "busier other CPUs" in n for n in c.notes)
+    assert 0 < r["timing"].allowance < r["cpu"].allowance == pytest.approx(CO_RUNNER_SLOWDOWN)
     assert any(n.startswith("co-runners: the other CPUs were busier") for n in c.notes)
     strict = compare(base, cur, strict=True)
     assert strict.failed and strict.verdict == "failed"
@@ -111,8 +114,61 @@ def test_the_allowance_is_a_setting_of_perfdoctor_compare(tmp_path):
     save_baseline(cur, tmp_path / "cur.json")
     args = ("compare", str(tmp_path / "base.json"), str(tmp_path / "cur.json"), "--format", "json")
     default = run_cli(*args)
-    assert default.returncode == 0 and json.loads(default.stdout)["verdict"] == "host-contention"
+    assert default.returncode == 0 and json.loads(default.stdout)["verdict"] in ("host-contention", "undecided")
     off = run_cli(*args, "--co-runner-slowdown", "0")
     assert off.returncode == 1 and json.loads(off.stdout)["verdict"] == "failed"
     bad = run_cli(*args, "--co-runner-slowdown", "150%")
     assert bad.returncode == 2 and "--co-runner-slowdown '150%': must be between 0% and 100%" in bad.stderr
+
+
+def with_ops(rs: list[RunRecord], ops: float) -> list[RunRecord]:
+    for r in rs:
+        r.counters = {"ops.calls_per_step": ops}
+    return rs
+
+
+def test_more_operator_work_gets_no_co_runner_allowance():
+    # the same 1.14 x beside a busier other CPU: host contention where both sides ran the same operators
+    # (above); where the current side's operator calls per step grew, the work changed and it fails
+    base, cur = sides(1.14, 0.0, 1.0)
+    same = compare(with_ops(base, 13.0), with_ops(cur, 13.0))
+    assert not same.failed and same.verdict in ("host-contention", "undecided") and same.rows[2].allowance > 0
+    assert work_changes(base, cur) == []
+    more = compare(base, with_ops(cur, 450.0))
+    assert work_changes(base, cur) == [("ops.calls_per_step", 13.0, 450.0)]
+    assert more.failed and rows(more)["timing"].verdict == "regression" and not more.host_contention
+    assert all(r.allowance == 0.0 for r in more.rows)
+    assert any("the work per step changed (ops.calls_per_step 13 -> 450)" in n for n in more.notes)
+    # half a call per step is the counters' own noise (averages over the profiled steps)
+    assert work_changes(with_ops(base, 13.0), with_ops(cur, 13.4)) == []
+
+
+def test_more_sleep_beside_busier_cpus_is_not_explained_by_them():
+    # +25 % of the step slept (the step less its wait grows, the CPU time does not) beside an other CPU
+    # busier by 2 (an allowance of 34 %): busier CPUs slow work, not sleep, so the step less its wait is
+    # allowed only what the CPU time grew
+    base = [run(n, others_busy=0.0) for n in QUIET]
+    cur = [run(n, others_busy=2.0) for n in QUIET]  # the same runs, so the CPU time did not grow
+    for r in cur:
+        r.step_ms = [w + 0.25 * (w - x) for w, x in zip(r.step_ms, r.wait_ms)]
+    assert co_runner_allowance(base, cur) == pytest.approx(2 * CO_RUNNER_SLOWDOWN)
+    c = compare(base, cur)
+    r = rows(c)
+    assert r["timing"].allowance < 0.01 and r["cpu"].allowance == pytest.approx(2 * CO_RUNNER_SLOWDOWN)
+    assert c.failed and r["timing"].verdict == "regression" and r["cpu"].verdict == "no-change"
+    # before: the step less its wait was allowed the whole 34 %, and the slept 25 % was host contention
+    assert r["timing"].ci_pct[0] < ((1 + 0.1) * (1 + 2 * CO_RUNNER_SLOWDOWN) - 1) * 100
+
+
+def test_operator_counts_that_vary_from_run_to_run_on_both_sides_are_not_a_change():
+    # a data-dependent program path (variable-length batches, episodes) counts a different number of
+    # operators each run: ranges that overlap are no evidence of more work, ranges apart are
+    base, cur = sides(1.14, 0.0, 1.0)
+    for r, ops in zip(base + cur, (400, 460, 430, 450, 420, 470)):
+        r.counters = {"ops.calls_per_step": float(ops)}
+    assert work_changes(base, cur) == []
+    c = compare(base, cur)  # the counter row compares the sides' means (430 and 447 a step): no change
+    assert not c.failed and rows(c)["cpu"].allowance > 0 and rows(c)["counter"].verdict == "no-change"
+    for r, ops in zip(cur, (520, 560, 540)):
+        r.counters = {"ops.calls_per_step": float(ops)}
+    assert [n for n, _, _ in work_changes(base, cur)] == ["ops.calls_per_step"]
