@@ -45,6 +45,9 @@ MIN_STEPS = 6  # fewer steady steps than this give no interval (the block bootst
 # Counters from the trace that do not depend on machine noise; the gate compares them tightly.
 COUNTERS = ("sync.count_per_step", "copies.h2d_per_step", "copies.h2d_pageable_per_step",
             "ops.calls_per_step", "kernels.launches_per_step")
+# Kept beside them, not judged as rows: what tells the same work from more where the counts agree (a
+# larger batch or layer runs the same operators on more numbers): gate.compare.work_changes
+SIGNATURE = ("compute.flops_per_step",)
 # Environment keys that must match for timings to be comparable at all.
 IDENTITY_KEYS = ("torch", "device", "device_name", "device_count", "cpu_count", "cpu_model", "script", "args")
 
@@ -168,7 +171,7 @@ def _findings(report: ReportDoc) -> list[GateFinding]:
 
 def _counters(report: ReportDoc) -> dict[str, float]:
     out = {}
-    for name in COUNTERS:
+    for name in COUNTERS + SIGNATURE:
         v = report.fact(name)
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[name] = float(v)

@@ -43,6 +43,7 @@ from perfdoctor.contracts.run import rank_dirs
 from perfdoctor.errors import InputError
 from perfdoctor.gate import stats
 from perfdoctor.gate.baseline import (
+    COUNTERS,
     IDENTITY_KEYS,
     MIN_STEPS,
     Baseline,
@@ -239,13 +240,13 @@ def co_runner_allowance(base: list[RunRecord], cur: list[RunRecord], slowdown: f
 
 
 # The per-step work counters that tell whether both sides did the same operator work: the same
-# operators per step (within WORK_SLACK of the count, or half a call) is the same program path
-WORK_COUNTERS = ("ops.calls_per_step", "kernels.launches_per_step")
+# operators per step on the same amount of numbers (within WORK_SLACK, or half a call) is the same work
+WORK_COUNTERS = ("ops.calls_per_step", "kernels.launches_per_step", "compute.flops_per_step")
 WORK_SLACK = 0.01
 
 
 def work_changes(base: list[RunRecord], cur: list[RunRecord]) -> list[tuple[str, float, float]]:
-    """The work counters (WORK_COUNTERS: operator calls, kernel launches per step, noise-free) whose
+    """The work counters (WORK_COUNTERS: operator calls, kernel launches, FLOPs per step, noise-free) whose
     sides' means differ, as (counter, baseline, current); empty where they agree or neither side
     counted them. They differ where the sides' ranges over their runs lie apart by more than the slack
     (a data-dependent program path varies from run to run on both sides alike). Where they agree the
@@ -495,14 +496,14 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
     row = _simple_row("peak memory", "bytes", "memory", max(bp) if bp else None, max(cp) if cp else None, t, MEMORY_SLACK_BYTES)
     if row:
         rows.append(row)
-    for name in sorted(set(base[0].counters) & set(cur[0].counters)):
+    for name in sorted(set(base[0].counters) & set(cur[0].counters) & set(COUNTERS)):
         # each side's mean over its runs: a data-dependent program path counts differently from run to run
         bc = statistics.fmean(r.counters[name] for r in base if name in r.counters)
         cc = statistics.fmean(r.counters[name] for r in cur if name in r.counters)
         row = _simple_row(name, "count/step", "counter", bc, cc, t, COUNTER_SLACK)
         if row:
             rows.append(row)
-    only = sorted(set(base[0].counters) ^ set(cur[0].counters))
+    only = sorted((set(base[0].counters) ^ set(cur[0].counters)) & set(COUNTERS))
     if only:
         notes.append("counters measured on one side only (not compared): " + ", ".join(only))
 

@@ -172,3 +172,17 @@ def test_operator_counts_that_vary_from_run_to_run_on_both_sides_are_not_a_chang
     for r, ops in zip(cur, (520, 560, 540)):
         r.counters = {"ops.calls_per_step": float(ops)}
     assert [n for n, _, _ in work_changes(base, cur)] == ["ops.calls_per_step"]
+
+
+def test_more_flops_at_the_same_operator_count_is_more_work_and_not_a_counter_row():
+    # a larger batch or layer runs the same operators on more numbers: FLOPs per step tell it apart
+    base, cur = sides(1.14, 0.0, 1.0)
+    for r in base:
+        r.counters = {"ops.calls_per_step": 13.0, "compute.flops_per_step": 2.18e9}
+    for r in cur:
+        r.counters = {"ops.calls_per_step": 13.0, "compute.flops_per_step": 2.51e9}
+    assert work_changes(base, cur) == [("compute.flops_per_step", 2.18e9, 2.51e9)]
+    c = compare(base, cur)
+    assert c.failed and all(r.allowance == 0.0 for r in c.rows)
+    # judged as evidence of the work, never as a failing row of its own
+    assert "compute.flops_per_step" not in {r.metric for r in c.rows}
