@@ -1025,6 +1025,43 @@ def test_dataloader_drawn_by_a_loop_that_hands_the_batch_to_a_step_method(tmp_pa
     assert "feeds_cuda" not in by_line(other, "dataloader")[3]
 
 
+def test_dataloader_drawn_by_a_loop_that_hands_a_part_of_the_batch_to_a_step_method(tmp_path):
+    """EmilienDupont/wgan-gp: the loop hands `data[0]` (the images of an (images, labels) batch) to
+    `self._critic_train_iteration(data[0])`, whose body moves it with `.cuda()` under `if self.use_cuda`.
+    A fixed part of the batch is still the batch; a computed argument is not."""
+    data = tmp_path / "dataloaders.py"
+    data.write_text(textwrap.dedent("""\
+        from torch.utils.data import DataLoader
+        def get_loaders(train_data, batch_size):
+            return DataLoader(train_data, batch_size=batch_size, shuffle=True)
+        """))
+    training = tmp_path / "training.py"
+    source = """\
+        class Trainer:
+            def _critic_train_iteration(self, data):
+                if self.use_cuda:
+                    data = data.cuda()
+                loss = self.D(data).mean()
+                loss.backward()
+                self.D_opt.step()
+            def _train_epoch(self, data_loader):
+                for i, data in enumerate(data_loader):
+                    self.num_steps += 1
+                    self._critic_train_iteration(data[0])
+        """
+    training.write_text(textwrap.dedent(source))
+    key = f"{data}:3"
+    facts = Facts()
+    analyse_files([data, training], facts, loader_draws={key: [(str(training), 9)]})
+    got = by_line(facts, "dataloader")[3]
+    assert got["feeds_cuda"] is True and got["non_blocking"] is False
+    # a computed argument hands on something else
+    training.write_text(textwrap.dedent(source).replace("(data[0])", "(data[0] * 2)"))
+    other = Facts()
+    analyse_files([data, training], other, loader_draws={key: [(str(training), 9)]})
+    assert "feeds_cuda" not in by_line(other, "dataloader")[3]
+
+
 def test_dataloader_literal_kwargs_and_feeds_cuda(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import torch
@@ -1832,6 +1869,30 @@ def test_batch_copy_follows_pin_memory_on_the_cuda_path_and_skips_evaluation(tmp
                     acc = model(data).eq(target).sum()
         """)
     assert sorted(by_line(facts, "batch_copy")) == [12]
+
+
+def test_batch_copy_skips_a_nested_loop_that_rebinds_the_batch_name(tmp_path):
+    # HiFi-GAN: validation every N steps inside the training loop draws from another loader into the
+    # same name `batch`; its move is the validation loader's (no training step), not the training one's
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        from torch.utils.data import DataLoader
+        train_loader = DataLoader(train_ds, batch_size=16, num_workers=4, pin_memory=True)
+        validation_loader = DataLoader(valid_ds, batch_size=1, num_workers=1, pin_memory=True)
+        for epoch in range(10):
+            for i, batch in enumerate(train_loader):
+                x, y = batch
+                x = x.to(device, non_blocking=True)
+                loss = model(x, y)
+                loss.backward()
+                optimizer.step()
+                if i % 1000 == 0:
+                    with torch.no_grad():
+                        for j, batch in enumerate(validation_loader):
+                            x, y = batch
+                            y_hat = model(x.to(device))
+        """)
+    assert by_line(facts, "batch_copy") == {8: {"pinned": True, "non_blocking": True}}
 
 
 def test_host_reads_less_often_than_every_step(tmp_path):

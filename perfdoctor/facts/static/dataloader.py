@@ -409,7 +409,7 @@ def batch_moves(index: SourceIndex, dl_call: ast.Call, loops: list[tuple[ast.AST
     its parameters with `users.cuda()`): one call deep, the loop is still the move's."""
     moves: list[tuple[ast.Call, ast.AST]] = []
     for loop, tracked in (batch_loops(index, dl_call) if loops is None else loops):
-        body = list(walk_scope(loop.body))  # type: ignore[attr-defined]
+        body = _unshadowed(list(walk_scope(loop.body)), tracked)  # type: ignore[attr-defined]
         tracked |= _derived_names(index, body, tracked)
         moves += [(m, loop) for m in _moves_of(index, body, tracked)]
         for call in body:
@@ -418,6 +418,19 @@ def batch_moves(index: SourceIndex, dl_call: ast.Call, loops: list[tuple[ast.AST
                     inner = list(walk_scope(fn.body))
                     moves += [(m, loop) for m in _moves_of(index, inner, _derived_names(index, inner, params))]
     return moves
+
+
+def _unshadowed(body: list[ast.AST], tracked: set[str]) -> list[ast.AST]:
+    """`body` less the loops in it that bind a tracked name to the items of something else (HiFi-GAN's
+    `for j, batch in enumerate(validation_loader):` every 1,000 steps inside `for i, batch in
+    enumerate(train_loader):`): there the name is another loader's batch, not this one's."""
+    inner = [n for n in body if isinstance(n, (ast.For, ast.AsyncFor))
+             and {m.id for m in ast.walk(n.target) if isinstance(m, ast.Name)} & tracked
+             and not {m.id for m in ast.walk(n.iter) if isinstance(m, ast.Name)} & tracked]
+    if not inner:
+        return body
+    hidden = {id(m) for n in inner for m in walk_scope([*n.body, *n.orelse, n.target])}
+    return [n for n in body if id(n) not in hidden]
 
 
 def _moves_of(index: SourceIndex, body: list[ast.AST], tracked: set[str]) -> list[ast.Call]:
@@ -443,7 +456,8 @@ def _handed_to(index: SourceIndex, call: ast.Call, tracked: set[str]
                ) -> list[tuple[ast.FunctionDef | ast.AsyncFunctionDef, set[str]]]:
     """The functions of this file named as `call` calls them (`step(x, y)`, `self.step(x, y)`), each with
     its parameters that receive a name derived from the batch (positionally, a method's `self` skipped,
-    or by keyword). Names only: a call that computes its argument hands on something else."""
+    or by keyword). Names, or fixed parts of them (`_batch_part`): a call that computes its argument hands on
+    something else."""
     name = call.func.attr if isinstance(call.func, ast.Attribute) else (
         call.func.id if isinstance(call.func, ast.Name) else None)
     if name is None or any(isinstance(a, ast.Starred) for a in call.args):
@@ -453,11 +467,19 @@ def _handed_to(index: SourceIndex, call: ast.Call, tracked: set[str]
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or fn.name != name:
             continue
         params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]
-        got = {p for p in params if isinstance(v := argument(call, fn, p, bound=isinstance(call.func, ast.Attribute)),
-                                                ast.Name) and v.id in tracked}
+        got = {p for p in params if _batch_part(argument(call, fn, p, bound=isinstance(call.func, ast.Attribute)),
+                                                tracked)}
         if got:
             out.append((fn, got))
     return out
+
+
+def _batch_part(node: ast.expr | None, tracked: set[str]) -> bool:
+    """A tracked name, or a fixed part of one (`data[0]`, `batch["image"]`: EmilienDupont/wgan-gp's
+    `self._critic_train_iteration(data[0])`): the batch or a piece of it, not a value computed from it."""
+    while isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        node = node.value
+    return isinstance(node, ast.Name) and node.id in tracked
 
 
 def drawn_moves(indexes: list[SourceIndex], facts: Facts, draws: dict[str, list[tuple[str, int]]]) -> None:
