@@ -1639,6 +1639,37 @@ for x in data:
     assert [(s.locations[0].line, s.facts["eval_grad.in_source"].value) for s in subs] == [(6, True)]
 
 
+def test_an_eval_forward_on_a_branch_the_run_did_not_take_is_left_to_the_run(tmp_path):
+    """Torch-Pruning's `_trace`: `model.eval()`, then `model(**example_inputs)` for a dict of inputs and
+    `model(*example_inputs)` otherwise. The run's probe watched the second line (an eval-mode call it
+    judged once, before training); the first is a branch this configuration never takes, and the run's
+    judgement of the evaluation it reached stands for the function. Without a run, both lines count."""
+    source = """
+import torch
+
+def trace(model, example_inputs):
+    model.eval()
+    if isinstance(example_inputs, dict):
+        out = model(**example_inputs)
+    else:
+        out = model(*example_inputs)
+    return out
+
+for x in data:
+    trace(net, x)
+"""
+    unrun, _ = analyse(tmp_path, source)
+    assert sorted(by_line(unrun, "eval_grad")) == [7, 9]
+    path = tmp_path / "train.py"
+    facts = Facts()
+    s = facts.subject("eval_grad", f"{path}:9")
+    s.add("calls_per_step", 0.0, "count")
+    analyse_files([path], facts)
+    got = by_line(facts, "eval_grad")
+    assert sorted(got) == [9]
+    assert "in_source" not in got[9]
+
+
 # -- how often a line runs: every training step, once per epoch, every N steps ------------------
 def test_cpu_tensor_made_every_step_or_once_per_epoch(tmp_path):
     facts, _ = analyse(tmp_path, """\

@@ -20,7 +20,11 @@ reading a forward's output out of autograd at once (`.detach()`, `.data`, `.cpu(
 `self.Decoder(...).cpu().data.numpy()`. A forward whose output is read out there can feed no backward.
 Neither inside an `nn.Module` class the run's models never held and none of whose methods its steps
 called (`SourceIndex.module_ran`: DomainBed's other algorithms, each an nn.Module, beside the ERM the
-run trains): code the run never executed is no cost of its steps."""
+run trains): code the run never executed is no cost of its steps. Nor a call of a function in which
+the run's probe watched another line call a module in eval mode (`_judged_by_run`): the run executed
+that evaluation and judged it at the line it reached; a line it did not reach is a branch this
+configuration never takes (Torch-Pruning's `_trace`, which calls `model(**example_inputs)` only for a
+dict of inputs, `model(*example_inputs)` otherwise)."""
 
 from __future__ import annotations
 
@@ -141,6 +145,18 @@ def _under_no_grad(index: SourceIndex, node: ast.AST, stop: ast.AST | None) -> b
     return False
 
 
+def _judged_by_run(index: SourceIndex, facts: Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """The run's probe watched a line of `fn` call a module in eval mode with grad on (an `eval_grad`
+    subject of the run in `fn`'s lines of this file): the run reached this evaluation and judges it."""
+    first, last = fn.lineno, fn.end_lineno or fn.lineno
+    for s in facts.of_kind("eval_grad"):
+        file, _, line = s.key.rpartition(":")
+        if (file == str(index.file) and line.isdigit() and first <= int(line) <= last
+                and any(f.source != "static" for f in s.facts.values())):
+            return True
+    return False
+
+
 def _function(index: SourceIndex, facts: Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
     calls = [n for n in walk_scope(fn.body) if isinstance(n, ast.Call)]
     evals: dict[str, int] = {}  # receiver as written -> the first line it is put in eval mode
@@ -155,7 +171,7 @@ def _function(index: SourceIndex, facts: Facts, fn: ast.FunctionDef | ast.AsyncF
         return
     forwards = [c for c in calls if (name := dotted(c.func)) is not None and name in evals
                 and c.lineno > evals[name] and not _under_no_grad(index, c, fn) and index.module_ran(c)]
-    if not forwards:
+    if not forwards or _judged_by_run(index, facts, fn):
         return
     callers = index.calls_named(fn.name)
     if not callers or any(_under_no_grad(index, c, None) for c in callers):
