@@ -16,7 +16,8 @@ step, 0.76 ms of the run's 3.5 ms step; `perfdoctor verify` measured 0.82 ms (90
 That share, a GPU trace only: on a CPU the per-tensor form is torch's default and launches nothing.
 
 A hand-written optimizer (a class whose step is not torch.optim's own: no `torch/optim/<name>.py(N): step`
-frame inside its `Optimizer.step#<class>.step` range, or a class name torch.optim does not have) that
+frame inside its `Optimizer.step#<class>.step` range, and a class name torch.optim does not have or a step
+function outside torch seen inside that range: a repository's own RAdam) that
 loops over its parameters runs the same way on any device: each profiled step of it shows its operators
 repeated tensor by tensor (`hand_written_loops`). It is a per-tensor loop where its operators repeat
 (the count most of those that repeat share in one optimizer step, `optimizer.loop_tensors`, is about
@@ -49,7 +50,10 @@ UPDATE = re.compile(r"^torch/optim/\w+\.py\(\d+\): _single_tensor_\w+$")
 STEP = "Optimizer.step#"  # `Optimizer.step#AdamW.step`: the class whose step encloses the update
 # torch.optim's own step functions (not the Optimizer base class's wrappers, nor a scheduler's)
 TORCH_STEP = re.compile(r"^torch/optim/(?!optimizer\.py|lr_scheduler\.py)\w+\.py\(\d+\): step$")
-# the optimizers torch.optim has: with no Python frames in the trace, a class of another name is not torch's
+# a step function outside torch (`optimizers.py(39): step`, a repository's own RAdam)
+USER_STEP = re.compile(r"^(?!torch/)\S+\.py\(\d+\): step$")
+# the optimizers torch.optim has: a class of such a name is torch's unless the trace shows a step of the
+# user's inside it (the profiler may record no Python frame of the step: srgan's Adam)
 TORCH_OPTIMIZERS = frozenset({"Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW", "Adamax", "ASGD", "LBFGS",
                               "NAdam", "RAdam", "RMSprop", "Rprop", "SGD", "SparseAdam"})
 # ops that handle a sparse gradient: torch's foreach and fused optimizers take dense gradients only
@@ -100,11 +104,15 @@ def hand_written_loops(t: Trace, windows: list[tuple[float, float]]) -> dict[str
     pyfuncs = t.indices(PYFUNC)
     torch_steps = t.names_where(TORCH_STEP.match)
     own = sorted(ts[i] for i in pyfuncs if name[i] in torch_steps)
+    user_steps = t.names_where(USER_STEP.match)
+    users = sorted(ts[i] for i in pyfuncs if name[i] in user_steps)
     ops_by_track, starts = _aten_by_track(t)
     rows: dict[str, list[tuple[float, float, int, Counter[int]]]] = defaultdict(list)
     for a, b, k, cls in spans:
-        if (cls in TORCH_OPTIMIZERS and not pyfuncs) or bisect_left(own, a) < bisect_right(own, b):
+        if bisect_left(own, a) < bisect_right(own, b):
             continue  # torch.optim's own step (its per-tensor form is PD021's static foreach=False)
+        if cls in TORCH_OPTIMIZERS and not bisect_left(users, a) < bisect_right(users, b):
+            continue  # torch's name and no step of the user's seen: torch's own, its frames not recorded
         rows[cls].append((a, b, k, Counter(name[i] for i in _outer_ops(t, a, b, k, ops_by_track, starts))))
     out: dict[str, Loop] = {}
     for cls, lst in rows.items():
