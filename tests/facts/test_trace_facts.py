@@ -573,3 +573,44 @@ def test_an_optimizer_of_sparse_gradients_is_no_loop_to_replace(tmp_path):
         opt.step()
     ctx = _profiled_steps(tmp_path, step)
     assert hand_written_loops(ctx.trace, ctx.cpu_windows) == {}
+
+
+@pytest.mark.slow
+def test_a_step_under_torchs_class_name_is_hand_written_only_where_the_users_step_shows(tmp_path):
+    """mvts-regression's RAdam is the repository's own, under torch.optim's class name: its step's frame
+    (`optimizers.py(39): step`) shows inside `Optimizer.step#RAdam.step`. srgan's torch.optim.Adam, whose
+    trace recorded no Python frame of its step, is torch's (per tensor on a CPU, foreach on CUDA)."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.facts.trace.optimizer_loop import hand_written_loops
+    from perfdoctor.trace.loader import load_trace as load
+
+    base = _loop_adam()
+
+    class Adam(base):  # type: ignore[misc, valid-type]
+        @torch.no_grad()
+        def step(self, closure=None):
+            super().step(closure)
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)])
+    x = torch.randn(4, 8)
+
+    def step_of(opt):
+        def step():
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return step
+    own = _profiled_steps(tmp_path, step_of(Adam(model.parameters())))
+    assert list(hand_written_loops(own.trace, own.cpu_windows)) == ["Adam"]
+    torchs = _profiled_steps(tmp_path, step_of(torch.optim.Adam(model.parameters(), foreach=False)))
+    assert hand_written_loops(torchs.trace, torchs.cpu_windows) == {}
+    # the same trace with no Python frame of the step (srgan's): still torch's
+    path = tmp_path / "t.json"
+    trace = json.loads(path.read_text())
+    trace["traceEvents"] = [e for e in trace["traceEvents"]
+                            if not (e.get("cat") == "python_function" and e["name"].endswith(": step"))]
+    path.write_text(json.dumps(trace))
+    stripped = load(path)
+    from perfdoctor.facts.trace.context import TraceContext
+    assert hand_written_loops(stripped, TraceContext(stripped, Facts(), None, "", None, None).cpu_windows) == {}
