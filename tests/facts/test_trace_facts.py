@@ -475,3 +475,142 @@ def test_a_batch_written_element_by_element_on_the_host_launches_nothing(tmp_pat
     ctx.facts.subject("host_fill", frame).add("frame", frame, "str", "run")
     target_gpu.add(ctx)
     assert ctx.facts.value("target_gpu.ops_per_step") == model_only
+
+
+def _loop_adam():
+    """A hand-written Adam that loops over its parameters in Python (BertAdam's pattern)."""
+    torch = pytest.importorskip("torch")
+
+    class LoopAdam(torch.optim.Optimizer):
+        def __init__(self, params, lr=1e-3):
+            super().__init__(params, dict(lr=lr))
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    st = self.state[p]
+                    if not st:
+                        st["m"], st["v"] = torch.zeros_like(p), torch.zeros_like(p)
+                    st["m"].mul_(0.9).add_(p.grad, alpha=0.1)
+                    st["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                    p.addcdiv_(st["m"], st["v"].sqrt().add_(1e-8), value=-group["lr"])
+    return LoopAdam
+
+
+@pytest.mark.slow
+def test_a_hand_written_per_tensor_optimizer_is_a_loop_whose_ops_launch_one_by_one(tmp_path):
+    """BertAdam (bertcls-thucnews) loops over BERT's tensors in Python, about ten ops each: on CUDA too
+    each op is a launch. The trace shows its class's step repeating its operators once per tensor
+    (`hand_written_loops`), and the GPU step's launch floor counts them one by one, where torch's own
+    optimizers (their foreach form on CUDA) count once per operator."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.facts.trace.optimizer_loop import add_hand_written, hand_written_loops
+    from perfdoctor.facts.trace.target_gpu import gpu_ops_per_step
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(6)])  # 12 tensors
+    x = torch.randn(4, 8)
+
+    def step_of(opt):
+        def step():
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return step
+
+    loop = _profiled_steps(tmp_path, step_of(_loop_adam()(model.parameters())))
+    found = hand_written_loops(loop.trace, loop.cpu_windows)
+    assert list(found) == ["LoopAdam"]
+    adam = found["LoopAdam"]
+    assert adam.tensors == 12
+    assert adam.ops_per_step == 7 * 12 and adam.repeats_per_step == 7 * 12 - 5  # 5 operators, 7 ops a tensor
+    torch_sgd = _profiled_steps(tmp_path, step_of(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)))
+    assert hand_written_loops(torch_sgd.trace, torch_sgd.cpu_windows) == {}  # torch's own: foreach on CUDA
+    # the launch floor: the loop's ops one by one, torch's optimizer's once per operator
+    looped, once = gpu_ops_per_step(loop), gpu_ops_per_step(torch_sgd)
+    assert looped is not None and once is not None
+    assert looped - once >= adam.repeats_per_step - 12
+    # the construction's subject gets the loop
+    s = loop.facts.subject("optimizer", "train.py:9")
+    s.add("name", "LoopAdam", "str", "static")
+    s.add("custom", True, "bool", "static")
+    add_hand_written(loop)
+    assert s.facts["optimizer.loop_tensors"].value == 12
+    assert s.facts["optimizer.loop_repeats_per_step"].value == pytest.approx(adam.repeats_per_step, abs=0.1)
+
+
+@pytest.mark.slow
+def test_an_optimizer_of_sparse_gradients_is_no_loop_to_replace(tmp_path):
+    """GRU4Rec's IndexedAdagradM updates its embeddings' sparse gradients row by row (coalesce, index_add_):
+    torch's foreach and fused optimizers take dense gradients only, so there is no loop to replace."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.facts.trace.optimizer_loop import hand_written_loops
+
+    class SparseLoop(torch.optim.Optimizer):
+        def __init__(self, params):
+            super().__init__(params, dict(lr=0.1))
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    g = p.grad.coalesce() if p.grad.is_sparse else p.grad
+                    if g.is_sparse:
+                        p.index_add_(0, g._indices()[0], g._values(), alpha=-0.1)
+                    else:
+                        p.add_(g, alpha=-0.1)
+
+    emb, emb2 = torch.nn.Embedding(50, 8, sparse=True), torch.nn.Embedding(50, 8, sparse=True)
+    opt = SparseLoop([*emb.parameters(), *emb2.parameters()])
+    idx = torch.tensor([1, 2, 3])
+
+    def step():
+        loss = (emb(idx) * emb2(idx)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    ctx = _profiled_steps(tmp_path, step)
+    assert hand_written_loops(ctx.trace, ctx.cpu_windows) == {}
+
+
+@pytest.mark.slow
+def test_a_step_under_torchs_class_name_is_hand_written_only_where_the_users_step_shows(tmp_path):
+    """mvts-regression's RAdam is the repository's own, under torch.optim's class name: its step's frame
+    (`optimizers.py(39): step`) shows inside `Optimizer.step#RAdam.step`. srgan's torch.optim.Adam, whose
+    trace recorded no Python frame of its step, is torch's (per tensor on a CPU, foreach on CUDA)."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.facts.trace.optimizer_loop import hand_written_loops
+    from perfdoctor.trace.loader import load_trace as load
+
+    base = _loop_adam()
+
+    class Adam(base):  # type: ignore[misc, valid-type]
+        @torch.no_grad()
+        def step(self, closure=None):
+            super().step(closure)
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)])
+    x = torch.randn(4, 8)
+
+    def step_of(opt):
+        def step():
+            loss = model(x).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return step
+    own = _profiled_steps(tmp_path, step_of(Adam(model.parameters())))
+    assert list(hand_written_loops(own.trace, own.cpu_windows)) == ["Adam"]
+    torchs = _profiled_steps(tmp_path, step_of(torch.optim.Adam(model.parameters(), foreach=False)))
+    assert hand_written_loops(torchs.trace, torchs.cpu_windows) == {}
+    # the same trace with no Python frame of the step (srgan's): still torch's
+    path = tmp_path / "t.json"
+    trace = json.loads(path.read_text())
+    trace["traceEvents"] = [e for e in trace["traceEvents"]
+                            if not (e.get("cat") == "python_function" and e["name"].endswith(": step"))]
+    path.write_text(json.dumps(trace))
+    stripped = load(path)
+    from perfdoctor.facts.trace.context import TraceContext
+    assert hand_written_loops(stripped, TraceContext(stripped, Facts(), None, "", None, None).cpu_windows) == {}

@@ -297,6 +297,44 @@ def test_pd021_quiet_on_multi_tensor_optimizers(tmp_path, call):
     assert findings(facts, tmp_path, "PD021") == []
 
 
+@pytest.mark.slow
+def test_pd021_a_hand_written_per_tensor_optimizer_on_a_cpu_run_of_a_cuda_script(tmp_path):
+    """bertcls-thucnews: BertAdam, a class of the repository's own, loops over BERT's tensors; the CPU
+    run's trace shows its step repeating its operators once per tensor. PD021 flags its construction,
+    judged for the GPU the script targets (its repeats' launches as a share of the estimated GPU step),
+    and says to use torch.optim's foreach or fused optimizer instead: the class takes no foreach."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.facts.trace import add_trace_facts as add
+    from tests.facts.test_trace_facts import _loop_adam, _profiled_steps
+
+    facts, _ = analyse(tmp_path, """\
+        from optim import LoopAdam
+        model = nn.Linear(8, 8).to(device)
+        opt = LoopAdam(model.parameters(), lr=1e-3)
+        total = sum(p.numel() for p in model.parameters())
+        """, machine(Facts()))
+    facts.add("script.targets_cuda", True, "bool", "static")
+    facts.add("compute.flops_per_step", 1e6, "number", "run")
+    opt = [s for s in facts.of_kind("optimizer")]
+    assert [s.facts["optimizer.name"].value for s in opt] == ["LoopAdam"]  # not `sum(...)`
+    model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(6)])
+    x = torch.randn(4, 8)
+    loop_adam = _loop_adam()(model.parameters())
+
+    def step():
+        loss = model(x).pow(2).mean()
+        loop_adam.zero_grad()
+        loss.backward()
+        loop_adam.step()
+    add(_profiled_steps(tmp_path, step).trace, facts)
+    [f] = findings(facts, tmp_path, "PD021")
+    assert f.title.startswith("LoopAdam.step loops over the parameters: 84 ops a step for about 12 tensors")
+    assert f.ms_per_step is None and f.severity == "medium"  # the loop is most of this tiny GPU step's launches
+    assert "of the step on the GPU the script targets" in f.saving_basis
+    assert f.fix is not None and not f.fix.after and "torch.optim.AdamW(..., fused=True)" in f.fix.note
+    assert f.locations[0].line == 7
+
+
 # -- PD022 tf32-disabled -----------------------------------------------------------------------
 TF32_OFF = """\
 torch.backends.cuda.matmul.allow_tf32 = False

@@ -61,8 +61,8 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
         families: list[tuple[Any, tuple[Any, ...]]] = [(device.add, ())]
         if ctx.gpu:
             families += [(gpu.add, (steps.gpu_parts, summary)), (sync.add, ()), (copies.add, ()), (empty_cache.add, ()),
-                         (layout.add, ()), (optimizer_loop.add, ())]
-        families += [(matmul.add, ()), (conv_shapes.add, ()), (flops.add, (summary,)), (allocations.add, ()), (comm.add, ()),
+                         (layout.add, ())]
+        families += [(optimizer_loop.add, ()), (matmul.add, ()), (conv_shapes.add, ()), (flops.add, (summary,)), (allocations.add, ()), (comm.add, ()),
                      (dataparallel.add, ()), (ddp_sync.add, ()),
                      (dataloader.add, (steps.data_loading,)), (counters.add, ()), (target_gpu.add, ()),
                      (anomaly.add, ())]

@@ -13,7 +13,9 @@ From what the run observed:
   GPU (not a DataLoader's own, nor those of a batch source of the user's that the training thread
   draws from, `dataloader.source_def`, or of a function the run saw writing the host's values into a
   tensor element by element, `host_fill.frame`, outside the modules they call, a backward and an
-  optimizer step: a batch built by hand stays on the host on a GPU too), with an optimizer step's ops counted once per operator, and the backward
+  optimizer step: a batch built by hand stays on the host on a GPU too), with an optimizer step's ops counted once per operator
+  (torch.optim's foreach form on CUDA) unless the step is a hand-written loop over the parameters, whose ops
+  launch one by one on a GPU too (facts/trace/optimizer_loop.py `hand_written_loops`), and the backward
   of a recurrent layer once per forward call (`target_gpu.ops_per_step`): on a CPU an LSTM or GRU
   runs as its gates' ops and autograd differentiates each, on CUDA cuDNN runs the layer's forward
   and its backward as one call each;
@@ -49,6 +51,7 @@ from perfdoctor.facts.model import Facts
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.flops import H2D_PAGEABLE_BYTES_PER_S, HOST_US_PER_OP, REFERENCE_GPU, device_peak
 from perfdoctor.facts.trace.intervals import count_in, outermost
+from perfdoctor.facts.trace.optimizer_loop import hand_written_loops
 from perfdoctor.stats import median
 from perfdoctor.trace.model import CPU_OP, PYFUNC, USER_ANN, Trace
 
@@ -73,7 +76,8 @@ def gpu_ops_per_step(ctx: TraceContext, sources: tuple[str, ...] = ()) -> float 
     `__next__` runs (its transforms stay on the host on a GPU too), those inside an optimizer
     step (`Optimizer.step#...`) once per operator and optimizer step: torch's optimizers loop over
     the parameters on a CPU and run each operator once over all of them in their foreach form, CUDA's
-    default; a recurrent layer's backward once per forward call (`_recurrent_backward`); not the ops
+    default (a hand-written optimizer that loops over its parameters, `hand_written_loops`, launches each
+    of its ops on a GPU too: counted one by one); a recurrent layer's backward once per forward call (`_recurrent_backward`); not the ops
     of a batch source of the user's (`sources`: the profiler's names of their frames). None without
     steps."""
     t, windows = ctx.trace, ctx.cpu_windows
@@ -84,7 +88,9 @@ def gpu_ops_per_step(ctx: TraceContext, sources: tuple[str, ...] = ()) -> float 
     steps = t.names_where(lambda s: s.startswith("Optimizer.step#"))
     loading = t.names_where(lambda s: s.startswith("enumerate(DataLoader)"))
     own = t.names_where(lambda s: any(s == w or s.endswith("/" + w) for w in sources)) if sources else set()
-    spans = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in steps)
+    looping = {(a, k) for loop in hand_written_loops(t, windows).values() for a, _, k in loop.spans}
+    spans = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in steps
+                   and (ts[i], t.track[i]) not in looping)
     batches = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in loading)
     starts = [a for a, _ in batches]
     # a batch source's frames (nested where a generator resumes inside another's: their union), less the
