@@ -477,6 +477,16 @@ def test_a_batch_written_element_by_element_on_the_host_launches_nothing(tmp_pat
     assert ctx.facts.value("target_gpu.ops_per_step") == model_only
 
 
+def _mse_step(model, x, opt):
+    """One training step of `model` on `x` with `opt`, as a callable for `_profiled_steps`."""
+    def step():
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return step
+
+
 def _loop_adam():
     """A hand-written Adam that loops over its parameters in Python (BertAdam's pattern)."""
     torch = pytest.importorskip("torch")
@@ -512,21 +522,14 @@ def test_a_hand_written_per_tensor_optimizer_is_a_loop_whose_ops_launch_one_by_o
     model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(6)])  # 12 tensors
     x = torch.randn(4, 8)
 
-    def step_of(opt):
-        def step():
-            loss = model(x).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        return step
 
-    loop = _profiled_steps(tmp_path, step_of(_loop_adam()(model.parameters())))
+    loop = _profiled_steps(tmp_path, _mse_step(model, x, _loop_adam()(model.parameters())))
     found = hand_written_loops(loop.trace, loop.cpu_windows)
     assert list(found) == ["LoopAdam"]
     adam = found["LoopAdam"]
     assert adam.tensors == 12
     assert adam.ops_per_step == 7 * 12 and adam.repeats_per_step == 7 * 12 - 5  # 5 operators, 7 ops a tensor
-    torch_sgd = _profiled_steps(tmp_path, step_of(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)))
+    torch_sgd = _profiled_steps(tmp_path, _mse_step(model, x, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)))
     assert hand_written_loops(torch_sgd.trace, torch_sgd.cpu_windows) == {}  # torch's own: foreach on CUDA
     # the launch floor: the loop's ops one by one, torch's optimizer's once per operator
     looped, once = gpu_ops_per_step(loop), gpu_ops_per_step(torch_sgd)
@@ -594,16 +597,9 @@ def test_a_step_under_torchs_class_name_is_hand_written_only_where_the_users_ste
     model = torch.nn.Sequential(*[torch.nn.Linear(8, 8) for _ in range(3)])
     x = torch.randn(4, 8)
 
-    def step_of(opt):
-        def step():
-            loss = model(x).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        return step
-    own = _profiled_steps(tmp_path, step_of(Adam(model.parameters())))
+    own = _profiled_steps(tmp_path, _mse_step(model, x, Adam(model.parameters())))
     assert list(hand_written_loops(own.trace, own.cpu_windows)) == ["Adam"]
-    torchs = _profiled_steps(tmp_path, step_of(torch.optim.Adam(model.parameters(), foreach=False)))
+    torchs = _profiled_steps(tmp_path, _mse_step(model, x, torch.optim.Adam(model.parameters(), foreach=False)))
     assert hand_written_loops(torchs.trace, torchs.cpu_windows) == {}
     # the same trace with no Python frame of the step (srgan's): still torch's
     path = tmp_path / "t.json"
