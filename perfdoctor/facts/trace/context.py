@@ -53,6 +53,9 @@ class TraceContext:
         self.main_device: int | None = max(self.devices, key=busy.__getitem__) if busy else None
         self.stacks = Stacks(trace)
         self._comm_name: dict[int, bool] = {}
+        # what one family works out from the trace and another reads too, worked out once (by the family
+        # that owns it: optimizer_loop.loops)
+        self.derived: dict[str, Any] = {}
 
     def put(self, name: str, value: Any, unit: str = "", detail: str = "", per_step: tuple[float, ...] = ()) -> None:
         """Add a global fact (source "trace", floats to 4 digits), unless it is None or already set;

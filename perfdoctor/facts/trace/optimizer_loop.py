@@ -138,6 +138,15 @@ def hand_written_loops(t: Trace, windows: list[tuple[float, float]]) -> dict[str
     return out
 
 
+def loops(ctx: TraceContext) -> dict[str, Loop]:
+    """`hand_written_loops` of the context's trace over its CPU step windows, worked out once per trace
+    (this family and target_gpu's launch floor both read it)."""
+    if "hand_written_loops" not in ctx.derived:
+        ctx.derived["hand_written_loops"] = hand_written_loops(ctx.trace, ctx.cpu_windows)
+    found: dict[str, Loop] = ctx.derived["hand_written_loops"]
+    return found
+
+
 def _subjects_of(ctx: TraceContext, cls: str) -> list[Subject]:
     """The optimizer subjects built of `cls`: its constructions by name, else the one construction through
     a variable (`optim_class(model.parameters(), ...)`, a class a factory returned) where it is the only one."""
@@ -156,7 +165,7 @@ def _value(s: Subject, name: str) -> Any:
 
 def add_hand_written(ctx: TraceContext) -> None:
     """Each hand-written per-tensor optimizer's loop on the subjects built of its class (any device)."""
-    for cls, loop in hand_written_loops(ctx.trace, ctx.cpu_windows).items():
+    for cls, loop in loops(ctx).items():
         for s in _subjects_of(ctx, cls):
             s.add("loop_class", cls, "str", SRC, "the class whose step the trace shows looping over its parameters")
             s.add("loop_ops_per_step", round(loop.ops_per_step, 1), "count", SRC,
@@ -175,8 +184,8 @@ def add(ctx: TraceContext) -> None:
         return
     t = ctx.trace
     updates = t.names_where(UPDATE.match)
-    loops = hand_written_loops(t, ctx.cpu_windows)
-    if not updates and not loops:
+    looping = loops(ctx)
+    if not updates and not looping:
         return
     ts, dur, name, track = t.ts, t.dur, t.name, t.track
     frames = sorted((i for i in t.indices(PYFUNC) if name[i] in updates), key=ts.__getitem__)
@@ -188,7 +197,7 @@ def add(ctx: TraceContext) -> None:
     # a hand-written class that loops
     updates_at = [(ts[f], ts[f] + dur[f], track[f], next((c for s, e, c in spans if s <= ts[f] and ts[f] + dur[f] <= e), ""))
                   for f in frames]
-    updates_at += [(a, b, k, loop.cls) for loop in loops.values() for a, b, k in loop.spans]
+    updates_at += [(a, b, k, loop.cls) for loop in looping.values() for a, b, k in loop.spans]
     saved: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for a, b, k, cls in updates_at:
         outer = _outer_ops(t, a, b, k, ops_by_track, starts)
@@ -211,7 +220,7 @@ def add(ctx: TraceContext) -> None:
             "share of the profiled step that a per-tensor optimizer update spends on repeating its operators "
             "tensor by tensor (" + ", ".join(f"{c or '?'} {v:.3f}" for c, v in sorted(share.items())) + ")")
     for cls, v in share.items():
-        if cls in loops:
+        if cls in looping:
             mine = _subjects_of(ctx, cls)
         else:
             mine = [s for s in ctx.facts.of_kind("optimizer")

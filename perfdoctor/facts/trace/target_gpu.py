@@ -51,7 +51,7 @@ from perfdoctor.facts.model import Facts
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.flops import H2D_PAGEABLE_BYTES_PER_S, HOST_US_PER_OP, REFERENCE_GPU, device_peak
 from perfdoctor.facts.trace.intervals import count_in, outermost
-from perfdoctor.facts.trace.optimizer_loop import hand_written_loops
+from perfdoctor.facts.trace.optimizer_loop import loops
 from perfdoctor.stats import median
 from perfdoctor.trace.model import CPU_OP, PYFUNC, USER_ANN, Trace
 
@@ -88,7 +88,7 @@ def gpu_ops_per_step(ctx: TraceContext, sources: tuple[str, ...] = ()) -> float 
     steps = t.names_where(lambda s: s.startswith("Optimizer.step#"))
     loading = t.names_where(lambda s: s.startswith("enumerate(DataLoader)"))
     own = t.names_where(lambda s: any(s == w or s.endswith("/" + w) for w in sources)) if sources else set()
-    looping = {(a, k) for loop in hand_written_loops(t, windows).values() for a, _, k in loop.spans}
+    looping = {(a, k) for loop in loops(ctx).values() for a, _, k in loop.spans}
     spans = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in steps
                    and (ts[i], t.track[i]) not in looping)
     batches = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in loading)
