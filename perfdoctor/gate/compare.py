@@ -265,6 +265,11 @@ def work_changes(base: list[RunRecord], cur: list[RunRecord]) -> list[tuple[str,
     return out
 
 
+def _center(series: list[list[float]]) -> float:
+    """A side's centre of a low quantile per run (stats.GATE_QUANTILE): what its row shows and judges."""
+    return stats.side_center([stats.quantile(x, stats.GATE_QUANTILE) for x in series])
+
+
 def _interval_row(metric: str, base: list[list[float]], cur: list[list[float]], t: float,
                   between: tuple[float, int] | None, seed: int, notes: list[str], kind: str = "timing",
                   allow: float = 0.0) -> Row:
@@ -274,9 +279,7 @@ def _interval_row(metric: str, base: list[list[float]], cur: list[list[float]], 
     threshold but within (1 + t) x (1 + allow) is `host-contention` where the point estimate lies
     within it too, `inconclusive` where it does not (more runs may decide)."""
     up, down = 1 + t, 1 / (1 + t)
-    q = stats.GATE_QUANTILE
-    b0 = stats.side_center([stats.quantile(x, q) for x in base])
-    c0 = stats.side_center([stats.quantile(x, q) for x in cur])
+    b0, c0 = _center(base), _center(cur)
     sigma_b2, df = between or (0.0, 0)
     point, lo, hi = stats.ratio_interval(base, cur, sigma_b2, df, seed=seed, level=LEVEL)
     halfwidth = math.sqrt(hi / lo) - 1
@@ -360,7 +363,7 @@ def _contention_rows(base: list[RunRecord], cur: list[RunRecord], t: float, seed
         # interval's lower bound; at most the allowance), in the share of the step that is CPU time
         cpu = rows[CPU_METRIC]
         grew = max(0.0, cpu.ci_pct[0] / 100 if cpu.ci_pct else 0.0)
-        share = min(1.0, (cpu.baseline or 0.0) / stats.side_center([stats.quantile(x, stats.GATE_QUANTILE) for x in b]))
+        share = min(1.0, (cpu.baseline or 0.0) / _center(b))
         work_allow = min(allow, grew) * share
     rows[WORK_METRIC] = _interval_row(WORK_METRIC + q, b, c, t, _sigma_b2(b, c, seed), seed, notes, allow=work_allow)
     deciding = [rows[m] for m in (WORK_METRIC, CPU_METRIC) if m in rows]
