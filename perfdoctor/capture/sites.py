@@ -101,12 +101,20 @@ _LOADER_FILES = ("torch/utils/data/", "torch\\utils\\data\\")
 _MAX_LOADER_DEPTH = 60  # frames walked to see whether a line runs inside the DataLoader's fetch
 
 
-def in_loader(frame: Any) -> bool:
-    """Whether `frame` runs inside the DataLoader (a dataset's __getitem__, a collate_fn)."""
-    f, depth = frame, 0
-    while f is not None and depth < _MAX_LOADER_DEPTH:
+def loader_frames(frame: Any) -> list[Any] | None:
+    """The frames from `frame` up to the DataLoader's own (not included) where `frame` runs inside the
+    DataLoader (a dataset's __getitem__, a collate_fn); None where it does not."""
+    below: list[Any] = []
+    f = frame
+    while f is not None and len(below) < _MAX_LOADER_DEPTH:
         name = f.f_code.co_filename
         if any(p in name for p in _LOADER_FILES):
-            return True
-        f, depth = f.f_back, depth + 1
-    return False
+            return below
+        below.append(f)
+        f = f.f_back
+    return None
+
+
+def in_loader(frame: Any) -> bool:
+    """Whether `frame` runs inside the DataLoader (a dataset's __getitem__, a collate_fn)."""
+    return loader_frames(frame) is not None

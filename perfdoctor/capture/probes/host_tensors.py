@@ -641,14 +641,13 @@ class HostTensorProbe:
         one calls): each sample copied to the device as it is read (UrbanSound's `signal.to(self.device)`
         in `__getitem__`). Noted per line with the Dataset's class; True where it is one."""
         code = frame.f_code
-        if threading.get_ident() != self.main or not is_user_file(code.co_filename) or not sites.in_loader(frame):
+        if threading.get_ident() != self.main or not is_user_file(code.co_filename):
             return False
-        dataset, f = None, frame
-        while f is not None and dataset is None:
-            owner = f.f_locals.get("self")
-            if isinstance(owner, self.torch.utils.data.Dataset):
-                dataset = type(owner).__name__
-            f = f.f_back
+        below = sites.loader_frames(frame)  # one walk: whether in the fetch, and the Dataset's method in it
+        if below is None:
+            return False
+        owners = (f.f_locals.get("self") for f in below)
+        dataset = next((type(o).__name__ for o in owners if isinstance(o, self.torch.utils.data.Dataset)), None)
         key = (id(code), frame.f_lineno)
         k = self.samples.get(key)
         if k is None:
