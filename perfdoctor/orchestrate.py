@@ -20,7 +20,7 @@ from perfdoctor.analysis import analyse_job, analyse_run, is_job_dir, is_run_dir
 from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
 from perfdoctor.errors import EXIT_SCRIPT_FAILED, InputError, PerfdoctorError
 from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, RESOLVE_FACTOR, baseline_resolves, gate_runs
-from perfdoctor.gate.baseline import RunRecord, load_baseline, record_from_run_dir, repeat_dir, slow_outlier_runs
+from perfdoctor.gate.baseline import RunRecord, interfered_runs, load_baseline, record_from_run_dir, repeat_dir
 from perfdoctor.gate.baseline import save_baseline as write_baseline
 from perfdoctor.gate.compare import CO_RUNNER_SLOWDOWN, Comparison
 from perfdoctor.history import baseline_from_history, check_store, record_run
@@ -271,11 +271,11 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
     if save_baseline is not None:
         write_baseline(records, save_baseline)
         outcome.messages.append(f"baseline of {len(records)} run(s) saved to {save_baseline}")
-        for n, frac in slow_outlier_runs(records, max_regression / 2):
+        for i, frac in interfered_runs(records, max_regression):
             outcome.messages.append(
-                f"warning: run {n} of {len(records)} was {frac:.0%} slower than the others, even in its fastest "
-                f"steps: another job may have held the machine. Gates against this baseline will be less "
-                f"decisive; record it again.")
+                f"warning: run {i + 1} of {len(records)} was {frac:.0%} slower than the others, even in its fastest "
+                f"steps: something outside the script held the machine. Gates against this baseline set it "
+                f"aside; with fewer runs left they are less decisive (or record it again).")
     return outcome
 
 

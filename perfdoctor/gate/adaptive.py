@@ -34,14 +34,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from perfdoctor.gate import stats
-from perfdoctor.gate.baseline import MIN_STEPS, Baseline, RunRecord
-from perfdoctor.gate.compare import CO_RUNNER_SLOWDOWN, LEVEL, UNDECIDED, Comparison, compare, deciding_series
+from perfdoctor.gate.baseline import MIN_STEPS, Baseline, RunRecord, without_interfered
+from perfdoctor.gate.compare import CO_RUNNER_SLOWDOWN, LEVEL, RESOLVE_FACTOR, UNDECIDED, Comparison, compare, deciding_series
 
 DEFAULT_MAX_REPEATS = 8  # runs of the current side at most, initial ones included
 # A baseline is wide enough when a gate against it, with DEFAULT_MAX_REPEATS current runs that vary
-# as its own runs do, would find a change of this many thresholds (+15 % at the default 10 %) a
-# regression: the lower bound of that gate's interval clears the threshold.
-RESOLVE_FACTOR = 1.5
+# as its own runs do, would find a change of compare.RESOLVE_FACTOR thresholds (+15 % at the default
+# 10 %) a regression: the lower bound of that gate's interval clears the threshold.
 
 
 def baseline_resolves(records: list[RunRecord], max_regression: float = 0.10,
@@ -55,11 +54,12 @@ def baseline_resolves(records: list[RunRecord], max_regression: float = 0.10,
     alone shows only in the former, which then must be larger to be decided.) The interval is the gate's model in closed form (each run's
     value varies by the between-run variance plus its own within-run variance, stats; a t quantile
     for the degrees of freedom both sides would give), not its bootstrap: a few hundred resamples
-    per run, not thousands. True with fewer than two runs (nothing disagrees) or where a run is too
+    per run, not thousands. Runs a gate would set aside as interfered with are left out here too. True with fewer than two runs (nothing disagrees) or where a run is too
     short to judge by its steps."""
+    t = max_regression
+    records = without_interfered(records, t)  # as the gate sets them aside (compare.compare)
     if len(records) < 2 or not all(len(r.step_ms) >= MIN_STEPS for r in records):
         return True
-    t = max_regression
     rng = random.Random(seed)
     n = len(records)
     tq = t_quantile(1 - (1 - LEVEL) / 2, n - 1 + current_runs - 1)

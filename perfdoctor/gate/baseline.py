@@ -382,19 +382,51 @@ def baseline_doc(records: list[RunRecord], seed: int = 0) -> BaselineDoc:
     )
 
 
-def slow_outlier_runs(records: list[RunRecord], margin: float) -> list[tuple[int, float]]:
-    """(1-based run number, fraction above the others' median) of runs whose judged value lies
-    more than `margin` above the median of the other runs: something outside the script (another
-    job) likely held the machine for most of that run. Needs three runs or more to say."""
-    vals = [r.gate_ms for r in records if r.gate_ms is not None]
-    if len(vals) < 3 or len(vals) < len(records):
+# A run is set aside as interfered with (`interfered_runs`) where its judged value lies this many robust
+# standard deviations (1.4826 x the median absolute deviation: the Hampel identifier) above the median of
+# its side's other runs, and beyond the gate's threshold too
+INTERFERENCE_MADS = 3.0
+
+
+def _run_value(r: RunRecord) -> float | None:
+    """What a run is judged by for interference: the low quantile (stats.GATE_QUANTILE) of its steps less
+    the training thread's wait for a CPU where that is known (the wait is already taken out), else of its
+    wall times; None for a run too short to judge by its steps."""
+    series = r.work_ms or r.step_ms
+    return stats.quantile(series, stats.GATE_QUANTILE) if len(series) >= MIN_STEPS else None
+
+
+def interfered_runs(records: list[RunRecord], max_regression: float) -> list[tuple[int, float]]:
+    """(0-based index, fraction above the others' median) of the runs of one side that something outside
+    the script slowed as a whole: a run whose value (`_run_value`: its fast steps, less its wait for a CPU)
+    lies more than INTERFERENCE_MADS robust standard deviations above the median of the side's other
+    runs, and more than `max_regression` above it. Inside a run the gate judges the fast steps because
+    contention only ever adds time; a whole run slowed beyond its siblings is the same at the run's
+    scale (the hypervisor lending this VM's cores to other guests, a neighbour on the host's memory:
+    nothing the guest's wait for a CPU shows; seen on this project's VM as runs 27-37 % slower in CPU
+    time too, docs/busy-machine.md, "sixth round"). Never faster runs (interference does not speed a
+    run up), only with three other runs or more to take a median and a spread from, at most a third of
+    the side, and none where that would leave fewer than three."""
+    vals = [_run_value(r) for r in records]
+    if len(records) < 4 or any(v is None or v <= 0 for v in vals):
         return []
+    logs = [math.log(v) for v in vals if v is not None]
     out = []
-    for i, v in enumerate(vals):
-        others = statistics.median(vals[:i] + vals[i + 1:])
-        if v > others * (1 + margin):
-            out.append((i + 1, v / others - 1))
+    for i, x in enumerate(logs):
+        others = logs[:i] + logs[i + 1:]
+        m = statistics.median(others)
+        spread = 1.4826 * statistics.median(abs(o - m) for o in others)
+        if x - m > max(math.log(1 + max_regression), INTERFERENCE_MADS * spread):
+            out.append((i, math.exp(x - m) - 1))
+    if len(out) > len(records) // 3 or len(records) - len(out) < 3:
+        return []
     return out
+
+
+def without_interfered(records: list[RunRecord], max_regression: float) -> list[RunRecord]:
+    """`records` less the runs `interfered_runs` sets aside."""
+    aside = {i for i, _ in interfered_runs(records, max_regression)}
+    return [r for i, r in enumerate(records) if i not in aside]
 
 
 def save_baseline(records: list[RunRecord], path: Path | str, seed: int = 0) -> BaselineDoc:

@@ -1,7 +1,9 @@
 """Compare current runs against a baseline: a verdict per metric and whether the gate fails.
 
-Verdicts per metric: `regression`, `improvement`, `no-change`, `inconclusive` (the point estimate
-crosses the threshold but the interval does not clear it), `unstable` (the interval is wider than
+Verdicts per metric: `regression`, `improvement`, `no-change` (the point within the threshold and
+the interval ruling out a change of RESOLVE_FACTOR thresholds), `inconclusive` (the point estimate
+crosses the threshold but the interval does not clear it, or the point lies within it but the interval
+still reaches RESOLVE_FACTOR thresholds), `unstable` (the interval is wider than
 the threshold, so a change of that size cannot be told from noise), and `not-comparable` (a
 different environment: the numbers are shown, never judged).
 
@@ -17,6 +19,13 @@ Where the current side's other CPUs were busier than the baseline's (`RunRecord.
 same work runs slower beside them (a co-runner on a sibling hyperthread, in the caches): a change of
 the corrected evidence that this can explain (its interval's lower bound within the threshold times
 1 + CO_RUNNER_SLOWDOWN x the difference) is `host-contention` too, and only what exceeds it fails.
+
+A run of either side that lies far above its side's other runs even in its fastest steps, less its
+wait for a CPU, was slowed as a whole by something outside the script that the guest cannot see (the
+hypervisor, another VM's memory traffic): it is set aside with a note (`baseline.interfered_runs`:
+three robust standard deviations and the threshold above the others' median, at most a third of a
+side, never below three runs), as the fast steps inside a run are judged because contention only
+adds time.
 
 The gate as a whole is `failed`, `passed`, `undecided`, `host-contention` or `not-comparable`. It fails on a
 regression, on a new finding at or above `fail_on`, and, when the step time stays undecided
@@ -48,6 +57,7 @@ from perfdoctor.gate.baseline import (
     MIN_STEPS,
     Baseline,
     RunRecord,
+    interfered_runs,
     load_baseline,
     record_from_report,
     record_from_run_dir,
@@ -64,6 +74,10 @@ MEMORY_SLACK_BYTES = 32 * 2**20  # allocator and RSS granularity
 LEVEL = 0.90
 UNDECIDED = ("unstable", "inconclusive")  # step-time verdicts the interval could not settle
 POINT_FAIL_FACTOR = 2.0  # undecided, a point estimate beyond this many thresholds still fails
+# The change a gate is built to tell from the threshold (+15 % at the default 10 %): `--save-baseline`
+# records the runs that take (adaptive.baseline_resolves), and a step time is `no-change` only where its
+# interval rules this change out; an interval that still reaches it is `inconclusive` and the gate adds runs
+RESOLVE_FACTOR = 1.5
 # A side waited for CPUs materially where a run's training thread spent this share of the threshold
 # waiting for a CPU (of its steady steps' wall time): a wait that large can move the wall time's
 # verdict by itself, so the verdict rests on the contention-corrected evidence instead.
@@ -291,7 +305,7 @@ def _interval_row(metric: str, base: list[list[float]], cur: list[list[float]], 
         verdict = "improvement"
     elif halfwidth > t:
         verdict = "unstable"
-    elif point > up or point < down:
+    elif point > up or point < down or hi > 1 + RESOLVE_FACTOR * t:
         verdict = "inconclusive"
     else:
         verdict = "no-change"
@@ -439,6 +453,18 @@ def _sigma_b2(base: list[list[float]], cur: list[list[float]], seed: int) -> tup
     return stats.pooled_between_log_var([base, cur], seed, MIN_STEPS)
 
 
+def _set_aside(runs: list[RunRecord], side: str, t: float, notes: list[str]) -> list[RunRecord]:
+    """A side's runs less those something outside the script slowed as a whole (`interfered_runs`),
+    each named in a note."""
+    aside = interfered_runs(runs, t)
+    for i, frac in aside:
+        notes.append(f"interference: run {i + 1} of the {side}'s {len(runs)} was {frac:+.0%} slower than the "
+                     f"others' median even in its fastest steps, less its wait for a CPU: something outside the "
+                     f"script (another VM on the host, a neighbour's memory traffic) slowed the whole run; set aside")
+    skip = {i for i, _ in aside}
+    return [r for i, r in enumerate(runs) if i not in skip]
+
+
 def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecord], max_regression: float = 0.10,
             fail_on: str | None = None, seed: int = 0, strict: bool = False,
             allow_different_args: bool = False, co_runner_slowdown: float = CO_RUNNER_SLOWDOWN) -> Comparison:
@@ -458,6 +484,8 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
         raise InputError("nothing to compare: the baseline or the current side holds no runs")
     t = max_regression
     notes: list[str] = [n for r in base + cur for n in r.notes]
+    made = len(base), len(cur)  # the runs each side made; those set aside are named in the notes
+    base, cur = _set_aside(base, "baseline", t, notes), _set_aside(cur, "current side", t, notes)
     diffs, env_notes = env_differences(base[0].env, cur[0].env, allow_different_args)
     notes += env_notes
     comparable = not diffs
@@ -540,7 +568,7 @@ def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecor
                      "undecided gate fails")
     return Comparison(failed=failed, comparable=comparable, rows=rows, new_findings=new, resolved_findings=resolved,
                       notes=notes, env_differences=diffs, max_regression=t, fail_on=fail_on,
-                      baseline_runs=len(base), current_runs=len(cur), failing_findings=failing,
+                      baseline_runs=made[0], current_runs=made[1], failing_findings=failing,
                       findings=[f for _, f in sorted(cur_f.items())], sides=(base, cur), strict=strict,
                       undecided=undecided, failed_beyond_timing=beyond_timing, contended=contended,
                       host_contention=host and not regressed)
