@@ -7,7 +7,11 @@ per step).
 environment's observation, a numpy array) and must cross to the device however the tensor is made.
 
 Three shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`, through views and
-dtype casts: `torch.LongTensor(range(L)).expand_as(w).to(device)`), keyed on the call;
+dtype casts: `torch.LongTensor(range(L)).expand_as(w).to(device)`; and a name its function bound before
+to a tensor computed from a host factory, moved where it is read: GRAND's `masks = torch.bernoulli(1. -
+drop_rates)` over `drop_rates = torch.FloatTensor(np.ones(n) * p)`, then `masks.cuda() * features`; a
+legacy type given a numpy fill or draw, `NUMPY_FILLS`, is a factory: the device makes those values too),
+keyed on the call;
 two statements (`x = torch.randn(...)` then, a few statements later in the same block,
 `x = x.to(device)`, or in the body of an `if use_cuda:` there; in between the tensor may be filled by
 index, `x[i] = ...`, which makes it the host's data, and wrapped in `Variable`), keyed on the factory line
@@ -91,7 +95,12 @@ MAX_DRAW_DEPTH = 10  # names, calls and returns followed before `_drawn` gives u
 
 # torch functions whose result is where their tensor arguments are (`_computed`)
 HOST_KEEPING = frozenset({"exp", "log", "sin", "cos", "tanh", "sigmoid", "sqrt", "rsqrt", "abs", "neg", "pow",
-                          "outer", "polar", "cat", "stack", "where", "clamp", "floor", "ceil", "round"})
+                          "outer", "polar", "cat", "stack", "where", "clamp", "floor", "ceil", "round",
+                          "bernoulli"})
+# numpy's array makers whose values the device makes as well (`torch.full`, `torch.rand`, ... with
+# `device=`): a legacy type given one (`torch.FloatTensor(np.ones(n) * p)`) is a factory, not the host's data
+NUMPY_FILLS = frozenset({"numpy.ones", "numpy.zeros", "numpy.full", "numpy.empty", "numpy.arange",
+                         "numpy.linspace", "numpy.eye"})
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
@@ -121,7 +130,7 @@ def _factory(index: SourceIndex, node: ast.AST) -> str | None:
                      # several sizes, however computed (`LongTensor(seq_len, batch_size)`): data is one sequence
                      or (len(node.args) > 1 and not any(isinstance(a, ast.Starred) for a in node.args))
                      or (len(node.args) == 1 and (_constant(node.args[0]) or _range(index, node.args[0])
-                                                  or _filled(node.args[0])))))
+                                                  or _filled(node.args[0]) or _numpy_fill(index, node.args[0])))))
         return q[6:] if made else None
     if not q or not q.startswith("torch.") or q[6:] not in FACTORIES:
         return None
@@ -427,7 +436,9 @@ def _computed(index: SourceIndex, node: ast.AST, depth: int = 0) -> str | None:
     if isinstance(node, ast.Call):
         fac = _factory(index, node) if depth else None
         if fac is not None:
-            return None if fac in DATA_FACTORIES or fac in LEGACY else fac
+            # a legacy type over a numpy fill is an array of one or more dimensions, not a CPU scalar
+            filled = fac in LEGACY and len(node.args) == 1 and _numpy_fill(index, node.args[0])
+            return None if fac in DATA_FACTORIES or (fac in LEGACY and not filled) else fac
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr in SAME_PLACE:
             return _computed(index, f.value, depth + 1)
@@ -443,9 +454,37 @@ def _computed(index: SourceIndex, node: ast.AST, depth: int = 0) -> str | None:
         parts = list(node.elts)
     elif isinstance(node, ast.ListComp):
         parts = [node.elt]
+    elif isinstance(node, ast.Name):
+        value = _bound(index, node)
+        if value is None or (not depth and _factory(index, _wrapped(index, value)) is not None):
+            return None  # a factory's tensor bound to a name and moved later: `_two_statements`'s shape
+        parts = [value]
     else:
         return None
     return next((f for f in (_computed(index, p, depth + 1) for p in parts) if f), None)
+
+
+def _bound(index: SourceIndex, node: ast.Name) -> ast.expr | None:
+    """The value its function binds `node`'s name to before the read (the latest such assignment,
+    not the one it is read in: `x = f(x)`); None where the function binds it nowhere before it."""
+    scope = index.context(node)[0]
+    if scope is None:
+        return None
+    before = [v for v in index.assigned.get(node.id, [])
+              if index.context(v)[0] is scope and v.lineno < node.lineno and not any(n is node for n in ast.walk(v))]
+    return max(before, key=lambda v: (v.lineno, v.col_offset)) if before else None
+
+
+def _numpy_fill(index: SourceIndex, node: ast.expr) -> bool:
+    """An array numpy makes rather than holds (`NUMPY_FILLS`, `np.random.*`), or one scaled or shifted by
+    a number or a name (`np.ones(n) * drop_rate`): values a device-side factory makes as well."""
+    if isinstance(node, ast.BinOp):
+        return (_numpy_fill(index, node.left) and isinstance(node.right, (ast.Constant, ast.Name))) or (
+            _numpy_fill(index, node.right) and isinstance(node.left, (ast.Constant, ast.Name)))
+    if not isinstance(node, ast.Call):
+        return False
+    q = index.qual(node.func) or ""
+    return q in NUMPY_FILLS or q.startswith("numpy.random.")
 
 
 def _host_data(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
