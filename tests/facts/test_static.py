@@ -539,6 +539,39 @@ def test_cpu_to_device_of_a_named_tensor_computed_from_a_numpy_fill(tmp_path):
     assert got[6]["factory"] == "FloatTensor" and got[6]["in_loop"] is True
 
 
+def test_cpu_to_device_of_a_padded_label_batch_returned_moved(tmp_path):
+    """deep-text-recognition-benchmark's CTCLabelConverter.encode (utils.py), which train.py calls every step:
+    a LongTensor of sizes filled with zeros, each word's indices written into its row's slice on the host,
+    returned moved to the device."""
+    (tmp_path / "utils.py").write_text(textwrap.dedent("""\
+        import torch
+        class Converter:
+            def encode(self, text, n=25):
+                length = [len(s) for s in text]
+                batch_text = torch.LongTensor(len(text), n).fill_(0)
+                for i, t in enumerate(text):
+                    ids = [self.dict[c] for c in t]
+                    batch_text[i][:len(ids)] = torch.LongTensor(ids)
+                return (batch_text.to(device), torch.IntTensor(length).to(device))
+        """))
+    (tmp_path / "train.py").write_text(textwrap.dedent("""\
+        from utils import Converter
+        converter = Converter()
+        for images, labels in loader:
+            text, length = converter.encode(labels)
+            loss = model(images, text).sum()
+            loss.backward()
+            opt.step()
+        """))
+    facts = Facts()
+    analyse_files([tmp_path / "train.py", tmp_path / "utils.py"], facts)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [5]
+    assert got[5]["factory"] == "LongTensor" and got[5]["in_loop"] is True and got[5]["host_data"] is True
+    s = next(s for s in facts.of_kind("cpu_to_device") if s.key.endswith(":5"))
+    assert [loc.line for loc in s.locations] == [5, 9]  # made, then moved in the return
+
+
 def test_cpu_to_device_in_a_sampling_loop_after_the_epoch_is_not_per_step(tmp_path):
     """A conditional diffusion model samples images after each epoch, `torch.randn(...).to(device)` at
     each of its 400 denoising steps: no training step runs that loop (the timestep draw of the training

@@ -13,8 +13,9 @@ drop_rates)` over `drop_rates = torch.FloatTensor(np.ones(n) * p)`, then `masks.
 legacy type given a numpy fill or draw, `NUMPY_FILLS`, is a factory: the device makes those values too),
 keyed on the call;
 two statements (`x = torch.randn(...)` then, a few statements later in the same block,
-`x = x.to(device)`, or in the body of an `if use_cuda:` there; in between the tensor may be filled by
-index, `x[i] = ...`, which makes it the host's data, and wrapped in `Variable`), keyed on the factory line
+`x = x.to(device)`, or in the body of an `if use_cuda:` there, or `return (x.to(device), ...)`; in between
+the tensor may be filled by index, `x[i] = ...` or a row's slice `x[i][:n] = ...`, which makes it the host's
+data, and wrapped in `Variable`; an in-place fill, `.fill_(0)`, keeps the tensor made), keyed on the factory line
 with the move line as the second location (a `torch.cat`/`torch.stack` of names bound only to factories is a
 factory's tensor, keyed on the join); and host
 data given to a legacy CUDA tensor type (`Tensor(np.random.normal(...))` with
@@ -82,7 +83,7 @@ LEGACY = frozenset({"FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor
 HOST_COPIES = frozenset({"tensor", "as_tensor", "from_numpy", "cat", "stack"}) | LEGACY
 SAME_PLACE = frozenset({"expand", "expand_as", "view", "view_as", "reshape", "unsqueeze", "squeeze", "repeat",
                         "t", "transpose", "permute", "contiguous", "flatten", "float", "double", "half",
-                        "bfloat16", "long", "int", "bool", "byte"})
+                        "bfloat16", "long", "int", "bool", "byte", "fill_", "zero_"})
 
 
 # random draws from a population (`_drawn`): a replay buffer's `random.sample(self.buffer, n)`
@@ -535,7 +536,7 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
             between: set[str] = set()  # names assigned between the two statements
             filled = False  # the host wrote data into the made tensor in between: a batch, not a factory's values
             for later in block[i + 1:i + 6]:
-                move = _rebind_move(later, name) or _guarded_move(later, name)
+                move = _rebind_move(later, name) or _guarded_move(later, name) or _returned_move(later, name)
                 if move is not None:
                     target = index.devices.move_target(move)
                     dev_names = {n.id for n in ast.walk(move) if isinstance(n, ast.Name)} - {name}
@@ -565,11 +566,19 @@ def _fills(stmt: ast.stmt, name: str) -> bool:
     """`stmt` (a loop, an assignment) uses `name` only to write into it by index (`inp[bi] = char_tensor(
     chunk)`, `x[i] += 1`): the tensor the factory made, filled on the host row by row (char-rnn's batch
     before its move), not read, replaced or handed on."""
-    stores = {id(t.value) for n in ast.walk(stmt) if isinstance(n, (ast.Assign, ast.AugAssign))
+    stores = {id(_indexed(t)) for n in ast.walk(stmt) if isinstance(n, (ast.Assign, ast.AugAssign))
               for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
-              if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)}
+              if isinstance(t, ast.Subscript) and isinstance(_indexed(t), ast.Name)}
     uses = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name]
     return bool(uses) and all(id(n) in stores for n in uses)
+
+
+def _indexed(target: ast.Subscript) -> ast.expr:
+    """What a write by index writes into: `x` of `x[i]` and of a row's slice, `x[i][:n]`."""
+    node: ast.expr = target
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return node
 
 
 def _rewrapped(index: SourceIndex, stmt: ast.stmt, name: str) -> bool:
@@ -588,6 +597,16 @@ def _rebind_move(stmt: ast.stmt, name: str) -> ast.Call | None:
             and isinstance(stmt.value.func.value, ast.Name) and stmt.value.func.value.id == name):
         return stmt.value
     return None
+
+
+def _returned_move(stmt: ast.stmt, name: str) -> ast.Call | None:
+    """The `name.to(...)` / `name.cuda(...)` of a `return` that hands the moved tensor on (`return
+    (batch_text.to(device), lengths)`: a label converter's padded batch), else None."""
+    if not isinstance(stmt, ast.Return) or stmt.value is None:
+        return None
+    return next((n for n in ast.walk(stmt.value) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr in ("to", "cuda") and isinstance(n.func.value, ast.Name)
+                 and n.func.value.id == name), None)
 
 
 def _guarded_move(stmt: ast.stmt, name: str) -> ast.Call | None:
