@@ -516,8 +516,9 @@ def test_cpu_to_device_of_a_tensor_computed_from_a_host_factory(tmp_path):
 def test_cpu_to_device_of_a_named_tensor_computed_from_a_numpy_fill(tmp_path):
     """THUDM/GRAND's DropNode: every step builds the keep rates with a legacy type over a numpy fill, samples
     the masks with torch.bernoulli on the host, and moves them inline (`masks.cuda() * features`, here behind
-    the script's CUDA flag): one host tensor computed and moved per call. A name bound to data (a batch), or
-    a plain factory's name moved by rebinding (`_two_statements`), is not this shape."""
+    the script's CUDA flag): one host tensor computed and moved per call. A name bound to data (a batch), a
+    sample joined with a factory's padding (pbloem/former's `torch.cat([instance, pad])`), or a plain
+    factory's name moved by rebinding (`_two_statements`), is not this shape."""
     facts, _ = analyse(tmp_path, """\
         import numpy as np, torch
         use_cuda = torch.cuda.is_available()
@@ -527,7 +528,10 @@ def test_cpu_to_device_of_a_named_tensor_computed_from_a_numpy_fill(tmp_path):
             features = (masks.cuda() if use_cuda else masks) * features
             data = torch.FloatTensor(batch)
             moved = data.cuda() * features
-            return features, moved
+            pad = torch.zeros(4, 3)
+            sample = torch.cat([data, pad])
+            sample = sample.cuda() if use_cuda else sample
+            return features, moved, sample
         for step in range(100):
             f, m = rand_prop(x, b, 0.5)
             loss = model(f).sum()

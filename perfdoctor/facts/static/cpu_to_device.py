@@ -453,6 +453,8 @@ def _computed(index: SourceIndex, node: ast.AST, depth: int = 0) -> str | None:
         parts = [node.operand]
     elif isinstance(node, (ast.List, ast.Tuple)):
         parts = list(node.elts)
+        if any(isinstance(e, ast.Name) and _computed(index, e, depth + 1) is None for e in parts):
+            return None  # joins a name bound to no host factory's tensor (the sample it pads): the data's copy
     elif isinstance(node, ast.ListComp):
         parts = [node.elt]
     elif isinstance(node, ast.Name):
