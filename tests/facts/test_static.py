@@ -513,6 +513,69 @@ def test_cpu_to_device_of_a_tensor_computed_from_a_host_factory(tmp_path):
     assert got[4]["factory"] == "arange" and got[4]["in_loop"] is True and got[7]["factory"] == "arange"
 
 
+def test_cpu_to_device_of_a_named_tensor_computed_from_a_numpy_fill(tmp_path):
+    """THUDM/GRAND's DropNode: every step builds the keep rates with a legacy type over a numpy fill, samples
+    the masks with torch.bernoulli on the host, and moves them inline (`masks.cuda() * features`, here behind
+    the script's CUDA flag): one host tensor computed and moved per call. A name bound to data (a batch), a
+    sample joined with a factory's padding (pbloem/former's `torch.cat([instance, pad])`), or a plain
+    factory's name moved by rebinding (`_two_statements`), is not this shape."""
+    facts, _ = analyse(tmp_path, """\
+        import numpy as np, torch
+        use_cuda = torch.cuda.is_available()
+        def rand_prop(features, batch, rate):
+            drop_rates = torch.FloatTensor(np.ones(features.shape[0]) * rate)
+            masks = torch.bernoulli(1. - drop_rates).unsqueeze(1)
+            features = (masks.cuda() if use_cuda else masks) * features
+            data = torch.FloatTensor(batch)
+            moved = data.cuda() * features
+            pad = torch.zeros(4, 3)
+            sample = torch.cat([data, pad])
+            sample = sample.cuda() if use_cuda else sample
+            return features, moved, sample
+        for step in range(100):
+            f, m = rand_prop(x, b, 0.5)
+            loss = model(f).sum()
+            loss.backward()
+            opt.step()
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [6]
+    assert got[6]["factory"] == "FloatTensor" and got[6]["in_loop"] is True
+
+
+def test_cpu_to_device_of_a_padded_label_batch_returned_moved(tmp_path):
+    """deep-text-recognition-benchmark's CTCLabelConverter.encode (utils.py), which train.py calls every step:
+    a LongTensor of sizes filled with zeros, each word's indices written into its row's slice on the host,
+    returned moved to the device."""
+    (tmp_path / "utils.py").write_text(textwrap.dedent("""\
+        import torch
+        class Converter:
+            def encode(self, text, n=25):
+                length = [len(s) for s in text]
+                batch_text = torch.LongTensor(len(text), n).fill_(0)
+                for i, t in enumerate(text):
+                    ids = [self.dict[c] for c in t]
+                    batch_text[i][:len(ids)] = torch.LongTensor(ids)
+                return (batch_text.to(device), torch.IntTensor(length).to(device))
+        """))
+    (tmp_path / "train.py").write_text(textwrap.dedent("""\
+        from utils import Converter
+        converter = Converter()
+        for images, labels in loader:
+            text, length = converter.encode(labels)
+            loss = model(images, text).sum()
+            loss.backward()
+            opt.step()
+        """))
+    facts = Facts()
+    analyse_files([tmp_path / "train.py", tmp_path / "utils.py"], facts)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [5]
+    assert got[5]["factory"] == "LongTensor" and got[5]["in_loop"] is True and got[5]["host_data"] is True
+    s = next(s for s in facts.of_kind("cpu_to_device") if s.key.endswith(":5"))
+    assert [loc.line for loc in s.locations] == [5, 9]  # made, then moved in the return
+
+
 def test_cpu_to_device_in_a_sampling_loop_after_the_epoch_is_not_per_step(tmp_path):
     """A conditional diffusion model samples images after each epoch, `torch.randn(...).to(device)` at
     each of its 400 denoising steps: no training step runs that loop (the timestep draw of the training
@@ -597,8 +660,10 @@ def test_cpu_to_device_host_batch_copied_every_training_step(tmp_path):
                 agent.learn(buffer.sample(64))
         """)
     got = by_line(facts, "cpu_to_device")
-    assert sorted(got) == [8, 9, 19]
+    assert sorted(got) == [8, 9, 17, 19]
     assert got[8] == {"factory": "cat", "target": "self.device", "in_loop": True, "host_data": True}
+    # a legacy type over numpy's permutation is a factory (`torch.randperm(64, device=...)`), made once an epoch
+    assert got[17]["factory"] == "LongTensor" and got[17]["in_loop"] is False and "host_data" not in got[17]
     assert got[9]["factory"] == "tensor" and got[19]["host_data"] is True
     s = next(s for s in facts.of_kind("cpu_to_device") if s.key.endswith(":19"))
     assert [loc.line for loc in s.locations] == [19, 20]  # the copy, then its move

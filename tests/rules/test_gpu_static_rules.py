@@ -241,6 +241,97 @@ def test_pd017_on_a_gpu_saves_the_syncs_after_pinned_copies(tmp_path):
     assert clean.value("copies.h2d_pinned_sync_ms") is None
 
 
+def test_pd017_quiet_on_an_evaluation_loop_in_a_file_with_no_training_loop(tmp_path):
+    # deep-text-recognition-benchmark: test.py's validation() moves the validation loader's pinned batches;
+    # its own file calls it only from its test entry points, train.py every N steps: no training step's copy
+    evaluation = """\
+        def validation(model, loader):
+            for x, y in loader:
+                x = x.to(device)
+                model(x)
+
+        def test(model, ds):
+            validation(model, DataLoader(ds, batch_size=64, pin_memory=True))
+
+        if __name__ == "__main__":
+            test(nn.Linear(2, 2), ds)
+
+        loader = DataLoader(ds, batch_size=64, pin_memory=True)
+        for a, b in loader:
+            a = a.to(device)
+        """
+    training = """\
+        from evaluation import validation
+        loader = DataLoader(ds, batch_size=64, pin_memory=True)
+        for i, (x, y) in enumerate(loader):
+            loss = model(x.to(device, non_blocking=True)).sum()
+            loss.backward()
+            opt.step()
+            if i % 2000 == 0:
+                validation(model, loader)
+        """
+    evalfile, trainfile = tmp_path / "evaluation.py", tmp_path / "train.py"
+    evalfile.write_text(HEAD + textwrap.dedent(evaluation))
+    trainfile.write_text(HEAD + textwrap.dedent(training))
+    facts = machine(Facts())
+    analyse_files([trainfile, evalfile], facts)
+    # validation()'s move (evaluation.py:7) and the module-level loop's (:18) are left out; the training's stays
+    keys = {(Path(s.key.rsplit(":", 1)[0]).name, s.key.rsplit(":", 1)[1]) for s in facts.of_kind("batch_copy")}
+    assert keys == {("train.py", "8")}
+    alone = machine(Facts())  # no file of the project trains: the source cannot tell, the moves stay
+    analyse_files([evalfile], alone)
+    assert {s.key.rsplit(":", 1)[1] for s in alone.of_kind("batch_copy")} == {"7", "18"}
+
+
+def test_pd017_quiet_on_the_moves_of_a_loader_the_run_saw_reach_few_steps(tmp_path):
+    # another file's validation() moves a pinned loader's batches; the training loop calls it every 2000
+    # steps (the source cannot tell how often); the run saw them moved on 1 of 4 watched steps
+    # (`dataloader.trains` False, as facts/run/host_tensors.py sets it): an evaluation loader, no step's copy
+    evalfile, trainfile = tmp_path / "evaluation.py", tmp_path / "train.py"
+    evalfile.write_text(HEAD + textwrap.dedent("""\
+        def validation(model, loader):
+            for a, b in loader:
+                a = a.to(device)
+        """))
+    trainfile.write_text(HEAD + textwrap.dedent("""\
+        from evaluation import validation
+        extra = DataLoader(ds, batch_size=64, pin_memory=True)
+        loader = DataLoader(ds, batch_size=64, pin_memory=True)
+        for i, (x, y) in enumerate(loader):
+            x = x.to(device)
+            loss = model(x).sum()
+            loss.backward()
+            opt.step()
+            if i % 2000 == 0:
+                validation(model, extra)
+        """))
+    val_key = f"{trainfile.resolve()}:6"
+    draws = {val_key: [(str(evalfile.resolve()), 6)]}
+
+    def copies(run_trains=None):
+        facts = machine(Facts())
+        if run_trains is not None:
+            facts.subject("dataloader", val_key).add("trains", run_trains, "", "run")
+        analyse_files([trainfile.resolve(), evalfile.resolve()], facts, loader_draws=draws)
+        return {(Path(s.key.rsplit(":", 1)[0]).name, int(s.key.rsplit(":", 1)[1])) for s in facts.of_kind("batch_copy")}
+
+    assert copies() == {("train.py", 9), ("evaluation.py", 7)}
+    assert copies(run_trains=False) == {("train.py", 9)}
+
+
+def test_pd017_quiet_on_an_evaluation_loader_in_a_file_of_no_training(tmp_path):
+    # a file with no training loop (the source cannot place it) builds and iterates an evaluation loader:
+    # the loader's own read says its batches do not reach a training step (`dataloader.trains` False)
+    facts, path = analyse(tmp_path, """\
+        def evaluate(model, ds):
+            loader = DataLoader(ds, batch_size=64, pin_memory=True)
+            for a, b in loader:
+                a = a.to(device)
+        """, machine(Facts()))
+    assert lines(facts, "dataloader")[6]["trains"] is False
+    assert lines(facts, "batch_copy") == {}
+
+
 # -- PD021 optimizer-not-fused -----------------------------------------------------------------
 @pytest.mark.parametrize("cls,after", [
     ("AdamW", "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=None, fused=True)"),

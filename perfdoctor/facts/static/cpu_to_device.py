@@ -7,10 +7,15 @@ per step).
 environment's observation, a numpy array) and must cross to the device however the tensor is made.
 
 Three shapes: chained (`torch.randn(...).cuda()`, `torch.zeros(...).to(device)`, through views and
-dtype casts: `torch.LongTensor(range(L)).expand_as(w).to(device)`), keyed on the call;
+dtype casts: `torch.LongTensor(range(L)).expand_as(w).to(device)`; and a name its function bound before
+to a tensor computed from a host factory, moved where it is read: GRAND's `masks = torch.bernoulli(1. -
+drop_rates)` over `drop_rates = torch.FloatTensor(np.ones(n) * p)`, then `masks.cuda() * features`; a
+legacy type given a numpy fill or draw, `NUMPY_FILLS`, is a factory: the device makes those values too),
+keyed on the call;
 two statements (`x = torch.randn(...)` then, a few statements later in the same block,
-`x = x.to(device)`, or in the body of an `if use_cuda:` there; in between the tensor may be filled by
-index, `x[i] = ...`, which makes it the host's data, and wrapped in `Variable`), keyed on the factory line
+`x = x.to(device)`, or in the body of an `if use_cuda:` there, or `return (x.to(device), ...)`; in between
+the tensor may be filled by index, `x[i] = ...` or a row's slice `x[i][:n] = ...`, which makes it the host's
+data, and wrapped in `Variable`; an in-place fill, `.fill_(0)`, keeps the tensor made), keyed on the factory line
 with the move line as the second location (a `torch.cat`/`torch.stack` of names bound only to factories is a
 factory's tensor, keyed on the join); and host
 data given to a legacy CUDA tensor type (`Tensor(np.random.normal(...))` with
@@ -78,7 +83,7 @@ LEGACY = frozenset({"FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor
 HOST_COPIES = frozenset({"tensor", "as_tensor", "from_numpy", "cat", "stack"}) | LEGACY
 SAME_PLACE = frozenset({"expand", "expand_as", "view", "view_as", "reshape", "unsqueeze", "squeeze", "repeat",
                         "t", "transpose", "permute", "contiguous", "flatten", "float", "double", "half",
-                        "bfloat16", "long", "int", "bool", "byte"})
+                        "bfloat16", "long", "int", "bool", "byte", "fill_", "zero_"})
 
 
 # random draws from a population (`_drawn`): a replay buffer's `random.sample(self.buffer, n)`
@@ -91,7 +96,12 @@ MAX_DRAW_DEPTH = 10  # names, calls and returns followed before `_drawn` gives u
 
 # torch functions whose result is where their tensor arguments are (`_computed`)
 HOST_KEEPING = frozenset({"exp", "log", "sin", "cos", "tanh", "sigmoid", "sqrt", "rsqrt", "abs", "neg", "pow",
-                          "outer", "polar", "cat", "stack", "where", "clamp", "floor", "ceil", "round"})
+                          "outer", "polar", "cat", "stack", "where", "clamp", "floor", "ceil", "round",
+                          "bernoulli"})
+# numpy's array makers whose values the device makes as well (`torch.full`, `torch.rand`, ... with
+# `device=`): a legacy type given one (`torch.FloatTensor(np.ones(n) * p)`) is a factory, not the host's data
+NUMPY_FILLS = frozenset({"numpy.ones", "numpy.zeros", "numpy.full", "numpy.empty", "numpy.arange",
+                         "numpy.linspace", "numpy.eye"})
 
 
 def detect(index: SourceIndex, facts: Facts) -> None:
@@ -121,7 +131,7 @@ def _factory(index: SourceIndex, node: ast.AST) -> str | None:
                      # several sizes, however computed (`LongTensor(seq_len, batch_size)`): data is one sequence
                      or (len(node.args) > 1 and not any(isinstance(a, ast.Starred) for a in node.args))
                      or (len(node.args) == 1 and (_constant(node.args[0]) or _range(index, node.args[0])
-                                                  or _filled(node.args[0])))))
+                                                  or _filled(node.args[0]) or _numpy_fill(index, node.args[0])))))
         return q[6:] if made else None
     if not q or not q.startswith("torch.") or q[6:] not in FACTORIES:
         return None
@@ -427,7 +437,9 @@ def _computed(index: SourceIndex, node: ast.AST, depth: int = 0) -> str | None:
     if isinstance(node, ast.Call):
         fac = _factory(index, node) if depth else None
         if fac is not None:
-            return None if fac in DATA_FACTORIES or fac in LEGACY else fac
+            # a legacy type over a numpy fill is an array of one or more dimensions, not a CPU scalar
+            filled = fac in LEGACY and len(node.args) == 1 and _numpy_fill(index, node.args[0])
+            return None if fac in DATA_FACTORIES or (fac in LEGACY and not filled) else fac
         f = node.func
         if isinstance(f, ast.Attribute) and f.attr in SAME_PLACE:
             return _computed(index, f.value, depth + 1)
@@ -441,11 +453,41 @@ def _computed(index: SourceIndex, node: ast.AST, depth: int = 0) -> str | None:
         parts = [node.operand]
     elif isinstance(node, (ast.List, ast.Tuple)):
         parts = list(node.elts)
+        if any(isinstance(e, ast.Name) and _computed(index, e, depth + 1) is None for e in parts):
+            return None  # joins a name bound to no host factory's tensor (the sample it pads): the data's copy
     elif isinstance(node, ast.ListComp):
         parts = [node.elt]
+    elif isinstance(node, ast.Name):
+        value = _bound(index, node)
+        if value is None or (not depth and _factory(index, _wrapped(index, value)) is not None):
+            return None  # a factory's tensor bound to a name and moved later: `_two_statements`'s shape
+        parts = [value]
     else:
         return None
     return next((f for f in (_computed(index, p, depth + 1) for p in parts) if f), None)
+
+
+def _bound(index: SourceIndex, node: ast.Name) -> ast.expr | None:
+    """The value its function binds `node`'s name to before the read (the latest such assignment,
+    not the one it is read in: `x = f(x)`); None where the function binds it nowhere before it."""
+    scope = index.context(node)[0]
+    if scope is None:
+        return None
+    before = [v for v in index.assigned.get(node.id, [])
+              if index.context(v)[0] is scope and v.lineno < node.lineno and not any(n is node for n in ast.walk(v))]
+    return max(before, key=lambda v: (v.lineno, v.col_offset)) if before else None
+
+
+def _numpy_fill(index: SourceIndex, node: ast.expr) -> bool:
+    """An array numpy makes rather than holds (`NUMPY_FILLS`, `np.random.*`), or one scaled or shifted by
+    a number or a name (`np.ones(n) * drop_rate`): values a device-side factory makes as well."""
+    if isinstance(node, ast.BinOp):
+        return (_numpy_fill(index, node.left) and isinstance(node.right, (ast.Constant, ast.Name))) or (
+            _numpy_fill(index, node.right) and isinstance(node.left, (ast.Constant, ast.Name)))
+    if not isinstance(node, ast.Call):
+        return False
+    q = index.qual(node.func) or ""
+    return q in NUMPY_FILLS or q.startswith("numpy.random.")
 
 
 def _host_data(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
@@ -496,7 +538,7 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
             between: set[str] = set()  # names assigned between the two statements
             filled = False  # the host wrote data into the made tensor in between: a batch, not a factory's values
             for later in block[i + 1:i + 6]:
-                move = _rebind_move(later, name) or _guarded_move(later, name)
+                move = _rebind_move(later, name) or _guarded_move(later, name) or _returned_move(later, name)
                 if move is not None:
                     target = index.devices.move_target(move)
                     dev_names = {n.id for n in ast.walk(move) if isinstance(n, ast.Name)} - {name}
@@ -526,11 +568,19 @@ def _fills(stmt: ast.stmt, name: str) -> bool:
     """`stmt` (a loop, an assignment) uses `name` only to write into it by index (`inp[bi] = char_tensor(
     chunk)`, `x[i] += 1`): the tensor the factory made, filled on the host row by row (char-rnn's batch
     before its move), not read, replaced or handed on."""
-    stores = {id(t.value) for n in ast.walk(stmt) if isinstance(n, (ast.Assign, ast.AugAssign))
+    stores = {id(_indexed(t)) for n in ast.walk(stmt) if isinstance(n, (ast.Assign, ast.AugAssign))
               for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
-              if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)}
+              if isinstance(t, ast.Subscript) and isinstance(_indexed(t), ast.Name)}
     uses = [n for n in ast.walk(stmt) if isinstance(n, ast.Name) and n.id == name]
     return bool(uses) and all(id(n) in stores for n in uses)
+
+
+def _indexed(target: ast.Subscript) -> ast.expr:
+    """What a write by index writes into: `x` of `x[i]` and of a row's slice, `x[i][:n]`."""
+    node: ast.expr = target
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return node
 
 
 def _rewrapped(index: SourceIndex, stmt: ast.stmt, name: str) -> bool:
@@ -549,6 +599,16 @@ def _rebind_move(stmt: ast.stmt, name: str) -> ast.Call | None:
             and isinstance(stmt.value.func.value, ast.Name) and stmt.value.func.value.id == name):
         return stmt.value
     return None
+
+
+def _returned_move(stmt: ast.stmt, name: str) -> ast.Call | None:
+    """The `name.to(...)` / `name.cuda(...)` of a `return` that hands the moved tensor on (`return
+    (batch_text.to(device), lengths)`: a label converter's padded batch), else None."""
+    if not isinstance(stmt, ast.Return) or stmt.value is None:
+        return None
+    return next((n for n in ast.walk(stmt.value) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr in ("to", "cuda") and isinstance(n.func.value, ast.Name)
+                 and n.func.value.id == name), None)
 
 
 def _guarded_move(stmt: ast.stmt, name: str) -> ast.Call | None:

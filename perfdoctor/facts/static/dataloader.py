@@ -516,7 +516,8 @@ def drawn_moves(indexes: list[SourceIndex], facts: Facts, draws: dict[str, list[
             put(s, "non_blocking", all(
                 isinstance(v := kwarg(m, "non_blocking"), ast.Constant) and v.value is True for _, m, _ in moves))
             pinned = s.facts.get("dataloader.pin_memory_on_cuda")
-            if pinned is not None and pinned.value is True:
+            trains = s.facts.get("dataloader.trains")  # the run's: its batches moved on most watched steps
+            if pinned is not None and pinned.value is True and not (trains is not None and trains.value is False):
                 for index, move, loop in moves:
                     pinned_copy(index, facts, move, loop)
 
@@ -524,8 +525,13 @@ def drawn_moves(indexes: list[SourceIndex], facts: Facts, draws: dict[str, list[
 def pinned_copy(index: SourceIndex, facts: Facts, move: ast.Call, loop: ast.AST) -> None:
     """The `batch_copy` subject (PD017) of a move of a pinned loader's batch, keyed on the move's line,
     with `non_blocking` as passed; none for a move in an evaluation loop beside the training loop (a loop
-    with no training step where another loop of the file takes them): it is not on the training step."""
-    if index.loops.has_training_loop() and not index.loops.trains(loop):
+    with no training step where another loop of the file takes them, or, in a file with no training loop
+    of a project that has one, a loop the source shows no training step runs: a `validation()` whose
+    calls in its own file are all outside the steps, though the training script calls it every N steps):
+    it is not on the training step."""
+    loops = index.loops
+    if not loops.trains(loop) and (loops.has_training_loop() or (
+            loops.project_trains() and loops.in_training_step(loop) is False)):
         return
     nb = kwarg(move, "non_blocking")
     s = index.subject(facts, "batch_copy", move)
