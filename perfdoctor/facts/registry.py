@@ -301,6 +301,8 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
                                 "attribute), moved to the device again on every step"),
         ("host_data", "bool", "static", "the tensor copies host data (a batch drawn from a store kept in host "
                                         "memory: a replay buffer, a numpy rollout) inside the training step"),
+        ("filled", "bool", "static", "the host data was written into the made tensor by index, row by row, "
+                                     "from Python values (a label batch padded in a loop), not drawn from a store"),
     ]),
     "loss_holder": _declare("loss_holder", [
         ("kind", "str", "run/static", "list, running-sum or attribute"),

@@ -572,6 +572,7 @@ def test_cpu_to_device_of_a_padded_label_batch_returned_moved(tmp_path):
     got = by_line(facts, "cpu_to_device")
     assert sorted(got) == [5]
     assert got[5]["factory"] == "LongTensor" and got[5]["in_loop"] is True and got[5]["host_data"] is True
+    assert got[5]["filled"] is True  # filled from Python values: not "drawn from a store in host memory"
     s = next(s for s in facts.of_kind("cpu_to_device") if s.key.endswith(":5"))
     assert [loc.line for loc in s.locations] == [5, 9]  # made, then moved in the return
 

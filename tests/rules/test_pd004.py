@@ -47,6 +47,13 @@ def test_pd004_host_batch_says_where_the_store_should_live():
     assert "Keep the store on the device" in finding.message and "Pass device=" not in finding.message
 
 
+def test_pd004_a_tensor_filled_from_python_values_is_not_called_a_store():
+    (finding,) = _judged(Location("utils.py", 5, "batch_text = torch.LongTensor(len(text), n).fill_(0)"), "static",
+                         factory="LongTensor", in_loop=True, host_data=True, filled=True)
+    assert finding.title.startswith("A tensor filled on the host from Python values") and "store" not in finding.title
+    assert "collate_fn" in finding.message and "Keep the store" not in finding.message
+
+
 def test_pd004_a_kept_host_tensor_moved_every_step():
     (finding,) = _judged(Location("sched.py", 30, "a = self.alphas.to(x.device)[t]"), "run", kept=True, in_loop=True)
     assert finding.title == "The same host tensor is copied to the device on every step"

@@ -550,6 +550,8 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                         put(s, "in_loop", _per_step(index, stmt) if fac else True)
                         if host or filled:
                             put(s, "host_data", True)
+                        if filled and not host:
+                            put(s, "filled", True)  # built here from Python values, not drawn from a store
                     break
                 if _fills(later, name):
                     filled = True  # filled in place on the host: still the tensor made, now holding the host's data
