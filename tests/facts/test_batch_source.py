@@ -275,6 +275,21 @@ for it in range(100):
     assert not f.of_kind("dataloader")
 
 
+def test_a_transform_of_a_loaders_batch_drawn_in_a_helper_is_no_source(tmp_path):
+    """deep-text-recognition-benchmark: `image_tensors, labels = train_dataset.get_batch()` (its get_batch
+    calls next() on its DataLoaders' iterators: the run saw the draws there), then `text, length =
+    converter.encode(labels)` and the model takes `text`. The encoder transforms the loader's batch."""
+    train = COUNTED.replace("        users, items = data.sample()",
+                            "        labels = data.get_batch()\n        users, items = data.sample(labels)")
+    data = SAMPLER.replace("    def sample(self):", "    def sample(self, labels=None):") + (
+        "    def get_batch(self):\n        return next(self.it)\n")
+    drawn = {"data.py:9": [(str((tmp_path / "q" / "data.py").resolve()), 9)]}
+    assert not _counted(tmp_path / "q", train, data, model_lines=(("train.py", 10),), draws=drawn).of_kind("dataloader")
+    # the same helper where the run saw no DataLoader drawn: a batch function of the user's, a source
+    got = by_line(_counted(tmp_path / "p", train, data, model_lines=(("train.py", 10),)), "dataloader")
+    assert "Data.sample()" in got[9]["source"]
+
+
 HANDED = """\
 import torch
 from data import Data

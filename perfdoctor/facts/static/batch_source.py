@@ -94,7 +94,8 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
     generator: those are the draws above), that calls no model itself (the run's model calls are not
     in it: a frozen encoder's features are compute) and takes no training step. Not in a loop that
     draws a DataLoader's batches anywhere in its body (its batch is the loader's, a function on it a
-    transform), nor in a project that steps an environment (a replay buffer's sample is the
+    transform), nor one taking what a helper of the user's that draws them returned
+    (`_takes_a_loaders_batch`), nor in a project that steps an environment (a replay buffer's sample is the
     reinforcement-learning algorithm's own work)."""
     if any(index.loops.env_steps for index in indexes):
         return
@@ -111,6 +112,8 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                 continue
             end = loop.end_lineno or loop.lineno  # type: ignore[attr-defined]
             if any(f == real and loop.lineno <= line <= end for f, line in draws):  # type: ignore[attr-defined]
+                continue
+            if _takes_a_loaders_batch(indexes, index, call, loop, draws):
                 continue
             if not loops.trains(loop) or not loops.per_step(call) or loops.takes_step(call) or not feeds():
                 continue
@@ -140,6 +143,31 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                         _subject(facts, index, call, index, call, other, fn,
                                  parent.name if isinstance(parent, ast.ClassDef) else None, fs.share,
                                  "called once per step on the training thread, its result the model's input")
+
+
+def _takes_a_loaders_batch(indexes: Sequence[SourceIndex], index: SourceIndex, call: ast.Call, loop: ast.AST,
+                           draws: set[tuple[str, int]]) -> bool:
+    """The call takes a name that an earlier statement of the same loop body bound from a function of the
+    user's in which the run saw a DataLoader's batches drawn (deep-text-recognition-benchmark's
+    `image_tensors, labels = train_dataset.get_batch()`, whose `get_batch` calls `next()` on its loaders'
+    iterators, then `converter.encode(labels)`): the batch is the loader's, drawn through a helper, and the
+    call a transform of it, not a source."""
+    taken = {n.id for a in [*call.args, *(k.value for k in call.keywords)] for n in ast.walk(a)
+             if isinstance(n, ast.Name)}
+    for stmt in index.nodes_of(ast.Assign):
+        if not (stmt.lineno < call.lineno and index.loops.enclosing_loop(stmt) is loop
+                and isinstance(stmt.value, ast.Call)):
+            continue
+        if not taken & {n.id for t in stmt.targets for n in ast.walk(t) if isinstance(n, ast.Name)}:
+            continue
+        name = _callee(stmt.value)
+        for other in indexes:
+            real = os.path.realpath(other.file)
+            for fn in other.functions.get(name, []) if name else []:
+                end = fn.end_lineno or fn.lineno
+                if any(f == real and fn.lineno <= line <= end for f, line in draws):
+                    return True
+    return False
 
 
 def _stepping_loop(index: SourceIndex, call: ast.Call) -> ast.AST | None:
