@@ -127,12 +127,11 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                     first = min([fn.lineno, *(d.lineno for d in fn.decorator_list)])
                     times = shares.get(other_real, {})
                     fs = times.get(first)
-                    fn_end = fn.end_lineno or fn.lineno
                     if (fs is None or not MIN_CALLS_PER_STEP <= fs.calls <= MAX_CALLS_PER_STEP * max(1, sites)
                             or fs.share <= 0 or (other_real, first) in sourced
                             or not _works_here(other, fn, fs, times)
                             or any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in walk_scope(fn.body))
-                            or any(f == other_real and fn.lineno <= line <= fn_end for f, line in models | draws)
+                            or _holds(other_real, fn, models | draws)
                             or any(other.loops.takes_step(n) for n in walk_scope(fn.body))):
                         continue
                     key = (str(index.file), call.lineno)
@@ -143,6 +142,12 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
                         _subject(facts, index, call, index, call, other, fn,
                                  parent.name if isinstance(parent, ast.ClassDef) else None, fs.share,
                                  "called once per step on the training thread, its result the model's input")
+
+
+def _holds(real: str, fn: Function, sites: set[tuple[str, int]]) -> bool:
+    """One of the run's (file, line) `sites` lies in `fn` of the file at `real`."""
+    end = fn.end_lineno or fn.lineno
+    return any(f == real and fn.lineno <= line <= end for f, line in sites)
 
 
 def _takes_a_loaders_batch(indexes: Sequence[SourceIndex], index: SourceIndex, call: ast.Call, loop: ast.AST,
@@ -163,10 +168,8 @@ def _takes_a_loaders_batch(indexes: Sequence[SourceIndex], index: SourceIndex, c
         name = _callee(stmt.value)
         for other in indexes:
             real = os.path.realpath(other.file)
-            for fn in other.functions.get(name, []) if name else []:
-                end = fn.end_lineno or fn.lineno
-                if any(f == real and fn.lineno <= line <= end for f, line in draws):
-                    return True
+            if name and any(_holds(real, fn, draws) for fn in other.functions.get(name, [])):
+                return True
     return False
 
 
@@ -227,10 +230,8 @@ def _calls_a_model(indexes: Sequence[SourceIndex], name: str, models: set[tuple[
     """A function of that name in the user's files holds a model call the run saw."""
     for other in indexes:
         real = os.path.realpath(other.file)
-        for fn in other.functions.get(name, []):
-            end = fn.end_lineno or fn.lineno
-            if any(f == real and fn.lineno <= line <= end for f, line in models):
-                return True
+        if any(_holds(real, fn, models) for fn in other.functions.get(name, [])):
+            return True
     return False
 
 
@@ -278,8 +279,7 @@ def _sources(index: SourceIndex, shares: dict[str, dict[int, FunctionShare]],
             body = list(walk_scope(fn.body))
             if not (fn.name == "__next__" or any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in body)):
                 continue
-            end = fn.end_lineno or fn.lineno
-            if any(f == real and fn.lineno <= line <= end for f, line in draws):
+            if _holds(real, fn, draws):
                 continue  # it draws a DataLoader's batches: that loader's wait
             if any(index.loops.in_rollout(stmt) for stmt in fn.body):
                 continue  # it steps an environment: the algorithm's rollout, not data loading
