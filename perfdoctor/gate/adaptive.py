@@ -54,8 +54,8 @@ def baseline_resolves(records: list[RunRecord], max_regression: float = 0.10,
     alone shows only in the former, which then must be larger to be decided.) The interval is the gate's model in closed form (each run's
     value varies by the between-run variance plus its own within-run variance, stats; a t quantile
     for the degrees of freedom both sides would give), not its bootstrap: a few hundred resamples
-    per run, not thousands. Runs a gate would set aside as interfered with are left out here too. True with fewer than two runs (nothing disagrees) or where a run is too
-    short to judge by its steps."""
+    per run, not thousands. Runs a gate would set aside as interfered with are left out here too. True
+    with fewer than two runs (nothing disagrees) or where a run is too short to judge by its steps."""
     t = max_regression
     records = without_interfered(records, t)  # as the gate sets them aside (compare.compare)
     if len(records) < 2 or not all(len(r.step_ms) >= MIN_STEPS for r in records):

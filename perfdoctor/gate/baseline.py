@@ -423,10 +423,11 @@ def interfered_runs(records: list[RunRecord], max_regression: float) -> list[tup
     return out
 
 
-def without_interfered(records: list[RunRecord], max_regression: float) -> list[RunRecord]:
-    """`records` less the runs `interfered_runs` sets aside."""
-    aside = {i for i, _ in interfered_runs(records, max_regression)}
-    return [r for i, r in enumerate(records) if i not in aside]
+def without_interfered(records: list[RunRecord], max_regression: float,
+                       aside: list[tuple[int, float]] | None = None) -> list[RunRecord]:
+    """`records` less the runs `interfered_runs` sets aside (`aside`, where the caller has them already)."""
+    skip = {i for i, _ in (interfered_runs(records, max_regression) if aside is None else aside)}
+    return [r for i, r in enumerate(records) if i not in skip]
 
 
 def save_baseline(records: list[RunRecord], path: Path | str, seed: int = 0) -> BaselineDoc:

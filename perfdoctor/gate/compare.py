@@ -62,6 +62,7 @@ from perfdoctor.gate.baseline import (
     record_from_report,
     record_from_run_dir,
     repeat_dirs,
+    without_interfered,
 )
 from perfdoctor.gate.explain import Explanation, explain
 from perfdoctor.model import SEVERITIES, at_or_above
@@ -461,8 +462,7 @@ def _set_aside(runs: list[RunRecord], side: str, t: float, notes: list[str]) -> 
         notes.append(f"interference: run {i + 1} of the {side}'s {len(runs)} was {frac:+.0%} slower than the "
                      f"others' median even in its fastest steps, less its wait for a CPU: something outside the "
                      f"script (another VM on the host, a neighbour's memory traffic) slowed the whole run; set aside")
-    skip = {i for i, _ in aside}
-    return [r for i, r in enumerate(runs) if i not in skip]
+    return without_interfered(runs, t, aside)
 
 
 def compare(baseline: Baseline | list[RunRecord], current_records: list[RunRecord], max_regression: float = 0.10,
