@@ -9,7 +9,9 @@ its storage rebuilt from shared memory (with the default `file_descriptor` shari
 descriptor fetched from the worker per storage: a round trip to the worker's resource-sharer thread),
 then the pages touched. None of it shows in a run with `num_workers=0`, which is where PD002 fires, so
 the rule estimates it from the batch the run saw (its tensors and bytes,
-`perfdoctor/capture/probes/dataloader.py`) with the costs this benchmark measures.
+`perfdoctor/capture/probes/dataloader.py`) with the costs this benchmark measures, where `perfdoctor run`
+could not time batches of the run's own shape on its host after the run (`perfdoctor/capture/receipt.py`,
+whose `per_batch_ms` this benchmark uses: one measurement for both).
 
 For each batch shape (tensors per batch x bytes per batch), synthetic batches of ITEMS items each come
 from a map-style dataset whose worker does next to nothing but collate them (into shared memory, as every
@@ -44,56 +46,10 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from perfdoctor.capture.receipt import per_batch_ms
+
 SHAPES = [(2, 16 << 10), (2, 200 << 10), (2, 1 << 20), (2, 4 << 20), (4, 200 << 10), (8, 200 << 10),
           (16, 200 << 10), (16, 1 << 20)]
-
-
-ITEMS = 8  # items per batch
-
-
-class Synthetic(Dataset):
-    """Each item is `tensors` float tensors, ITEMS of them `nbytes` in all once collated."""
-
-    def __init__(self, tensors: int, nbytes: int, n: int):
-        self.tensors, self.n = tensors, n
-        self.numel = max(1, nbytes // 4 // tensors // ITEMS)
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> tuple:
-        return tuple(torch.zeros(self.numel) for _ in range(self.tensors))
-
-
-def spin(ms: float) -> None:
-    end = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < end:
-        pass
-
-
-def per_batch_ms(tensors: int, nbytes: int, workers: int, batches: int,
-                 compute_ms: float) -> tuple[float, float, float]:
-    """The medians of `__next__` and of reading and dropping the batch (ms, wall), and of both on the
-    training thread's CPU clock (what contention for the CPUs does not inflate), the first
-    `2 x workers + 2` batches left out."""
-    loader = DataLoader(Synthetic(tensors, nbytes, batches * ITEMS), batch_size=ITEMS, num_workers=workers)
-    take, use, cpu = [], [], []
-    it = iter(loader)
-    for _ in range(batches):
-        spin(compute_ms)
-        c0, t0 = time.thread_time(), time.perf_counter()
-        batch = next(it)
-        t1 = time.perf_counter()
-        for x in batch:
-            x.sum()
-        del batch
-        t2, c2 = time.perf_counter(), time.thread_time()
-        take.append((t1 - t0) * 1e3)
-        use.append((t2 - t1) * 1e3)
-        cpu.append((c2 - c0) * 1e3)
-    del it
-    skip = 2 * workers + 2
-    return statistics.median(take[skip:]), statistics.median(use[skip:]), statistics.median(cpu[skip:])
 
 
 class MnistLike(Dataset):

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import msgspec
 
+from perfdoctor.capture.receipt import measure_after_run
 from perfdoctor.capture.writer import PARTIAL, write, write_meta
 from perfdoctor.contracts.run import (
     SCHEMA,
@@ -776,6 +777,8 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
                                     show_status, label=label, report_signals=True,
                                     cwd=cwd, quiet=quiet)
     meta = _finish_meta(run_dir, target, module, list(script_args), code, signalled, wall)
+    if not (timing or signalled):
+        measure_after_run([run_dir], cwd=cwd)
     return RunResult(run_dir=run_dir, exit_code=code if meta.exit.code is None else meta.exit.code,
                      reason=meta.exit.reason or "killed",
                      detail=meta.exit.traceback if meta.exit.reason == "not-started" else None)
@@ -810,6 +813,8 @@ def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple
     if not dirs:
         raise InputError(f"torch.distributed.run started no rank (exit {code}): see its error above")
     metas = [_finish_meta(d, target, module, list(script_args), code, signalled, wall) for _, d in dirs]
+    if not (timing or signalled):
+        measure_after_run([d for _, d in dirs], cwd=cwd)
     bad = min((m for m in metas if m.exit.code), key=lambda m: m.exit.at or 0.0, default=metas[0])  # failed first
     return RunResult(run_dir=job_dir, exit_code=code if bad.exit.code is None else bad.exit.code,
                      reason=bad.exit.reason or "killed")

@@ -610,6 +610,26 @@ class Probes(Struct, kw_only=True):
     step_chain: list[Site] = []
 
 
+# -- receipts.json -----------------------------------------------------------------------------
+
+class Receipt(Struct, kw_only=True):
+    """What a batch of one shape from a DataLoader worker cost a training process to receive on the run's
+    host, timed right after the run (capture/receipt.py): ms per batch, and what it was taken from."""
+    tensors: int
+    bytes: int
+    ms: float  # take_ms + read_ms - inproc_read_ms
+    take_ms: float | None = None  # median __next__ with one worker that is always ahead
+    read_ms: float | None = None  # median first read of its tensors (the shared pages mapped)
+    inproc_read_ms: float | None = None  # the same read of a batch made in-process
+    batches: int | None = None  # batches timed per way
+    load_avg: float | None = None  # 1-minute load average when it was taken
+
+
+class Receipts(Struct, kw_only=True):
+    schema: str = SCHEMA
+    receipts: list[Receipt] = []
+
+
 # -- hotspots.json -----------------------------------------------------------------------------
 
 class FunctionStat(Struct, kw_only=True):

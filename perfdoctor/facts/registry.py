@@ -226,8 +226,9 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("batch_bytes", "bytes", "run", "the bytes of those tensors"),
         ("receipt_ms", "ms", "run", "what receiving its batches from worker processes would cost the training "
                                     "process per step (queue, unpickling, storages rebuilt from shared memory): "
-                                    "per batch from batch_tensors and batch_bytes with costs "
-                                    "benchmarks/loader_receipt.py measured, times the batches per step"),
+                                    "per batch as timed for a batch of this shape on the run's host after the run "
+                                    "(receipts.json, capture/receipt.py), else from batch_tensors and batch_bytes "
+                                    "with costs benchmarks/loader_receipt.py measured; times the batches per step"),
         ("feeds_cuda", "bool", "run/static", "its batches are moved to a CUDA device (absent, never False, "
                                                "in a static read without a move)"),
         ("non_blocking", "bool", "run/static", "the batch moves pass non_blocking=True"),

@@ -372,6 +372,34 @@ def test_a_loaders_batch_gives_its_receipt_cost_per_step(tmp_path):
     assert "dataloader.receipt_ms" not in r.facts.of_kind("dataloader")[0].facts
 
 
+def test_a_receipt_timed_on_the_host_after_the_run_is_the_one_judged(tmp_path):
+    """receipts.json (capture/receipt.py, written by the parent after the run) gives the receipt of a batch
+    of the run's shape on its host; a shape it did not time, or a value no timing gives, keeps the estimate."""
+    from perfdoctor.capture.writer import write
+    from perfdoctor.contracts.run import Receipt, Receipts
+    from perfdoctor.facts.run import dataloader as dlf
+
+    site = {"file": "/x/train.py", "line": 12, "code": "loader = DataLoader(ds)", "function": "main"}
+    rec = {"id": 0, "site": site, "kwargs": {"batch_size": 64, "num_workers": 0}, "batches": 80,
+           "wait_ms_per_step": [6.0] * 40, "batch_tensors": 2, "batch_bytes": 3 << 19}
+    estimate = (dlf.RECEIPT_BASE_MS + 2 * dlf.RECEIPT_PER_TENSOR_MS + 1.5 * dlf.RECEIPT_PER_MB_MS) * 2
+
+    def receipt(tmp: Path, *receipts: Receipt):
+        run = make_run(tmp, probes={"dataloaders": [rec]})
+        write(run / "receipts.json", Receipts(receipts=list(receipts)))
+        (dl,) = load_run(run).facts.of_kind("dataloader")
+        return dl.facts["dataloader.receipt_ms"]
+
+    timed = receipt(tmp_path / "a", Receipt(tensors=2, bytes=3 << 19, ms=4.5, batches=36, load_avg=0.5))
+    assert timed.value == pytest.approx(9.0)  # 4.5 ms per batch, 2 batches per step
+    assert "timed on this host after the run" in timed.detail and "load average 0.5" in timed.detail
+    other_shape = receipt(tmp_path / "b", Receipt(tensors=3, bytes=3 << 19, ms=4.5))
+    assert other_shape.value == pytest.approx(estimate)
+    assert receipt(tmp_path / "c", Receipt(tensors=2, bytes=3 << 19, ms=-1.0)).value == pytest.approx(estimate)
+    # a file that does not read (infinity is written as null) is set aside: the run's report stands
+    assert receipt(tmp_path / "d", Receipt(tensors=2, bytes=3 << 19, ms=float("inf"))).value == pytest.approx(estimate)
+
+
 def test_an_evaluation_loaders_moves_are_no_batch_copy(tmp_path):
     """mvts_transformer validates before training and every 2nd epoch with a pinned loader of its own: its
     moves (1 of 5 watched steps) are no training-step copy for PD017; the training loader's (4 of 5) are."""

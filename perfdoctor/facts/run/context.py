@@ -21,6 +21,8 @@ from perfdoctor.contracts.run import (
     Meta,
     Probes,
     Rank,
+    Receipt,
+    Receipts,
     Step,
     Steps,
     Stuck,
@@ -61,6 +63,8 @@ class RunContext:
     growth: float | None = None
     # where the script was while no step had ended (stuck.json), for a run that ended no step
     stuck: Stuck | None = None
+    # what a batch from a worker cost to receive on the run's host, timed after the run (receipts.json)
+    receipts: list[Receipt] = field(default_factory=list)
 
     @classmethod
     def read(cls, run_dir: Path) -> RunContext:
@@ -77,9 +81,13 @@ class RunContext:
                 stuck = None
         steps: list[dict[str, Any]] = msgspec.to_builtins(run_steps)
         window: dict[str, Any] = msgspec.to_builtins(meta.window) if meta.window is not None else {}
+        try:  # a measurement beside the run: one that does not read leaves the estimate, not the report, undone
+            receipts = _read(run_dir / "receipts.json", Receipts).receipts
+        except InputError:
+            receipts = []
         return cls(probes=_read(run_dir / "probes.json", Probes), steady=steady_steps(steps, window), meta=meta,
                    raw_meta=raw_meta, run_steps=run_steps, hotspot_file=_read(run_dir / "hotspots.json", Hotspots),
-                   stuck=stuck)
+                   stuck=stuck, receipts=receipts)
 
     @property
     def ended_early(self) -> bool:

@@ -5,9 +5,10 @@ would see of its loading (PD002)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 
-from perfdoctor.contracts.run import DataLoaderRecord, Probes
+from perfdoctor.contracts.run import DataLoaderRecord, Probes, Receipt
 from perfdoctor.facts.model import Facts, Subject, also_at, site_subject
 from perfdoctor.facts.run.context import RunContext
 
@@ -34,6 +35,7 @@ RECEIPT_BASE_MS = 0.64
 RECEIPT_PER_TENSOR_MS = 0.22
 RECEIPT_PER_MB_MS = 0.90
 RECEIPT_BASIS = "per batch, benchmarks/loader_receipt.py on a 2-core VM (torch 2.13, load average 0.7-1.9)"
+MAX_RECEIPT_MS = 10_000.0  # a receipts.json value beyond it (or negative, or not finite) is not read
 
 
 def add(ctx: RunContext) -> None:
@@ -74,7 +76,8 @@ def add(ctx: RunContext) -> None:
                       if aligned else ())
         if dl.batch_tensors and dl.batch_bytes is not None:
             steps = len(ctx.run_steps)
-            _receipt(s, dl.batch_tensors, dl.batch_bytes, dl.batches / steps if steps and dl.batches else 1.0)
+            _receipt(s, dl.batch_tensors, dl.batch_bytes, dl.batches / steps if steps and dl.batches else 1.0,
+                     ctx.receipts)
         if ws and dl.batches and kw.num_workers == 0 and median is not None:
             project_to_gpu(facts, s, statistics.fmean(ws), median, env.device)
         if env.device == "cuda":
@@ -95,12 +98,21 @@ def draw_sites(probes: Probes) -> dict[str, list[tuple[str, int]]]:
     return out
 
 
-def _receipt(s: Subject, tensors: int, nbytes: int, per_step: float) -> None:
+def _receipt(s: Subject, tensors: int, nbytes: int, per_step: float, measured: list[Receipt]) -> None:
     """A batch's tensors and bytes, and what receiving such batches from workers would cost the training
-    process per step (`receipt_ms`: RECEIPT_* per batch, measured on this kind of machine, not in this
-    run, times the batches the loader delivered per training step)."""
+    process per step (`receipt_ms`, times the batches the loader delivered per training step): per batch
+    as timed on the run's host right after the run for this shape (receipts.json, capture/receipt.py),
+    else RECEIPT_* (measured on this kind of machine, not in this run)."""
     s.add("batch_tensors", tensors, "count", detail="tensors in one batch, the largest of the first batches")
     s.add("batch_bytes", nbytes, "bytes", detail="their bytes")
+    mine = next((r for r in measured if r.tensors == tensors and r.bytes == nbytes
+                 and math.isfinite(r.ms) and 0 <= r.ms < MAX_RECEIPT_MS), None)
+    if mine is not None:
+        load = f", load average {mine.load_avg:g}" if mine.load_avg is not None else ""
+        s.add("receipt_ms", mine.ms * per_step, "ms",
+              detail=f"{mine.ms:.2f} ms per batch x {per_step:.2f} batches per step; timed on this host after the run "
+                     f"(one worker, {mine.batches or 0} batches of this shape{load}: capture/receipt.py)")
+        return
     mb = nbytes / 2**20
     one = RECEIPT_BASE_MS + RECEIPT_PER_TENSOR_MS * tensors + RECEIPT_PER_MB_MS * mb
     s.add("receipt_ms", one * per_step, "ms",

@@ -1,0 +1,42 @@
+"""The receipt of a batch from a DataLoader worker, timed on the host after the run (capture/receipt.py)."""
+
+import json
+
+import pytest
+
+from perfdoctor.capture.receipt import RECEIPTS, measure_after_run, shapes_to_measure
+from perfdoctor.capture.writer import write
+from perfdoctor.contracts.run import DataLoaderKwargs, DataLoaderRecord, Probes
+
+
+def _loader(workers: int, tensors: int = 2, nbytes: int = 8192, batches: int = 30) -> DataLoaderRecord:
+    return DataLoaderRecord(kwargs=DataLoaderKwargs(num_workers=workers), batches=batches,
+                            batch_tensors=tensors, batch_bytes=nbytes)
+
+
+def test_only_loaders_that_load_in_the_training_process_are_timed():
+    probes = Probes(dataloaders=[_loader(0), _loader(4, tensors=3), _loader(0), _loader(0, batches=0),
+                                 _loader(0, tensors=5, nbytes=1 << 20)])
+    assert shapes_to_measure(probes) == [(2, 8192), (5, 1 << 20)]  # each shape once; workers pay it already
+
+
+@pytest.mark.e2e
+def test_a_jobs_ranks_get_one_timing_of_their_shapes(tmp_path):
+    ranks = [tmp_path / "rank-0", tmp_path / "rank-1"]
+    for d, loader in zip(ranks, (_loader(0), _loader(0, tensors=3, nbytes=65536))):
+        d.mkdir()
+        write(d / "probes.json", Probes(dataloaders=[loader]))
+    measure_after_run(ranks)
+    docs = [json.loads((d / RECEIPTS).read_text()) for d in ranks]
+    assert docs[0] == docs[1]
+    got = {(r["tensors"], r["bytes"]): r for r in docs[0]["receipts"]}
+    assert set(got) == {(2, 8192), (3, 65536)}
+    for r in got.values():  # a worker's batch is never free: its queue, unpickling and shared storages
+        assert r["ms"] > 0 and r["take_ms"] > 0 and r["batches"] == 36
+        assert r["ms"] == pytest.approx(r["take_ms"] + r["read_ms"] - r["inproc_read_ms"], abs=1e-3)
+
+
+def test_nothing_is_written_where_no_loader_loaded_in_process(tmp_path):
+    write(tmp_path / "probes.json", Probes(dataloaders=[_loader(2)]))
+    measure_after_run([tmp_path, tmp_path / "missing"])
+    assert not (tmp_path / RECEIPTS).exists()
