@@ -77,6 +77,8 @@ def measure_after_run(run_dirs: list[Path], cwd: Path | None = None) -> None:
         doc = Receipts(schema=SCHEMA, receipts=[Receipt(**r) for r in json.loads(p.stdout)]) if p.returncode == 0 else None
     except (subprocess.TimeoutExpired, OSError, ValueError, TypeError):
         doc = None
+    except KeyboardInterrupt:  # Ctrl-C while it ran (subprocess.run killed it): the run's analysis still follows
+        doc = None
     if doc is None:
         return
     for d in run_dirs:

@@ -229,6 +229,30 @@ def test_pd002_projection_keeps_the_receipt():
     assert finding.ms_per_step == pytest.approx(4.2)
 
 
+def test_pd002_is_quiet_where_the_wait_is_no_longer_than_the_receipt():
+    """Workers never take the wait below what receiving their batches costs: a loader of two small
+    tensors waited on for 1.15 ms per 8.7 ms step, with 1.09 ms of receipt, has nothing for workers to
+    win back (the PD030 sample's gloo job on a slower host, CI of 2026-11-28), here or projected for a
+    GPU; three times that wait is a real share of the step either way."""
+    def cpu(wait_ms: float) -> Facts:
+        f = cpu_run(step_ms=8.7, cpus=4)
+        loader(f, workers=0, wait_ms=wait_ms).add("receipt_ms", 1.09, "ms")
+        return f
+
+    assert judge(cpu(1.15), PD002) == []
+    (finding,) = judge(cpu(3.45), PD002)  # 2.36 ms beyond the receipt: 27 % of the step
+    assert finding.ms_per_step == pytest.approx(3.45 - 1.09)
+
+    def projected(load_ms: float) -> Facts:  # 1.02 ms of loading (1.7 % here) against a 6 ms GPU step
+        f = _cpu_run_of_gpu_script(load_ms, 60.0 + load_ms)
+        f.of_kind("dataloader")[0].add("receipt_ms", 1.09, "ms")
+        return f
+
+    assert judge(projected(1.02), PD002) == []
+    (finding,) = judge(projected(3.06), PD002)
+    assert finding.title.startswith("On a GPU, loading batches would take")
+
+
 def test_pd002_on_a_batch_source_of_the_user_s_advises_a_dataloader_and_saves_alike():
     """A generator the training loop draws from (dataloader.source, facts/static/batch_source.py): the
     same wait model and saving as a num_workers=0 DataLoader's, the advice to wrap it in one."""
