@@ -51,7 +51,7 @@ def shapes_to_measure(probes: Probes) -> list[tuple[int, int]]:
     return out[:MAX_SHAPES]
 
 
-def measure_after_run(run_dirs: list[Path], cwd: Path | None = None) -> None:
+def measure_after_run(run_dirs: list[Path]) -> None:
     """Measure the receipt of the batch shapes the runs in `run_dirs` saw (a job's ranks share a host:
     one measurement) and write it into each as receipts.json. Nothing is written where none loaded in
     the training process, or where the measurement failed or ran out of time (the rule then keeps
@@ -72,7 +72,10 @@ def measure_after_run(run_dirs: list[Path], cwd: Path | None = None) -> None:
            *(str(v) for s in shapes for v in s)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=cwd,
+        # in the run folder, perfdoctor's own (`python -c` puts its working folder first on sys.path: a
+        # user's torch.py or statistics.py beside their script must not be what it imports)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
+                           cwd=next(d for d in run_dirs if d.is_dir()),
                            stdin=subprocess.DEVNULL)
         doc = Receipts(schema=SCHEMA, receipts=[Receipt(**r) for r in json.loads(p.stdout)]) if p.returncode == 0 else None
     except (subprocess.TimeoutExpired, OSError, ValueError, TypeError):

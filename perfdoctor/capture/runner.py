@@ -778,7 +778,7 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
                                     cwd=cwd, quiet=quiet)
     meta = _finish_meta(run_dir, target, module, list(script_args), code, signalled, wall)
     if not (timing or signalled):
-        measure_after_run([run_dir], cwd=cwd)
+        measure_after_run([run_dir])
     return RunResult(run_dir=run_dir, exit_code=code if meta.exit.code is None else meta.exit.code,
                      reason=meta.exit.reason or "killed",
                      detail=meta.exit.traceback if meta.exit.reason == "not-started" else None)
@@ -814,7 +814,7 @@ def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple
         raise InputError(f"torch.distributed.run started no rank (exit {code}): see its error above")
     metas = [_finish_meta(d, target, module, list(script_args), code, signalled, wall) for _, d in dirs]
     if not (timing or signalled):
-        measure_after_run([d for _, d in dirs], cwd=cwd)
+        measure_after_run([d for _, d in dirs])
     bad = min((m for m in metas if m.exit.code), key=lambda m: m.exit.at or 0.0, default=metas[0])  # failed first
     return RunResult(run_dir=job_dir, exit_code=code if bad.exit.code is None else bad.exit.code,
                      reason=bad.exit.reason or "killed")
