@@ -29,6 +29,7 @@ from pathlib import Path
 
 from perfdoctor.capture.writer import write
 from perfdoctor.contracts.run import SCHEMA, Probes, Receipt, Receipts, read
+from perfdoctor.errors import InputError
 
 ITEMS = 8  # items per synthetic batch
 BATCHES = 40  # batches timed per shape and way (the first 2 x workers + 2 left out)
@@ -60,7 +61,7 @@ def measure_after_run(run_dirs: list[Path]) -> None:
     for d in run_dirs:
         try:
             probes = read(d / "probes.json", Probes)
-        except Exception:  # a run file the child could not finish: the analysis reports it
+        except InputError:  # a run file the child could not finish: the analysis reports it
             continue
         for shape in shapes_to_measure(probes) if probes is not None else []:
             if shape not in shapes:
