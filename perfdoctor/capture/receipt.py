@@ -57,16 +57,14 @@ def measure_after_run(run_dirs: list[Path]) -> None:
     one measurement) and write it into each as receipts.json. Nothing is written where none loaded in
     the training process, or where the measurement failed or ran out of time (the rule then keeps
     its estimate, and says so)."""
-    shapes: list[tuple[int, int]] = []
+    loaders = []
     for d in run_dirs:
         try:
             probes = read(d / "probes.json", Probes)
         except InputError:  # a run file the child could not finish: the analysis reports it
             continue
-        for shape in shapes_to_measure(probes) if probes is not None else []:
-            if shape not in shapes:
-                shapes.append(shape)
-    shapes = shapes[:MAX_SHAPES]
+        loaders += probes.dataloaders if probes is not None else []
+    shapes = shapes_to_measure(Probes(dataloaders=loaders))
     if not shapes:
         return
     cmd = [sys.executable, "-c", "import sys; from perfdoctor.capture.receipt import main; sys.exit(main(sys.argv[1:]))",
@@ -79,9 +77,8 @@ def measure_after_run(run_dirs: list[Path]) -> None:
                            cwd=next(d for d in run_dirs if d.is_dir()),
                            stdin=subprocess.DEVNULL)
         doc = Receipts(schema=SCHEMA, receipts=[Receipt(**r) for r in json.loads(p.stdout)]) if p.returncode == 0 else None
-    except (subprocess.TimeoutExpired, OSError, ValueError, TypeError):
-        doc = None
-    except KeyboardInterrupt:  # Ctrl-C while it ran (subprocess.run killed it): the run's analysis still follows
+    # Ctrl-C while it ran (subprocess.run killed it) ends only the timing: the run's analysis still follows
+    except (subprocess.TimeoutExpired, OSError, ValueError, TypeError, KeyboardInterrupt):
         doc = None
     if doc is None:
         return
@@ -130,8 +127,13 @@ def per_batch_ms(tensors: int, nbytes: int, workers: int, batches: int = BATCHES
         use.append((t2 - t1) * 1e3)
         cpu.append((c2 - c0) * 1e3)
     del it
-    skip = 2 * workers + 2
+    skip = _warm_up(workers)
     return statistics.median(take[skip:]), statistics.median(use[skip:]), statistics.median(cpu[skip:])
+
+
+def _warm_up(workers: int) -> int:
+    """The first batches `per_batch_ms` leaves out: each worker's first two, and two more."""
+    return 2 * workers + 2
 
 
 def _measure(tensors: int, nbytes: int) -> dict[str, float | int]:
@@ -144,7 +146,7 @@ def _measure(tensors: int, nbytes: int) -> dict[str, float | int]:
     _, inproc, _ = per_batch_ms(tensors, nbytes, 0)
     return {"tensors": tensors, "bytes": nbytes, "ms": round(max(0.0, take + read_ms - inproc), 4),
             "take_ms": round(take, 4), "read_ms": round(read_ms, 4), "inproc_read_ms": round(inproc, 4),
-            "batches": BATCHES - 4, "load_avg": round(os.getloadavg()[0], 2)}
+            "batches": BATCHES - _warm_up(1), "load_avg": round(os.getloadavg()[0], 2)}
 
 
 def main(argv: list[str]) -> int:
