@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from perfdoctor.analysis import analyse_job, analyse_run, is_job_dir, is_run_dir, rules_for, write_run_reports
-from perfdoctor.contracts.run import Receipt, rank_dir_name, rank_dirs, rank_from_env
+from perfdoctor.contracts.run import rank_dir_name, rank_dirs, rank_from_env
 from perfdoctor.errors import EXIT_SCRIPT_FAILED, InputError, PerfdoctorError
 from perfdoctor.gate.adaptive import DEFAULT_MAX_REPEATS, RESOLVE_FACTOR, baseline_resolves, gate_runs
 from perfdoctor.gate.baseline import RunRecord, interfered_runs, load_baseline, record_from_run_dir, repeat_dir
@@ -216,7 +216,6 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
     results: list[RunResult] = []
     reports: list[Report] = []
     messages: list[str] = []
-    receipts: dict[tuple[int, int], Receipt] = {}  # the batch receipts the first run timed serve its repeats (capture/receipt.py)
 
     def next_run(n: int) -> RunRecord | None:
         """The n-th run: run, analyse, write its reports; its record, or None when it failed or
@@ -227,12 +226,12 @@ def run_and_gate(target: str, *, module: bool, script_args: list[str], out_dir: 
         if launcher_args is not None:
             result = run_job(target, module=module, script_args=script_args, launcher_args=launcher_args,
                              out_dir=run_out, steps=steps, script_stdout_to_stderr=script_stdout_to_stderr,
-                             show_status=show_status, label=label, receipts=receipts)
+                             show_status=show_status, label=label)
             report = analyse_job(result.run_dir, config, write_rank_reports=True)
         else:
             result = run_script(target, module=module, script_args=script_args, out_dir=run_out, steps=steps,
                                 script_stdout_to_stderr=script_stdout_to_stderr, show_status=show_status,
-                                label=label, receipts=receipts)
+                                label=label)
             if result.reason == "not-started":  # nothing ran: no report of an empty run
                 raise PerfdoctorError(f"{target} did not start: {result.detail}", EXIT_SCRIPT_FAILED)
             report = analyse_run(result.run_dir, config)

@@ -52,13 +52,11 @@ def shapes_to_measure(probes: Probes) -> list[tuple[int, int]]:
     return out[:MAX_SHAPES]
 
 
-def measure_after_run(run_dirs: list[Path], known: dict[tuple[int, int], Receipt] | None = None) -> None:
+def measure_after_run(run_dirs: list[Path]) -> None:
     """Measure the receipt of the batch shapes the runs in `run_dirs` saw (a job's ranks share a host:
     one measurement) and write it into each as receipts.json. Nothing is written where none loaded in
     the training process, or where the measurement failed or ran out of time (the rule then keeps
-    its estimate, and says so). `known`: the receipts an earlier run of the same invocation timed (a
-    gate's or a baseline's repeats, by shape): those shapes are not timed again, and what is timed
-    joins them."""
+    its estimate, and says so)."""
     loaders = []
     for d in run_dirs:
         try:
@@ -67,36 +65,26 @@ def measure_after_run(run_dirs: list[Path], known: dict[tuple[int, int], Receipt
             continue
         loaders += probes.dataloaders if probes is not None else []
     shapes = shapes_to_measure(Probes(dataloaders=loaders))
-    known = {} if known is None else known
-    todo = [s for s in shapes if s not in known]
-    if todo:
-        for r in _time(todo, next((d for d in run_dirs if d.is_dir()), None)):
-            known[(r.tensors, r.bytes)] = r
-    doc = Receipts(schema=SCHEMA, receipts=[known[s] for s in shapes if s in known])
-    if not doc.receipts:
+    if not shapes:
         return
-    for d in run_dirs:
-        if d.is_dir():
-            write(d / RECEIPTS, doc)
-
-
-def _time(shapes: list[tuple[int, int]], cwd: Path | None) -> list[Receipt]:
-    """The receipts of `shapes`, timed in a process of perfdoctor's own (`main`); none where it failed,
-    ran out of time or was interrupted."""
-    if cwd is None:
-        return []
     cmd = [sys.executable, "-c", "import sys; from perfdoctor.capture.receipt import main; sys.exit(main(sys.argv[1:]))",
            *(str(v) for s in shapes for v in s)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     try:
         # in the run folder, perfdoctor's own (`python -c` puts its working folder first on sys.path: a
         # user's torch.py or statistics.py beside their script must not be what it imports)
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env, cwd=cwd,
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env,
+                           cwd=next(d for d in run_dirs if d.is_dir()),
                            stdin=subprocess.DEVNULL)
-        return [Receipt(**r) for r in json.loads(p.stdout)] if p.returncode == 0 else []
+        doc = Receipts(schema=SCHEMA, receipts=[Receipt(**r) for r in json.loads(p.stdout)]) if p.returncode == 0 else None
     # Ctrl-C while it ran (subprocess.run killed it) ends only the timing: the run's analysis still follows
     except (subprocess.TimeoutExpired, OSError, ValueError, TypeError, KeyboardInterrupt):
-        return []
+        doc = None
+    if doc is None:
+        return
+    for d in run_dirs:
+        if d.is_dir():
+            write(d / RECEIPTS, doc)
 
 
 def per_batch_ms(tensors: int, nbytes: int, workers: int, batches: int = BATCHES,

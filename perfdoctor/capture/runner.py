@@ -33,7 +33,6 @@ from perfdoctor.contracts.run import (
     Env,
     Exit,
     Meta,
-    Receipt,
     Step,
     Steps,
     decode,
@@ -764,13 +763,12 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
                out_dir: Path | None = None, steps: int | None = None, script_stdout_to_stderr: bool = False,
                show_status: bool = False, window: tuple[int, int, int] | None = None, label: str = "",
                cwd: Path | None = None, quiet: bool = False, ablate: str | None = None,
-               timing: bool = False, receipts: dict[tuple[int, int], Receipt] | None = None) -> RunResult:
+               timing: bool = False) -> RunResult:
     """Run a training script (or `-m` module) under perfdoctor's capture; return where the run folder
     is. `label`: which run of several, for the status line; `cwd`: the script's working folder (default
     ours); `quiet`: its output goes nowhere (the run folder keeps a traceback); `ablate`: an ablation
     of `perfdoctor verify` (capture/ablation.py); `timing`: verify's capture, the step clock alone
-    (capture/recorder.py); `receipts`: the batch receipts an earlier run of this invocation timed, by
-    shape, which this run reuses and adds to (capture/receipt.py)."""
+    (capture/recorder.py)."""
     _check(target, module, steps)
     run_dir = new_run_dir(target, module, out_dir)
     cmd = [sys.executable, "-m", "perfdoctor.capture.child", "--run-dir", str(run_dir), "--parent-pid", str(os.getpid()),
@@ -780,7 +778,7 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
                                     cwd=cwd, quiet=quiet)
     meta = _finish_meta(run_dir, target, module, list(script_args), code, signalled, wall)
     if not (timing or signalled):
-        measure_after_run([run_dir], receipts)
+        measure_after_run([run_dir])
     return RunResult(run_dir=run_dir, exit_code=code if meta.exit.code is None else meta.exit.code,
                      reason=meta.exit.reason or "killed",
                      detail=meta.exit.traceback if meta.exit.reason == "not-started" else None)
@@ -797,13 +795,12 @@ def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple
             launcher_args: list[str] | tuple[str, ...] = (), out_dir: Path | None = None, steps: int | None = None,
             script_stdout_to_stderr: bool = False, show_status: bool = False, label: str = "",
             window: tuple[int, int, int] | None = None, cwd: Path | None = None, quiet: bool = False,
-            ablate: str | None = None, timing: bool = False,
-            receipts: dict[tuple[int, int], Receipt] | None = None) -> RunResult:
+            ablate: str | None = None, timing: bool = False) -> RunResult:
     """Run a distributed training script through torch.distributed.run (`launcher_args`: its options,
     --nproc-per-node N and the rest), every rank under capture: each writes `rank-<R>` inside the job
     folder, with the same profiled window (by step number; `window` as run_script's) and `--steps`.
-    `cwd`, `quiet`, `ablate`, `timing` and `receipts` as run_script's. Returns the job folder, and the
-    exit of the first rank that failed (else rank 0's)."""
+    `cwd`, `quiet`, `ablate` and `timing` as run_script's. Returns the job folder, and the exit of the first rank
+    that failed (else rank 0's)."""
     _check(target, module, steps)
     job_dir = new_run_dir(target, module, out_dir)
     child = ["--run-dir", str(job_dir), "--job", "--parent-pid", str(os.getpid()),
@@ -817,7 +814,7 @@ def run_job(target: str, *, module: bool = False, script_args: list[str] | tuple
         raise InputError(f"torch.distributed.run started no rank (exit {code}): see its error above")
     metas = [_finish_meta(d, target, module, list(script_args), code, signalled, wall) for _, d in dirs]
     if not (timing or signalled):
-        measure_after_run([d for _, d in dirs], receipts)
+        measure_after_run([d for _, d in dirs])
     bad = min((m for m in metas if m.exit.code), key=lambda m: m.exit.at or 0.0, default=metas[0])  # failed first
     return RunResult(run_dir=job_dir, exit_code=code if bad.exit.code is None else bad.exit.code,
                      reason=bad.exit.reason or "killed")

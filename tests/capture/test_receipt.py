@@ -47,26 +47,3 @@ def test_nothing_is_written_where_no_loader_loaded_in_process(tmp_path):
     (cut / "probes.json").write_text('{"dataloaders": [{"id": 0, "kwargs": {"num_wor')
     measure_after_run([tmp_path, cut, tmp_path / "missing"])
     assert not (tmp_path / RECEIPTS).exists() and not (cut / RECEIPTS).exists()
-
-
-def test_a_repeat_reuses_the_shapes_an_earlier_run_timed(tmp_path, monkeypatch):
-    import perfdoctor.capture.receipt as receipt
-    from perfdoctor.contracts.run import Receipt
-
-    timed = []
-
-    def fake_time(shapes, cwd):
-        timed.append(list(shapes))
-        return [Receipt(tensors=t, bytes=b, ms=1.5) for t, b in shapes]
-
-    monkeypatch.setattr(receipt, "_time", fake_time)
-    known: dict = {}
-    first, second = tmp_path / "repeat-1", tmp_path / "repeat-2"
-    for d, loaders in ((first, [_loader(0)]), (second, [_loader(0), _loader(0, tensors=3, nbytes=65536)])):
-        d.mkdir()
-        write(d / "probes.json", Probes(dataloaders=loaders))
-        measure_after_run([d], known)
-    assert timed == [[(2, 8192)], [(3, 65536)]]  # the second run timed only the shape the first did not see
-    got = json.loads((second / RECEIPTS).read_text())["receipts"]
-    assert [(r["tensors"], r["bytes"]) for r in got] == [(2, 8192), (3, 65536)]
-    assert json.loads((first / RECEIPTS).read_text())["receipts"][0]["ms"] == 1.5
