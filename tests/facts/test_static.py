@@ -2346,6 +2346,27 @@ def test_dataparallel_behind_a_multi_gpu_flag_parsed_in_another_file(tmp_path):
     assert got[5].get("opt_in") is True and "opt_in" not in got[7]
 
 
+def test_dataparallel_on_a_list_of_gpus_the_caller_passes(tmp_path):
+    """torch-rechub's trainers wrap the model under `if len(gpus) > 1:` with `gpus=None` then `[]` by
+    default, and its examples pass no GPUs: a list the user passes is their choice of parallelism, off
+    unless passed. A list of the machine's devices is the device test: on the GPU machine it runs."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        import torch.nn as nn
+        class Trainer:
+            def __init__(self, model, gpus=None):
+                if gpus is None:
+                    gpus = []
+                if len(gpus) > 1:
+                    self.model = nn.DataParallel(model, device_ids=gpus)
+        devices = list(range(torch.cuda.device_count()))
+        if len(devices) > 1:
+            m = nn.DataParallel(model)
+        """)
+    got = by_line(facts, "dataparallel")
+    assert got[8].get("opt_in") is True and "opt_in" not in got[11]
+
+
 def test_a_worker_count_computed_from_the_machines_cpus(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import os, multiprocessing

@@ -25,7 +25,9 @@ def setting(index: Syntax, node: ast.expr | None, depth: int = 0) -> bool | None
     True where it is on unless turned off (`not args.noamp`, an argparse `default=True`, `amp = True`),
     None where `node` is no setting: a test of the device (`device.type == "cuda"`,
     `torch.cuda.is_available()`), which is on for the GPU the script targets. An `and` of a setting and
-    a device test is the setting's (`args.use_multi_gpu and args.use_gpu`)."""
+    a device test is the setting's (`args.use_multi_gpu and args.use_gpu`). `len(x)` is x's: a list of
+    GPUs the caller passes (`gpus=None` then `gpus = []`: torch-rechub's trainers) is off unless passed,
+    a list of the machine's devices (`range(torch.cuda.device_count())`) is a device test."""
     if node is None or depth > 3:
         return None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
@@ -36,6 +38,9 @@ def setting(index: Syntax, node: ast.expr | None, depth: int = 0) -> bool | None
         if not known:
             return None
         return all(known) if isinstance(node.op, ast.And) else any(known)
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "len"
+            and len(node.args) == 1 and not node.keywords):  # `len(gpus) > 1`: the list's own setting
+        return setting(index, node.args[0], depth + 1)
     if isinstance(node, ast.Compare) and all(isinstance(c, ast.Constant) for c in node.comparators):
         left = node.left
         first = first_value(index, left) if isinstance(left, ast.Name) else None
