@@ -313,6 +313,14 @@ def main(argv: list[str] | None = None) -> int:
     if rec.stopping:  # finalised when --steps was reached; the script may have done more after
         code, reason = 0, "steps-reached"
     _finalise(rec, run_dir, reason, code, tb)
+    if not (opts["timing"] or opts["job"]) and reason not in ("interrupted", "not-started"):
+        _on_sigterm.clear()  # the run folder is final: a SIGTERM now ends the process, as bare Python's
+        from perfdoctor.capture.receipt import measure_in_child
+
+        try:
+            measure_in_child(run_dir)  # a job's is timed by the parent, once every rank ended
+        except Exception:  # noqa: BLE001 - the timing is perfdoctor's; it never changes the script's exit
+            pass
     sys.stdout.flush()
     sys.stderr.flush()
     return code

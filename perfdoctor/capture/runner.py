@@ -777,8 +777,6 @@ def run_script(target: str, *, module: bool = False, script_args: list[str] | tu
                                     show_status, label=label, report_signals=True,
                                     cwd=cwd, quiet=quiet)
     meta = _finish_meta(run_dir, target, module, list(script_args), code, signalled, wall)
-    if not (timing or signalled):
-        measure_after_run([run_dir])
     return RunResult(run_dir=run_dir, exit_code=code if meta.exit.code is None else meta.exit.code,
                      reason=meta.exit.reason or "killed",
                      detail=meta.exit.traceback if meta.exit.reason == "not-started" else None)

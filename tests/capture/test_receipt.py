@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from perfdoctor.capture.receipt import RECEIPTS, measure_after_run, shapes_to_measure
+import perfdoctor.capture.receipt as receipt
+from perfdoctor.capture.receipt import RECEIPTS, measure_after_run, measure_in_child, shapes_to_measure
 from perfdoctor.capture.writer import write
 from perfdoctor.contracts.run import DataLoaderKwargs, DataLoaderRecord, Probes
 
@@ -47,3 +48,41 @@ def test_nothing_is_written_where_no_loader_loaded_in_process(tmp_path):
     (cut / "probes.json").write_text('{"dataloaders": [{"id": 0, "kwargs": {"num_wor')
     measure_after_run([tmp_path, cut, tmp_path / "missing"])
     assert not (tmp_path / RECEIPTS).exists() and not (cut / RECEIPTS).exists()
+
+
+@pytest.mark.e2e
+def test_a_single_run_is_timed_by_a_forked_copy_of_the_child(tmp_path):
+    write(tmp_path / "probes.json", Probes(dataloaders=[_loader(0), _loader(2, tensors=4)]))
+    measure_in_child(tmp_path)  # this test's process plays the child: it goes on once the copy ended
+    got = json.loads((tmp_path / RECEIPTS).read_text())["receipts"]
+    assert [(r["tensors"], r["bytes"]) for r in got] == [(2, 8192)]
+    assert got[0]["ms"] > 0 and got[0]["batches"] == 36 and got[0]["load_avg"] is not None
+
+
+def test_a_copy_that_fails_or_runs_out_of_time_writes_nothing_and_the_child_goes_on(tmp_path, monkeypatch, capfd):
+    write(tmp_path / "probes.json", Probes(dataloaders=[_loader(0)]))
+
+    def fails(tensors, nbytes):
+        import sys
+
+        print("a warning torch printed")
+        print("Traceback: a worker died", file=sys.stderr)
+        raise RuntimeError("a worker died")
+
+    monkeypatch.setattr(receipt, "_measure", fails)
+    measure_in_child(tmp_path)
+    assert not (tmp_path / RECEIPTS).exists()
+    assert capfd.readouterr() == ("", "")  # nothing of the copy's reaches the script's output
+
+    def hangs(tensors, nbytes):
+        import time
+
+        time.sleep(60)
+
+    monkeypatch.setattr(receipt, "_measure", hangs)
+    monkeypatch.setattr(receipt, "TIMEOUT_S", 0.2)
+    import time
+
+    t0 = time.monotonic()
+    measure_in_child(tmp_path)  # killed past TIMEOUT_S
+    assert time.monotonic() - t0 < 10 and not (tmp_path / RECEIPTS).exists()
