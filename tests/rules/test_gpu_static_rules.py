@@ -667,6 +667,18 @@ def test_pd025_cpu_run_small_batch_through_a_small_model(tmp_path):
     assert "9610 parameters" in f.title and "batch_size=16" in f.fix.after
 
 
+def test_pd025_not_where_the_script_names_no_cuda_device(tmp_path):
+    """torch-rechub's criteo example moves its batches with `.to(self.device)`, whose `--device` defaults
+    to 'cpu', and no file names a CUDA device: a CPU-only script by default, judged by no GPU-only rule."""
+    path = tmp_path / "train.py"
+    path.write_text(HEAD.replace('"cuda" if torch.cuda.is_available() else "cpu"', "args.device") + SMALL_BATCH)
+    facts = with_model(machine(Facts()), 9610)
+    analyse_files([path], facts)
+    assert facts.value("script.targets_cuda") is False
+    assert [s.facts["dataloader.feeds_cuda"].value for s in facts.of_kind("dataloader")] == [True]
+    assert findings(facts, tmp_path, "PD025") == []
+
+
 @pytest.mark.parametrize("params", [None, 350_000_000])  # no run, or a large model (not launch-bound)
 def test_pd025_cpu_run_quiet_without_a_small_model(tmp_path, params):
     facts = machine(Facts())

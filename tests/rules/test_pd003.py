@@ -39,6 +39,17 @@ def test_pd003_only_where_batches_go_to_cuda():
     assert "PD003" in ids(judge(f, RULES))
 
 
+def test_pd003_not_where_the_script_names_no_cuda_device():
+    """torch-rechub's criteo example: `--device` defaults to 'cpu', no file names a CUDA device, and the
+    source moves its batches with `.to(self.device)` (dataloader.feeds_cuda from the source). Judged as
+    the CPU-only script it is by default, as every other GPU-only rule judges it."""
+    for targets, fires in ((False, False), (True, True)):
+        f = cpu_run()
+        f.add("script.targets_cuda", targets, "", "static")
+        loader(f, workers=2, wait_ms=0.0, pin=False, feeds_cuda=True).add("pin_memory_on_cuda", False, "", "static")
+        assert ("PD003" in ids(judge(f, RULES))) is fires
+
+
 def test_pd003_measured_on_gpu_trace():
     f = Facts()
     f.add("step.time_ms", 50.0, "ms", "trace")
