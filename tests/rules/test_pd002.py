@@ -30,6 +30,18 @@ def test_pd002_fires_when_loop_waits_and_estimates_the_saving():
     assert "num_workers=0" in finding.title
 
 
+@pytest.mark.parametrize("targets_cuda", [True, False])
+def test_pd002_fix_pins_only_where_the_batches_go_to_a_gpu(tmp_path, targets_cuda):
+    """The fix adds pin_memory=True where the source moves the batches to a GPU the script names; a move
+    on a script whose device is the CPU unless the user says otherwise is no GPU (PD003's `to_gpu`)."""
+    (tmp_path / "train.py").write_text("\n" * 9 + "loader = DataLoader(ds, batch_size=64)\n")
+    f = cpu_run(step_ms=20.0, cpus=4)
+    f.add("script.targets_cuda", targets_cuda, "", "static")
+    loader(f, workers=0, wait_ms=8.0, feeds_cuda=True, tmp=tmp_path)
+    (finding,) = [x for x in judge(f, RULES, Settings(project=tmp_path)) if x.rule == "PD002"]
+    assert ("pin_memory=True" in finding.fix.after) is targets_cuda
+
+
 def test_pd002_partial_saving_when_loading_dominates():
     f = cpu_run(step_ms=100.0, cpus=2)
     loader(f, workers=0, wait_ms=90.0)  # compute 10 ms; 2 workers -> wait 45 - 10 = 35
