@@ -554,9 +554,8 @@ def reanalyse(script: dict, result: dict, work: Path, args: argparse.Namespace) 
     report = work / "report.reanalysed.json"
     report.unlink(missing_ok=True)
     cmd = [sys.executable, "-m", "perfdoctor", "report", str(run_dir), "--format", "json", "--output", str(report)]
-    env = dict(os.environ)  # perfdoctor from this checkout, as a scoring run's (script_env)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    code, wall = run_timed(cmd, work, env, args.timeout or 300, work / "reanalyse.log")
+    # perfdoctor from this checkout, in the environment a scoring run had (script_env)
+    code, wall = run_timed(cmd, work, script_env(script, work / "repo", []), args.timeout or 300, work / "reanalyse.log")
     result.update({"command": " ".join(cmd), "exit": code, "wall_s": round(wall, 2)})
     if not report.exists():
         return {**result, "status": "crashed", "error": f"perfdoctor report exit {code}, no report",
