@@ -1,6 +1,8 @@
 """The receipt of a batch from a DataLoader worker, timed on the host after the run (capture/receipt.py)."""
 
 import json
+import sys
+import time
 
 import pytest
 
@@ -63,8 +65,6 @@ def test_a_copy_that_fails_or_runs_out_of_time_writes_nothing_and_the_child_goes
     write(tmp_path / "probes.json", Probes(dataloaders=[_loader(0)]))
 
     def fails(tensors, nbytes):
-        import sys
-
         print("a warning torch printed")
         print("Traceback: a worker died", file=sys.stderr)
         raise RuntimeError("a worker died")
@@ -75,14 +75,10 @@ def test_a_copy_that_fails_or_runs_out_of_time_writes_nothing_and_the_child_goes
     assert capfd.readouterr() == ("", "")  # nothing of the copy's reaches the script's output
 
     def hangs(tensors, nbytes):
-        import time
-
         time.sleep(60)
 
     monkeypatch.setattr(receipt, "_measure", hangs)
     monkeypatch.setattr(receipt, "TIMEOUT_S", 0.2)
-    import time
-
     t0 = time.monotonic()
     measure_in_child(tmp_path)  # killed past TIMEOUT_S
     assert time.monotonic() - t0 < 10 and not (tmp_path / RECEIPTS).exists()
