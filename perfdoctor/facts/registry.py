@@ -169,6 +169,11 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
      "over this run's, where larger: the FLOPs per step of the estimate are scaled by it"),
     ("target_gpu.amp_saving_ms", "ms", "trace", "the math time bf16 autocast would save on the reference GPU: "
      "target_gpu.math_ms less the same FLOPs at its bf16 rate"),
+    ("target_gpu.conv_share", "ratio", "trace", "the convolutions' FLOPs at their rate on the reference GPU over "
+     "target_gpu.step_ms (absent where some convolutions went uncounted): the share of the estimated GPU step that "
+     "faster convolution kernels can shorten"),
+    ("target_gpu.slowest_math_ms", "ms", "trace", "all of the step's counted FLOPs at the reference GPU's fp32 rate "
+     "(its CUDA cores, no tensor core): the step's math where the GPU runs it slowest"),
     ("compute.sixteen_bit_share", "ratio", "run", "the share of the counted FLOPs run on float16 or bfloat16 operands"),
     ("compute.achieved_flops", "number", "trace", "FLOPs per step / step time: FLOP/s achieved"),
     ("compute.peak_flops", "number", "machine/trace", "the peak the MFU is judged against: a CPU run's measured fp32 "
@@ -584,7 +589,8 @@ DERIVED_FACTS: dict[str, DerivedSpec] = {d.name: d for d in [
     DerivedSpec("compute.conv_share", "ratio",
                 ("compute.conv_flops_per_step", "compute.flops_per_step", "compute.uncounted_convs_per_step"),
                 "the convolutions' share of the step's counted FLOPs (forward and backward; absent where some "
-                "convolutions went uncounted): the work PD016's and PD023's fixes affect", _conv_share),
+                "convolutions went uncounted): the work PD016's and PD023's fixes affect, where the estimated GPU step's "
+                "target_gpu.conv_share is not made", _conv_share),
     DerivedSpec("cpu.workers", "count", ("cpu.count",),
                 "DataLoader workers this process can keep busy: its usable CPUs (cpu.count, a rank's share), at "
                 "least 1; absent where the CPUs are not known (a trace)", _cpu_workers),

@@ -222,6 +222,8 @@ def test_target_gpu_estimate_of_a_cpu_trace_of_a_cuda_script():
     assert share == pytest.approx(f.value("target_gpu.math_ms") / f.value("target_gpu.step_ms"), abs=1e-3)
     assert f.value("target_gpu.amp_saving_ms") == pytest.approx(f.value("target_gpu.math_ms") - 4e9 / 312e12 * 1000,
                                                                 abs=2e-4)
+    # all of it at the fp32 rate, the slowest: what PD025 asks to be under the launch floor
+    assert f.value("target_gpu.slowest_math_ms") == pytest.approx(4e9 / 19.5e12 * 1000, abs=1e-4)
     tf32 = _cuda_script_facts(tf32_matmul=True)  # the script lets matmuls use TF32: faster math
     add_trace_facts(load_trace(CPU), tf32)
     assert tf32.value("target_gpu.math_ms") == pytest.approx(4e9 / 156e12 * 1000, abs=1e-4)

@@ -525,6 +525,25 @@ def test_conv_rules_severity_follows_the_convolutions_share_of_the_work(tmp_path
         assert f.severity == "medium" and "estimated" not in f.saving_basis
 
 
+@pytest.mark.parametrize(("rule", "body", "step_share", "severity"), [
+    # pytorch/examples' MNIST CNN: its convolutions are 90 % of the FLOPs but 1 % of the step estimated for
+    # the reference GPU, which launching its ops bounds: a faster algorithm shortens nothing the step shows
+    ("PD016", CONV_NET, 0.01, "low"),
+    ("PD016", CONV_NET, 0.46, "medium"),  # ResNet-50 at batch 128: the kernels are the step
+    ("PD023", CONV_NET + AUTOCAST, 0.02, "low"),
+    ("PD023", CONV_NET + AUTOCAST, 0.46, "medium"),
+])
+def test_conv_rules_severity_follows_the_convolutions_share_of_the_gpu_step(tmp_path, rule, body, step_share,
+                                                                           severity):
+    facts, _ = analyse(tmp_path, body, machine(Facts()))
+    facts.add("compute.flops_per_step", 1e9, "number", "run")
+    facts.add("compute.conv_flops_per_step", 0.9e9, "number", "run")
+    facts.add("target_gpu.conv_share", step_share, "ratio", "trace")
+    [f] = findings(facts, tmp_path, rule)
+    assert f.severity == severity and f"an estimated {step_share:.1%} of the step" in f.saving_basis
+    assert "target_gpu.conv_share" in {e.name for e in f.evidence}
+
+
 @pytest.mark.parametrize("body", [
     CONV_NET,  # no autocast: fp32 convolutions do not use the NHWC tensor-core kernels
     CONV_NET + AUTOCAST + "model = model.to(memory_format=torch.channels_last)\n",
@@ -686,6 +705,23 @@ def test_pd025_cpu_run_quiet_without_a_small_model(tmp_path, params):
         with_model(facts, params)
     facts, _ = analyse(tmp_path, SMALL_BATCH, facts)
     assert findings(facts, tmp_path, "PD025") == []
+
+
+@pytest.mark.parametrize("slowest_ms,fires", [(0.4, True), (18.1, False)])
+def test_pd025_cpu_run_a_few_large_samples_are_no_small_batch(tmp_path, slowest_ms, fires):
+    """nst-johnson trains a 7.6 M-parameter style-transfer net four 256x256 images at a time, with VGG's
+    loss network: 350 GFLOP a step, 18 ms even at the reference GPU's fp32 rate, against 7.3 ms of host
+    time launching its 317 ops. Not launch-bound, whatever the batch's count of samples; a LeNet at the
+    same batch (0.4 ms of math) is."""
+    facts = with_model(machine(Facts()), 7_600_000)
+    facts.add("target_gpu.slowest_math_ms", slowest_ms, "ms", "trace")
+    facts.add("target_gpu.launch_ms", 7.3, "ms", "trace")
+    facts.add("target_gpu.ops_per_step", 317, "count", "trace")
+    facts, _ = analyse(tmp_path, SMALL_BATCH, facts)
+    got = findings(facts, tmp_path, "PD025")
+    assert bool(got) is fires
+    if fires:  # the estimate it was judged by is said
+        assert f"{slowest_ms} ms even at its fp32 rate, against 7.3 ms" in got[0].saving_basis
 
 
 DEFAULT_BATCH = """\

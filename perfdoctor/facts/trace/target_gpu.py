@@ -31,6 +31,12 @@ The estimate, for the reference GPU (facts/trace/flops.py `REFERENCE_GPU`, its d
     step_ms   = launch_ms + math_ms + the 16-bit FLOPs / the 16-bit rate
     share     = math_ms / step_ms
     amp_saving_ms = math_ms - the same FLOPs / the 16-bit rate
+    conv_share = the conv FLOPs at their rate / step_ms (where every convolution was counted): the share
+                of the step that faster convolution kernels (PD016's autotuner, PD023's NHWC) can shorten;
+                in a step bound by its launches they shorten nothing the step shows
+    slowest_math_ms = all the FLOPs / the fp32 rate: the step's math on the GPU's CUDA cores, no tensor
+                core used (what PD025 asks to be still under the launch floor before it calls a step
+                launch-bound: a bound that holds whatever precision and algorithms the GPU picks)
     sync_ms   = 2 x HOST_US_PER_OP: the least one blocking copy from pageable host memory (or one sync)
                 costs such a step: the call's own host time, then the drained queue waits for the next
                 launch; a copy's bytes add at H2D_PAGEABLE_BYTES_PER_S (h2d_bytes_per_ms). PD004 prices
@@ -256,3 +262,10 @@ def add(ctx: TraceContext) -> None:
             f"{H2D_PAGEABLE_BYTES_PER_S / 1e9:g} GB/s from pageable host memory")
     ctx.put("target_gpu.amp_saving_ms", max(0.0, math_ms - fp32 * flops / half * 1000), "ms",
             "the fp32 math less the same FLOPs at the reference GPU's 16-bit rate")
+    ctx.put("target_gpu.slowest_math_ms", flops / _rate("fp32") * 1000, "ms",
+            f"{flops:.4g} FLOPs per step at the reference GPU's fp32 rate, no tensor core used")
+    if isinstance(convs, (int, float)) and not facts.value("compute.uncounted_convs_per_step"):
+        conv_ms = conv_flops * (fp32 / _rate(conv_dtype) + (1 - fp32) / half) * 1000
+        ctx.put("target_gpu.conv_share", conv_ms / step_ms, "ratio",
+                f"the convolutions' {conv_flops:.4g} FLOPs per step at the {conv_dtype} rate ({conv_ms:.3g} ms) / the "
+                "estimated GPU step")
