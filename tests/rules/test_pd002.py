@@ -228,6 +228,10 @@ def test_pd002_cpu_bound_leaves_the_cpus_other_processes_keep():
     (busy,) = judge(run(1.0), PD002)
     assert busy.ms_per_step == 0.0 and busy.severity == "low"
     assert {e.name: e.value for e in busy.evidence}["host.others_cpus"] == 1.0
+    # the message says why the wait it reports saves nothing here; a quiet machine's does not
+    assert ("bounded by its free CPUs: the training process used 1 and other processes 1 of its 2"
+            in busy.message) and "(0 ms per step at most)" in busy.message
+    assert "bounded by its free CPUs" not in quiet.message
     (over,) = judge(run(1.7), PD002)  # never fewer CPUs than the tree had: 1 of them
     assert over.ms_per_step == 0.0
 
