@@ -173,7 +173,7 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
      "target_gpu.step_ms (absent where some convolutions went uncounted): the share of the estimated GPU step that "
      "faster convolution kernels can shorten"),
     ("target_gpu.slowest_math_ms", "ms", "trace", "all of the step's counted FLOPs at the reference GPU's fp32 rate "
-     "(its CUDA cores, no tensor core): the step's math where the GPU runs it slowest"),
+     "(its CUDA cores, no tensor core): the step's math at the slowest of its datasheet rates"),
     ("compute.sixteen_bit_share", "ratio", "run", "the share of the counted FLOPs run on float16 or bfloat16 operands"),
     ("compute.achieved_flops", "number", "trace", "FLOPs per step / step time: FLOP/s achieved"),
     ("compute.peak_flops", "number", "machine/trace", "the peak the MFU is judged against: a CPU run's measured fp32 "

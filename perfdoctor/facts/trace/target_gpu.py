@@ -35,8 +35,9 @@ The estimate, for the reference GPU (facts/trace/flops.py `REFERENCE_GPU`, its d
                 of the step that faster convolution kernels (PD016's autotuner, PD023's NHWC) can shorten;
                 in a step bound by its launches they shorten nothing the step shows
     slowest_math_ms = all the FLOPs / the fp32 rate: the step's math on the GPU's CUDA cores, no tensor
-                core used (what PD025 asks to be still under the launch floor before it calls a step
-                launch-bound: a bound that holds whatever precision and algorithms the GPU picks)
+                core used, the slowest of its datasheet rates (what PD025 asks to be still under the launch
+                floor before it calls a step launch-bound: whatever precision the GPU runs it in; the
+                operands' memory traffic is not counted)
     sync_ms   = 2 x HOST_US_PER_OP: the least one blocking copy from pageable host memory (or one sync)
                 costs such a step: the call's own host time, then the drained queue waits for the next
                 launch; a copy's bytes add at H2D_PAGEABLE_BYTES_PER_S (h2d_bytes_per_ms). PD004 prices
