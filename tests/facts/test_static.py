@@ -2367,6 +2367,25 @@ def test_dataparallel_on_a_list_of_gpus_the_caller_passes(tmp_path):
     assert got[8].get("opt_in") is True and "opt_in" not in got[11]
 
 
+def test_dataparallel_under_the_main_guard_is_the_scripts_default(tmp_path):
+    """bubbliiiing/unet-pytorch builds `nn.DataParallel` at module level under `if __name__ == "__main__":`
+    (guarded by `if Cuda:`, on by default): the main guard runs in the script the user runs, no setting
+    they must turn on. Read as one (an unbound name, off), it made the construction opt-in: PD001 missed."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        import torch.nn as nn
+        Cuda = True
+        if __name__ == "__main__":
+            model = nn.Linear(4, 4)
+            if Cuda:
+                model = nn.DataParallel(model)
+            if __debug__:
+                m2 = nn.DataParallel(model)
+        """)
+    got = by_line(facts, "dataparallel")
+    assert "opt_in" not in got[7] and "opt_in" not in got[9]
+
+
 def test_a_worker_count_computed_from_the_machines_cpus(tmp_path):
     facts, _ = analyse(tmp_path, """\
         import os, multiprocessing

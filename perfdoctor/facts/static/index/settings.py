@@ -27,7 +27,8 @@ def setting(index: Syntax, node: ast.expr | None, depth: int = 0) -> bool | None
     `torch.cuda.is_available()`), which is on for the GPU the script targets. An `and` of a setting and
     a device test is the setting's (`args.use_multi_gpu and args.use_gpu`). `len(x)` is x's: a list of
     GPUs the caller passes (`gpus=None` then `gpus = []`: torch-rechub's trainers) is off unless passed,
-    a list of the machine's devices (`range(torch.cuda.device_count())`) is a device test."""
+    a list of the machine's devices (`range(torch.cuda.device_count())`) is a device test. The module's
+    own `__name__` is no setting: the main guard's body runs in the script the user runs."""
     if node is None or depth > 3:
         return None
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
@@ -50,6 +51,8 @@ def setting(index: Syntax, node: ast.expr | None, depth: int = 0) -> bool | None
         return None if setting(index, left, depth) is None else False
     if isinstance(node, ast.Attribute):
         return None if _device_test(ast.unparse(node)) else on_by_default(index, node.attr)
+    if isinstance(node, ast.Name) and node.id.startswith("__") and node.id.endswith("__"):
+        return None  # the interpreter's (`if __name__ == "__main__":` runs in the script the user runs): no setting
     if isinstance(node, ast.Name) and not _device_test(node.id):
         values = index.assigned.get(node.id, [])
         if any(_device_test(ast.unparse(v)) for v in values):
