@@ -265,7 +265,7 @@ def add(ctx: TraceContext) -> None:
             "the fp32 math less the same FLOPs at the reference GPU's 16-bit rate")
     ctx.put("target_gpu.slowest_math_ms", flops / _rate("fp32") * 1000, "ms",
             f"{flops:.4g} FLOPs per step at the reference GPU's fp32 rate, no tensor core used")
-    if isinstance(convs, (int, float)) and not facts.value("compute.uncounted_convs_per_step"):
+    if registry.derive("compute.conv_share", facts.value) is not None:  # every convolution counted
         conv_ms = conv_flops * (fp32 / _rate(conv_dtype) + (1 - fp32) / half) * 1000
         ctx.put("target_gpu.conv_share", conv_ms / step_ms, "ratio",
                 f"the convolutions' {conv_flops:.4g} FLOPs per step at the {conv_dtype} rate ({conv_ms:.3g} ms) / the "
