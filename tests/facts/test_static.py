@@ -2464,6 +2464,45 @@ def test_a_loaders_default_batch_through_the_parameter_its_callers_fill(tmp_path
     assert got == {3: 200, 6: 1000, 8: None}
 
 
+def test_a_loaders_default_batch_through_a_method_and_the_callers_own_parameter(tmp_path):
+    """torch-rechub's run_census.py: data.py's `DataGenerator.generate_dataloader(self, ...,
+    batch_size=16)` builds the loaders; run.py's `main(..., batch_size, ...)` calls it on an object,
+    `dg.generate_dataloader(x, batch_size=batch_size)`, and main is called with `args.batch_size`,
+    whose option defaults to 1024. A method called by position on an object of no telling name is
+    not matched; a caller that rebinds its parameter before passing it on says nothing of the option."""
+    data = tmp_path / "data.py"
+    data.write_text(textwrap.dedent("""\
+        from torch.utils.data import DataLoader
+        class DataGenerator:
+            def generate_dataloader(self, x, batch_size=16, num_workers=0):
+                return DataLoader(ds, batch_size=batch_size, num_workers=num_workers)
+            def other(self, x, bs):
+                return DataLoader(ds, batch_size=bs)
+            def third(self, x, size):
+                return DataLoader(ds, batch_size=size)
+        """))
+    train = tmp_path / "run.py"
+    train.write_text(textwrap.dedent("""\
+        import argparse
+        from data import DataGenerator
+        def main(epoch, batch_size, size):
+            dg = DataGenerator()
+            loader = dg.generate_dataloader(x, batch_size=batch_size)
+            dg.other(x, batch_size)
+            size = size * 2
+            dg.third(x, size=size)
+        parser = argparse.ArgumentParser()
+        parser.add_argument('--batch_size', type=int, default=1024)
+        parser.add_argument('--size', type=int, default=8)
+        args = parser.parse_args()
+        main(args.epoch, args.batch_size, args.size)
+        """))
+    facts = Facts()
+    analyse_files([data, train], facts)
+    got = {line: v.get("default_batch_size") for line, v in by_line(facts, "dataloader").items()}
+    assert got == {4: 1024, 6: None, 8: None}
+
+
 def test_pin_memory_on_cuda_through_the_parameter_its_callers_fill(tmp_path):
     """LynnHo's DCGAN: data.py's `make_dataset(..., pin_memory=False)` builds the loader with
     `pin_memory=pin_memory`; train.py passes `pin_memory=use_gpu`, with `use_gpu =

@@ -152,29 +152,75 @@ def _arguments(index: SourceIndex, param: str, call: ast.Call) -> list[ast.expr 
     return [v for v, _ in _arguments_in(index, param, call)]
 
 
-def _arguments_in(index: SourceIndex, param: str, call: ast.Call) -> list[tuple[ast.expr | None, Syntax]]:
+def _arguments_in(index: Syntax, param: str, call: ast.Call, files: list[Syntax] | None = None,
+                  depth: int = 0) -> list[tuple[ast.expr | None, Syntax]]:
     """`_arguments`, each with the file (its `Syntax`) whose call passes it: a name there reads by that
-    file's assignments (`use_gpu = torch.cuda.is_available()` in train.py, the loader in data.py)."""
+    file's assignments (`use_gpu = torch.cuda.is_available()` in train.py, the loader in data.py).
+    A method is called on an object whose name says nothing of its module (`dg.generate_dataloader(...,
+    batch_size=batch_size)` in run.py): such a call counts where it passes `param` by keyword. Where a
+    caller passes its own parameter on (`def main(..., batch_size)` passing `batch_size=batch_size`),
+    what main's callers pass for it (main's default where one passes nothing), two callers deep."""
     scope, _ = index.context(call)
     if not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return []
     params = [a.arg for a in (*scope.args.posonlyargs, *scope.args.args)]
     if param not in params and param not in [a.arg for a in scope.args.kwonlyargs]:
         return []
+    method = bool(params) and params[0] in ("self", "cls")
     module = os.path.splitext(os.path.basename(index.file))[0]
+    files = files if files is not None else _project(index)
     calls: list[tuple[ast.Call, Syntax]] = [(c, index) for c in index.callers(scope.name)]
-    for peer in getattr(getattr(index, "loops", None), "peers", ()):
-        calls += [(c, peer.syntax) for c in peer.syntax.calls_named(scope.name)
-                  if isinstance(c.func, ast.Name) and peer.syntax.qual(c.func) is not None
-                  and peer.syntax.qual(c.func).rsplit(".", 1)[0].endswith(module)
+    for peer in files:
+        if peer is index or peer.file == index.file:
+            continue
+        calls += [(c, peer) for c in peer.calls_named(scope.name)
+                  if isinstance(c.func, ast.Name) and str(peer.qual(c.func) or "").rsplit(".", 1)[0].endswith(module)
+                  and peer.qual(c.func) is not None
                   or isinstance(c.func, ast.Attribute) and dotted(c.func.value) is not None
-                  and str(dotted(c.func.value)).rsplit(".", 1)[-1] == module]
+                  and (str(dotted(c.func.value)).rsplit(".", 1)[-1] == module
+                       or method and kwarg(c, param) is not None)]
     out: list[tuple[ast.expr | None, Syntax]] = []
     for c, where in calls:
         if any(isinstance(a, ast.Starred) for a in c.args) or has_star_kwargs(c):
             return []  # what it passes cannot be told
-        out.append((argument(c, scope, param, bound=True), where))
+        value = argument(c, scope, param, bound=True)
+        if isinstance(value, ast.Name) and depth < 2 and _passed_on(where, value, c):
+            deeper = _arguments_in(where, value.id, c, files, depth + 1)
+            if not deeper:
+                return []  # the caller's parameter, which nothing says how its callers fill
+            default = _default_of(where, value.id, c)
+            out += [(v, w) if v is not None else (default, where) for v, w in deeper]
+            continue
+        out.append((value, where))
     return out
+
+
+def _project(index: Syntax) -> list[Syntax]:
+    """This file and the project's other files (`Loops.peers`)."""
+    loops = getattr(index, "loops", None)
+    return [index, *(peer.syntax for peer in getattr(loops, "peers", ()))]
+
+
+def _passed_on(where: Syntax, name: ast.Name, call: ast.Call) -> bool:
+    """`name`, an argument of `call`, is a parameter of the function around the call that the function
+    does not rebind before it: the caller passes its own parameter on."""
+    fn, _ = where.context(call)
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or name.id not in [
+            a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)]:
+        return False
+    end = fn.end_lineno or fn.lineno
+    return not any(fn.lineno <= v.lineno <= end for v in where.assigned.get(name.id, []))
+
+
+def _default_of(where: Syntax, param: str, call: ast.Call) -> ast.expr | None:
+    """The default of the parameter `param` of the function around `call`, None where it has none."""
+    fn, _ = where.context(call)
+    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return None
+    positional = [*fn.args.posonlyargs, *fn.args.args]
+    defaults = dict(zip([a.arg for a in positional][len(positional) - len(fn.args.defaults):], fn.args.defaults))
+    defaults.update({a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is not None})
+    return defaults.get(param)
 
 
 def _parameter_on_cuda(index: SourceIndex, param: str, call: ast.Call) -> object:
