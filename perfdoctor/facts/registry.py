@@ -337,6 +337,13 @@ SUBJECT_FACTS: dict[str, dict[str, FactSpec]] = {
         ("in_loop", "bool", "static", "in the training loop (a loop that runs backward), not behind a periodic guard; "
                                       "False in a loop no training step runs (an evaluation loop)"),
     ]),
+    "selection": _declare("selection", [
+        ("ops", "str", "trace", "the ops at this line whose output size the device decides (a boolean-mask index's "
+                                "aten::nonzero, masked_select, unique), in a CPU run of a CUDA-targeting script: a "
+                                "host-device sync each on the GPU (facts/trace/mask_sync.py)"),
+        ("count_per_step", "count", "trace", "such ops at this line per profiled step (mean)"),
+        ("step_share", "ratio", "trace", "the share of the profiled steps that ran one at this line"),
+    ]),
     "anomaly": _declare("anomaly", [
         ("enabled", "bool", "run", "set_detect_anomaly(True) / detect_anomaly() seen here"),
         ("stack_ms", "ms", "run", "anomaly mode's Python stack captures per step (torch.fx.traceback.format_stack "

@@ -371,8 +371,11 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
             subjects = [None]  # e.g. a trace with no source locations: judge once, globally
         judged = [(s, f) for s in subjects if (f := judge_one(rule, facts, s, thresholds, files)) is not None]
         if rule.once and judged:
-            k = _speaker(judged)
-            if len(judged) > 1 and (total := _group_share(rule, facts, thresholds, judged)) is not None:
+            shares = _shares(rule, facts, thresholds, judged)
+            k = _speaker(judged, shares)
+            known = [x for x in shares if x is not None]
+            if len(judged) > 1 and known:
+                total = sum(known)
                 # the one that speaks for them is judged again at their summed share; the others give locations
                 s = judged[k][0]
                 if (f := judge_one(rule, facts, s, thresholds, files, total)) is not None:
@@ -391,21 +394,23 @@ def judge(facts: Facts, rules: list[Rule], settings: Settings | None = None,
     return findings
 
 
-def _group_share(rule: Rule, facts: Facts, thresholds: dict[str, Any],
-                 judged: list[tuple[Subject | None, Finding]]) -> float | None:
-    """A `once` rule's gpu_share over every subject that showed it, where the expression reads the
-    subject's own facts (each line's work adds up); None where it reads only global ones (PD016's
-    convolutions' share is the same for every model's line) or no subject's share is known."""
+def _shares(rule: Rule, facts: Facts, thresholds: dict[str, Any],
+            judged: list[tuple[Subject | None, Finding]]) -> list[float | None]:
+    """A `once` rule's gpu_share of each subject that showed it, where the expression reads the
+    subject's own facts (each line's work adds up, and the sum judges the group); all None where it
+    reads only global ones (PD016's convolutions' share is the same for every model's line)."""
     if not rule.gpu_share or not any(n.split(".", 1)[0] in rule.subjects for n in names_in(rule.gpu_share)):
-        return None
-    shares = [_number(rule, rule.gpu_share, make_lookup(facts, s, thresholds, rule.lets)) for s, _ in judged]
-    known = [x for x in shares if x is not None]
-    return sum(known) if known else None
+        return [None] * len(judged)
+    return [_number(rule, rule.gpu_share, make_lookup(facts, s, thresholds, rule.lets)) for s, _ in judged]
 
 
-def _speaker(judged: list[tuple[Subject | None, Finding]]) -> int:
-    """Which of a `once` rule's findings speaks for them: the largest saving, the first where none has one."""
+def _speaker(judged: list[tuple[Subject | None, Finding]], shares: list[float | None]) -> int:
+    """Which of a `once` rule's findings speaks for them: the largest saving; where none has one, the
+    largest share of the GPU step (`shares`: a CPU run's 1,280 mask selections a step before its one
+    `loss.item()`); else the first."""
     savings = [-1.0 if f.ms_per_step is None else f.ms_per_step for _, f in judged]
+    if max(savings) < 0:
+        savings = [-1.0 if x is None else x for x in shares]
     return savings.index(max(savings))
 
 

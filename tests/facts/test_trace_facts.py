@@ -2,6 +2,8 @@
 
 import gzip
 import json
+import os
+import textwrap
 from statistics import median
 
 import pytest
@@ -612,3 +614,82 @@ def test_a_step_under_torchs_class_name_is_hand_written_only_where_the_users_ste
     stripped = load(path)
     from perfdoctor.facts.trace.context import TraceContext
     assert hand_written_loops(stripped, TraceContext(stripped, Facts(), None, "", None, None).cpu_windows) == {}
+
+
+@pytest.mark.slow
+def test_selections_whose_size_the_device_decides_are_syncs_of_the_gpu_step(tmp_path):
+    """PointNet++'s farthest point sampling: `distance[mask] = dist[mask]` with `mask = dist < distance`,
+    once per sampled point. On CUDA a boolean-mask index, `torch.nonzero` and `masked_select` wait for
+    the device to count the selected elements. A CPU run's trace shows the ops that would (`aten::nonzero`
+    under the indexing): one `selection` subject per line, located at the mask subscripts of the frame's
+    function (the profiler names a frame by its first line) or at the call the frame made. `x[x < 0] = 0`
+    (masked_fill_ underneath) selects nothing; a batch made by hand on the host (`host_fill.frame`) keeps
+    its masks on the host on a GPU too; a GPU trace counts the syncs themselves."""
+    torch = pytest.importorskip("torch")
+    from perfdoctor.facts.trace import mask_sync
+
+    model = torch.nn.Linear(8, 8)
+
+    def sample(xyz, n):
+        distance = torch.full((xyz.shape[0],), 1e10)
+        for _ in range(n):
+            dist = (xyz - xyz[0]).pow(2).sum(-1)
+            mask = dist < distance
+            distance[mask] = dist[mask]
+        return distance
+
+    def make_batch():
+        x = torch.randn(16, 8)
+        return x[x.abs().sum(-1) > 0]
+
+    def step():
+        x = make_batch()
+        out = model(x)
+        out[out < 0] = 0
+        keep = torch.nonzero(out.sum(-1) > -1)
+        d = sample(out.detach(), 3)
+        (out[keep.squeeze(-1)].sum() + d.sum()).backward()
+
+    ctx = _profiled_steps(tmp_path, step)
+    ctx.facts = _cuda_script_facts()
+    ctx.facts.add("device.type", "cpu", "", "machine")
+    frame = f"test_trace_facts.py({make_batch.__code__.co_firstlineno}): make_batch"
+    ctx.facts.subject("host_fill", frame).add("frame", frame, "str", "run")
+    mask_sync.add(ctx)
+    got = {(os.path.basename(s.locations[0].file), s.locations[0].line): (
+        s.facts["selection.count_per_step"].value, s.facts["selection.step_share"].value, s.facts["selection.ops"].value)
+        for s in ctx.facts.of_kind("selection")}
+    first = sample.__code__.co_firstlineno
+    stepline = step.__code__.co_firstlineno
+    assert got == {("test_trace_facts.py", first + 5): (6.0, 1.0, "aten::nonzero"),  # two selections, 3 points
+                   ("test_trace_facts.py", stepline + 4): (1.0, 1.0, "aten::nonzero")}
+    # a script that never leaves the CPU, or a GPU trace, adds none
+    cpu_only = _profiled_steps(tmp_path, step)
+    cpu_only.facts.add("script.targets_cuda", False, "bool", "static")
+    mask_sync.add(cpu_only)
+    assert not cpu_only.facts.of_kind("selection")
+
+
+def test_mask_lines_are_subscripts_by_a_boolean_mask():
+    """The comparisons, complements, boolean ops and bool-returning calls a subscript may select by,
+    directly or through a name the function binds; an index by position is no mask."""
+    import ast
+
+    from perfdoctor.facts.trace.mask_sync import mask_lines
+
+    src = textwrap.dedent("""\
+        def f(x, idx, m):
+            a = x[x > 0]
+            b = x[~m]
+            c = x[(x > 0) & (x < 1)]
+            keep = torch.isfinite(x)
+            d = x[:, keep]
+            e = x[idx]
+            g = x[0, 1:]
+            x[m.type(torch.bool)] = 0
+            h = x[x.eq(1)]
+        def other(x):
+            return x[x > 0]
+        """)
+    assert mask_lines(ast.parse(src), 1, "f") == [2, 3, 4, 6, 9, 10]
+    assert mask_lines(ast.parse(src), 11, "other") == [12]

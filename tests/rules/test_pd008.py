@@ -159,3 +159,34 @@ def test_pd008_severity_follows_the_reads_share_of_the_target_gpu_step(reads, st
     assert finding.severity == severity and len(finding.locations) == len(reads)
     if share is not None:
         assert f"an estimated {share:.1%} of the step on the GPU" in finding.saving_basis
+
+
+def test_pd008_selections_by_value_on_a_cpu_run_and_the_costliest_speaks():
+    """PointNet++: 1,280 `distance[mask] = dist[mask]` selections a step (the trace's `selection`
+    subject) beside one `loss.item()`: one finding at both lines, the selection's (the larger share of
+    the estimated GPU step, as neither has a measured saving) first, its title and the shape-keeping
+    advice; a selection seen on few of the profiled steps is not one of every step."""
+    def run(share=1.0):
+        f = cpu_run()
+        f.add("device.type", "cpu", "", "machine")
+        f.add("script.targets_cuda", True, "", "static")
+        f.add("target_gpu.step_ms", 170.0, "ms", "trace")
+        f.add("target_gpu.sync_ms", 0.046, "ms", "trace")
+        r = f.subject("host_read", "train.py:192")
+        r.add("kind", "item", "", "static")
+        r.add("in_loop", True, "", "static")
+        r.add("count_per_step", 1.0, "count", "run")
+        r.locations.append(Location("train.py", 192, "correct = pred.eq(target).cpu().sum().item()"))
+        s = f.subject("selection", "pointnet2_utils.py:82")
+        s.add("ops", "aten::nonzero", "", "trace")
+        s.add("count_per_step", 1280.0, "count", "trace")
+        s.add("step_share", share, "ratio", "trace")
+        s.locations.append(Location("pointnet2_utils.py", 82, "distance[mask] = dist[mask]"))
+        return [x for x in judge(f, RULES) if x.rule == "PD008"]
+    (finding,) = run()
+    assert [loc.line for loc in finding.locations] == [82, 192]
+    assert finding.title.startswith("Host reads of device tensors or selections by value at 2 places")
+    assert "a selection by value (aten::nonzero) 1280 time(s) per step" in finding.title
+    assert "torch.where(mask, x, y)" in finding.message
+    (finding,) = run(share=0.25)
+    assert [loc.line for loc in finding.locations] == [192]

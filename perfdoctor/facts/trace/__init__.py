@@ -33,6 +33,7 @@ from perfdoctor.facts.trace import (
     flops,
     gpu,
     layout,
+    mask_sync,
     matmul,
     optimizer_loop,
     sync,
@@ -64,7 +65,7 @@ def add_trace_facts(trace: Trace, facts: Facts, *, run_step_ms: float | None = N
                          (layout.add, ())]
         families += [(optimizer_loop.add, ()), (matmul.add, ()), (conv_shapes.add, ()), (flops.add, (summary,)), (allocations.add, ()), (comm.add, ()),
                      (dataparallel.add, ()), (ddp_sync.add, ()),
-                     (dataloader.add, (steps.data_loading,)), (counters.add, ()), (target_gpu.add, ()),
+                     (dataloader.add, (steps.data_loading,)), (counters.add, ()), (target_gpu.add, ()), (mask_sync.add, ()),
                      (anomaly.add, ())]
         for add, args in families:  # each one family of facts (`Facts.family`)
             with facts.family(f"the trace's {add.__module__.rsplit('.', 1)[-1]} facts"):

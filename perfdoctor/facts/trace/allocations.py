@@ -37,6 +37,7 @@ MAX_LINES = 20  # kept_alloc subjects, by bytes kept
 _BUILTIN = re.compile(r"^<built-in (?:method|function) (\w+)")
 _OWN = re.compile(r"^(?:.*/)?perfdoctor/capture/")
 _PYFRAME = re.compile(r"^.*\(\d+\): (\w+)$")
+SourceCache = dict[str, tuple[ast.Module, list[str]] | None]  # a user file -> its tree and lines, read once
 
 
 def add(ctx: TraceContext) -> None:
@@ -58,11 +59,11 @@ def add(ctx: TraceContext) -> None:
         elif nbytes[i] < 0:
             live.pop(addr[i], None)
     start, last = windows[0][0], windows[-1][0]
-    sources: dict[str, tuple[ast.Module, list[str]] | None] = {}
+    sources: SourceCache = {}
     steps = len(windows) - 1  # the steps whose allocations had a whole step to be freed in
     # a line some of whose blocks lost their free in the trace: its blocks still live at the end may be
     # freed blocks whose address was not reused yet, so they say nothing of what the line keeps
-    lossy = {site[0] for i in lost if (site := _site(ctx, i, sources)) is not None}
+    lossy = {found[0] for i in lost if (found := site(ctx, i, sources)) is not None}
     if lost:
         ctx.put("memory.lost_frees", len(lost), "count",
                 f"allocator blocks ({'CUDA' if want else 'CPU'}) whose free the trace did not record: their address "
@@ -73,13 +74,13 @@ def add(ctx: TraceContext) -> None:
     for i in live.values():
         if not start <= ts[i] < last:
             continue
-        site = _site(ctx, i, sources)
-        if site is not None and site[0] in lossy:
+        found = site(ctx, i, sources)
+        if found is not None and found[0] in lossy:
             continue
         total_kept += nbytes[i]
-        if site is None:
+        if found is None:
             continue
-        by_line.setdefault(site[0], (site[1], []))[1].append(i)
+        by_line.setdefault(found[0], (found[1], []))[1].append(i)
     ctx.put("memory.kept_bytes_per_step", total_kept / steps, "bytes",
             f"allocator blocks ({'CUDA' if want else 'CPU'}) allocated in the first {steps} recorded step(s) and "
             "never freed by the trace's end, per step")
@@ -103,12 +104,13 @@ def add(ctx: TraceContext) -> None:
     return
 
 
-def _site(ctx: TraceContext, i: int, sources: dict[str, tuple[ast.Module, list[str]] | None]) -> tuple[str, Location] | None:
-    """The user's line that made the call allocating memory event i. The profiler names a Python frame
-    by its function's first line (a script's top level: by the line it was at when the profiler
+def site(ctx: TraceContext, i: int, sources: SourceCache) -> tuple[str, Location, bool, Frame] | None:
+    """The user's line that made the call leading to event i (an allocation, an op), with whether the
+    source named that call and the user frame (its file as the run knows it). The profiler names a Python
+    frame by its function's first line (a script's top level: by the line it was at when the profiler
     started), never by the line running: the line is the one call in that function's source to what
-    the frame called next on the way to the allocation (`torch.ones`, `torch.cat`, a helper); where
-    the source does not say (no such call, a module call), the frame's own line."""
+    the frame called next on the way to the event (`torch.ones`, `torch.cat`, a helper); where
+    the source does not say (no such call, a module call, an indexing), the frame's own line."""
     chain = ctx.stacks.chain(i)
     names, strings = ctx.trace.name, ctx.trace.strings
     for k, p in enumerate(chain):
@@ -124,7 +126,7 @@ def _site(ctx: TraceContext, i: int, sources: dict[str, tuple[ast.Module, list[s
         text = sources.get(file)
         if line and text is not None and 0 < line <= len(text[1]):
             loc = Location(loc.file, loc.line, text[1][line - 1].strip(), loc.function)
-        return key, loc
+        return key, loc, line is not None, (file, u[1], u[2])
     return None
 
 
@@ -142,27 +144,35 @@ def _callee(name: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _call_line(u: Frame, callee: str, sources: dict[str, tuple[ast.Module, list[str]] | None]) -> int | None:
-    """The first line calling `callee` (as `callee(...)` or `x.callee(...)`) in the function of user frame
-    `u` (file, first line, name), or in the file's top level for `<module>`; None where there is none."""
-    file, first, func = u
+def read_tree(file: str, sources: SourceCache) -> tuple[ast.Module, list[str]] | None:
+    """A user file's syntax tree and lines, read once per trace (`sources`); None where it cannot be read."""
     if file not in sources:
         src = read_source(file)
         tree = src.parse(file) if src is not None else None
         sources[file] = None if src is None or tree is None else (tree, src.lines)
-    got = sources[file]
+    return sources[file]
+
+
+def _call_line(u: Frame, callee: str, sources: SourceCache) -> int | None:
+    """The first line calling `callee` (as `callee(...)` or `x.callee(...)`) in the function of user frame
+    `u` (file, first line, name), or in the file's top level for `<module>`; None where there is none."""
+    file, first, func = u
+    got = read_tree(file, sources)
     if got is None:
         return None
-    tree = got[0]
-    if func == "<module>":
-        body: list[Any] = [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
-    else:
-        body = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == func
-                and (n.lineno == first or any(d.lineno == first for d in n.decorator_list))][:1]
-    lines = sorted(n.lineno for b in body for n in ast.walk(b) if isinstance(n, ast.Call)
+    lines = sorted(n.lineno for b in function_body(got[0], first, func) for n in ast.walk(b) if isinstance(n, ast.Call)
                    and ((isinstance(n.func, ast.Attribute) and n.func.attr == callee)
                         or (isinstance(n.func, ast.Name) and n.func.id == callee)))
     return lines[0] if lines else None
+
+
+def function_body(tree: ast.Module, first: int, func: str) -> list[Any]:
+    """The function `func` whose first line (or a decorator's) is `first`, as a one-node list; for
+    `<module>`, the file's top-level statements outside functions and classes."""
+    if func == "<module>":
+        return [n for n in tree.body if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == func
+            and (n.lineno == first or any(d.lineno == first for d in n.decorator_list))][:1]
 
 
 def _transient(ctx: TraceContext, evs: list[int], windows: list[tuple[float, float]]) -> None:

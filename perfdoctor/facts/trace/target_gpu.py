@@ -77,40 +77,64 @@ def _rate(dtype: str) -> float:
     return peak[0]
 
 
+def host_work(ctx: TraceContext, sources: tuple[str, ...] = ()) -> Callable[[float], bool]:
+    """Whether a CPU event starting at a time is the data path's host work, which stays on the host on a
+    GPU too: a DataLoader's `__next__` (its transforms), or a batch source of the user's (`sources`: the
+    profiler's names of their frames; nested where a generator resumes inside another's: their union)
+    outside the step's own work they hold: the modules they call (an RL rollout's policy forward
+    launches on the GPU, its bookkeeping does not), a backward or an optimizer step (a step function that
+    also fills a host tensor element by element keeps its backward's and its optimizer's launches)."""
+    t = ctx.trace
+    ts, dur, name = t.ts, t.dur, t.name
+    loading = t.names_where(lambda s: s.startswith("enumerate(DataLoader)"))
+    batches = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in loading)
+    starts = [a for a, _ in batches]
+    own = t.names_where(lambda s: any(s == w or s.endswith("/" + w) for w in sources)) if sources else set()
+    made = _union([(ts[i], ts[i] + dur[i]) for i in t.indices(PYFUNC) if name[i] in own]) if own else []
+    made_starts = [a for a, _ in made]
+    modules: list[tuple[float, float]] = []
+    if made:
+        called = t.names_where(lambda s: s.startswith("nn.Module:"))
+        backward = t.names_where(lambda s: s.startswith("autograd::engine::evaluate_function:"))
+        steps = t.names_where(lambda s: s.startswith("Optimizer.step#"))
+        modules = _union([(ts[i], ts[i] + dur[i]) for i in t.indices(PYFUNC) if name[i] in called]
+                         + [(ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in steps]
+                         + [(ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP) if name[i] in backward])
+    module_starts = [a for a, _ in modules]
+
+    def on_host(at: float) -> bool:
+        j = bisect_right(starts, at) - 1
+        if j >= 0 and at < batches[j][1]:
+            return True  # the DataLoader's own work (a transform's ops)
+        return bool(made) and _inside(made, made_starts, at) and not _inside(modules, module_starts, at)
+    return on_host
+
+
+def data_path_frames(facts: Facts) -> tuple[str, ...]:
+    """The profiler's names of the frames of the user's batch sources (`HOST_FRAMES`)."""
+    return tuple(str(f.value) for kind, name in HOST_FRAMES for s in facts.of_kind(kind)
+                 if (f := s.facts.get(name)) is not None)
+
+
 def gpu_ops_per_step(ctx: TraceContext, sources: tuple[str, ...] = ()) -> float | None:
     """The aten ops per step that no other aten op encloses (forward, backward, optimizer: the ops that
-    launch a CUDA step's kernels; an autograd node's wrapper is not one), not those a DataLoader's
-    `__next__` runs (its transforms stay on the host on a GPU too), those inside an optimizer
-    step (`Optimizer.step#...`) once per operator and optimizer step: torch's optimizers loop over
+    launch a CUDA step's kernels; an autograd node's wrapper is not one), not the data path's host work
+    (`host_work`: a DataLoader's `__next__`, a batch source of the user's, `sources`), those inside an
+    optimizer step (`Optimizer.step#...`) once per operator and optimizer step: torch's optimizers loop over
     the parameters on a CPU and run each operator once over all of them in their foreach form, CUDA's
     default (a hand-written optimizer that loops over its parameters, `hand_written_loops`, launches each
-    of its ops on a GPU too: counted one by one); a recurrent layer's backward once per forward call (`_recurrent_backward`); not the ops
-    of a batch source of the user's (`sources`: the profiler's names of their frames). None without
-    steps."""
+    of its ops on a GPU too: counted one by one); a recurrent layer's backward once per forward call
+    (`_recurrent_backward`). None without steps."""
     t, windows = ctx.trace, ctx.cpu_windows
     if not windows:
         return None
     ts, dur, name = t.ts, t.dur, t.name
     aten = t.names_where(lambda s: s.startswith("aten::"))
     steps = t.names_where(lambda s: s.startswith("Optimizer.step#"))
-    loading = t.names_where(lambda s: s.startswith("enumerate(DataLoader)"))
-    own = t.names_where(lambda s: any(s == w or s.endswith("/" + w) for w in sources)) if sources else set()
     looping = {(a, k) for loop in loops(ctx).values() for a, _, k in loop.spans}
     spans = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in steps
                    and (ts[i], t.track[i]) not in looping)
-    batches = sorted((ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP, USER_ANN) if name[i] in loading)
-    starts = [a for a, _ in batches]
-    # a batch source's frames (nested where a generator resumes inside another's: their union), less the
-    # step's own work they hold: the modules they call (an RL rollout's policy forward launches on the GPU,
-    # its bookkeeping does not), and a backward or an optimizer step (a step function that also fills a
-    # host tensor element by element keeps its backward's and its optimizer's launches)
-    made = _union([(ts[i], ts[i] + dur[i]) for i in t.indices(PYFUNC) if name[i] in own]) if own else []
-    made_starts = [a for a, _ in made]
-    called = t.names_where(lambda s: s.startswith("nn.Module:")) if made else set()
-    backward = t.names_where(lambda s: s.startswith("autograd::engine::evaluate_function:")) if made else set()
-    modules = _union([(ts[i], ts[i] + dur[i]) for i in t.indices(PYFUNC) if name[i] in called] + spans
-                     + [(ts[i], ts[i] + dur[i]) for i in t.indices(CPU_OP) if name[i] in backward])
-    module_starts = [a for a, _ in modules]
+    on_host = host_work(ctx, sources)
     by_track: dict[int, list[int]] = defaultdict(list)
     for i in t.indices(CPU_OP):
         if name[i] in aten:
@@ -122,11 +146,8 @@ def gpu_ops_per_step(ctx: TraceContext, sources: tuple[str, ...] = ()) -> float 
     layers_seen: set[int] = set()
     k = 0
     for i in sorted(outer, key=ts.__getitem__):
-        j = bisect_right(starts, ts[i]) - 1
-        if j >= 0 and ts[i] < batches[j][1]:
-            continue  # the DataLoader's own work (a transform's ops): the host's, on a GPU too
-        if made and _inside(made, made_starts, ts[i]) and not _inside(modules, module_starts, ts[i]):
-            continue  # a batch source's host work
+        if on_host(ts[i]):
+            continue  # the data path's host work: the host's, on a GPU too
         layer = layer_of(i)
         if layer is not None:
             if layer in layers_seen:
@@ -227,8 +248,7 @@ def add(ctx: TraceContext) -> None:
     flops = facts.value("compute.flops_per_step")
     if not isinstance(flops, (int, float)) or flops <= 0:
         return
-    ops = gpu_ops_per_step(ctx, tuple(str(f.value) for kind, name in HOST_FRAMES for s in facts.of_kind(kind)
-                                      if (f := s.facts.get(name)) is not None))
+    ops = gpu_ops_per_step(ctx, data_path_frames(facts))
     if not ops:
         return
     convs = facts.value("compute.conv_flops_per_step")
