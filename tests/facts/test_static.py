@@ -1652,6 +1652,11 @@ def test_uses_amp_switched_by_a_setting(tmp_path, enabled, uses):
     ("if not args.amp:\n    ctx = nullcontext()\nelse:\n    ctx = torch.autocast('cuda')\n", False),
     ("amp = False\nif amp:\n    ctx = torch.autocast('cuda')\n", False),  # a constant setting, off
     ("amp = True\nif amp:\n    ctx = torch.autocast('cuda')\n", True),
+    # Transformer-XL: `if args.fp16: model = model.half()`, --fp16 a store_true; a .half() on every path
+    ("if args.amp:\n    model = model.half()\n", False),
+    ("model = model.half()\n", True),
+    ("if args.fp16:\n    model = model.half()\n", True),  # --fp16 defaults to on (below)
+    ("if args.amp:\n    trainer = L.Trainer(precision='16-mixed')\n", False),
     # an fp32 island inside low-precision code (timm's fast_norm), and a scaler class nobody builds
     ("with torch.amp.autocast(device_type=x.device.type, enabled=False):\n    y = f(x)\n"
      "class NativeScaler:\n    def __init__(self):\n        self.s = torch.amp.GradScaler()\n", False),
@@ -2173,6 +2178,43 @@ def test_an_action_returned_by_a_selection_helper_is_read_for_the_environment(tm
     got = by_line(facts, "host_read")
     assert got[5]["in_loop"] is False and got[7]["in_loop"] is False
     assert got[14]["in_loop"] is True
+
+
+def test_an_action_from_an_agent_of_another_file_is_read_for_the_environment(tmp_path):
+    """cyoon1729's DQN: common/utils.py's loop does `action = agent.get_action(state)` then
+    `env.step(action)`; the agent in dqn.py returns `np.argmax(qvals.cpu().detach().numpy())` bound to
+    a name. Read for the environment, not a step's sync; the update's `loss.item()` is not taken for one."""
+    agent = tmp_path / "dqn.py"
+    agent.write_text(textwrap.dedent("""\
+        import numpy as np
+        class DQNAgent:
+            def get_action(self, state, eps=0.2):
+                qvals = self.model.forward(state)
+                action = np.argmax(qvals.cpu().detach().numpy())
+                if np.random.randn() < eps:
+                    return self.env.action_space.sample()
+                return action
+            def update(self, batch):
+                loss = self.compute_loss(batch)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+                return loss.item()
+        """))
+    loop = tmp_path / "utils.py"
+    loop.write_text(textwrap.dedent("""\
+        def mini_batch_train(env, agent, episodes, steps):
+            for episode in range(episodes):
+                state = env.reset()
+                for step in range(steps):
+                    action = agent.get_action(state)
+                    next_state, reward, done, _ = env.step(action)
+                    agent.update(32)
+        """))
+    facts = Facts()
+    analyse_files([agent, loop], facts)
+    got = {line: v for line, v in by_line(facts, "host_read").items()}
+    assert got[5]["in_loop"] is False and got.get(14, {}).get("in_loop") is not False
 
 
 def test_a_stall_in_an_environment_rollout_is_the_algorithm_s_work(tmp_path):

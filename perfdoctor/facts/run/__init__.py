@@ -113,11 +113,15 @@ def load_run(run_dir: Path) -> RunData:
 def _user_files(ctx: RunContext) -> list[Path]:
     """meta.json's user files (those under the script's folder), and the user's own package imported
     from elsewhere in the project (minGPT's projects/adder/adder.py driving mingpt/trainer.py) where
-    the training loop lives there: the files that built a DataLoader or called the model."""
+    the training loop lives there: the files that built a DataLoader or called the model, and those of
+    the step's call chain (test_gym/dqn.py calling common/utils.py's `mini_batch_train`, whose loop
+    steps the environment and the agent: `StepClock.step_codes`, probes.step_chain) or that read a
+    tensor on the host in the steps."""
     users = [Path(p) for p in ctx.meta.user_files or []]
     if not users and ctx.meta.script:
         users = [Path(ctx.meta.script)]
-    for site in [dl.site for dl in ctx.probes.dataloaders] + [fw.site for fw in ctx.probes.forward]:
+    for site in ([dl.site for dl in ctx.probes.dataloaders] + [fw.site for fw in ctx.probes.forward]
+                 + list(ctx.probes.step_chain) + [r.site for r in ctx.probes.host_reads]):
         if site is not None and site.file and os.path.isabs(site.file) and Path(site.file) not in users:
             users.append(Path(site.file))
     return users

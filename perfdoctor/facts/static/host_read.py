@@ -120,24 +120,33 @@ def _env_actions(index: SourceIndex) -> set[int]:
     """Lines that read an action for an environment: the read is given to, or bound to a name the same
     function gives to, an environment's step (`Loops.env_steps`, the gym API), or returned by a function
     of this file whose result is (`action = self.select_action(obs)`, `return a.detach().cpu().numpy()`,
-    one name deep inside it). The environment runs on the host: the action must cross whatever the
-    script does."""
+    one name deep inside it), whichever of the project's files steps the environment (`Loops.peers`:
+    utils.py's `action = agent.get_action(state)` then `env.step(action)`, the agent's `get_action` in
+    dqn.py). The environment runs on the host: the action must cross whatever the script does."""
     lines: set[int] = set()
-    for call in index.loops.env_steps:
-        given = [*call.args, *(k.value for k in call.keywords)]
-        names = {x.id for a in given for x in ast.walk(a) if isinstance(x, ast.Name)}
-        lines |= {x.lineno for a in given for x in ast.walk(a) if isinstance(x, ast.expr) and _any_read(x) is not None}
-        helpers = {c for a in given for c in ast.walk(a) if isinstance(c, ast.Call)}
-        fn = index.function_name(call)
-        for n in index.nodes_of(ast.Assign):
-            if index.function_name(n) == fn and any(isinstance(t, ast.Name) and t.id in names for t in n.targets):
-                if any(_any_read(x) is not None for x in ast.walk(n.value)):
-                    lines.add(n.lineno)
-                helpers |= {c for c in ast.walk(n.value) if isinstance(c, ast.Call)}
-        for c in helpers:
-            callee = index.local_callee(c)
-            for helper in index.functions.get(callee, []) if callee else []:
-                lines |= _returned_reads(helper)
+    for loops in [index.loops, *index.loops.peers]:
+        here = loops is index.loops
+        syntax = index if here else loops.syntax
+        for call in loops.env_steps:
+            given = [*call.args, *(k.value for k in call.keywords)]
+            names = {x.id for a in given for x in ast.walk(a) if isinstance(x, ast.Name)}
+            if here:
+                lines |= {x.lineno for a in given for x in ast.walk(a)
+                          if isinstance(x, ast.expr) and _any_read(x) is not None}
+            helpers = {c for a in given for c in ast.walk(a) if isinstance(c, ast.Call)}
+            fn = syntax.function_name(call)
+            for n in syntax.nodes_of(ast.Assign):
+                if syntax.function_name(n) == fn and any(isinstance(t, ast.Name) and t.id in names for t in n.targets):
+                    if here and any(_any_read(x) is not None for x in ast.walk(n.value)):
+                        lines.add(n.lineno)
+                    helpers |= {c for c in ast.walk(n.value) if isinstance(c, ast.Call)}
+            for c in helpers:
+                # this file's function the call reaches: by this file's own resolution, or by the name
+                # another file calls it by (`agent.get_action`)
+                callee = index.local_callee(c) if here else (
+                    c.func.attr if isinstance(c.func, ast.Attribute) else c.func.id if isinstance(c.func, ast.Name) else None)
+                for helper in index.functions.get(callee, []) if callee else []:
+                    lines |= _returned_reads(helper)
     return lines
 
 
