@@ -8,7 +8,9 @@ files, as for `script.targets_cuda`.
 An autocast or GradScaler switched by a setting of the user's (`enabled=args.amp`, Pytorch-UNet's
 `--amp`, off by default) is not low precision on every path: it is on where the user turns it on, and
 the run's forward shows whether this run did (`autocast.enabled`). So is one built only under such a
-setting (`if args.amp: amp_autocast = partial(torch.autocast, ...)`, timm's train.py). A device test
+setting (`if args.amp: amp_autocast = partial(torch.autocast, ...)`, timm's train.py), and a `.half()` or
+16-bit setting in such a branch (Transformer-XL's `if args.fp16: model = model.half()`, `--fp16` a
+`store_true`). A device test
 (`enabled=device.type == "cuda"`, `if device == "cuda":`) is not such a setting: on the GPU the script
 targets it is on; nor is a flag whose argparse default in the same file turns it on. An autocast with
 `enabled=False` is an fp32 island inside low-precision code, not low precision; a GradScaler alone
@@ -56,17 +58,24 @@ def _uses_amp(index: SourceIndex) -> bool:
         for a in call.args:  # handed on, not called here: partial(torch.autocast, device_type=...)
             if index.qual(a) in _AUTOCAST and not _switched(index, a, call if q == "functools.partial" else None):
                 return True
-        f = call.func
-        if isinstance(f, ast.Attribute) and f.attr in _LOW_METHODS and not call.args:
+        if _low_precision(index, call) and not in_user_branch(index, call):
             return True
-        if isinstance(f, ast.Attribute) and f.attr == "to":
-            dt = kwarg(call, "dtype")
-            if dt is not None and index.qual(dt) in _LOW_DTYPES:
-                return True
-        for name in ("precision", "mixed_precision"):
-            v = kwarg(call, name)
-            if isinstance(v, ast.Constant) and _PRECISION.match(str(v.value).lower()):
-                return True
+    return False
+
+
+def _low_precision(index: SourceIndex, call: ast.Call) -> bool:
+    """`.half()` / `.bfloat16()`, `.to(dtype=torch.float16)`, or a 16-bit precision setting."""
+    f = call.func
+    if isinstance(f, ast.Attribute) and f.attr in _LOW_METHODS and not call.args:
+        return True
+    if isinstance(f, ast.Attribute) and f.attr == "to":
+        dt = kwarg(call, "dtype")
+        if dt is not None and index.qual(dt) in _LOW_DTYPES:
+            return True
+    for name in ("precision", "mixed_precision"):
+        v = kwarg(call, name)
+        if isinstance(v, ast.Constant) and _PRECISION.match(str(v.value).lower()):
+            return True
     return False
 
 

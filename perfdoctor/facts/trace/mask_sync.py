@@ -7,7 +7,8 @@ the result's size depends on the values, so on CUDA the host waits for the devic
 next launch. A GPU trace counts those syncs itself (`sync.py`); a CPU run cannot, but its trace shows
 the ops that would pay them: the aten ops `SYNC_OPS` (indexing with a boolean mask runs
 `aten::nonzero`; `x[mask] = 0`, which torch turns into `masked_fill_`, runs none, and is not counted).
-Counted per profiled step, outermost only (`masked_select` runs `nonzero` inside), not in a
+Counted per profiled step, outermost only (`masked_select` runs `nonzero` inside), at the user's
+own frame (a library's, torchmetrics' `unique` under Lightning, is not the user's line to change), not in a
 DataLoader's fetch or a batch source of the user's outside the modules it calls (`target_gpu.host_work`:
 their tensors stay on the host on a GPU too), by the innermost user frame around the op.
 
@@ -89,7 +90,7 @@ def add(ctx: TraceContext) -> None:
 def _locations(ctx: TraceContext, i: int, sources: SourceCache) -> tuple[str, list[Location]] | None:
     """The subject key and the locations of op i: the call that made it (`allocations.site`), or the
     mask subscripts of its function where no call stands between, else the function's first line."""
-    found = site(ctx, i, sources)
+    found = site(ctx, i, sources, known=True)
     if found is None:
         return None
     key, loc, called, frame = found
