@@ -191,7 +191,8 @@ GLOBAL_FACTS: dict[str, FactSpec] = _declare(GLOBAL, [
     ("script.tf32_conv", "bool", "static", "the source sets `torch.backends.cudnn.allow_tf32`: False keeps "
      "convolutions fp32; absent: torch's default, TF32"),
     ("script.uses_amp", "bool", "static",
-     "the user's files use low precision on some path not switched off by a user's setting: autocast (not enabled=False), .half()/.bfloat16(), a 16-bit precision setting"),
+     "the user's files use low precision on some path not switched off by a user's setting: autocast (not enabled=False), .half()/.bfloat16(), a 16-bit precision setting (none in a branch only a user's "
+     "setting takes: `if args.fp16: model.half()`)"),
     # communication and ranks
     ("comm.share", "ratio", "trace", "communication / GPU busy time"),
     ("comm.overlap", "ratio", "trace", "share of communication time overlapped by compute on other streams"),
