@@ -281,6 +281,22 @@ def test_user_files_include_the_training_code_of_the_users_own_package(tmp_path)
     assert r.user_files == [tmp_path / "projects" / "adder" / "train.py", trainer]
 
 
+def test_user_files_include_the_step_chain_and_the_models_classes(tmp_path):
+    # cyoon1729's DQN: test_gym/dqn.py calls common/utils.py's loop (the step's call chain), whose agent
+    # in vanillaDQN/dqn.py updates a model defined in vanillaDQN/models.py (the model's classes)
+    loop, agent, models = (tmp_path / "common" / "utils.py", tmp_path / "vanillaDQN" / "dqn.py",
+                           tmp_path / "vanillaDQN" / "models.py")
+    for f in (loop, agent, models):
+        f.parent.mkdir(exist_ok=True)
+        f.write_text("x = 1\n")
+    chain = [{"file": str(agent), "line": 1, "code": "self.optimizer.step()", "function": "update"},
+             {"file": str(loop), "line": 1, "code": "agent.update(32)", "function": "mini_batch_train"}]
+    forward = [{"site": {"file": str(agent), "line": 1, "code": "q = self.model(s)", "function": "get_action"},
+                "module": "DQN", "calls": 40, "classes": [f"{models}:DQN"]}]
+    r = load_run(make_run(tmp_path / "test_gym", probes={"step_chain": chain, "forward": forward}))
+    assert r.user_files == [tmp_path / "test_gym" / "train.py", agent, loop, models]
+
+
 @pytest.mark.slow  # a large run folder: run by CI, not in the fast tier
 def test_a_100k_step_run_folder_is_analysed_in_seconds(tmp_path) -> None:
     """Every analysis over the step series is O(n log n) or better: a run folder of 100,000 noisy steps

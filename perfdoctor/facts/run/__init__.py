@@ -115,8 +115,9 @@ def _user_files(ctx: RunContext) -> list[Path]:
     from elsewhere in the project (minGPT's projects/adder/adder.py driving mingpt/trainer.py) where
     the training loop lives there: the files that built a DataLoader or called the model, and those of
     the step's call chain (test_gym/dqn.py calling common/utils.py's `mini_batch_train`, whose loop
-    steps the environment and the agent: `StepClock.step_codes`, probes.step_chain) or that read a
-    tensor on the host in the steps."""
+    steps the environment and the agent: `StepClock.step_codes`, probes.step_chain), that read a
+    tensor on the host in the steps, or that define the classes of the models the run called (their
+    forward: `ForwardRecord.classes`, the user's classes only)."""
     users = [Path(p) for p in ctx.meta.user_files or []]
     if not users and ctx.meta.script:
         users = [Path(ctx.meta.script)]
@@ -124,4 +125,10 @@ def _user_files(ctx: RunContext) -> list[Path]:
                  + list(ctx.probes.step_chain) + [r.site for r in ctx.probes.host_reads]):
         if site is not None and site.file and os.path.isabs(site.file) and Path(site.file) not in users:
             users.append(Path(site.file))
+    for fw in ctx.probes.forward:
+        for c in fw.classes or ():
+            file = c.rsplit(":", 1)[0]
+            if os.path.isabs(file) and Path(file) not in users and os.path.realpath(file) not in {
+                    os.path.realpath(u) for u in users}:
+                users.append(Path(file))
     return users

@@ -104,17 +104,16 @@ def add(ctx: TraceContext) -> None:
     return
 
 
-def site(ctx: TraceContext, i: int, sources: SourceCache, known: bool = False
-         ) -> tuple[str, Location, bool, Frame] | None:
+def site(ctx: TraceContext, i: int, sources: SourceCache) -> tuple[str, Location, bool, Frame] | None:
     """The user's line that made the call leading to event i (an allocation, an op), with whether the
     source named that call and the user frame (its file as the run knows it). The profiler names a Python
     frame by its function's first line (a script's top level: by the line it was at when the profiler
     started), never by the line running: the line is the one call in that function's source to what
     the frame called next on the way to the event (`torch.ones`, `torch.cat`, a helper); where
-    the source does not say (no such call, a module call, an indexing), the frame's own line. With
-    `known`, in a run folder (its user files known), None where that frame is no file of the run's: the
-    profiler names an installed library's frame by its path under sys.path (`torchmetrics/...py`), whose
-    own work is not the user's line to change."""
+    the source does not say (no such call, a module call, an indexing), the frame's own line. In a run
+    folder (its user files known), None where that frame is no file of the run's: the profiler names an
+    installed library's frame by its path under sys.path (`torchmetrics/...py`), whose own work is not
+    the user's line to change."""
     chain = ctx.stacks.chain(i)
     names, strings = ctx.trace.name, ctx.trace.strings
     for k, p in enumerate(chain):
@@ -125,7 +124,7 @@ def site(ctx: TraceContext, i: int, sources: SourceCache, known: bool = False
         inner = [strings[names[q]] for q in chain[:k] if not _OWN.match(strings[names[q]])]
         callee = _callee(inner[-1]) if inner else None
         file = _resolve(u[0], ctx.user_files)
-        if known and ctx.user_files and not Path(file).is_absolute():
+        if ctx.user_files and not Path(file).is_absolute():
             return None
         line = _call_line((file, u[1], u[2]), callee, sources) if callee else None
         key, loc = location((file, line or u[1], u[2]))

@@ -90,7 +90,7 @@ def add(ctx: TraceContext) -> None:
 def _locations(ctx: TraceContext, i: int, sources: SourceCache) -> tuple[str, list[Location]] | None:
     """The subject key and the locations of op i: the call that made it (`allocations.site`), or the
     mask subscripts of its function where no call stands between, else the function's first line."""
-    found = site(ctx, i, sources, known=True)
+    found = site(ctx, i, sources)
     if found is None:
         return None
     key, loc, called, frame = found
