@@ -20,6 +20,13 @@ def cpu_run(step_ms=20.0, cpus=2):
     return f
 
 
+def target_gpu(f, step_ms, sync_ms=0.046, h2d_bytes_per_ms=1e7):
+    """A CPU run's estimate of the step on the reference GPU (facts/trace/target_gpu.py)."""
+    f.add("target_gpu.step_ms", step_ms, "ms", "trace")
+    f.add("target_gpu.sync_ms", sync_ms, "ms", "trace")
+    f.add("target_gpu.h2d_bytes_per_ms", h2d_bytes_per_ms, "number", "trace")
+
+
 def ids(findings):
     return sorted(f.rule for f in findings)
 

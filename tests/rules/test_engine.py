@@ -10,7 +10,7 @@ from perfdoctor.model import Location
 from perfdoctor.rules.catalog import load_rule_file, load_rules
 from perfdoctor.rules.config import Settings, load_settings
 from perfdoctor.rules.engine import judge
-from tests.rules.builders import RULES, cpu_run, ids, loader
+from tests.rules.builders import RULES, cpu_run, ids, loader, target_gpu
 
 
 def test_catalog_has_the_design_rules():
@@ -61,9 +61,7 @@ def test_gpu_only_severity_follows_the_share_of_the_target_gpu_step(step_ms, nby
     f = cpu_run(step_ms=300.0, cpus=4)
     f.add("script.targets_cuda", True, "", "static")
     if step_ms is not None:
-        f.add("target_gpu.step_ms", step_ms, "ms", "trace")
-        f.add("target_gpu.sync_ms", 0.046, "ms", "trace")
-        f.add("target_gpu.h2d_bytes_per_ms", 1e7, "number", "trace")
+        target_gpu(f, step_ms)
     ctd = f.subject("cpu_to_device", "train.py:25")
     ctd.add("factory", "randn", "", "run")
     ctd.add("in_loop", True, "", "run")

@@ -8,7 +8,7 @@ import pytest
 
 from perfdoctor.model import Location
 from perfdoctor.rules.engine import judge
-from tests.rules.builders import RULES, cpu_run, gpu_facts
+from tests.rules.builders import RULES, cpu_run, gpu_facts, target_gpu
 
 
 def test_pd008_host_reads_of_a_cuda_script_on_a_cpu_run():
@@ -170,8 +170,7 @@ def test_pd008_selections_by_value_on_a_cpu_run_and_the_costliest_speaks():
         f = cpu_run()
         f.add("device.type", "cpu", "", "machine")
         f.add("script.targets_cuda", True, "", "static")
-        f.add("target_gpu.step_ms", 170.0, "ms", "trace")
-        f.add("target_gpu.sync_ms", 0.046, "ms", "trace")
+        target_gpu(f, 170.0)
         r = f.subject("host_read", "train.py:192")
         r.add("kind", "item", "", "static")
         r.add("in_loop", True, "", "static")
