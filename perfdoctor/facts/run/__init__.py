@@ -121,14 +121,13 @@ def _user_files(ctx: RunContext) -> list[Path]:
     users = [Path(p) for p in ctx.meta.user_files or []]
     if not users and ctx.meta.script:
         users = [Path(ctx.meta.script)]
-    for site in ([dl.site for dl in ctx.probes.dataloaders] + [fw.site for fw in ctx.probes.forward]
-                 + list(ctx.probes.step_chain) + [r.site for r in ctx.probes.host_reads]):
-        if site is not None and site.file and os.path.isabs(site.file) and Path(site.file) not in users:
-            users.append(Path(site.file))
-    for fw in ctx.probes.forward:
-        for c in fw.classes or ():
-            file = c.rsplit(":", 1)[0]
-            if os.path.isabs(file) and Path(file) not in users and os.path.realpath(file) not in {
-                    os.path.realpath(u) for u in users}:
-                users.append(Path(file))
+    sites = ([dl.site for dl in ctx.probes.dataloaders] + [fw.site for fw in ctx.probes.forward]
+             + list(ctx.probes.step_chain) + [r.site for r in ctx.probes.host_reads])
+    files = [s.file for s in sites if s is not None and s.file] + [
+        c.rsplit(":", 1)[0] for fw in ctx.probes.forward for c in fw.classes or ()]
+    seen = {os.path.realpath(u) for u in users}
+    for file in files:
+        if os.path.isabs(file) and (real := os.path.realpath(file)) not in seen:
+            seen.add(real)
+            users.append(Path(file))
     return users

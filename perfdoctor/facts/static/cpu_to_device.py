@@ -58,7 +58,7 @@ from perfdoctor.capture.probes.host_tensors import FACTORIES as WATCHED
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
 from perfdoctor.facts.static.index.devices import UNKNOWN
-from perfdoctor.facts.static.index.syntax import LOOPS, has_star_kwargs, kwarg, root_name
+from perfdoctor.facts.static.index.syntax import LOOPS, called_name, has_star_kwargs, kwarg, root_name
 
 # torch factories that allocate on the CPU unless given `device=`. Left out on purpose:
 # `from_numpy` (it has no `device=`, the data is on the host anyway) and the `*_like`
@@ -251,7 +251,7 @@ def _returns_drawn(index: SourceIndex, call: ast.Call, depth: int) -> bool:
     that name that take the call's keywords and positional arguments and, where the run says which
     functions its profiled steps called, that it called: a replay buffer's `sample(batch_size)`, not the
     policy's `sample(state)` beside it."""
-    name = _called_name(call)
+    name = called_name(call)
     if name is None or depth > MAX_DRAW_DEPTH:
         return False
     found = [(index, fn) for fn in index.functions.get(name, [])]
@@ -342,12 +342,7 @@ def _never_called(index: SourceIndex, node: ast.AST) -> bool:
     end = fn.end_lineno or fn.lineno
     if first in called or fn.lineno in called or any(first <= line <= end for line in index.chain_lines):
         return False
-    return not any(_called_name(c) == fn.name and _kept_branch(index, c) for c in index.calls)
-
-
-def _called_name(call: ast.Call) -> str | None:
-    f = call.func
-    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+    return not any(called_name(c) == fn.name and _kept_branch(index, c) for c in index.calls)
 
 
 def _kept_branch(index: SourceIndex, node: ast.AST) -> bool:

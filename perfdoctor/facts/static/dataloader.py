@@ -32,7 +32,7 @@ from collections.abc import Callable
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
 from perfdoctor.facts.static.index.devices import UNKNOWN, Devices
-from perfdoctor.facts.static.index.settings import first_value, option_default
+from perfdoctor.facts.static.index.settings import first_value, option_default, project_files
 from perfdoctor.facts.static.index.syntax import Syntax, argument, dotted, has_star_kwargs, kwarg, root_name, walk_scope
 from perfdoctor.usercode import kwargs_style
 
@@ -168,14 +168,13 @@ def _arguments_in(index: Syntax, param: str, call: ast.Call, files: list[Syntax]
         return []
     method = bool(params) and params[0] in ("self", "cls")
     module = os.path.splitext(os.path.basename(index.file))[0]
-    files = files if files is not None else _project(index)
+    files = files if files is not None else project_files(index)
     calls: list[tuple[ast.Call, Syntax]] = [(c, index) for c in index.callers(scope.name)]
     for peer in files:
         if peer is index or peer.file == index.file:
             continue
         calls += [(c, peer) for c in peer.calls_named(scope.name)
                   if isinstance(c.func, ast.Name) and str(peer.qual(c.func) or "").rsplit(".", 1)[0].endswith(module)
-                  and peer.qual(c.func) is not None
                   or isinstance(c.func, ast.Attribute) and dotted(c.func.value) is not None
                   and (str(dotted(c.func.value)).rsplit(".", 1)[-1] == module
                        or method and kwarg(c, param) is not None)]
@@ -195,12 +194,6 @@ def _arguments_in(index: Syntax, param: str, call: ast.Call, files: list[Syntax]
     return out
 
 
-def _project(index: Syntax) -> list[Syntax]:
-    """This file and the project's other files (`Loops.peers`)."""
-    loops = getattr(index, "loops", None)
-    return [index, *(peer.syntax for peer in getattr(loops, "peers", ()))]
-
-
 def _passed_on(where: Syntax, name: ast.Name, call: ast.Call) -> bool:
     """`name`, an argument of `call`, is a parameter of the function around the call that the function
     does not rebind before it: the caller passes its own parameter on."""
@@ -215,12 +208,15 @@ def _passed_on(where: Syntax, name: ast.Name, call: ast.Call) -> bool:
 def _default_of(where: Syntax, param: str, call: ast.Call) -> ast.expr | None:
     """The default of the parameter `param` of the function around `call`, None where it has none."""
     fn, _ = where.context(call)
-    if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-        return None
+    return _defaults(fn).get(param) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+
+
+def _defaults(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, ast.expr]:
+    """A function's parameters that have a default, by name."""
     positional = [*fn.args.posonlyargs, *fn.args.args]
     defaults = dict(zip([a.arg for a in positional][len(positional) - len(fn.args.defaults):], fn.args.defaults))
     defaults.update({a.arg: d for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is not None})
-    return defaults.get(param)
+    return defaults
 
 
 def _parameter_on_cuda(index: SourceIndex, param: str, call: ast.Call) -> object:
@@ -233,9 +229,7 @@ def _parameter_on_cuda(index: SourceIndex, param: str, call: ast.Call) -> object
     passed = _arguments_in(index, param, call)
     if not passed or not isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return UNKNOWN
-    positional = [*scope.args.posonlyargs, *scope.args.args]
-    defaults = dict(zip([a.arg for a in positional][len(positional) - len(scope.args.defaults):], scope.args.defaults))
-    defaults.update({a.arg: d for a, d in zip(scope.args.kwonlyargs, scope.args.kw_defaults) if d is not None})
+    defaults = _defaults(scope)
     values = set()
     for value, where in passed:
         if value is None:

@@ -43,7 +43,7 @@ from typing import Any
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
-from perfdoctor.facts.static.index.syntax import LOOPS, dotted, walk_scope
+from perfdoctor.facts.static.index.syntax import LOOPS, called_name, dotted, walk_scope
 
 _METHODS = ("item", "cpu", "numpy", "tolist")
 _CASTS = ("float", "int")
@@ -143,8 +143,7 @@ def _env_actions(index: SourceIndex) -> set[int]:
             for c in helpers:
                 # this file's function the call reaches: by this file's own resolution, or by the name
                 # another file calls it by (`agent.get_action`)
-                callee = index.local_callee(c) if here else (
-                    c.func.attr if isinstance(c.func, ast.Attribute) else c.func.id if isinstance(c.func, ast.Name) else None)
+                callee = index.local_callee(c) if here else called_name(c)
                 for helper in index.functions.get(callee, []) if callee else []:
                     lines |= _returned_reads(helper)
     return lines

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from perfdoctor.contracts.source import read_source
+from perfdoctor.facts.static.index.syntax import called_name
 from perfdoctor.facts.trace.context import TraceContext
 from perfdoctor.facts.trace.stacks import Frame, location
 from perfdoctor.model import Location
@@ -165,9 +166,8 @@ def _call_line(u: Frame, callee: str, sources: SourceCache) -> int | None:
     got = read_tree(file, sources)
     if got is None:
         return None
-    lines = sorted(n.lineno for b in function_body(got[0], first, func) for n in ast.walk(b) if isinstance(n, ast.Call)
-                   and ((isinstance(n.func, ast.Attribute) and n.func.attr == callee)
-                        or (isinstance(n.func, ast.Name) and n.func.id == callee)))
+    lines = sorted(n.lineno for b in function_body(got[0], first, func) for n in ast.walk(b)
+                   if isinstance(n, ast.Call) and called_name(n) == callee)
     return lines[0] if lines else None
 
 

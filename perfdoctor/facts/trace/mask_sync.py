@@ -27,6 +27,7 @@ import ast
 from bisect import bisect_right
 
 from perfdoctor.facts import registry
+from perfdoctor.facts.static.index.syntax import called_name
 from perfdoctor.facts.trace.allocations import SourceCache, function_body, read_tree, site
 from perfdoctor.facts.trace.context import SRC, TraceContext
 from perfdoctor.facts.trace.intervals import outermost
@@ -131,8 +132,7 @@ def _boolean(e: ast.expr, masks: set[str]) -> bool:
     if isinstance(e, ast.BinOp) and isinstance(e.op, (ast.BitAnd, ast.BitOr, ast.BitXor)):
         return _boolean(e.left, masks) or _boolean(e.right, masks)
     if isinstance(e, ast.Call):
-        f = e.func
-        called = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+        called = called_name(e)
         return called in _BOOL_CALLS or called in ("type", "to") and any(
             isinstance(a, ast.Attribute) and a.attr == "bool" for a in e.args)  # `.type(torch.bool)`
     return isinstance(e, ast.Name) and e.id in masks

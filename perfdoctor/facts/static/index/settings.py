@@ -101,11 +101,16 @@ def option_default(index: Syntax, dest: str) -> object:
         return None
 
 
+def project_files(index: Syntax) -> list[Syntax]:
+    """This file, then the project's other files (`Loops.peers`, where the index has its loops)."""
+    loops = getattr(index, "loops", None)
+    return [index, *(peer.syntax for peer in getattr(loops, "peers", ()))]
+
+
 def option(index: Syntax, dest: str) -> ast.Call | None:
     """The `add_argument` call of the option stored in `dest`: in this file, else in the project's
     other files."""
-    loops = getattr(index, "loops", None)
-    for f in [index, *(peer.syntax for peer in getattr(loops, "peers", ()))]:
+    for f in project_files(index):
         for call in f.calls:
             fn = call.func
             if not (isinstance(fn, ast.Attribute) and fn.attr == "add_argument") or not call.args:

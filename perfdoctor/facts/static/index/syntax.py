@@ -82,6 +82,12 @@ def argument(call: ast.Call, fn: ast.FunctionDef | ast.AsyncFunctionDef, param: 
     return call.args[i]
 
 
+def called_name(call: ast.Call) -> str | None:
+    """The name a call calls by: `f` of `f(...)` and of `x.f(...)`; None for any other callee."""
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+
+
 def has_star_kwargs(call: ast.Call) -> bool:
     return any(k.arg is None for k in call.keywords)
 
@@ -294,8 +300,8 @@ class Syntax:
         if self._named is None:
             self._named = {}
             for c in self.calls:
-                if isinstance(c.func, (ast.Name, ast.Attribute)):
-                    self._named.setdefault(c.func.id if isinstance(c.func, ast.Name) else c.func.attr, []).append(c)
+                if (called := called_name(c)) is not None:
+                    self._named.setdefault(called, []).append(c)
         return list(self._named.get(name, []))
 
     def bound_calls(self, node: ast.AST) -> list[ast.Call]:
