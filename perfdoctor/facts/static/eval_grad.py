@@ -1,9 +1,16 @@
-"""Evaluation forwards with autograd on (PD019): a function that puts a model in eval mode
-(`model.eval()`) and then calls it, with no `torch.no_grad()` / `torch.inference_mode()` around the
-call, none decorating the function and none around any of its calls in the file, and no backward in
-the function (a model kept in eval mode while it trains, to freeze BatchNorm, is not an
-evaluation). One `eval_grad` subject per such call, with `eval_grad.in_source`; a function the
-file never calls is left out (its callers, elsewhere, may turn grad mode off).
+"""Evaluation forwards with autograd on (PD019): a call of a model in eval mode, with no
+`torch.no_grad()` / `torch.inference_mode()` around the call, none decorating its function and none
+around any of that function's calls in the file, and no backward that can run through its graph. In
+eval mode: the last `.eval()` / `.train(False)` / `.train()` of that name before the call, in its
+function or at the script's top level, put it so; with none there, a call of the function in this file
+passed it in eval mode (`model.eval(); test(model, loader)` for `def test(net, loader)`). A backward
+can run through it where every loop around the backward also runs the forward and the backward comes
+after it or a loop repeats both: a model kept in eval mode while it trains, to freeze BatchNorm (a GAN's
+generator step through its discriminator), is no evaluation; an evaluation loop beside the training
+loop in one `main()` is. One `eval_grad` subject per such call, with `eval_grad.in_source`; a function
+the file never calls is left out (its callers, elsewhere, may turn grad mode off). A helper the
+training step calls too with the model in train mode (SR-GNN's `forward(model, i, data)`) is judged at
+the evaluation's call of it, where no_grad can go, as the run's probe judges it.
 
 Also an evaluation that never calls `.eval()` (a model without dropout or BatchNorm needs none):
 a loop over a DataLoader's batches (`dataloader.batch_loops`) in a file whose training loop shows
@@ -29,6 +36,7 @@ dict of inputs, `model(*example_inputs)` otherwise)."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Collection
 
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.dataloader import DATALOADER, batch_loops
@@ -45,6 +53,7 @@ def detect(index: SourceIndex, facts: Facts) -> None:
     for fn in index.nodes:
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _no_grad_decorated(index, fn):
             _function(index, facts, fn)
+    _module(index, facts)
     _evaluation_loops(index, facts)
     _read_out_loops(index, facts)
 
@@ -145,10 +154,10 @@ def _under_no_grad(index: SourceIndex, node: ast.AST, stop: ast.AST | None) -> b
     return False
 
 
-def _judged_by_run(index: SourceIndex, facts: Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
-    """The run's probe watched a line of `fn` call a module in eval mode with grad on (an `eval_grad`
-    subject of the run in `fn`'s lines of this file): the run reached this evaluation and judges it."""
-    first, last = fn.lineno, fn.end_lineno or fn.lineno
+def _judged_by_run(index: SourceIndex, facts: Facts, first: int, last: int) -> bool:
+    """The run's probe watched a line of these (a function's, a top-level statement's) call a module in
+    eval mode with grad on (an `eval_grad` subject of the run there): the run reached this evaluation
+    and judges it."""
     for s in facts.of_kind("eval_grad"):
         file, _, line = s.key.rpartition(":")
         if (file == str(index.file) and line.isdigit() and first <= int(line) <= last
@@ -157,24 +166,127 @@ def _judged_by_run(index: SourceIndex, facts: Facts, fn: ast.FunctionDef | ast.A
     return False
 
 
-def _function(index: SourceIndex, facts: Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
-    calls = [n for n in walk_scope(fn.body) if isinstance(n, ast.Call)]
-    evals: dict[str, int] = {}  # receiver as written -> the first line it is put in eval mode
+def _mode_call(call: ast.Call) -> tuple[str, bool] | None:
+    """(receiver as written, True for eval mode) of `m.eval()`, `m.train(False)`, `m.train()`; a
+    `m.train(flag)` the source cannot read counts as train mode (no evaluation is claimed)."""
+    if not isinstance(call.func, ast.Attribute) or (name := dotted(call.func.value)) is None:
+        return None
+    if call.func.attr == "eval" and not call.args and not call.keywords:
+        return name, True
+    if call.func.attr == "train" and len(call.args) + len(call.keywords) <= 1:
+        given = [*call.args, *(k.value for k in call.keywords if k.arg == "mode")]
+        off = bool(given) and isinstance(given[0], ast.Constant) and given[0].value in (False, 0)
+        return name, off
+    return None
+
+
+def _loops(index: SourceIndex, node: ast.AST, scope: ast.AST | None) -> set[int]:
+    """The loops around `node` inside `scope` (None: the module), as ids."""
+    out: set[int] = set()
+    for n in index.ancestors(node):
+        if n is scope:
+            break
+        if isinstance(n, LOOPS):
+            out.add(id(n))
+    return out
+
+
+def _reaches(index: SourceIndex, backward: ast.Call, forward: ast.Call, scope: ast.AST | None) -> bool:
+    """A backward can run through `forward`'s graph: every loop around it also runs the forward (no
+    training loop of its own), and it comes after the forward or a loop repeats both (a GAN's step
+    through a discriminator kept in eval mode, losses gathered in a loop and backpropagated after it)."""
+    around = _loops(index, backward, scope)
+    if not around <= _loops(index, forward, scope):
+        return False
+    return bool(around) or ((backward.end_lineno or 0, backward.end_col_offset or 0)
+                            > (forward.end_lineno or 0, forward.end_col_offset or 0))
+
+
+def _eval_forwards(index: SourceIndex, scope: ast.AST | None, body: list[ast.stmt],
+                   entry: Collection[str]) -> list[tuple[ast.Call, bool]]:
+    """The calls of a model in eval mode at that line, with autograd on and no backward that can run
+    through them, in one function's body (or the module's), each with whether it entered so: in eval
+    mode where the last `.eval()` / `.train(False)` / `.train()` of that name before the call put it so,
+    or, with none, where it entered the function so (`entry`: parameters a caller passed in eval mode)."""
+    calls = [n for n in walk_scope(body) if isinstance(n, ast.Call)]
+    modes = _modes(calls)
+    backwards = [c for c in calls if isinstance(c.func, ast.Attribute) and c.func.attr in BACKWARD]
+    out = []
     for c in calls:
-        if isinstance(c.func, ast.Attribute) and c.func.attr in BACKWARD:
-            return
-        if isinstance(c.func, ast.Attribute) and c.func.attr == "eval" and not c.args and not c.keywords:
-            name = dotted(c.func.value)
-            if name is not None:
-                evals.setdefault(name, c.lineno)
-    if not evals:
-        return
-    forwards = [c for c in calls if (name := dotted(c.func)) is not None and name in evals
-                and c.lineno > evals[name] and not _under_no_grad(index, c, fn) and index.module_ran(c)]
-    if not forwards or _judged_by_run(index, facts, fn):
+        if (name := dotted(c.func)) is None or not _eval_at(modes, name, c, name in entry):
+            continue
+        if (_under_no_grad(index, c, scope) or not index.module_ran(c)
+                or any(_reaches(index, b, c, scope) for b in backwards)):
+            continue
+        out.append((c, _eval_at(modes, name, c, None) is None))
+    return out
+
+
+def _function(index: SourceIndex, facts: Facts, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+    entry = _entered_in_eval(index, facts, fn)
+    forwards = _eval_forwards(index, fn, fn.body, entry)
+    if not forwards or _judged_by_run(index, facts, fn.lineno, fn.end_lineno or fn.lineno):
         return
     callers = index.calls_named(fn.name)
     if not callers or any(_under_no_grad(index, c, None) for c in callers):
         return
-    for c in forwards:
-        put(index.subject(facts, "eval_grad", c), "in_source", True)
+    for c, entered in forwards:
+        evaluations, shared = entry.get(dotted(c.func) or "", ([], False))
+        # a helper the training step calls too: the evaluation's call of it is where no_grad goes
+        for at in (evaluations if entered and shared else [c]):
+            put(index.subject(facts, "eval_grad", at), "in_source", True)
+
+
+def _module(index: SourceIndex, facts: Facts) -> None:
+    """The script's own top level: `model.eval()` after the training loop, then a test loop."""
+    for c, _ in _eval_forwards(index, None, index.tree.body, ()):
+        if not _judged_by_run(index, facts, *_lines(index, c)):
+            put(index.subject(facts, "eval_grad", c), "in_source", True)
+
+
+def _lines(index: SourceIndex, node: ast.expr) -> tuple[int, int]:
+    """The lines of the function around `node`, or of its top-level statement."""
+    scope: ast.stmt | ast.expr | None = index.context(node)[0]
+    if scope is None:
+        scope = next(s for s in index.tree.body if s.lineno <= node.lineno <= (s.end_lineno or s.lineno))
+    return scope.lineno, scope.end_lineno or scope.lineno
+
+
+def _entered_in_eval(index: SourceIndex, facts: Facts,
+                     fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, tuple[list[ast.Call], bool]]:
+    """`fn`'s parameters a call of it in this file passes a model in eval mode (`model.eval();
+    test(model, loader)` for `def test(net, loader)`), judged in the caller's own body: the calls that
+    do, and whether another call passes a model in train mode (a helper training shares). A call in an
+    evaluation the run reached and judged (`_judged_by_run`) is the run's."""
+    if index.context(fn)[0] is not None or any(isinstance(p, ast.ClassDef) for p in index.ancestors(fn)):
+        return {}
+    params = [a.arg for a in (*fn.args.posonlyargs, *fn.args.args)]
+    evaluations: dict[str, list[ast.Call]] = {}
+    trained: set[str] = set()
+    for call in index.calls_named(fn.name):
+        scope = index.context(call)[0]
+        if not (isinstance(call.func, ast.Name) and call.func.id == fn.name) or isinstance(scope, ast.Lambda):
+            continue
+        modes = _modes([n for n in walk_scope(index.tree.body if scope is None else scope.body)
+                        if isinstance(n, ast.Call)])
+        bound = [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords if k.arg in params)]
+        for param, arg in bound:
+            if (name := dotted(arg)) is None:
+                continue
+            if not _eval_at(modes, name, call, False):
+                trained.add(param)
+            elif not _judged_by_run(index, facts, *_lines(index, call)):
+                evaluations.setdefault(param, []).append(call)
+    return {p: (calls, p in trained) for p, calls in evaluations.items()}
+
+
+def _modes(calls: list[ast.Call]) -> list[tuple[tuple[int, int], str, bool]]:
+    """Where each `.eval()` / `.train(...)` of these calls is, of which name, and whether it is eval."""
+    return sorted(((c.lineno, c.col_offset), *m) for c in calls if (m := _mode_call(c)) is not None)
+
+
+def _eval_at(modes: list[tuple[tuple[int, int], str, bool]], name: str, at: ast.Call,
+             entry: bool | None) -> bool | None:
+    """The last of `modes` for `name` before `at` puts it in eval mode; with none, `entry` decides."""
+    before = [on for pos, n, on in modes if n == name and pos < (at.lineno, at.col_offset)]
+    return before[-1] if before else entry
