@@ -993,6 +993,61 @@ def test_cpu_to_device_in_function_called_from_loop(tmp_path):
 
 
 # -- dataloader ------------------------------------------------------------------------------
+def test_cpu_to_device_host_batch_through_a_parameter_from_lists_filled_by_a_draw(tmp_path):
+    """cyoon1729's DQN: `update` passes `self.replay_buffer.sample(batch_size)` to `compute_loss(self,
+    batch)`, which unpacks it and copies each part with `torch.FloatTensor(states).to(self.device)`;
+    BasicBuffer.sample (common/replay_buffers.py) fills `state_batch = []` with `state_batch.append(state)`
+    for each `experience` of `random.sample(self.buffer, n)`. PrioritizedBuffer.sample beside it returns
+    another shape; the run's cProfile says which of the two its steps called (`functions_called`),
+    whatever order the files are read in. `push`'s own `experience` is not the sample loop's."""
+    (tmp_path / "replay_buffers.py").write_text(textwrap.dedent("""\
+        import random
+        class BasicBuffer:
+            def push(self, state, action):
+                experience = (state, action)
+                self.buffer.append(experience)
+            def sample(self, batch_size):
+                state_batch = []
+                action_batch = []
+                batch = random.sample(self.buffer, batch_size)
+                for experience in batch:
+                    state, action = experience
+                    state_batch.append(state)
+                    action_batch.append(action)
+                return (state_batch, action_batch)
+        class PrioritizedBuffer:
+            def sample(self, batch_size):
+                return (self.tree.states, self.tree.actions), self.idx, self.weights
+        """))
+    (tmp_path / "dqn.py").write_text(textwrap.dedent("""\
+        import torch
+        class DQNAgent:
+            def get_action(self, state):
+                state = torch.FloatTensor(state).unsqueeze(0).to(self.device)
+                return self.model(state).argmax()
+            def compute_loss(self, batch):
+                states, actions = batch
+                states = torch.FloatTensor(states).to(self.device)
+                actions = torch.LongTensor(actions).to(self.device)
+                return (self.model(states).gather(1, actions.unsqueeze(1)) - 1).pow(2).mean()
+            def update(self, batch_size):
+                batch = self.replay_buffer.sample(batch_size)
+                loss = self.compute_loss(batch)
+                self.optimizer.zero_grad()
+                loss.backward()
+                self.optimizer.step()
+        """))
+    files = [tmp_path / "dqn.py", tmp_path / "replay_buffers.py"]
+    called = {str(tmp_path / "dqn.py"): frozenset({3, 6, 11}), str(tmp_path / "replay_buffers.py"): frozenset({6})}
+    facts = Facts()
+    analyse_files(files, facts, functions_called=called)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [8, 9] and got[8]["host_data"] is True
+    unrun = Facts()  # without the run, both buffers' `sample` could be the one: not every return is a draw
+    analyse_files(files, unrun)
+    assert by_line(unrun, "cpu_to_device") == {}
+
+
 def test_dataloader_drawn_by_a_loop_of_another_file_that_moves_it_to_cuda(tmp_path):
     """aaron-xichen/pytorch-playground, HobbitLong/RepDistiller: a helper module builds the loaders
     (`**kwargs` from its caller) and returns them; the training loop of another file iterates one and
@@ -1708,6 +1763,56 @@ for x in data:
 """)
     subs = facts.of_kind("eval_grad")
     assert [(s.locations[0].line, s.facts["eval_grad.in_source"].value) for s in subs] == [(6, True)]
+
+
+def test_eval_mode_follows_the_source_order_loops_and_callers(tmp_path):
+    """Where a model is in eval mode is the last `.eval()` / `.train(False)` / `.train()` of it before
+    the call, in a function, at the script's top level, or in the caller that passed it; a backward
+    stops an evaluation only where it can run through its graph (in the same loop, or after it), not
+    where it is the training loop's own beside the evaluation loop in one `main()`. A helper the
+    training step calls too (SR-GNN's `forward(model, i, data)`) is judged at the evaluation's call of it,
+    where no_grad can go."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        def main(model, opt, D, G):
+            for epoch in range(10):
+                model.train()
+                for x, y in train_loader:
+                    loss = crit(model(x), y)
+                    opt.zero_grad(); loss.backward(); opt.step()
+                model.eval()
+                for i in range(0, len(X), 64):
+                    out = model(X[i:i + 64])
+                D.eval()
+                for z in noise:
+                    G(z); g_loss = -D(G(z)).mean()
+                    g_loss.backward()
+        def gathered(d, chunks):
+            d.train(False)
+            outs = [d(x) for x in chunks]
+            sum(outs).backward()
+        def test(net, loader):
+            return [net(x).argmax(1) for x, y in loader]
+        def score(m, x):
+            m.train(False)
+            return m(x)
+        def shared(m, x):
+            return m(x)
+        main(net, o, disc, gen)
+        gathered(net, xs)
+        net.train(mode=False)
+        test(net, test_loader)
+        score(net, xs)
+        for x in test_data:
+            shared(net, x)
+        net.train(True)
+        for x, y in train_data:
+            shared(net, x).sum().backward()
+        net.eval()
+        for x in test_data:
+            pred = net(x)
+        """)
+    assert sorted(by_line(facts, "eval_grad")) == [10, 20, 23, 32, 38]
 
 
 def test_an_eval_forward_on_a_branch_the_run_did_not_take_is_left_to_the_run(tmp_path):

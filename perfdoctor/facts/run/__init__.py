@@ -116,15 +116,17 @@ def _user_files(ctx: RunContext) -> list[Path]:
     the training loop lives there: the files that built a DataLoader or called the model, and those of
     the step's call chain (test_gym/dqn.py calling common/utils.py's `mini_batch_train`, whose loop
     steps the environment and the agent: `StepClock.step_codes`, probes.step_chain), that read a
-    tensor on the host in the steps, or that define the classes of the models the run called (their
-    forward: `ForwardRecord.classes`, the user's classes only)."""
+    tensor on the host in the steps, that define the classes of the models the run called (their
+    forward: `ForwardRecord.classes`, the user's classes only), or whose functions cProfile saw the
+    profiled steps call (a replay buffer's `sample` in common/replay_buffers.py)."""
     users = [Path(p) for p in ctx.meta.user_files or []]
     if not users and ctx.meta.script:
         users = [Path(ctx.meta.script)]
     sites = ([dl.site for dl in ctx.probes.dataloaders] + [fw.site for fw in ctx.probes.forward]
              + list(ctx.probes.step_chain) + [r.site for r in ctx.probes.host_reads])
     files = [s.file for s in sites if s is not None and s.file] + [
-        c.rsplit(":", 1)[0] for fw in ctx.probes.forward for c in fw.classes or ()]
+        c.rsplit(":", 1)[0] for fw in ctx.probes.forward for c in fw.classes or ()] + [
+        f.file for f in ctx.hotspot_file.functions]
     seen = {os.path.realpath(u) for u in users}
     for file in files:
         if os.path.isabs(file) and (real := os.path.realpath(file)) not in seen:

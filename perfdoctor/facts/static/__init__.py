@@ -132,6 +132,9 @@ def analyse_files(paths: list[Path], facts: Facts, model_classes: set[str] | Non
         if model_classes is not None:
             prefix = f"{index.file}:"
             index.ran_classes = {c[len(prefix):] for c in model_classes if c.startswith(prefix)}
+    # every file's run facts before any detector: a detector follows calls into the other files
+    # (`cpu_to_device._returns_drawn`: which replay buffer's `sample` the steps called)
+    for index in indexes:
         for detect in detectors:
             with facts.family(f"the static {detect.__module__.rsplit('.', 1)[-1]} detector on {Path(index.file).name}"):
                 detect(index, facts)

@@ -58,7 +58,7 @@ from perfdoctor.capture.probes.host_tensors import FACTORIES as WATCHED
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
 from perfdoctor.facts.static.index.devices import UNKNOWN
-from perfdoctor.facts.static.index.syntax import LOOPS, called_name, has_star_kwargs, kwarg, root_name
+from perfdoctor.facts.static.index.syntax import LOOPS, called_name, has_star_kwargs, kwarg, root_name, walk_scope
 
 # torch factories that allocate on the CPU unless given `device=`. Left out on purpose:
 # `from_numpy` (it has no `device=`, the data is on the host anyway) and the `*_like`
@@ -226,12 +226,19 @@ def _drawn(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
     if isinstance(node, ast.Name):
         values = [v for v in index.assigned.get(node.id, []) + index.unpacked.get(node.id, [])
                   if not any(n is node for n in ast.walk(v))]  # not the rebinding it is read in: `x = f(x)`
+        scope = index.context(node)[0]
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            # a function's own bindings of the name (its `for` loops' included) hide the file's others;
+            # a parameter it never rebinds is what this file's calls pass it
+            own = [v for v in values if index.context(v)[0] is scope] + _iterated(scope, node.id)
+            values = own or (_passed(index, scope, node.id) if _parameter(scope, node.id) else values)
         # the binding that reaches the read where its function shows one before it (MAML's
         # `x_spt, ... = db_train.next()` then `torch.from_numpy(x_spt)`, not the test loop's rebinding after)
-        scope = index.context(node)[0]
         before = [v for v in values if index.context(v)[0] is scope and v.lineno < node.lineno]
         if scope is not None and before:
             values = [max(before, key=lambda v: (v.lineno, v.col_offset))]
+        if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            values = _appended(scope, node.id, values)
         return bool(values) and all(_drawn(index, v, depth + 1) for v in values)
     if isinstance(node, ast.Call):
         q = index.qual(node.func)
@@ -260,6 +267,46 @@ def _returns_drawn(index: SourceIndex, call: ast.Call, depth: int) -> bool:
     method = isinstance(call.func, ast.Attribute)
     fits = [(ix, fn) for ix, fn in found if _takes(fn, call, method) and (ix.functions_called is None or ix.called(fn))]
     return bool(fits) and all(_all_returns_drawn(ix, fn, depth) for ix, fn in fits)
+
+
+def _appended(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str, values: list[ast.expr]) -> list[ast.expr]:
+    """`values`, an empty list among them standing for what `fn` appends to `name` (a replay buffer's
+    `state_batch = []` filled with `state_batch.append(state)` from each sampled experience)."""
+    out = [v for v in values if not (isinstance(v, ast.List) and not v.elts)]
+    if len(out) == len(values):
+        return values
+    for n in walk_scope(fn.body):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in ("append", "extend")
+                and isinstance(n.func.value, ast.Name) and n.func.value.id == name and len(n.args) == 1):
+            out.append(n.args[0])  # a row appended, or rows extended: drawn alike
+    return out
+
+
+def _iterated(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> list[ast.expr]:
+    """The iterables of `fn`'s `for` loops that bind `name` to their items (`for experience in batch`):
+    an item of a draw is a drawn row."""
+    return [n.iter for n in walk_scope(fn.body) if isinstance(n, (ast.For, ast.AsyncFor))
+            and any(isinstance(t, ast.Name) and t.id == name for t in ast.walk(n.target))]
+
+
+def _parameter(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
+    a = fn.args
+    return name in {x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)}
+
+
+def _passed(index: SourceIndex, fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> list[ast.expr]:
+    """What the calls of `fn` in its file pass as its parameter `name` (`self.compute_loss(batch)` for
+    `def compute_loss(self, batch)`), where each call binds it; none where one does not, or none calls."""
+    params = [x.arg for x in fn.args.posonlyargs + fn.args.args]
+    out = []
+    for call in index.calls_named(fn.name):
+        method = isinstance(call.func, ast.Attribute)
+        names = params[1:] if method and params[:1] in (["self"], ["cls"]) else params
+        given = dict(zip(names, call.args)) | {k.arg: k.value for k in call.keywords if k.arg is not None}
+        if any(isinstance(x, ast.Starred) for x in call.args) or name not in given:
+            return []
+        out.append(given[name])
+    return out
 
 
 def _takes(fn: ast.FunctionDef | ast.AsyncFunctionDef, call: ast.Call, method: bool) -> bool:
