@@ -488,7 +488,9 @@ SUBJECT_FACTS.update({
         ("default_batch", "count", "static", "the batch the script evaluates with unless the user changes it: the default "
          "batch (dataloader.default_batch_size) of the one evaluation loader whose batch in this run was eval_grad.batch"),
         ("in_source", "bool", "static",
-         "the call follows model.eval() in a function with no backward, with no no_grad/inference_mode around it or its calls; "
+         "the call runs a model in eval mode (the last .eval()/.train(False)/.train() of it before the call, in its function "
+         "or at top level, or a caller's that passed it), with no no_grad/inference_mode around it or its function's calls, "
+         "and no backward that can run through it (one in its loop, or after it); "
          "or, without eval(), calls a trained model in an evaluation loop over a loader's batches, or in a loop of a function "
          "with no backward, outside the training step, that reads a forward's output out at once (`.cpu().data.numpy()`)"),
     ]),
