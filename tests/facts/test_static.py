@@ -993,6 +993,38 @@ def test_cpu_to_device_in_function_called_from_loop(tmp_path):
 
 
 # -- dataloader ------------------------------------------------------------------------------
+def test_cpu_to_device_host_batch_drawn_and_copied_with_device_given(tmp_path):
+    """CleanRL-style updates: `torch.tensor(obs, device=device)` of rows a numpy buffer drew by index is
+    the same copy from host memory on every update as `torch.tensor(obs).to(device)`. The observation
+    copied to act, and a copy given the CPU, are not."""
+    facts, _ = analyse(tmp_path, """\
+        import numpy as np
+        import torch
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        class Buffer:
+            def sample(self, n):
+                idx = np.random.randint(0, self.size, size=n)
+                return self.obs[idx], self.act[idx]
+        class Agent:
+            def act(self, obs):
+                return self.q(torch.tensor(obs, dtype=torch.float32, device=device)).argmax()
+            def update(self, buf):
+                obs, act = buf.sample(64)
+                o = torch.tensor(obs, dtype=torch.float32, device=device)
+                a = torch.as_tensor(act, device=device)
+                c = torch.tensor(obs, device="cpu")
+                loss = (self.q(o).gather(1, a) - 1).pow(2).mean()
+                self.opt.zero_grad(); loss.backward(); self.opt.step()
+        agent = Agent(); buf = Buffer()
+        for t in range(1000):
+            env_obs, r, d, _ = env.step(agent.act(env_obs))
+            agent.update(buf)
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [13, 14] and got[13] == {"factory": "tensor", "target": "device", "in_loop": True,
+                                                    "host_data": True}
+
+
 def test_cpu_to_device_host_batch_through_a_parameter_from_lists_filled_by_a_draw(tmp_path):
     """cyoon1729's DQN: `update` passes `self.replay_buffer.sample(batch_size)` to `compute_loss(self,
     batch)`, which unpacks it and copies each part with `torch.FloatTensor(states).to(self.device)`;

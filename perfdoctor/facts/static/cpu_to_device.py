@@ -109,7 +109,25 @@ def detect(index: SourceIndex, facts: Facts) -> None:
         if index.module_ran(call):
             _chained(index, facts, call)
             _host_data(index, facts, call)
+            _copied_to_device(index, facts, call)
     _two_statements(index, facts)
+
+
+def _copied_to_device(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
+    """`torch.tensor(self.obs[idx], device=self.device)`: rows drawn from a host store (`_drawn`) copied
+    straight to a device on every training step, the same copy as `torch.tensor(...).to(device)`."""
+    dev = kwarg(call, "device")
+    q = index.qual(call.func) or ""
+    if dev is None or q[6:] not in DATA_FACTORIES or not q.startswith("torch.") or not call.args:
+        return
+    if (index.devices.device_expr(dev) is not True or _loop_item(index, call, call.args[0])
+            or not _drawn(index, call.args[0]) or not _copied_every_step(index, call)):
+        return
+    s = index.subject(facts, "cpu_to_device", call)
+    put(s, "factory", q[6:])
+    put(s, "target", index.text(dev))
+    put(s, "in_loop", True)
+    put(s, "host_data", True)
 
 
 def _per_step(index: SourceIndex, node: ast.AST) -> bool:
