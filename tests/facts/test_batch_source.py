@@ -275,6 +275,39 @@ for it in range(100):
     assert not f.of_kind("dataloader")
 
 
+SLICED = """\
+import numpy as np
+import torch
+from data import Data
+data = Data(100)
+model = torch.nn.Embedding(200, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+def forward(model, i, data):
+    users, items = data.sample(i)
+    return model(torch.tensor(users))
+for epoch in range(2):
+    slices = data.batches(64)
+    for i, j in zip(slices, np.arange(len(slices))):
+        loss = forward(model, i, data).sum()
+        loss.backward()
+        opt.step()
+"""
+SLICER = SAMPLER.replace("    def sample(self):", "    def sample(self, i=None):") + (
+    "    def batches(self, n):\n        return [list(range(k, k + n)) for k in range(0, self.n, n)]\n"
+    "    def batch_gen(self, n):\n        for k in range(0, self.n, n):\n            yield list(range(k, k + n))\n")
+
+
+def test_a_batch_made_in_a_helper_of_the_step_from_index_slices(tmp_path):
+    """SR-GNN: the training loop iterates index slices a function of the user's made before it
+    (`zip(slices, np.arange(len(slices)))`), and calls `forward(model, i, data)`, which builds the batch
+    with `data.get_slice(i)` and calls the model: the batch is made on the training thread every step.
+    Slices from a generator of the user's are that generator's draw, not counted steps."""
+    got = by_line(_counted(tmp_path / "a", SLICED, SLICER, model_lines=(("train.py", 9),)), "dataloader")
+    assert "Data.sample()" in got[8]["source"]
+    lazy = SLICED.replace("data.batches(64)", "data.batch_gen(64)")
+    assert not _counted(tmp_path / "b", lazy, SLICER, model_lines=(("train.py", 9),)).of_kind("dataloader")
+
+
 def test_a_transform_of_a_loaders_batch_drawn_in_a_helper_is_no_source(tmp_path):
     """deep-text-recognition-benchmark: `image_tensors, labels = train_dataset.get_batch()` (its get_batch
     calls next() on its DataLoaders' iterators: the run saw the draws there), then `text, length =

@@ -108,7 +108,7 @@ def _called_sources(indexes: Sequence[SourceIndex], facts: Facts, shares: dict[s
             name = _callee(call)
             if name is not None and loop is None:
                 loop = _stepping_loop(index, call)
-            if name is None or loop is None or not _counts_steps(loop):
+            if name is None or loop is None or not _counts_steps(indexes, index, loop):
                 continue
             end = loop.end_lineno or loop.lineno  # type: ignore[attr-defined]
             if any(f == real and loop.lineno <= line <= end for f, line in draws):  # type: ignore[attr-defined]
@@ -182,7 +182,7 @@ def _stepping_loop(index: SourceIndex, call: ast.Call) -> ast.AST | None:
         return None
     for c in index.callers(scope.name):
         loop = index.loops.enclosing_loop(c)
-        if loop is not None and index.loops.takes_step(c) and index.loops.per_step(c):
+        if loop is not None and (index.loops.takes_step(c) or index.loops.trains(loop)) and index.loops.per_step(c):
             return loop
     return None
 
@@ -250,15 +250,34 @@ def _works_here(index: SourceIndex, fn: Function, fs: FunctionShare, times: dict
                                        for n in ast.walk(fn))
 
 
-def _counts_steps(loop: ast.AST) -> bool:
+def _counts_steps(indexes: Sequence[SourceIndex], index: SourceIndex, loop: ast.AST) -> bool:
     """A loop whose iteration draws no batch: a `while`, or a `for` over `range(...)` (through the
-    pass-through calls)."""
+    pass-through calls), or over a `zip` of such and of lists the user's functions made before the loop
+    (SR-GNN's `for i, j in zip(slices, np.arange(len(slices)))` over `slices = data.generate_batch(n)`,
+    index arrays: the batch is made in the step, `_made_list`)."""
     if isinstance(loop, ast.While):
         return True
-    it = getattr(loop, "iter", None)
+    return _counting(indexes, index, getattr(loop, "iter", None))
+
+
+def _counting(indexes: Sequence[SourceIndex], index: SourceIndex, it: ast.expr | None) -> bool:
     while isinstance(it, ast.Call) and _callee(it) in _PASS_THROUGH and it.args:
         it = it.args[0]
-    return isinstance(it, ast.Call) and _callee(it) in ("range", "trange")
+    if isinstance(it, ast.Call) and _callee(it) == "zip" and it.args:
+        return all(_counting(indexes, index, a) or _made_list(indexes, index, a) for a in it.args)
+    return isinstance(it, ast.Call) and _callee(it) in ("range", "trange", "arange")
+
+
+def _made_list(indexes: Sequence[SourceIndex], index: SourceIndex, node: ast.expr) -> bool:
+    """A name this file binds only to what functions of the user's return with no `yield` in them: a
+    list made before the loop, not a generator that makes each batch as it is drawn."""
+    if not isinstance(node, ast.Name):
+        return False
+    values = index.assigned.get(node.id, [])
+    names = [_callee(v) if isinstance(v, ast.Call) else None for v in values]
+    defs = [fn for name in names if name is not None for other in indexes for fn in other.functions.get(name, [])]
+    return bool(values) and None not in names and bool(defs) and not any(
+        isinstance(n, (ast.Yield, ast.YieldFrom)) for fn in defs for n in walk_scope(fn.body))
 
 
 def _sources(index: SourceIndex, shares: dict[str, dict[int, FunctionShare]],
