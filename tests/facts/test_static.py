@@ -1025,6 +1025,59 @@ def test_cpu_to_device_host_batch_drawn_and_copied_with_device_given(tmp_path):
                                                     "host_data": True}
 
 
+def test_cpu_to_device_drawn_batch_of_an_update_inline_in_the_environment_loop(tmp_path):
+    """gouxiangchen's dueling DQN updates inside the loop that steps CartPole: `batch =
+    memory_replay.sample(BATCH)` (a list comprehension of `self.buffer[i]`), `zip(*batch)`, then
+    `torch.FloatTensor(batch_state).to(device)` every update. The observation moved to act in that loop
+    is the data's own copy; the replay sample is rows drawn from a host store."""
+    facts, _ = analyse(tmp_path, """\
+        import random
+        import torch
+        class Memory:
+            def sample(self, n):
+                idx = random.sample(range(len(self.buffer)), n)
+                return [self.buffer[i] for i in idx]
+        memory = Memory()
+        for epoch in range(100):
+            state = env.reset()
+            while True:
+                action = net(torch.FloatTensor(state).unsqueeze(0).to(device)).argmax().item()
+                state, reward, done, _ = env.step(action)
+                memory.buffer.append((state, reward))
+                batch = memory.sample(32)
+                batch_state, batch_reward = zip(*batch)
+                batch_state = torch.FloatTensor(batch_state).to(device)
+                loss = net(batch_state).sum()
+                optimizer.zero_grad(); loss.backward(); optimizer.step()
+                if done:
+                    break
+        """)
+    assert sorted(by_line(facts, "cpu_to_device")) == [16]
+
+
+def test_cpu_to_device_drawn_rows_converted_by_a_helper_of_the_file(tmp_path):
+    """vae-cf-pytorch: `data = naive_sparse2tensor(train_data[idxlist[s:e]]).to(device)` every step, with
+    `def naive_sparse2tensor(data): return torch.FloatTensor(data.toarray())`: shuffled rows of a host
+    scipy matrix densified and copied to the device by a helper."""
+    facts, _ = analyse(tmp_path, """\
+        import numpy as np
+        import torch
+        def naive_sparse2tensor(data):
+            return torch.FloatTensor(data.toarray())
+        def train():
+            np.random.shuffle(idxlist)
+            for start in range(0, N, 500):
+                data = train_data[idxlist[start:start + 500]]
+                data = naive_sparse2tensor(data).to(device)
+                loss = model(data).sum()
+                optimizer.zero_grad(); loss.backward(); optimizer.step()
+        for epoch in range(10):
+            train()
+        """)
+    got = by_line(facts, "cpu_to_device")
+    assert sorted(got) == [9] and got[9]["factory"] == "FloatTensor" and got[9]["host_data"] is True
+
+
 def test_cpu_to_device_host_batch_through_a_parameter_from_lists_filled_by_a_draw(tmp_path):
     """cyoon1729's DQN: `update` passes `self.replay_buffer.sample(batch_size)` to `compute_loss(self,
     batch)`, which unpacks it and copies each part with `torch.FloatTensor(states).to(self.device)`;
@@ -1803,7 +1856,8 @@ def test_eval_mode_follows_the_source_order_loops_and_callers(tmp_path):
     stops an evaluation only where it can run through its graph (in the same loop, or after it), not
     where it is the training loop's own beside the evaluation loop in one `main()`. A helper the
     training step calls too (SR-GNN's `forward(model, i, data)`) is judged at the evaluation's call of it,
-    where no_grad can go."""
+    where no_grad can go. An evaluation counts where it recurs beside the training (a loop around it, or
+    around a call of its function, trains): a test once after training costs the steps nothing."""
     facts, _ = analyse(tmp_path, """\
         import torch
         def main(model, opt, D, G):
@@ -1830,21 +1884,28 @@ def test_eval_mode_follows_the_source_order_loops_and_callers(tmp_path):
             return m(x)
         def shared(m, x):
             return m(x)
+        def final(m, x):
+            m.eval()
+            return m(x)
         main(net, o, disc, gen)
-        gathered(net, xs)
-        net.train(mode=False)
-        test(net, test_loader)
-        score(net, xs)
-        for x in test_data:
-            shared(net, x)
-        net.train(True)
-        for x, y in train_data:
-            shared(net, x).sum().backward()
-        net.eval()
+        for epoch in range(3):
+            gathered(net, xs)
+            net.train(mode=False)
+            test(net, test_loader)
+            score(net, xs)
+            for x in test_data:
+                shared(net, x)
+            net.train(True)
+            for x, y in train_data:
+                shared(net, x).sum().backward()
+            net.eval()
+            for x in test_data:
+                pred = net(x)
+        final(net, xs)
         for x in test_data:
             pred = net(x)
         """)
-    assert sorted(by_line(facts, "eval_grad")) == [10, 20, 23, 32, 38]
+    assert sorted(by_line(facts, "eval_grad")) == [10, 20, 23, 36, 42]
 
 
 def test_an_eval_forward_on_a_branch_the_run_did_not_take_is_left_to_the_run(tmp_path):
@@ -1865,6 +1926,7 @@ def trace(model, example_inputs):
 
 for x in data:
     trace(net, x)
+    net(x).sum().backward()
 """
     unrun, _ = analyse(tmp_path, source)
     assert sorted(by_line(unrun, "eval_grad")) == [7, 9]
@@ -3020,6 +3082,11 @@ def test_optimizer_and_evaluation_of_a_module_class_the_run_never_ran(tmp_path):
                 return self.network(x)
         def evaluate(algorithm, x):
             return algorithm.predict(x)
+        def train(algorithm, loader):
+            for step, (x, y) in enumerate(loader):
+                algorithm.loss(x, y).backward()
+                if step % 100 == 0:
+                    evaluate(algorithm, x)
         """))
     real = str(path.resolve())
     unrun, everything = Facts(), Facts()

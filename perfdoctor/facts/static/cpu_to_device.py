@@ -92,6 +92,8 @@ DRAWS = frozenset({"random.sample", "random.choices", "numpy.random.choice"})
 REGROUP = frozenset({"numpy.stack", "numpy.array", "numpy.asarray", "numpy.concatenate", "numpy.vstack",
                      "numpy.hstack"})
 REGROUP_BUILTINS = frozenset({"zip", "map", "list", "tuple"})
+# methods that convert the rows they are called on (a scipy sparse slice densified, a dtype cast)
+CONVERTS = frozenset({"toarray", "todense", "astype", "copy", "numpy", "tolist"})
 MAX_DRAW_DEPTH = 10  # names, calls and returns followed before `_drawn` gives up
 
 # torch functions whose result is where their tensor arguments are (`_computed`)
@@ -121,7 +123,7 @@ def _copied_to_device(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
     if dev is None or q[6:] not in DATA_FACTORIES or not q.startswith("torch.") or not call.args:
         return
     if (index.devices.device_expr(dev) is not True or _loop_item(index, call, call.args[0])
-            or not _drawn(index, call.args[0]) or not _copied_every_step(index, call)):
+            or not _drawn(index, call.args[0]) or not _copied_every_step(index, call, call.args[0])):
         return
     s = index.subject(facts, "cpu_to_device", call)
     put(s, "factory", q[6:])
@@ -183,6 +185,20 @@ def _host_copy(index: SourceIndex, node: ast.AST) -> str | None:
     if q[6:] not in ("cat", "stack") and not _drawn(index, node.args[0]):
         return None  # one value as it came (an environment's next observation): the data's own copy
     return q[6:]
+
+
+def _helper_copy(index: SourceIndex, node: ast.AST) -> str | None:
+    """`naive_sparse2tensor(data)` for `def naive_sparse2tensor(data): return torch.FloatTensor(
+    data.toarray())`: the one function of this file of that name returns only host copies of drawn rows
+    (`_host_copy`, whose data the function's parameters hold: what its calls pass, `_passed`)."""
+    if not isinstance(node, ast.Call) or not node.args or (name := called_name(node)) is None:
+        return None
+    fns = index.functions.get(name, [])
+    if len(fns) != 1:
+        return None
+    returns = [r.value for r in walk_scope(fns[0].body) if isinstance(r, ast.Return) and r.value is not None]
+    copies = {_host_copy(index, r) for r in returns}
+    return copies.pop() if len(copies) == 1 and None not in copies else None
 
 
 def _loop_item(index: SourceIndex, at: ast.AST, data: ast.expr) -> bool:
@@ -266,6 +282,8 @@ def _drawn(index: SourceIndex, node: ast.expr, depth: int = 0) -> bool:
         if q in REGROUP or builtin in REGROUP_BUILTINS:
             data = node.args[1:] if builtin == "map" else node.args
             return any(_drawn(index, a, depth + 1) for a in data)
+        if isinstance(node.func, ast.Attribute) and node.func.attr in CONVERTS:
+            return _drawn(index, node.func.value, depth + 1)
         return _returns_drawn(index, node, depth + 1)
     return False
 
@@ -357,14 +375,24 @@ def _fixed(s: ast.expr) -> bool:
     return _constant(s) or (isinstance(s, ast.Constant) and s.value is Ellipsis)
 
 
-def _copied_every_step(index: SourceIndex, node: ast.AST) -> bool:
+def _copied_every_step(index: SourceIndex, node: ast.AST, data: ast.expr) -> bool:
     """Host data copied once per training step inside the step: the step's own function (one step per
-    call) or the loop that takes the steps runs it, not behind a periodic guard, not an environment's
-    rollout (the observation must cross to act), not once per epoch."""
+    call) or the loop that takes the steps runs it, not behind a periodic guard, not once per epoch, and
+    not in an environment's rollout (the observation must cross to act) unless `data` is rows drawn from a
+    store (`_drawn`: an update inline in the loop that steps the environment, a dueling DQN's
+    `torch.FloatTensor(batch_state).to(device)` of its replay sample)."""
     loops = index.loops
-    if loops.in_training_step(node) is not True or loops.periodic(node) or loops.in_rollout(node):
+    if loops.in_training_step(node) is not True or loops.periodic(node):
+        return False
+    if loops.in_rollout(node) and not _drawn(index, data):
         return False
     return loops.enclosing_loop(node) is None or _per_step(index, node)
+
+
+def _data(copy: ast.AST) -> ast.expr:
+    """The host data a `_host_copy` call copies: its first argument."""
+    assert isinstance(copy, ast.Call) and copy.args
+    return copy.args[0]
 
 
 def _not_run(index: SourceIndex, made: ast.AST, factory: str) -> bool:
@@ -472,9 +500,9 @@ def _chained(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
            and made.func.attr in SAME_PLACE):
         made = made.func.value
     fac = _factory(index, made) or _computed(index, made)
-    host = None if fac else _host_copy(index, made)
+    host = None if fac else (_host_copy(index, made) or _helper_copy(index, made))
     target = index.devices.move_target(call) if fac or host else None
-    if target is None or (host and not _copied_every_step(index, call)) or (fac and _not_run(index, made, fac)) or (
+    if target is None or (host and not _copied_every_step(index, call, _data(made))) or (fac and _not_run(index, made, fac)) or (
             _move_not_run(index, call)):
         return
     s = index.subject(facts, "cpu_to_device", call)
@@ -591,7 +619,7 @@ def _two_statements(index: SourceIndex, facts: Facts) -> None:
                 if joined:
                     fac, sources = _factory(index, joined[0]), list(joined)
             host = None if fac else _host_copy(index, made)
-            if not (fac or host) or not index.module_ran(stmt) or (host and not _copied_every_step(index, stmt)) or (
+            if not (fac or host) or not index.module_ran(stmt) or (host and not _copied_every_step(index, stmt, _data(made))) or (
                     fac and all(_not_run(index, m, _factory(index, m) or fac) for m in sources)):
                 continue
             name = stmt.targets[0].id

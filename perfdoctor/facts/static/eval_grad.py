@@ -96,7 +96,7 @@ def _evaluation_loops(index: SourceIndex, facts: Facts) -> None:
                 _no_grad_decorated(index, fn) or any(_under_no_grad(index, c, None) for c in index.calls_named(fn.name)))):
             continue
         for c in forwards:
-            put(index.subject(facts, "eval_grad", c), "in_source", True)
+            _flag(index, facts, c)
 
 
 READ_OUT = frozenset({"detach", "data", "cpu", "numpy", "item", "tolist"})
@@ -126,7 +126,7 @@ def _read_out_loops(index: SourceIndex, facts: Facts) -> None:
             if not any(_read_out(index, c) for c in forwards):
                 continue
             for c in forwards:
-                put(index.subject(facts, "eval_grad", c), "in_source", True)
+                _flag(index, facts, c)
 
 
 def _read_out(index: SourceIndex, call: ast.Call) -> bool:
@@ -163,6 +163,32 @@ def _judged_by_run(index: SourceIndex, facts: Facts, first: int, last: int) -> b
         if (file == str(index.file) and line.isdigit() and first <= int(line) <= last
                 and any(f.source != "static" for f in s.facts.values())):
             return True
+    return False
+
+
+def _flag(index: SourceIndex, facts: Facts, call: ast.Call) -> None:
+    """An `eval_grad` subject with `in_source`, where the evaluation recurs beside training (`_recurs`)."""
+    if _recurs(index, call, 0):
+        put(index.subject(facts, "eval_grad", call), "in_source", True)
+
+
+def _recurs(index: SourceIndex, node: ast.AST, depth: int) -> bool:
+    """`node` runs again and again beside the training: a loop around it trains (an epoch loop, a training
+    loop that evaluates every N steps), or, inside a function, a call of that function in this file does
+    (three calls deep). A test once after training costs the steps nothing, as the run's probe judges a
+    line its steady steps never call (DropEdge's `test()` after its 400 epochs)."""
+    for a in index.ancestors(node):
+        if isinstance(a, LOOPS) and index.loops.trains(a):
+            return True
+        if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            if isinstance(a, ast.Lambda) or depth >= 3:
+                return False
+            # its calls in this file, or, where none, in the project's other files (DomainBed's train.py
+            # calling `evaluate` of its lib/misc.py every N steps)
+            calls = [(index, c) for c in index.calls_named(a.name)] or [
+                (p.syntax, c) for p in index.loops.peers if isinstance(p.syntax, SourceIndex)
+                for c in p.syntax.calls_named(a.name)]
+            return any(_recurs(ix, c, depth + 1) for ix, c in calls)
     return False
 
 
@@ -234,14 +260,14 @@ def _function(index: SourceIndex, facts: Facts, fn: ast.FunctionDef | ast.AsyncF
         evaluations, shared = entry.get(dotted(c.func) or "", ([], False))
         # a helper the training step calls too: the evaluation's call of it is where no_grad goes
         for at in (evaluations if entered and shared else [c]):
-            put(index.subject(facts, "eval_grad", at), "in_source", True)
+            _flag(index, facts, at)
 
 
 def _module(index: SourceIndex, facts: Facts) -> None:
     """The script's own top level: `model.eval()` after the training loop, then a test loop."""
     for c, _ in _eval_forwards(index, None, index.tree.body, ()):
         if not _judged_by_run(index, facts, *_lines(index, c)):
-            put(index.subject(facts, "eval_grad", c), "in_source", True)
+            _flag(index, facts, c)
 
 
 def _lines(index: SourceIndex, node: ast.expr) -> tuple[int, int]:
