@@ -21,6 +21,9 @@ def train(model, loader, opt):
         model(image).sum().backward()
         opt.step()
     validation(model, loader)
+
+for epoch in range(3):
+    train(net, data, sgd)
 """
 
 

@@ -463,7 +463,8 @@ def test_eval_forward_seen_in_the_source_only(tmp_path):
     from perfdoctor.facts.static import analyse_files
 
     src = tmp_path / "train.py"
-    src.write_text("def evaluate(model, x):\n    model.eval()\n    return model(x)\n\nfor x in data:\n    evaluate(net, x)\n")
+    src.write_text("def evaluate(model, x):\n    model.eval()\n    return model(x)\n\nfor x in data:\n"
+                   "    net(x).sum().backward()\n    evaluate(net, x)\n")
     facts = Facts()
     analyse_files([src], facts)
     (f,) = judge(facts, RULES, user_files=[src])
