@@ -490,7 +490,8 @@ SUBJECT_FACTS.update({
         ("in_source", "bool", "static",
          "the call runs a model in eval mode (the last .eval()/.train(False)/.train() of it before the call, in its function "
          "or at top level, or a caller's that passed it), with no no_grad/inference_mode around it or its function's calls, "
-         "and no backward that can run through it (one in its loop, or after it); "
+         "and no backward that can run through it (one in its loop, or after it), recurring beside the training (a loop around "
+         "it or its function's call trains); "
          "or, without eval(), calls a trained model in an evaluation loop over a loader's batches, or in a loop of a function "
          "with no backward, outside the training step, that reads a forward's output out at once (`.cpu().data.numpy()`)"),
     ]),

@@ -27,13 +27,18 @@ Host data copied inside the training step on every step (`host_data`): `torch.te
 `torch.as_tensor(x)`, `torch.from_numpy(x)`, a legacy type given data (`torch.FloatTensor(batch)`) or
 `torch.cat`/`torch.stack` of host tensors (not of a tensor its function already moved: `_moved_name`), moved to a device by a line that runs once per training
 step inside the step (`Loops.in_training_step`; a function that takes one step per call, or the loop
-that takes the steps), not in an environment's rollout (`Loops.in_rollout`: an observation must cross
-to act), and drawn from a store (`_drawn`: rows taken by an index, `torch.cat`/`torch.stack` of stored
+that takes the steps), not in an environment's rollout unless drawn (`Loops.in_rollout`: an observation
+must cross to act), and drawn from a store (`_drawn`: rows taken by an index, `torch.cat`/`torch.stack` of stored
 rows; not a value as it came, a one-step actor-critic's next observation). That is a batch drawn from a
 store kept in host memory (a replay buffer, a numpy rollout
 sliced into minibatches), copied again on every update; a store on the device would not be. An
 observation moved to act, a rollout copied once per update before its epochs, and data moved in a
-loop that takes no training step stay the data's own copy.
+loop that takes no training step stay the data's own copy. An update inline in the loop that steps the
+environment copies its drawn sample all the same (`_copied_every_step`). The data is followed through a
+parameter to what the file's calls pass it (`_passed`), a list filled by `append` from a draw's items, a
+`for` loop's items, conversions (`.toarray()`, `.astype()`), a helper of the file whose every return is
+such a copy (`_helper_copy`: `naive_sparse2tensor(rows).to(device)`), and `torch.tensor(rows,
+device=device)` is the same copy (`_copied_to_device`).
 
 Not in an `nn.Module` class that none of the models the run called holds (`SourceIndex.module_ran`:
 a vendored library's model file, a model the script defines but never builds): code the run never
