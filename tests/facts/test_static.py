@@ -2379,6 +2379,31 @@ def test_an_action_returned_by_a_selection_helper_is_read_for_the_environment(tm
     assert got[14]["in_loop"] is True
 
 
+def test_an_action_from_a_model_object_s_method_is_read_for_the_environment(tmp_path):
+    """gouxiangchen's dueling DQN: the module-level loop does `action =
+    onlineQNetwork.select_action(tensor_state)` (a method of the network class, returning
+    `action_index.item()`) then `env.step(action)`: read for the environment, not a step's sync."""
+    facts, _ = analyse(tmp_path, """\
+        import torch
+        class QNetwork(torch.nn.Module):
+            def select_action(self, state):
+                with torch.no_grad():
+                    action_index = torch.argmax(self.forward(state), dim=1)
+                return action_index.item()
+        net = QNetwork()
+        for epoch in range(100):
+            state = env.reset()
+            for t in range(200):
+                action = net.select_action(torch.FloatTensor(state).unsqueeze(0).to(device))
+                state, reward, done, _ = env.step(action)
+                loss = net(batch).sum()
+                optimizer.zero_grad(); loss.backward(); optimizer.step()
+                writer.add_scalar("loss", loss.item())
+        """)
+    got = by_line(facts, "host_read")
+    assert got[6]["in_loop"] is False and got[15]["in_loop"] is True
+
+
 def test_an_action_from_an_agent_of_another_file_is_read_for_the_environment(tmp_path):
     """cyoon1729's DQN: common/utils.py's loop does `action = agent.get_action(state)` then
     `env.step(action)`; the agent in dqn.py returns `np.argmax(qvals.cpu().detach().numpy())` bound to

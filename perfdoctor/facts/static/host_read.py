@@ -142,8 +142,9 @@ def _env_actions(index: SourceIndex) -> set[int]:
                     helpers |= {c for c in ast.walk(n.value) if isinstance(c, ast.Call)}
             for c in helpers:
                 # this file's function the call reaches: by this file's own resolution, or by the name
-                # another file calls it by (`agent.get_action`)
-                callee = index.local_callee(c) if here else called_name(c)
+                # it is called by (`agent.get_action` in another file, `onlineQNetwork.select_action`
+                # of a model object in this one)
+                callee = (index.local_callee(c) if here else None) or called_name(c)
                 for helper in index.functions.get(callee, []) if callee else []:
                     lines |= _returned_reads(helper)
     return lines
