@@ -1908,6 +1908,35 @@ def test_eval_mode_follows_the_source_order_loops_and_callers(tmp_path):
     assert sorted(by_line(facts, "eval_grad")) == [10, 20, 23, 36, 42]
 
 
+def test_an_evaluation_beside_a_training_epoch_of_another_file_recurs(tmp_path):
+    """The epoch loop calls `train_epoch` of utils.py, then its own `evaluate`: the loop trains through the
+    other file's function, so the evaluation recurs beside the training; the test once after it does not."""
+    (tmp_path / "utils.py").write_text(textwrap.dedent("""\
+        def train_epoch(model, loader, opt):
+            for x, y in loader:
+                opt.zero_grad()
+                model(x).sum().backward()
+                opt.step()
+        """))
+    (tmp_path / "main.py").write_text(textwrap.dedent("""\
+        from utils import train_epoch
+        def evaluate(model, loader):
+            model.eval()
+            return [model(x) for x, y in loader]
+        def test(model, loader):
+            model.eval()
+            return [model(x) for x, y in loader]
+        for epoch in range(10):
+            model.train()
+            train_epoch(model, train_loader, opt)
+            evaluate(model, val_loader)
+        test(model, test_loader)
+        """))
+    facts = Facts()
+    analyse_files([tmp_path / "main.py", tmp_path / "utils.py"], facts)
+    assert sorted(by_line(facts, "eval_grad")) == [4]
+
+
 def test_an_eval_forward_on_a_branch_the_run_did_not_take_is_left_to_the_run(tmp_path):
     """Torch-Pruning's `_trace`: `model.eval()`, then `model(**example_inputs)` for a dict of inputs and
     `model(*example_inputs)` otherwise. The run's probe watched the second line (an eval-mode call it

@@ -44,7 +44,7 @@ from collections.abc import Collection
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.dataloader import DATALOADER, batch_loops
 from perfdoctor.facts.static.index import SourceIndex, put
-from perfdoctor.facts.static.index.syntax import LOOPS, dotted, walk_scope
+from perfdoctor.facts.static.index.syntax import LOOPS, called_name, dotted, walk_scope
 
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
                      "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode",
@@ -181,7 +181,7 @@ def _recurs(index: SourceIndex, node: ast.AST, depth: int) -> bool:
     (three calls deep). A test once after training costs the steps nothing, as the run's probe judges a
     line its steady steps never call (DropEdge's `test()` after its 400 epochs)."""
     for a in index.ancestors(node):
-        if isinstance(a, LOOPS) and index.loops.trains(a):
+        if isinstance(a, LOOPS) and _trains(index, a):
             return True
         if isinstance(a, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             if isinstance(a, ast.Lambda) or depth >= 3:
@@ -193,6 +193,15 @@ def _recurs(index: SourceIndex, node: ast.AST, depth: int) -> bool:
                 for c in p.syntax.calls_named(a.name)]
             return any(_recurs(ix, c, depth + 1) for ix, c in calls)
     return False
+
+
+def _trains(index: SourceIndex, loop: ast.AST) -> bool:
+    """`loop` takes training steps: in its body, through a function of this file, or through one of the
+    project's other files it calls by name (`for epoch ...: train_epoch(model, loader)` of utils.py)."""
+    if index.loops.trains(loop):
+        return True
+    names = {called_name(n) for n in walk_scope(loop.body) if isinstance(n, ast.Call)}  # type: ignore[attr-defined]
+    return any(names & p.training_functions() for p in index.loops.peers)
 
 
 def _mode_call(call: ast.Call) -> tuple[str, bool] | None:

@@ -150,6 +150,11 @@ class Loops:
         """`node` is a call that takes a training step: backward, an optimizer step, a step function."""
         return self._takes_step(node, self._step_fns)
 
+    def training_functions(self) -> frozenset[str]:
+        """The names of this file's functions that take a training step, directly or through a loop of
+        theirs (step and epoch functions): what another file's loop trains through by calling them."""
+        return frozenset(self._step_fns)
+
     def trains(self, loop: ast.AST) -> bool:
         """Whether `loop`'s body takes a training step (backward or an optimizer step), directly or
         through a function of this file: a training loop or an epoch loop around one."""
