@@ -12,8 +12,9 @@ the file never calls is left out (its callers, elsewhere, may turn grad mode off
 training step calls too with the model in train mode (SR-GNN's `forward(model, i, data)`) is judged at
 the evaluation's call of it, where no_grad can go, as the run's probe judges it. Every static subject
 asks that the evaluation recur beside the training (`_recurs`: a loop around it, or around a call of its
-function in this file or the project's others, trains): a test once after training costs the steps
-nothing, as the run's probe judges a line its steady steps never call.
+function in this file or the project's others, trains, itself or through a training function of this
+file or of the project's others, `_trains`): a test once after training costs the steps nothing, as the
+run's probe judges a line its steady steps never call.
 
 Also an evaluation that never calls `.eval()` (a model without dropout or BatchNorm needs none):
 a loop over a DataLoader's batches (`dataloader.batch_loops`) in a file whose training loop shows
