@@ -63,7 +63,7 @@ from perfdoctor.capture.probes.host_tensors import FACTORIES as WATCHED
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.index import SourceIndex, put
 from perfdoctor.facts.static.index.devices import UNKNOWN
-from perfdoctor.facts.static.index.syntax import LOOPS, called_name, has_star_kwargs, kwarg, root_name, walk_scope
+from perfdoctor.facts.static.index.syntax import LOOPS, argument, called_name, has_star_kwargs, kwarg, root_name, walk_scope
 
 # torch factories that allocate on the CPU unless given `device=`. Left out on purpose:
 # `from_numpy` (it has no `device=`, the data is on the host anyway) and the `*_like`
@@ -338,15 +338,12 @@ def _parameter(fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> bool:
 def _passed(index: SourceIndex, fn: ast.FunctionDef | ast.AsyncFunctionDef, name: str) -> list[ast.expr]:
     """What the calls of `fn` in its file pass as its parameter `name` (`self.compute_loss(batch)` for
     `def compute_loss(self, batch)`), where each call binds it; none where one does not, or none calls."""
-    params = [x.arg for x in fn.args.posonlyargs + fn.args.args]
     out = []
     for call in index.calls_named(fn.name):
-        method = isinstance(call.func, ast.Attribute)
-        names = params[1:] if method and params[:1] in (["self"], ["cls"]) else params
-        given = dict(zip(names, call.args)) | {k.arg: k.value for k in call.keywords if k.arg is not None}
-        if any(isinstance(x, ast.Starred) for x in call.args) or name not in given:
+        given = argument(call, fn, name, bound=isinstance(call.func, ast.Attribute))
+        if any(isinstance(x, ast.Starred) for x in call.args) or given is None:
             return []
-        out.append(given[name])
+        out.append(given)
     return out
 
 

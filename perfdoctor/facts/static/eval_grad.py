@@ -45,7 +45,7 @@ from collections.abc import Collection
 from perfdoctor.facts.model import Facts
 from perfdoctor.facts.static.dataloader import DATALOADER, batch_loops
 from perfdoctor.facts.static.index import SourceIndex, put
-from perfdoctor.facts.static.index.syntax import LOOPS, called_name, dotted, walk_scope
+from perfdoctor.facts.static.index.syntax import LOOPS, argument, called_name, dotted, walk_scope
 
 NO_GRAD = frozenset({"torch.no_grad", "torch.inference_mode", "torch.autograd.no_grad",
                      "torch.autograd.grad_mode.no_grad", "torch.autograd.grad_mode.inference_mode",
@@ -308,9 +308,8 @@ def _entered_in_eval(index: SourceIndex, facts: Facts,
             continue
         modes = _modes([n for n in walk_scope(index.tree.body if scope is None else scope.body)
                         if isinstance(n, ast.Call)])
-        bound = [*zip(params, call.args), *((k.arg, k.value) for k in call.keywords if k.arg in params)]
-        for param, arg in bound:
-            if (name := dotted(arg)) is None:
+        for param in params:
+            if (arg := argument(call, fn, param, bound=False)) is None or (name := dotted(arg)) is None:
                 continue
             if not _eval_at(modes, name, call, False):
                 trained.add(param)
